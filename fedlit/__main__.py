@@ -1,0 +1,3 @@
+from fedlit.cli import main
+
+main()

@@ -1,0 +1,109 @@
+"""Aggregation rules: pure functions on state_dicts (name -> tensor). No Lightning here.
+
+Conventions shared by every rule:
+
+* All states must have the same keys, shapes and dtypes; a mismatch raises ValueError naming
+  the key (and which state differs).
+* Averages are computed in float64 and cast back to each tensor's dtype.
+* Integer tensors (BatchNorm's ``num_batches_tracked``) are averaged the same way and rounded
+  to the nearest integer, so an averaged counter stays a count of the same order.
+* The inputs are never modified; the result holds new tensors on the first state's device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+from torch import Tensor
+
+State = Mapping[str, Tensor]
+
+
+def check_compatible(states: Sequence[State]) -> None:
+    """Raise ValueError naming the first key on which ``states`` disagree."""
+    if not states:
+        raise ValueError("nothing to aggregate: no states given")
+    ref = states[0]
+    for i, state in enumerate(states[1:], start=1):
+        missing = [k for k in ref if k not in state]
+        extra = [k for k in state if k not in ref]
+        if missing:
+            raise ValueError(f"state {i} lacks key {missing[0]!r} that state 0 has")
+        if extra:
+            raise ValueError(f"state {i} has key {extra[0]!r} that state 0 lacks")
+        for k, v in ref.items():
+            if state[k].shape != v.shape:
+                raise ValueError(
+                    f"key {k!r}: state {i} has shape {tuple(state[k].shape)}, "
+                    f"state 0 has {tuple(v.shape)}"
+                )
+            if state[k].dtype != v.dtype:
+                raise ValueError(
+                    f"key {k!r}: state {i} has dtype {state[k].dtype}, state 0 {v.dtype}"
+                )
+
+
+def weighted_average(states: Sequence[State], weights: Sequence[float]) -> dict[str, Tensor]:
+    """sum_k w_k * state_k / sum_k w_k, key by key (FedAvg with w_k = n_k, McMahan et al. 2017)."""
+    check_compatible(states)
+    if len(weights) != len(states):
+        raise ValueError(f"{len(weights)} weights for {len(states)} states")
+    w = torch.tensor([float(x) for x in weights], dtype=torch.float64)
+    if (w < 0).any() or w.sum() <= 0:
+        raise ValueError(f"weights must be non-negative with a positive sum, got {list(weights)}")
+    w = w / w.sum()
+    out: dict[str, Tensor] = {}
+    for key, ref in states[0].items():
+        stacked = torch.stack([s[key].detach().to(ref.device, torch.float64) for s in states])
+        avg = torch.tensordot(w.to(ref.device), stacked, dims=1)
+        if not (ref.is_floating_point() or ref.is_complex()):
+            avg = avg.round()
+        out[key] = avg.to(ref.dtype)
+    return out
+
+
+def mean(states: Sequence[State]) -> dict[str, Tensor]:
+    """The plain (unweighted) mean of ``states``."""
+    return weighted_average(states, [1.0] * len(states))
+
+
+def mean_with_server(server: State, clients: Sequence[State]) -> dict[str, Tensor]:
+    """(w_s + sum_k w_k) / (C + 1): the server's model counts as one more client.
+
+    Paper 004, eqs (4)-(5).
+    """
+    return mean([server, *clients])
+
+
+def groupwise_average(
+    server: State, clients: Sequence[State], groups: Sequence[Sequence[int]]
+) -> tuple[dict[str, Tensor], list[dict[str, Tensor]]]:
+    """Grouping-based model averaging, paper 004 eq (7).
+
+    w_avg,i = (w_s + sum_{k in G_i} w_k) / (|G_i| + 1) for each group G_i (indices into
+    ``clients``), and w_avg = sum_i w_avg,i / S. Returns (w_avg, [w_avg,1 .. w_avg,S]): w_avg is
+    what the server trains on, w_avg,i what group G_i's clients start from next time.
+    """
+    flat = [k for g in groups for k in g]
+    if sorted(flat) != list(range(len(clients))):
+        raise ValueError(
+            f"groups {list(map(list, groups))} must split clients 0..{len(clients) - 1}"
+        )
+    if any(len(g) == 0 for g in groups):
+        raise ValueError("every group needs at least one client")
+    group_avgs = [mean_with_server(server, [clients[k] for k in g]) for g in groups]
+    return mean(group_avgs), group_avgs
+
+
+def split_into_groups(num_clients: int, num_groups: int) -> list[list[int]]:
+    """Consecutive, near-equal groups: 5 clients in 2 groups -> [[0, 1], [2, 3, 4]]."""
+    if not 1 <= num_groups <= num_clients:
+        raise ValueError(f"num_groups must be in [1, {num_clients}], got {num_groups}")
+    bounds = [round(i * num_clients / num_groups) for i in range(num_groups + 1)]
+    return [list(range(bounds[i], bounds[i + 1])) for i in range(num_groups)]
+
+
+def state_bytes(state: State) -> int:
+    """Bytes a state occupies on the wire, uncompressed (numel * element size, summed)."""
+    return sum(t.numel() * t.element_size() for t in state.values())

@@ -1,0 +1,155 @@
+"""``fedlit fit|test --config recipe.yaml``: a short LightningCLI subclass.
+
+The recipe's groups: ``model`` (a :class:`~fedlit.methods.FederatedMethod`), ``data`` (the
+:class:`~fedlit.data.FederatedDataModule`), ``federation`` (:class:`FederationConfig`),
+``trainer`` (settings every per-step Trainer shares; ``default_root_dir`` is the run
+directory and ``logger`` adds loggers such as WandbLogger) and ``seed_everything``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch.cli import LightningCLI
+
+from fedlit.data.datamodule import FederatedDataModule
+from fedlit.federation import Federation, FederationConfig, TrainerTemplate, load_checkpoint
+from fedlit.methods import FederatedMethod
+
+#: Trainer settings passed on to every per-step Trainer (the rest are the driver's business).
+TEMPLATE_KEYS = (
+    "strategy",
+    "gradient_clip_val",
+    "gradient_clip_algorithm",
+    "accumulate_grad_batches",
+    "deterministic",
+    "benchmark",
+)
+
+
+class FedlitCLI(LightningCLI):
+    """LightningCLI whose ``fit`` runs a federation and whose ``test`` evaluates its checkpoint."""
+
+    def __init__(self, args: list[str] | None = None, run: bool = True) -> None:
+        super().__init__(
+            model_class=FederatedMethod,
+            datamodule_class=FederatedDataModule,
+            subclass_mode_model=True,
+            save_config_callback=None,
+            auto_configure_optimizers=False,
+            seed_everything_default=0,
+            trainer_defaults={"logger": False, "default_root_dir": "runs/fedlit"},
+            args=args,
+            run=run,
+        )
+
+    @staticmethod
+    def subcommands() -> dict[str, set[str]]:
+        return {
+            "fit": {"model", "train_dataloaders", "val_dataloaders", "datamodule"},
+            "test": {"model", "dataloaders", "datamodule"},
+        }
+
+    def add_arguments_to_parser(self, parser: Any) -> None:
+        parser.add_class_arguments(FederationConfig, "federation")
+        parser.link_arguments(
+            "data.num_classes", "model.init_args.num_classes", apply_on="instantiate"
+        )
+        parser.link_arguments(
+            "data.in_channels", "model.init_args.in_channels", apply_on="instantiate"
+        )
+
+    def instantiate_classes(self) -> None:
+        try:
+            super().instantiate_classes()
+        except ValueError as err:
+            self.parser.error(str(err))
+
+    # --- helpers -------------------------------------------------------------------------------
+    def _trainer_template(self) -> TrainerTemplate:
+        cfg = self.config_init[self.subcommand]["trainer"]
+        return TrainerTemplate(
+            accelerator=cfg.get("accelerator") or "auto",
+            devices=cfg.get("devices") or 1,
+            precision=cfg.get("precision"),
+            kwargs={k: cfg[k] for k in TEMPLATE_KEYS if cfg.get(k) is not None},
+        )
+
+    def _flat_config(self) -> dict[str, Any]:
+        flat: dict[str, Any] = {}
+
+        def walk(prefix: str, value: Any) -> None:
+            if isinstance(value, dict):
+                for k, v in value.items():
+                    walk(f"{prefix}.{k}" if prefix else str(k), v)
+            elif value is None or isinstance(value, (bool, int, float, str)):
+                flat[prefix] = value
+            else:
+                flat[prefix] = str(value)
+
+        walk("", self.config[self.subcommand].clone().as_dict())
+        flat.pop("config", None)
+        return flat
+
+    # --- subcommands -------------------------------------------------------------------------
+    def fit(self, model: FederatedMethod, datamodule: FederatedDataModule, **_: Any) -> None:
+        config = self.config[self.subcommand]
+        federation = Federation(
+            method=model,
+            data=datamodule,
+            config=self.config_init[self.subcommand]["federation"],
+            run_dir=Path(self.trainer.default_root_dir),
+            seed=int(config.seed_everything),
+            trainer=self._trainer_template(),
+            loggers=list(self.trainer.loggers),
+            hparams=self._flat_config(),
+        )
+        try:
+            federation.prepare()
+        except ValueError as err:
+            self.parser.error(str(err))
+        run_dir = federation.run_dir
+        run_dir.mkdir(parents=True, exist_ok=True)
+        name = (
+            "config.yaml"
+            if federation.start_round == 1
+            else f"config.resume{federation.start_round}.yaml"
+        )
+        self._parser(self.subcommand).save(
+            config, run_dir / name, skip_none=False, overwrite=False, multifile=False
+        )
+        result = federation.run()
+        print(json.dumps({"run_dir": str(run_dir), **result.final}, indent=None))
+
+    def test(
+        self,
+        model: FederatedMethod,
+        datamodule: FederatedDataModule,
+        ckpt_path: str | None = None,
+        **_: Any,
+    ) -> None:
+        if not ckpt_path:
+            self.parser.error("test: --ckpt_path <run>/checkpoints/last.ckpt is required")
+        try:
+            ckpt = load_checkpoint(ckpt_path)
+            model.network.load_state_dict(ckpt["global_state"])
+        except (ValueError, RuntimeError) as err:
+            self.parser.error(f"ckpt_path: {err}")
+        datamodule.setup_test()
+        self._trainer_template().test(model, datamodule.test_dataloader())
+        print(
+            json.dumps(
+                {"ckpt_path": str(ckpt_path), "round": ckpt["round"], **model.evaluation_metrics()}
+            )
+        )
+
+
+def main(args: list[str] | None = None) -> None:
+    """The ``fedlit`` console script."""
+    FedlitCLI(args=args)
+
+
+if __name__ == "__main__":
+    main()

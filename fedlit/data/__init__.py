@@ -1,0 +1,33 @@
+"""Data: data sets by name, augmentations, the server split, client partitions and sampling."""
+
+from fedlit.data.datamodule import FederatedDataModule
+from fedlit.data.datasets import SPECS, DatasetSpec, ImageSplit, dataset_spec, load_split
+from fedlit.data.partition import (
+    IID,
+    SSFL,
+    ClassesPerClient,
+    Dirichlet,
+    Partitioner,
+    class_counts,
+    non_iid_metric,
+)
+from fedlit.data.sampling import sample_clients
+from fedlit.data.transforms import build_transform
+
+__all__ = [
+    "IID",
+    "SPECS",
+    "SSFL",
+    "ClassesPerClient",
+    "DatasetSpec",
+    "Dirichlet",
+    "FederatedDataModule",
+    "ImageSplit",
+    "Partitioner",
+    "build_transform",
+    "class_counts",
+    "dataset_spec",
+    "load_split",
+    "non_iid_metric",
+    "sample_clients",
+]

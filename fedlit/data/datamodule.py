@@ -1,0 +1,249 @@
+"""The federated data module: server labeled/validation sets, client shards and the test set."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import lightning as L
+import numpy as np
+import torch
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+from fedlit.data.datasets import DatasetSpec, ImageSplit, dataset_spec, load_split
+from fedlit.data.partition import IID, Partitioner, class_counts, non_iid_metric
+from fedlit.data.transforms import build_transform
+
+SPLIT_TAG = 0x5EED  # keeps the split's random stream apart from the partition's
+
+
+class LabeledImages(Dataset):
+    """(view(x), y) pairs from uint8 images (N, C, H, W) and labels (N,)."""
+
+    def __init__(self, images: Tensor, labels: Tensor, transform: torch.nn.Module) -> None:
+        self.images, self.labels, self.transform = images, labels, transform
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, i: int) -> tuple[Tensor, Tensor]:
+        return self.transform(self.images[i]), self.labels[i]
+
+
+class UnlabeledImages(Dataset):
+    """Images only: a tuple with one augmented view per transform. Labels never enter it."""
+
+    def __init__(self, images: Tensor, transforms: Sequence[torch.nn.Module]) -> None:
+        self.images, self.transforms = images, tuple(transforms)
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, i: int) -> tuple[Tensor, ...]:
+        x = self.images[i]
+        return tuple(t(x) for t in self.transforms)
+
+
+def _positive(name: str, value: int | None) -> None:
+    if value is not None and value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value}")
+
+
+class FederatedDataModule(L.LightningDataModule):
+    """A labeled server set (and validation set) plus unlabeled client shards of one data set.
+
+    The training split is divided, by seed, into a class-balanced labeled set for the server
+    (``labeled_per_class`` per class, or ``labeled_fraction`` of each class), an optional
+    class-balanced validation set (``val_per_class``), and a client pool that ``partitioner``
+    divides among ``num_clients`` clients (``examples_per_client`` each, or the whole pool).
+    Client loaders yield images only; the pool's labels are kept aside for diagnostics and
+    for the FedAvg-SL oracle, which is marked as such.
+
+    Args:
+        dataset: a name from :data:`fedlit.data.datasets.SPECS`.
+        root: where data sets are stored (and downloaded to).
+        num_clients: K, the number of clients.
+        examples_per_client: unlabeled examples per client; None divides the whole pool.
+        labeled_per_class: labeled server examples per class.
+        labeled_fraction: alternatively, the fraction of each class that is labeled.
+        val_per_class: server validation examples per class (0: none).
+        partitioner: how the pool is divided (default IID).
+        batch_size: server (labeled) batch size.
+        client_batch_size: client (unlabeled) batch size.
+        eval_batch_size: batch size for validation and test.
+        download: download data sets that are not under ``root``.
+    """
+
+    def __init__(
+        self,
+        dataset: str = "fashion_mnist",
+        root: str = "data",
+        num_clients: int = 10,
+        examples_per_client: int | None = None,
+        labeled_per_class: int | None = 50,
+        labeled_fraction: float | None = None,
+        val_per_class: int = 0,
+        partitioner: Partitioner | None = None,
+        batch_size: int = 64,
+        client_batch_size: int = 64,
+        eval_batch_size: int = 1000,
+        download: bool = True,
+    ) -> None:
+        super().__init__()
+        self.spec: DatasetSpec = dataset_spec(dataset)
+        _positive("data.num_clients", num_clients)
+        _positive("data.examples_per_client", examples_per_client)
+        _positive("data.batch_size", batch_size)
+        _positive("data.client_batch_size", client_batch_size)
+        _positive("data.eval_batch_size", eval_batch_size)
+        if (labeled_per_class is None) == (labeled_fraction is None):
+            raise ValueError(
+                "set exactly one of data.labeled_per_class and data.labeled_fraction "
+                f"(got {labeled_per_class} and {labeled_fraction})"
+            )
+        _positive("data.labeled_per_class", labeled_per_class)
+        if labeled_fraction is not None and not 0 < labeled_fraction < 1:
+            raise ValueError(f"data.labeled_fraction must be in (0, 1), got {labeled_fraction}")
+        if val_per_class < 0:
+            raise ValueError(f"data.val_per_class must be >= 0, got {val_per_class}")
+        self.dataset = dataset
+        self.root = Path(root)
+        self.num_clients = num_clients
+        self.examples_per_client = examples_per_client
+        self.labeled_per_class = labeled_per_class
+        self.labeled_fraction = labeled_fraction
+        self.val_per_class = val_per_class
+        self.partitioner = partitioner if partitioner is not None else IID()
+        self.batch_size = batch_size
+        self.client_batch_size = client_batch_size
+        self.eval_batch_size = eval_batch_size
+        self.download = download
+        self.seed: int | None = None
+        self._test_plain: TensorDataset | None = None
+
+    # --- static facts (known before any data is loaded) ---------------------------------
+    @property
+    def num_classes(self) -> int:
+        return self.spec.num_classes
+
+    @property
+    def in_channels(self) -> int:
+        return self.spec.channels
+
+    # --- loading and splitting ------------------------------------------------------------
+    def prepare_data(self) -> None:
+        load_split(self.dataset, self.root, train=True, download=self.download)
+        load_split(self.dataset, self.root, train=False, download=self.download)
+
+    def setup_test(self) -> None:
+        """Load only the test split (for evaluating a saved model)."""
+        self.test = load_split(self.dataset, self.root, train=False, download=self.download)
+        self._test_plain = None
+
+    def setup_federation(self, seed: int) -> None:
+        """Load the data and draw the server split and the client partition from ``seed``.
+
+        Raises ValueError, naming the key, when the split or partition cannot be made.
+        """
+        train = load_split(self.dataset, self.root, train=True, download=self.download)
+        self.test = load_split(self.dataset, self.root, train=False, download=self.download)
+        self._test_plain = None
+        labels = train.labels.numpy()
+        rng = np.random.default_rng([seed, SPLIT_TAG])
+        labeled_idx, val_idx, pool_idx = self._split_server(labels, rng)
+        self.server = ImageSplit(train.images[labeled_idx], train.labels[labeled_idx])
+        self.val = ImageSplit(train.images[val_idx], train.labels[val_idx])
+        pool_labels = labels[pool_idx]
+        if self.examples_per_client is not None:
+            need = self.num_clients * self.examples_per_client
+            if need > len(pool_idx):
+                raise ValueError(
+                    f"data.examples_per_client={self.examples_per_client} x data.num_clients="
+                    f"{self.num_clients} = {need} exceeds the {len(pool_idx)} unlabeled examples "
+                    "left after the server's split"
+                )
+        parts = self.partitioner(
+            pool_labels, self.num_clients, self.num_classes, rng, self.examples_per_client
+        )
+        self.clients = [
+            ImageSplit(train.images[pool_idx[p]], train.labels[pool_idx[p]]) for p in parts
+        ]
+        empty = [k for k, c in enumerate(self.clients) if len(c) == 0]
+        if empty:
+            raise ValueError(f"data.partitioner left clients {empty} without data")
+        self.class_counts = class_counts(pool_labels, parts, self.num_classes)
+        self.non_iid_R = non_iid_metric(pool_labels, parts, self.num_classes)
+        self.seed = seed
+
+    def _split_server(
+        self, labels: np.ndarray, rng: np.random.Generator
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        labeled, val, pool = [], [], []
+        for c in range(self.num_classes):
+            idx = rng.permutation(np.flatnonzero(labels == c))
+            if self.labeled_per_class is not None:
+                n_lab = self.labeled_per_class
+                key = f"data.labeled_per_class={self.labeled_per_class}"
+            else:
+                n_lab = max(1, int(self.labeled_fraction * len(idx)))  # type: ignore[operator]
+                key = f"data.labeled_fraction={self.labeled_fraction}"
+            if n_lab + self.val_per_class > len(idx):
+                raise ValueError(
+                    f"{key} (+ data.val_per_class={self.val_per_class}) asks for more examples "
+                    f"than class {c} of {self.dataset} has ({len(idx)})"
+                )
+            labeled.append(idx[:n_lab])
+            val.append(idx[n_lab : n_lab + self.val_per_class])
+            pool.append(idx[n_lab + self.val_per_class :])
+        return tuple(np.sort(np.concatenate(part)) for part in (labeled, val, pool))  # type: ignore[return-value]
+
+    # --- loaders --------------------------------------------------------------------------
+    def _loader(self, dataset: Dataset, batch_size: int, shuffle: bool) -> DataLoader:
+        # A batch of one cannot train BatchNorm: drop a last batch of one example.
+        drop_last = shuffle and len(dataset) % batch_size == 1  # type: ignore[arg-type]
+        return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, drop_last=drop_last)
+
+    def server_dataloader(self, view: str = "weak") -> DataLoader:
+        """The server's labeled set: batches (x (B, C, H, W), y (B,))."""
+        ds = LabeledImages(self.server.images, self.server.labels, build_transform(view, self.spec))
+        return self._loader(ds, self.batch_size, shuffle=True)
+
+    def client_dataloader(self, client_id: int, views: Sequence[str]) -> DataLoader:
+        """Client ``client_id``'s unlabeled shard: batches of one image tensor per view."""
+        transforms = [build_transform(v, self.spec) for v in views]
+        ds = UnlabeledImages(self.clients[client_id].images, transforms)
+        return self._loader(ds, self.client_batch_size, shuffle=True)
+
+    def client_oracle_dataloader(self, client_id: int, view: str = "weak") -> DataLoader:
+        """Client shard WITH its true labels: only for the FedAvg-SL oracle (upper bound)."""
+        shard = self.clients[client_id]
+        ds = LabeledImages(shard.images, shard.labels, build_transform(view, self.spec))
+        return self._loader(ds, self.client_batch_size, shuffle=True)
+
+    def client_size(self, client_id: int) -> int:
+        return len(self.clients[client_id])
+
+    def _plain(self, split: ImageSplit) -> TensorDataset:
+        """Un-augmented, normalised images, transformed once as a whole (no per-image work)."""
+        x = build_transform("plain", self.spec)(split.images)
+        return TensorDataset(x, split.labels)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader(self._plain(self.val), self.eval_batch_size, shuffle=False)
+
+    def test_dataloader(self) -> DataLoader:
+        if self._test_plain is None:
+            self._test_plain = self._plain(self.test)
+        return self._loader(self._test_plain, self.eval_batch_size, shuffle=False)
+
+    def partition_summary(self) -> dict[str, float]:
+        """Numbers that describe the partition, for logging once per run."""
+        sizes = self.class_counts.sum(axis=1)
+        return {
+            "partition/R": float(self.non_iid_R),
+            "partition/min_client_size": float(sizes.min()),
+            "partition/max_client_size": float(sizes.max()),
+            "data/server_labeled": float(len(self.server)),
+            "data/server_val": float(len(self.val)),
+        }

@@ -1,0 +1,144 @@
+"""Image classification data sets by name, loaded as uint8 tensors.
+
+Every data set is held in memory as ``images`` (N, C, H, W) uint8 and ``labels`` (N,) int64, so
+that splits, partitions and augmentations index plain tensors. Loading goes through torchvision
+(with its real download path); Fashion-MNIST is also read offline from Debian's
+``dataset-fashion-mnist`` package when it is installed.
+"""
+
+from __future__ import annotations
+
+import gzip
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+from torchvision import datasets as tvd
+
+DEBIAN_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """Static facts about a data set: what the model and the transforms need before loading."""
+
+    name: str
+    num_classes: int
+    channels: int
+    size: int
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    hflip: bool  # horizontal flips keep the label (not for digits or letters)
+
+
+@dataclass(frozen=True)
+class ImageSplit:
+    """One split of a data set: ``images`` (N, C, H, W) uint8 and ``labels`` (N,) int64."""
+
+    images: Tensor
+    labels: Tensor
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+
+SPECS: dict[str, DatasetSpec] = {
+    spec.name: spec
+    for spec in (
+        DatasetSpec("mnist", 10, 1, 28, (0.1307,), (0.3081,), hflip=False),
+        DatasetSpec("fashion_mnist", 10, 1, 28, (0.2860,), (0.3530,), hflip=True),
+        DatasetSpec("emnist_balanced", 47, 1, 28, (0.1751,), (0.3332,), hflip=False),
+        DatasetSpec("cifar10", 10, 3, 32, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616), True),
+        DatasetSpec(
+            "cifar100", 100, 3, 32, (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762), True
+        ),
+        DatasetSpec("svhn", 10, 3, 32, (0.4377, 0.4438, 0.4728), (0.1980, 0.2010, 0.1970), False),
+        DatasetSpec("stl10", 10, 3, 96, (0.4467, 0.4398, 0.4066), (0.2603, 0.2566, 0.2713), True),
+    )
+}
+
+
+def dataset_spec(name: str) -> DatasetSpec:
+    """The spec of data set ``name``; a ValueError naming ``data.dataset`` if it is unknown."""
+    if name not in SPECS:
+        raise ValueError(f"data.dataset: unknown data set {name!r}; choose one of {sorted(SPECS)}")
+    return SPECS[name]
+
+
+def load_split(name: str, root: str | Path, train: bool, download: bool = True) -> ImageSplit:
+    """Load the train or test split of data set ``name`` under ``root`` as uint8 tensors."""
+    spec = dataset_spec(name)
+    root = Path(root)
+    if name == "fashion_mnist":
+        stage_debian_fashion_mnist(root)
+    split = "train" if train else "test"
+    if name == "mnist":
+        ds = tvd.MNIST(root, train=train, download=download)
+    elif name == "fashion_mnist":
+        ds = tvd.FashionMNIST(root, train=train, download=download and not _has_raw_fashion(root))
+    elif name == "emnist_balanced":
+        ds = tvd.EMNIST(root, split="balanced", train=train, download=download)
+    elif name == "cifar10":
+        ds = tvd.CIFAR10(root, train=train, download=download)
+    elif name == "cifar100":
+        ds = tvd.CIFAR100(root, train=train, download=download)
+    elif name == "svhn":
+        ds = tvd.SVHN(root, split=split, download=download)
+    else:  # stl10: the labeled train/test splits (the unlabeled split is not used)
+        ds = tvd.STL10(root, split=split, download=download)
+    images, labels = _to_tensors(ds)
+    if name == "emnist_balanced":  # EMNIST is stored transposed
+        images = images.transpose(2, 3).contiguous()
+    if images.shape[1:] != (spec.channels, spec.size, spec.size):
+        raise RuntimeError(f"{name}: unexpected image shape {tuple(images.shape[1:])}")
+    return ImageSplit(images, labels)
+
+
+def _to_tensors(ds: object) -> tuple[Tensor, Tensor]:
+    data = ds.data  # type: ignore[attr-defined]
+    targets = getattr(ds, "targets", None)
+    if targets is None:
+        targets = ds.labels  # type: ignore[attr-defined]  # SVHN, STL10
+    images = torch.as_tensor(np.asarray(data))
+    if images.ndim == 3:  # (N, H, W) gray
+        images = images.unsqueeze(1)
+    elif images.shape[-1] == 3:  # (N, H, W, 3) CIFAR
+        images = images.permute(0, 3, 1, 2)
+    return images.to(torch.uint8).contiguous(), torch.as_tensor(np.asarray(targets)).long()
+
+
+def _fashion_raw(root: Path) -> Path:
+    return root / "FashionMNIST" / "raw"
+
+
+def _has_raw_fashion(root: Path) -> bool:
+    raw = _fashion_raw(root)
+    names = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte")
+    names += ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+    return all((raw / n).is_file() for n in names)
+
+
+def stage_debian_fashion_mnist(root: str | Path, source: Path = DEBIAN_FASHION_MNIST) -> bool:
+    """Decompress Debian's Fashion-MNIST IDX files into ``<root>/FashionMNIST/raw`` once.
+
+    torchvision reads the uncompressed files offline; its download checksums differ from
+    Debian's archives, so ``download=True`` would reject them. Returns whether the raw files
+    are in place afterwards.
+    """
+    root = Path(root)
+    if _has_raw_fashion(root):
+        return True
+    if not source.is_dir():
+        return False
+    raw = _fashion_raw(root)
+    raw.mkdir(parents=True, exist_ok=True)
+    for gz in sorted(source.glob("*-ubyte.gz")):
+        target = raw / gz.name[: -len(".gz")]
+        tmp = target.with_suffix(".tmp")
+        with gzip.open(gz, "rb") as src, open(tmp, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        tmp.replace(target)
+    return _has_raw_fashion(root)

@@ -1,0 +1,37 @@
+"""The federation checkpoint: everything needed to continue a run exactly."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+FORMAT = "fedlit-federation/1"
+
+
+def save_checkpoint(path: Path, payload: dict[str, Any]) -> None:
+    """Write ``payload`` to ``path`` atomically: a crash leaves the previous file intact.
+
+    The payload must hold only tensors, numbers, strings and containers of them, so that it
+    loads with ``torch.load(weights_only=True)`` (no pickled code runs when a file is read).
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save({"format": FORMAT, **payload}, tmp)
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path: str | Path) -> dict[str, Any]:
+    """Read a federation checkpoint; a ValueError names the path if it is not one."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"federation.resume / ckpt_path: no checkpoint file at {path}")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # not a torch file, or one holding arbitrary objects
+        raise ValueError(f"{path} is not a fedlit federation checkpoint: {err}") from err
+    if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
+        raise ValueError(f"{path} is not a fedlit federation checkpoint ({FORMAT})")
+    return ckpt

@@ -1,0 +1,47 @@
+"""One client's work in one round, as a function with no hidden shared state."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from fedlit.data.datamodule import FederatedDataModule
+from fedlit.federation.seeding import derive_seed, seed_all
+from fedlit.federation.trainers import TrainerTemplate
+from fedlit.methods.base import ClientUpdate, FederatedMethod, StateDict
+
+
+@dataclass(frozen=True)
+class ClientRunner:
+    """Everything a client's round needs besides its inputs: fixed for the whole run.
+
+    ``method`` is used only for its configuration and factories (never its global network),
+    ``data`` for the client's own shard, so a runner can be shipped to another process.
+    """
+
+    method: FederatedMethod
+    data: FederatedDataModule
+    trainer: TrainerTemplate
+    seed: int
+    total_rounds: int
+    local_epochs: int = 1
+    local_steps: int | None = None
+
+    def __call__(
+        self, payload: StateDict, client_id: int, round_idx: int, state: Any
+    ) -> ClientUpdate:
+        """Train client ``client_id`` in round ``round_idx`` from ``payload`` and ``state``.
+
+        Returns the upload, the client's example count, its new persistent state and metrics.
+        """
+        seed_all(derive_seed(self.seed, round_idx, client_id))
+        objective = self.method.client_objective(payload, round_idx, self.total_rounds, state)
+        loader = self.method.client_loader(self.data, client_id)
+        self.trainer.fit(objective, loader, self.local_epochs, self.local_steps)
+        return ClientUpdate(
+            client_id=client_id,
+            upload=self.method.client_upload(objective),
+            num_examples=len(loader.dataset),  # type: ignore[arg-type]
+            state=self.method.client_state(objective, state),
+            metrics=objective.epoch_metrics(),
+        )

@@ -1,0 +1,302 @@
+"""The federation driver: the round loop of METHODS.md, and nothing method-specific.
+
+Each round: (server step) -> sample C of K clients -> broadcast -> client steps -> aggregate ->
+(server step) -> evaluate -> log -> checkpoint. Whether the server trains before broadcasting
+or after aggregating is the method's ``server_first``.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from lightning.pytorch.loggers import Logger
+from tqdm.auto import tqdm
+
+from fedlit.aggregation import state_bytes
+from fedlit.data.datamodule import FederatedDataModule
+from fedlit.data.sampling import sample_clients
+from fedlit.federation.checkpoint import load_checkpoint, save_checkpoint
+from fedlit.federation.client import ClientRunner
+from fedlit.federation.loggers import RoundCSVLogger
+from fedlit.federation.seeding import (
+    EVAL,
+    INIT,
+    SERVER,
+    derive_seed,
+    rng_states,
+    seed_all,
+    set_rng_states,
+)
+from fedlit.federation.store import ClientStateStore
+from fedlit.federation.trainers import TrainerTemplate
+from fedlit.methods.base import ClientUpdate, FederatedMethod
+
+RUN_MARKERS = ("metrics.csv", "checkpoints", "config.yaml")
+
+
+@dataclass(frozen=True)
+class FederationConfig:
+    """How the federation runs (the ``federation`` group of a recipe).
+
+    Args:
+        rounds: communication rounds.
+        clients_per_round: C, clients sampled per round (without replacement).
+        local_epochs: E, epochs of each client's objective per round.
+        local_steps: if set, T local steps per round instead of epochs (paper 004's period T).
+        server_epochs: E_s, epochs of the server's objective per round.
+        eval_every: evaluate on the test set every this many rounds (and after the last).
+        resume: a checkpoint to continue from (``<run>/checkpoints/last.ckpt``).
+    """
+
+    rounds: int = 10
+    clients_per_round: int = 10
+    local_epochs: int = 1
+    local_steps: int | None = None
+    server_epochs: int = 1
+    eval_every: int = 1
+    resume: str | None = None
+
+    def __post_init__(self) -> None:
+        for key in ("rounds", "clients_per_round", "local_epochs", "server_epochs", "eval_every"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"federation.{key} must be a positive integer, got {value!r}")
+        if self.local_steps is not None and self.local_steps < 1:
+            raise ValueError(f"federation.local_steps must be positive, got {self.local_steps}")
+
+
+@dataclass(frozen=True)
+class FederationResult:
+    """What a run returns: every round's logged metrics and where it wrote."""
+
+    history: list[dict[str, float]]
+    run_dir: Path
+    checkpoint: Path
+
+    @property
+    def final(self) -> dict[str, float]:
+        return self.history[-1] if self.history else {}
+
+
+@dataclass
+class Federation:
+    """Runs ``method`` on ``data`` for ``config.rounds`` rounds.
+
+    Call :meth:`prepare` (loads data, checks every setting, raises ValueError naming the key
+    before anything is written or trained), then :meth:`run`.
+    """
+
+    method: FederatedMethod
+    data: FederatedDataModule
+    config: FederationConfig
+    run_dir: Path
+    seed: int = 0
+    trainer: TrainerTemplate = field(default_factory=TrainerTemplate)
+    loggers: Sequence[Logger] = ()
+    hparams: dict[str, Any] = field(default_factory=dict)
+    progress: bool | None = None  # None: a bar on a terminal, plain lines otherwise
+
+    def __post_init__(self) -> None:
+        self.run_dir = Path(self.run_dir)
+        self.store = ClientStateStore()
+        self.history: list[dict[str, float]] = []
+        self.start_round = 1
+        self._prepared = False
+
+    # --- checks and set-up ---------------------------------------------------------------
+    def prepare(self) -> None:
+        """Validate everything and load the data; raises ValueError naming the offending key."""
+        cfg = self.config
+        ckpt = load_checkpoint(cfg.resume) if cfg.resume else None
+        if ckpt is None:
+            found = [m for m in RUN_MARKERS if (self.run_dir / m).exists()]
+            if found:
+                raise ValueError(
+                    f"trainer.default_root_dir: {self.run_dir} already holds a run "
+                    f"({', '.join(found)}); choose another directory, or continue it with "
+                    f"--federation.resume {self.run_dir / 'checkpoints' / 'last.ckpt'}"
+                )
+        if self.method.uses_clients and cfg.clients_per_round > self.data.num_clients:
+            raise ValueError(
+                f"federation.clients_per_round={cfg.clients_per_round} exceeds "
+                f"data.num_clients={self.data.num_clients}"
+            )
+        if (self.method.hparams.num_classes, self.method.hparams.in_channels) != (
+            self.data.num_classes,
+            self.data.in_channels,
+        ):
+            raise ValueError(
+                "model.num_classes / model.in_channels do not match data.dataset "
+                f"{self.data.dataset!r} ({self.data.num_classes} classes, "
+                f"{self.data.in_channels} channels)"
+            )
+        self.data.setup_federation(self.seed)
+        if ckpt is not None:
+            self._restore(ckpt)
+        else:  # the initial global network comes from the run's seed too
+            seed_all(derive_seed(self.seed, 0, INIT))
+            self.method.network.load_state_dict(self.method.new_network().state_dict())
+        self.runner = ClientRunner(
+            method=self.method,
+            data=self.data,
+            trainer=self.trainer,
+            seed=self.seed,
+            total_rounds=cfg.rounds,
+            local_epochs=cfg.local_epochs,
+            local_steps=cfg.local_steps,
+        )
+        self._prepared = True
+
+    def _meta(self) -> dict[str, Any]:
+        return {
+            "seed": self.seed,
+            "method": type(self.method).__name__,
+            "num_clients": self.data.num_clients,
+            "dataset": self.data.dataset,
+        }
+
+    def _restore(self, ckpt: dict[str, Any]) -> None:
+        meta = self._meta()
+        for key, value in ckpt["meta"].items():
+            if meta.get(key) != value:
+                raise ValueError(
+                    f"federation.resume: the checkpoint was made with {key}={value!r}, "
+                    f"this run has {key}={meta.get(key)!r}"
+                )
+        if ckpt["round"] >= self.config.rounds:
+            raise ValueError(
+                f"federation.resume: the checkpoint already completed round {ckpt['round']}; "
+                f"federation.rounds={self.config.rounds} leaves nothing to run"
+            )
+        self.method.network.load_state_dict(ckpt["global_state"])
+        self.method.load_server_state_dict(ckpt["server_state"])
+        self.store.load_state_dict(ckpt["client_states"])
+        self.history = list(ckpt["history"])
+        set_rng_states(ckpt["rng"])
+        self.start_round = ckpt["round"] + 1
+
+    # --- the run ---------------------------------------------------------------------------
+    def run(self) -> FederationResult:
+        if not self._prepared:
+            self.prepare()
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        loggers = [RoundCSVLogger(self.run_dir), *self.loggers]
+        if self.start_round == 1:
+            for logger in loggers:
+                logger.log_hyperparams(self.hparams)
+                logger.log_metrics({"round": 0, **self.data.partition_summary()}, step=0)
+        bar = self._progress_bar()
+        for round_idx in range(self.start_round, self.config.rounds + 1):
+            metrics = self.run_round(round_idx)
+            self.history.append(metrics)
+            for logger in loggers:
+                logger.log_metrics(metrics, step=round_idx)
+                logger.save()
+            self._checkpoint(round_idx)
+            self._report(bar, round_idx, metrics)
+        if bar is not None:
+            bar.close()
+        for logger in loggers:
+            logger.finalize("success")
+        return FederationResult(list(self.history), self.run_dir, self.checkpoint_path)
+
+    def run_round(self, round_idx: int) -> dict[str, float]:
+        """One round; returns its metrics."""
+        t0 = time.perf_counter()
+        method, cfg = self.method, self.config
+        metrics: dict[str, float] = {"round": float(round_idx)}
+        if method.server_first or not method.uses_clients:
+            metrics |= self._server_step(round_idx)
+        down = up = 0
+        if method.uses_clients:
+            clients = sample_clients(
+                self.data.num_clients, cfg.clients_per_round, self.seed, round_idx
+            )
+            payload = method.broadcast(round_idx)
+            updates: list[ClientUpdate] = []
+            for cid in clients.tolist():
+                update = self.runner(payload, cid, round_idx, self.store.get(cid))
+                self.store.put(cid, update.state)
+                updates.append(update)
+                down += state_bytes(payload)
+                up += state_bytes(update.upload)
+            method.aggregate(updates, round_idx)
+            metrics |= _mean_metrics("client", [u.metrics for u in updates])
+            if not method.server_first:
+                metrics |= self._server_step(round_idx)
+        if round_idx % cfg.eval_every == 0 or round_idx == cfg.rounds:
+            metrics |= self.evaluate()
+        metrics["comm/bytes_down"] = float(down)
+        metrics["comm/bytes_up"] = float(up)
+        metrics["time/round_s"] = time.perf_counter() - t0
+        return metrics
+
+    def _server_step(self, round_idx: int) -> dict[str, float]:
+        objective = self.method.server_objective(round_idx, self.config.rounds)
+        if objective is None:
+            return {}
+        seed_all(derive_seed(self.seed, round_idx, SERVER))
+        loader = self.method.server_loader(self.data)
+        self.trainer.fit(objective, loader, self.config.server_epochs)
+        return {f"server/{k}": v for k, v in objective.epoch_metrics().items()}
+
+    def evaluate(self, prefix: str = "test") -> dict[str, float]:
+        """Top-1 accuracy and loss of the global network on the test set."""
+        seed_all(derive_seed(self.seed, 0, EVAL))
+        self.trainer.test(self.method, self.data.test_dataloader())
+        return self.method.evaluation_metrics(prefix)
+
+    # --- checkpoints and reporting -----------------------------------------------------------
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.run_dir / "checkpoints" / "last.ckpt"
+
+    def _checkpoint(self, round_idx: int) -> None:
+        save_checkpoint(
+            self.checkpoint_path,
+            {
+                "round": round_idx,
+                "global_state": self.method.network.state_dict(),
+                "server_state": self.method.server_state_dict(),
+                "client_states": self.store.state_dict(),
+                "history": self.history,
+                "rng": rng_states(),
+                "meta": self._meta(),
+                "hparams": self.hparams,
+            },
+        )
+
+    def _progress_bar(self) -> tqdm | None:
+        show = sys.stderr.isatty() if self.progress is None else self.progress
+        if not show:
+            return None
+        return tqdm(
+            total=self.config.rounds,
+            initial=self.start_round - 1,
+            desc="rounds",
+            unit="round",
+            dynamic_ncols=True,
+        )
+
+    def _report(self, bar: tqdm | None, round_idx: int, metrics: dict[str, float]) -> None:
+        acc = metrics.get("test/acc")
+        text = f"acc {acc:.4f}" if acc is not None else "acc -"
+        if bar is not None:
+            bar.set_postfix_str(f"{text}, {metrics['time/round_s']:.1f} s/round")
+            bar.update(1)
+        elif self.progress is None:
+            print(
+                f"round {round_idx}/{self.config.rounds}  {text}  {metrics['time/round_s']:.1f} s",
+                flush=True,
+            )
+
+
+def _mean_metrics(prefix: str, per_client: Sequence[dict[str, float]]) -> dict[str, float]:
+    keys = sorted({k for m in per_client for k in m})
+    return {f"{prefix}/{k}": float(np.mean([m[k] for m in per_client if k in m])) for k in keys}

@@ -1,0 +1,48 @@
+"""Deterministic seeds for every unit of work, derived from (run seed, round, client)."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import numpy as np
+import torch
+
+SERVER = -1  # the "client id" of the server's own steps
+EVAL = -2
+INIT = -3  # the global network's initialisation
+
+
+def derive_seed(seed: int, round_idx: int, who: int) -> int:
+    """A 63-bit seed for the work of ``who`` (a client id, SERVER or EVAL) in ``round_idx``."""
+    ss = np.random.SeedSequence([seed, round_idx, who + 3])
+    return int(ss.generate_state(1, dtype=np.uint64)[0] >> np.uint64(1))
+
+
+def seed_all(seed: int) -> None:
+    """Seed Python's, NumPy's and torch's global generators (all devices)."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def rng_states() -> dict[str, Any]:
+    """The global generators' states, as tensors and plain values (``weights_only`` loadable)."""
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    states: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def set_rng_states(states: dict[str, Any]) -> None:
+    random.setstate(states["python"])
+    kind, keys, pos, has_gauss, cached = states["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(states["torch"])
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])

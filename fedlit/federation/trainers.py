@@ -1,0 +1,70 @@
+"""Lean Lightning Trainers, built per server step, client step and evaluation from a template."""
+
+from __future__ import annotations
+
+import copy
+import logging
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from lightning import LightningModule, Trainer
+from torch.utils.data import DataLoader
+
+# Per-step Trainers would otherwise print device banners and worker hints hundreds of times.
+for _name in ("lightning.pytorch.utilities.rank_zero", "lightning.pytorch.accelerators.cuda"):
+    logging.getLogger(_name).setLevel(logging.WARNING)
+warnings.filterwarnings("ignore", message=r".*does not have many workers.*")
+warnings.filterwarnings("ignore", message=r".*barebones=True.*")
+
+
+def default_precision(accelerator: str = "auto") -> str:
+    """Mixed precision on a GPU (bf16 where supported), full fp32 on a CPU."""
+    if accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available():
+        return "bf16-mixed" if torch.cuda.is_bf16_supported() else "16-mixed"
+    return "32-true"
+
+
+@dataclass(frozen=True)
+class TrainerTemplate:
+    """The settings every per-step Trainer shares (accelerator, devices, precision, ...).
+
+    ``kwargs`` are extra ``lightning.Trainer`` arguments. Each Trainer is built from a copy of
+    them and runs bare: no logger, checkpointing, progress bar, model summary or sanity check of
+    its own; the federation driver owns logging and checkpoints.
+    """
+
+    accelerator: str = "auto"
+    devices: int | str = 1
+    precision: str | None = None  # None: default_precision(accelerator)
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def build(self, **overrides: Any) -> Trainer:
+        kwargs = copy.copy(self.kwargs)
+        kwargs.update(
+            accelerator=self.accelerator,
+            devices=self.devices,
+            precision=self.precision or default_precision(self.accelerator),
+            barebones=True,
+        )
+        kwargs.update(overrides)
+        return Trainer(**kwargs)
+
+    def fit(
+        self,
+        module: LightningModule,
+        loader: DataLoader,
+        epochs: int,
+        max_steps: int | None = None,
+    ) -> None:
+        """Train ``module`` on ``loader`` for ``epochs`` epochs (or ``max_steps`` steps)."""
+        if max_steps is not None:
+            trainer = self.build(max_epochs=-1, max_steps=max_steps, limit_val_batches=0)
+        else:
+            trainer = self.build(max_epochs=epochs, limit_val_batches=0)
+        trainer.fit(module, train_dataloaders=loader)
+
+    def test(self, module: LightningModule, loader: DataLoader) -> None:
+        """Run ``module``'s test loop over ``loader`` (metrics stay in the module)."""
+        self.build().test(module, dataloaders=loader, verbose=False)

@@ -1,0 +1,197 @@
+"""The shared base of every federated method.
+
+A method is a LightningModule that holds the *global* network and evaluates it, plus the
+method's rules: which objective the server trains and when, which objective a client trains,
+what is sent down, what is uploaded and how uploads are aggregated, and what a client keeps
+between rounds. The federation driver (``fedlit.federation``) runs the rounds and owns Trainers,
+logging and checkpoints; it never knows which method it runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from lightning import LightningModule
+from torch import Tensor, nn
+from torch.utils.data import DataLoader
+from torchmetrics.classification import MulticlassAccuracy
+
+from fedlit.aggregation import weighted_average
+from fedlit.data.datamodule import FederatedDataModule
+from fedlit.models import build_classifier
+from fedlit.objectives import Objective, SupervisedCE
+
+StateDict = dict[str, Tensor]
+
+
+@dataclass(frozen=True)
+class ClientUpdate:
+    """What one client returns from a round."""
+
+    client_id: int
+    upload: StateDict  # what is sent up (named tensors)
+    num_examples: int  # n_k, the FedAvg weight
+    state: Any = None  # the client's new persistent state (never uploaded)
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class FederatedMethod(LightningModule):
+    """Base of all methods: the global network, its evaluation, and default FedAvg rules.
+
+    Args:
+        num_classes: classes of the data set (linked from ``data.num_classes`` by the CLI).
+        in_channels: image channels (linked from ``data.in_channels``).
+        backbone: a name from :data:`fedlit.models.BACKBONES`.
+        norm: "bn", "gn" or "none"; None keeps the backbone's own.
+        server_lr: learning rate of the server's objective.
+        client_lr: learning rate of the clients' objective.
+        optimizer: "sgd" or "adam", for server and clients.
+        momentum: SGD momentum.
+        weight_decay: L2 weight decay.
+        lr_decay: per-round factor on both learning rates (lr * lr_decay ** (round - 1)).
+    """
+
+    #: Clients take part (False for Server-SL, which trains on the server's labels only).
+    uses_clients: ClassVar[bool] = True
+    #: The server trains before broadcasting (True) or after aggregation (False).
+    server_first: ClassVar[bool] = True
+    #: Client loaders carry true labels: an oracle, not a semi-supervised method.
+    oracle: ClassVar[bool] = False
+    #: Augmented views of each unlabeled image a client's objective takes.
+    client_views: ClassVar[tuple[str, ...]] = ("weak",)
+
+    def __init__(
+        self,
+        num_classes: int,
+        in_channels: int,
+        backbone: str = "small_cnn",
+        norm: str | None = None,
+        server_lr: float = 0.03,
+        client_lr: float = 0.03,
+        optimizer: str = "sgd",
+        momentum: float = 0.9,
+        weight_decay: float = 5e-4,
+        lr_decay: float = 1.0,
+    ) -> None:
+        super().__init__()
+        for key, value in (("model.server_lr", server_lr), ("model.client_lr", client_lr)):
+            if value <= 0:
+                raise ValueError(f"{key} must be > 0, got {value}")
+        if not 0 < lr_decay <= 1:
+            raise ValueError(f"model.lr_decay must be in (0, 1], got {lr_decay}")
+        self.save_hyperparameters()
+        self.network = self.new_network()
+        self.test_acc = MulticlassAccuracy(num_classes=num_classes, average="micro")
+        self._loss_sum = torch.zeros(())
+        self._count = 0
+
+    # --- the network ---------------------------------------------------------------------
+    def new_network(self) -> nn.Module:
+        """A freshly initialised network of this method's architecture."""
+        hp = self.hparams
+        return build_classifier(hp.backbone, hp.num_classes, hp.in_channels, norm=hp.norm)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.network(x)
+
+    def optimizer_kwargs(self, lr: float, round_idx: int) -> dict[str, Any]:
+        hp = self.hparams
+        return {
+            "lr": lr * hp.lr_decay ** (round_idx - 1),
+            "optimizer": hp.optimizer,
+            "momentum": hp.momentum,
+            "weight_decay": hp.weight_decay,
+        }
+
+    # --- server ---------------------------------------------------------------------------
+    def server_objective(self, round_idx: int, total_rounds: int) -> Objective | None:
+        """The objective the server trains ``self.network`` with (in place); None: no step."""
+        return SupervisedCE(
+            self.network, **self.optimizer_kwargs(self.hparams.server_lr, round_idx)
+        )
+
+    def server_loader(self, data: FederatedDataModule) -> DataLoader:
+        return data.server_dataloader("weak")
+
+    # --- communication --------------------------------------------------------------------
+    def is_shared(self, key: str) -> bool:
+        """Whether state key ``key`` of the global network is sent to clients and averaged."""
+        return True
+
+    def broadcast(self, round_idx: int) -> StateDict:
+        """What the server sends to every sampled client this round (named tensors)."""
+        return {
+            k: v.detach().clone() for k, v in self.network.state_dict().items() if self.is_shared(k)
+        }
+
+    # --- client ---------------------------------------------------------------------------
+    def client_loader(self, data: FederatedDataModule, client_id: int) -> DataLoader:
+        return data.client_dataloader(client_id, self.client_views)
+
+    def client_network(self, payload: StateDict) -> nn.Module:
+        """A new network holding ``payload``. Client code never reads ``self.network``."""
+        network = self.new_network()
+        missing = [k for k in payload if k not in network.state_dict()]
+        if missing:
+            raise ValueError(f"payload key {missing[0]!r} is not in the network")
+        network.load_state_dict(payload, strict=False)
+        return network
+
+    def client_objective(
+        self, payload: StateDict, round_idx: int, total_rounds: int, state: Any
+    ) -> Objective:
+        """The objective a client trains this round, from what it received and its state."""
+        raise NotImplementedError
+
+    def client_upload(self, objective: Objective) -> StateDict:
+        """What a client sends back after training: its shared weights."""
+        return {
+            k: v.detach().cpu().clone()
+            for k, v in objective.network.state_dict().items()
+            if self.is_shared(k)
+        }
+
+    def client_state(self, objective: Objective, previous: Any) -> Any:
+        """The client's persistent state after this round (stateless methods: None)."""
+        return None
+
+    # --- aggregation ----------------------------------------------------------------------
+    def aggregate(self, updates: Sequence[ClientUpdate], round_idx: int) -> None:
+        """Replace the shared part of the global network by the uploads' FedAvg (weights n_k)."""
+        avg = weighted_average([u.upload for u in updates], [u.num_examples for u in updates])
+        self.network.load_state_dict(avg, strict=False)
+
+    # --- server-side state (beyond the global network) ------------------------------------
+    def server_state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_server_state_dict(self, state: dict[str, Any]) -> None:
+        if state:
+            raise ValueError(f"{type(self).__name__} keeps no server state, got {sorted(state)}")
+
+    # --- evaluation -----------------------------------------------------------------------
+    def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        x, y = batch
+        logits = self.network(x)
+        self.test_acc.update(logits, y)
+        self._loss_sum = (
+            self._loss_sum.to(logits.device)
+            + F.cross_entropy(logits.float(), y, reduction="sum").detach()
+        )
+        self._count += len(y)
+
+    def on_test_epoch_start(self) -> None:
+        self.test_acc.reset()
+        self._loss_sum = torch.zeros((), device=self.device)
+        self._count = 0
+
+    def evaluation_metrics(self, prefix: str = "test") -> dict[str, float]:
+        """Accuracy (a fraction) and mean CE of the last evaluation pass."""
+        return {
+            f"{prefix}/acc": float(self.test_acc.compute()),
+            f"{prefix}/loss": float(self._loss_sum) / max(self._count, 1),
+        }

@@ -1,0 +1,41 @@
+"""The bounds every semi-supervised method is compared with (paper 002 section 5.1)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch.utils.data import DataLoader
+
+from fedlit.data.datamodule import FederatedDataModule
+from fedlit.methods.base import FederatedMethod, StateDict
+from fedlit.objectives import Objective, SupervisedCE
+
+
+class ServerSL(FederatedMethod):
+    """Server-SL, the lower bound: CE on weak views of the server's labeled set; no clients.
+
+    Paper 002 section 5.1 ("Server-SL"); paper 000 "Centralized".
+    """
+
+    uses_clients = False
+
+
+class FedAvgSL(FederatedMethod):
+    """FedAvg-SL, the upper bound. ORACLE: clients train with CE on their TRUE labels.
+
+    Not a semi-supervised method (client labels do not exist in the setting fedlit studies);
+    it marks how far the unlabeled methods are from full supervision. Aggregation is FedAvg
+    weighted by n_k, then the server trains on its labeled set (paper 002 section 5.1).
+    """
+
+    oracle = True
+    server_first = False
+
+    def client_loader(self, data: FederatedDataModule, client_id: int) -> DataLoader:
+        return data.client_oracle_dataloader(client_id, "weak")
+
+    def client_objective(
+        self, payload: StateDict, round_idx: int, total_rounds: int, state: Any
+    ) -> Objective:
+        network = self.client_network(payload)
+        return SupervisedCE(network, **self.optimizer_kwargs(self.hparams.client_lr, round_idx))

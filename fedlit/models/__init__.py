@@ -1,0 +1,21 @@
+"""Models: backbones (images -> features) and classifiers (backbone + MLP head -> logits)."""
+
+from fedlit.models.backbones import NORMS, Backbone, make_norm
+from fedlit.models.classifier import BACKBONES, Classifier, build_classifier, make_head
+from fedlit.models.fedcon_cnn import FedConCIFARCNN, FedConMNISTCNN
+from fedlit.models.resnet import ResNet18
+from fedlit.models.small_cnn import SmallCNN
+
+__all__ = [
+    "BACKBONES",
+    "NORMS",
+    "Backbone",
+    "Classifier",
+    "FedConCIFARCNN",
+    "FedConMNISTCNN",
+    "ResNet18",
+    "SmallCNN",
+    "build_classifier",
+    "make_head",
+    "make_norm",
+]

@@ -1,0 +1,87 @@
+"""``Classifier`` (backbone + MLP head), the backbone registry and ``build_classifier``."""
+
+from collections.abc import Sequence
+
+from torch import Tensor, nn
+
+from fedlit.models.backbones import Backbone, check_norm
+from fedlit.models.fedcon_cnn import FedConCIFARCNN, FedConMNISTCNN
+from fedlit.models.resnet import ResNet18
+from fedlit.models.small_cnn import SmallCNN
+
+BACKBONES: dict[str, type[Backbone]] = {
+    "small_cnn": SmallCNN,
+    "fedcon_mnist_cnn": FedConMNISTCNN,
+    "fedcon_cifar_cnn": FedConCIFARCNN,
+    "resnet18": ResNet18,
+}
+"""Values of ``model.backbone`` and the classes they build."""
+
+
+def make_head(
+    in_features: int, num_classes: int, hidden: Sequence[int] = (), dropout: float = 0.0
+) -> nn.Sequential:
+    """MLP (N, in_features) -> logits (N, num_classes).
+
+    Each hidden size adds Linear + ReLU + Dropout(``dropout``) (the Dropout is kept at
+    ``dropout = 0`` so parameter names depend only on ``hidden``); then a last Linear.
+    """
+    layers: list[nn.Module] = []
+    previous = in_features
+    for size in hidden:
+        layers += [nn.Linear(previous, size), nn.ReLU(inplace=True), nn.Dropout(dropout)]
+        previous = size
+    layers.append(nn.Linear(previous, num_classes))
+    return nn.Sequential(*layers)
+
+
+class Classifier(nn.Module):
+    """Backbone + head: images (N, C, H, W) -> logits (N, num_classes), no softmax.
+
+    ``state_dict`` keys are ``backbone.*`` and ``head.*``, so methods can average the
+    backbone alone.
+    """
+
+    def __init__(
+        self,
+        backbone: Backbone,
+        num_classes: int,
+        hidden: Sequence[int] = (),
+        dropout: float = 0.0,
+    ) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.head = make_head(backbone.feature_dim, num_classes, hidden, dropout)
+        self.num_classes = num_classes
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Images (N, C, H, W) -> logits (N, num_classes)."""
+        return self.head(self.backbone(x))
+
+
+def build_classifier(
+    backbone: str,
+    num_classes: int,
+    in_channels: int,
+    norm: str | None = None,
+    head: Sequence[int] | None = None,
+    head_dropout: float | None = None,
+) -> Classifier:
+    """Build ``BACKBONES[backbone]`` and its head into a ``Classifier``.
+
+    ``norm=None`` keeps the backbone's default norm; ``head=None`` its ``default_head``
+    (paper 001 Table I for the FedCon CNNs, none otherwise); ``head_dropout=None`` its
+    ``default_head_dropout`` (0.1 for the FedCon CIFAR CNN, 0.0 otherwise).
+    Raises ``ValueError`` naming ``model.backbone`` or ``model.norm`` for unknown values.
+    """
+    if backbone not in BACKBONES:
+        allowed = ", ".join(repr(name) for name in BACKBONES)
+        raise ValueError(f"model.backbone: unknown backbone {backbone!r}; choose one of {allowed}")
+    cls = BACKBONES[backbone]
+    if norm is None:
+        encoder = cls(in_channels=in_channels)
+    else:
+        encoder = cls(in_channels=in_channels, norm=check_norm(norm))
+    hidden = cls.default_head if head is None else tuple(head)
+    dropout = cls.default_head_dropout if head_dropout is None else head_dropout
+    return Classifier(encoder, num_classes, hidden, dropout)

@@ -1,0 +1,190 @@
+"""Every recipe through the real CLI on CPU, and bad input rejected before any work."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fedlit.cli import main
+
+RECIPES = sorted(Path(__file__).parents[1].joinpath("recipes").rglob("*.yaml"))
+
+
+def tiny(root: Path, run_dir: Path) -> list[str]:
+    """Overrides that shrink any recipe to one tiny round on the local Fashion-MNIST."""
+    return [
+        "--data.dataset=fashion_mnist",
+        f"--data.root={root}",
+        "--data.num_clients=2",
+        "--data.examples_per_client=32",
+        "--data.client_batch_size=16",
+        "--federation.rounds=1",
+        "--federation.clients_per_round=2",
+        "--federation.local_epochs=1",
+        "--federation.server_epochs=1",
+        f"--trainer.default_root_dir={run_dir}",
+    ]
+
+
+def test_recipes_exist() -> None:
+    names = {p.name for p in RECIPES}
+    assert {"quickstart.yaml", "server_sl.yaml", "fedavg_sl.yaml", "fedavg_fixmatch.yaml"} <= names
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: str(p.relative_to(p.parents[1])))
+def test_recipe_runs_one_tiny_round(
+    recipe: Path, fmnist_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = tmp_path / "run"
+    main(["fit", f"--config={recipe}", *tiny(fmnist_root, run_dir)])
+    final = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert 0.0 <= final["test/acc"] <= 1.0
+    assert (run_dir / "metrics.csv").is_file()
+    assert (run_dir / "config.yaml").is_file()
+    assert (run_dir / "checkpoints" / "last.ckpt").is_file()
+
+
+def test_print_config_and_overrides(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(
+            [
+                "fit",
+                "--config=recipes/quickstart.yaml",
+                "--federation.rounds=5",
+                "--federation.clients_per_round=3",
+                "--federation.local_epochs=2",
+                "--federation.server_epochs=4",
+                "--data.num_clients=7",
+                "--data.dataset=mnist",
+                "--trainer.default_root_dir=somewhere",
+                "--seed_everything=123",
+                "--print_config",
+            ]
+        )
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    for line in (
+        "rounds: 5",
+        "clients_per_round: 3",
+        "local_epochs: 2",
+        "server_epochs: 4",
+        "num_clients: 7",
+        "dataset: mnist",
+        "default_root_dir: somewhere",
+        "seed_everything: 123",
+    ):
+        assert line in out, line
+
+
+BAD = [
+    (["--data.num_clients=0"], "data.num_clients"),
+    (["--data.num_clients=-2"], "data.num_clients"),
+    (["--federation.clients_per_round=11"], "federation.clients_per_round"),
+    (["--data.partitioner=Dirichlet", "--data.partitioner.alpha=0"], "alpha"),
+    (["--data.partitioner=Dirichlet", "--data.partitioner.alpha=-1"], "alpha"),
+    (["--data.labeled_per_class=7000"], "data.labeled_per_class"),
+    (["--data.dataset=imagenet"], "data.dataset"),
+    (["--data.partitioner=NoSuchPartitioner"], "data.partitioner"),
+    (["--federation.rounds=0"], "federation.rounds"),
+    (["--model.init_args.client_lr=0"], "model.client_lr"),
+]
+
+
+@pytest.mark.parametrize(("args", "key"), BAD, ids=[b[1] + str(i) for i, b in enumerate(BAD)])
+def test_bad_input_exits_before_work_naming_the_key(
+    args: list[str], key: str, fmnist_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = tmp_path / "run"
+    with pytest.raises(SystemExit) as exc:
+        main(
+            [
+                "fit",
+                "--config=recipes/quickstart.yaml",
+                f"--data.root={fmnist_root}",
+                f"--trainer.default_root_dir={run_dir}",
+                *args,
+            ]
+        )
+    assert exc.value.code != 0
+    err = capsys.readouterr().err
+    assert key in err, err
+    assert "Traceback" not in err
+    assert not run_dir.exists()  # nothing written
+
+
+def test_existing_run_is_not_overwritten(
+    fmnist_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = tmp_path / "run"
+    args = ["fit", "--config=recipes/server_sl.yaml", *tiny(fmnist_root, run_dir)]
+    main(args)
+    files = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    with pytest.raises(SystemExit) as exc:
+        main(args)
+    assert exc.value.code != 0
+    assert "already holds a run" in capsys.readouterr().err
+    assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == files
+
+
+def test_test_subcommand_evaluates_a_checkpoint(
+    fmnist_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = tmp_path / "run"
+    main(["fit", "--config=recipes/server_sl.yaml", *tiny(fmnist_root, run_dir)])
+    fit_final = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    main(
+        [
+            "test",
+            "--config=recipes/server_sl.yaml",
+            f"--data.root={fmnist_root}",
+            f"--ckpt_path={run_dir / 'checkpoints' / 'last.ckpt'}",
+        ]
+    )
+    tested = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert tested["test/acc"] == pytest.approx(fit_final["test/acc"])
+    assert tested["round"] == 1
+
+
+def test_wandb_offline(fmnist_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    run_dir = tmp_path / "run"
+    main(
+        [
+            "fit",
+            "--config=recipes/server_sl.yaml",
+            *tiny(fmnist_root, run_dir),
+            "--trainer.logger=lightning.pytorch.loggers.WandbLogger",
+            f"--trainer.logger.save_dir={tmp_path}",
+            "--trainer.logger.project=fedlit-test",
+        ]
+    )
+    runs = list(tmp_path.glob("wandb/offline-run-*"))
+    assert len(runs) == 1
+    assert any(runs[0].rglob("*.wandb"))
+    assert (run_dir / "metrics.csv").is_file()  # the CSV log is kept beside W&B
+
+
+def test_console_script_reports_bad_input_without_traceback(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fedlit",
+            "fit",
+            "--config=recipes/quickstart.yaml",
+            "--data.num_clients=0",
+            f"--trainer.default_root_dir={tmp_path / 'run'}",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).parents[1],
+        timeout=300,
+    )
+    assert proc.returncode != 0
+    assert "data.num_clients" in proc.stderr and "Traceback" not in proc.stderr

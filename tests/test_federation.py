@@ -1,0 +1,189 @@
+"""The federation driver on real Fashion-MNIST: learning, determinism, resume, communication."""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from fedlit.aggregation import state_bytes
+from fedlit.data import FederatedDataModule, ImageSplit
+from fedlit.federation import Federation, FederationConfig, load_checkpoint
+from fedlit.methods import FedAvgFixMatch, FedAvgSL, FederatedMethod, ServerSL
+
+
+def _federation(
+    root: Path,
+    run_dir: Path,
+    method_cls: type[FederatedMethod] = FedAvgFixMatch,
+    seed: int = 0,
+    data_kw: dict | None = None,
+    method_kw: dict | None = None,
+    **config: object,
+) -> Federation:
+    data_args = dict(root=str(root), num_clients=4, examples_per_client=128, client_batch_size=32)
+    data_args.update(data_kw or {})
+    data = FederatedDataModule(**data_args)  # type: ignore[arg-type]
+    method = method_cls(num_classes=10, in_channels=1, **(method_kw or {}))
+    cfg = FederationConfig(**{"rounds": 2, "clients_per_round": 2, **config})  # type: ignore[arg-type]
+    return Federation(method, data, cfg, run_dir=run_dir, seed=seed, progress=False)
+
+
+def _weights(fed: Federation) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in fed.method.network.state_dict().items()}
+
+
+def _assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+def _csv_rows(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_federation_learns_above_server_sl_first_round(fmnist_root: Path, tmp_path: Path) -> None:
+    data_kw = {"num_clients": 5, "examples_per_client": 600, "client_batch_size": 64}
+    common = {"clients_per_round": 5, "server_epochs": 5}
+    server = _federation(
+        fmnist_root, tmp_path / "sl", ServerSL, data_kw=data_kw, rounds=1, **common
+    )
+    first = server.run().final["test/acc"]
+    fed = _federation(fmnist_root, tmp_path / "fm", data_kw=data_kw, rounds=4, **common).run()
+    accs = [h["test/acc"] for h in fed.history]
+    assert min(accs) >= 0.0 and max(accs) <= 1.0
+    assert accs[-1] > first, (accs, first)
+    assert accs[-1] > 0.5  # chance is 0.1
+
+
+def test_same_seed_same_weights_other_seed_differs(fmnist_root: Path, tmp_path: Path) -> None:
+    torch.manual_seed(1)  # the global generators' state before a run must not matter
+    a = _federation(fmnist_root, tmp_path / "a")
+    a.run()
+    torch.manual_seed(2)
+    b = _federation(fmnist_root, tmp_path / "b")
+    b.run()
+    _assert_same(_weights(a), _weights(b))
+    c = _federation(fmnist_root, tmp_path / "c", seed=1)
+    c.run()
+    assert not torch.equal(_weights(a)["head.0.weight"], _weights(c)["head.0.weight"])
+
+
+def test_resume_equals_uninterrupted_run(
+    fmnist_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    full = _federation(fmnist_root, tmp_path / "full", rounds=3)
+    full_result = full.run()
+
+    run_dir = tmp_path / "cut"
+    cut = _federation(fmnist_root, run_dir, rounds=3)
+    original = Federation.run_round
+
+    def crash_in_round_3(self: Federation, round_idx: int) -> dict[str, float]:
+        if round_idx == 3:
+            raise KeyboardInterrupt
+        return original(self, round_idx)
+
+    monkeypatch.setattr(Federation, "run_round", crash_in_round_3)
+    with pytest.raises(KeyboardInterrupt):
+        cut.run()
+    monkeypatch.setattr(Federation, "run_round", original)
+    assert load_checkpoint(run_dir / "checkpoints" / "last.ckpt")["round"] == 2
+
+    resumed = _federation(
+        fmnist_root, run_dir, rounds=3, resume=str(run_dir / "checkpoints/last.ckpt")
+    )
+    result = resumed.run()
+    _assert_same(_weights(full), _weights(resumed))
+    assert result.final["test/acc"] == full_result.final["test/acc"]
+    assert [h["round"] for h in result.history] == [1.0, 2.0, 3.0]
+    rounds_logged = [r["round"] for r in _csv_rows(run_dir / "metrics.csv")]
+    assert rounds_logged == ["0", "1.0", "2.0", "3.0"]  # rows before the crash are kept
+
+
+def test_client_round_is_a_function_of_its_inputs(fmnist_root: Path, tmp_path: Path) -> None:
+    fed = _federation(fmnist_root, tmp_path / "run", method_kw={"tau": 0.0})
+    fed.prepare()
+    payload = fed.method.broadcast(1)
+    first = fed.runner(payload, 1, 1, None)
+    with torch.no_grad():  # the server's own network must not leak into a client's work
+        for p in fed.method.network.parameters():
+            p.fill_(float("nan"))
+    second = fed.runner(payload, 1, 1, None)
+    _assert_same(first.upload, second.upload)
+    assert first.num_examples == 128 and first.state is None
+    assert set(first.metrics) == {"loss", "mask_rate"}
+    other_round = fed.runner(payload, 1, 2, None)
+    assert not torch.equal(first.upload["head.0.weight"], other_round.upload["head.0.weight"])
+
+
+def test_client_labels_never_reach_the_client_loss(fmnist_root: Path, tmp_path: Path) -> None:
+    def run(scramble: bool, name: str) -> dict[str, torch.Tensor]:
+        fed = _federation(fmnist_root, tmp_path / name, server_epochs=1)
+        fed.prepare()
+        if scramble:  # replace every client label with garbage
+            fed.data.clients = [
+                ImageSplit(c.images, torch.full_like(c.labels, 9)) for c in fed.data.clients
+            ]
+        fed.run()
+        return _weights(fed)
+
+    _assert_same(run(False, "true"), run(True, "scrambled"))
+
+
+def test_oracle_is_marked_and_uses_labels(fmnist_root: Path, tmp_path: Path) -> None:
+    assert FedAvgSL.oracle and not FedAvgFixMatch.oracle and not ServerSL.oracle
+    fed = _federation(fmnist_root, tmp_path / "run", FedAvgSL)
+    fed.prepare()
+    _, y = next(iter(fed.method.client_loader(fed.data, 0)))
+    assert y.dtype == torch.long
+
+
+def test_bytes_counted_per_direction(fmnist_root: Path, tmp_path: Path) -> None:
+    fed = _federation(fmnist_root, tmp_path / "fm", clients_per_round=3, rounds=1)
+    final = fed.run().final
+    model_bytes = state_bytes(fed.method.network.state_dict())
+    assert final["comm/bytes_down"] == 3 * model_bytes
+    assert final["comm/bytes_up"] == 3 * model_bytes
+    server = _federation(fmnist_root, tmp_path / "sl", ServerSL, rounds=1).run().final
+    assert server["comm/bytes_down"] == server["comm/bytes_up"] == 0
+
+
+def test_logged_keys_and_checkpoint(fmnist_root: Path, tmp_path: Path) -> None:
+    result = _federation(fmnist_root, tmp_path / "run").run()
+    rows = _csv_rows(tmp_path / "run" / "metrics.csv")
+    assert float(rows[0]["partition/R"]) == pytest.approx(0.0, abs=0.05)  # 12.8 per class
+    for key in (
+        "round",
+        "test/acc",
+        "test/loss",
+        "time/round_s",
+        "comm/bytes_down",
+        "comm/bytes_up",
+    ):
+        assert rows[-1][key] != "", key
+    ckpt = load_checkpoint(result.checkpoint)
+    assert ckpt["round"] == 2
+    assert {"global_state", "server_state", "client_states", "rng", "history"} <= set(ckpt)
+
+
+def test_existing_run_directory_is_never_overwritten(fmnist_root: Path, tmp_path: Path) -> None:
+    _federation(fmnist_root, tmp_path / "run", rounds=1).run()
+    before = (tmp_path / "run" / "metrics.csv").read_bytes()
+    again = _federation(fmnist_root, tmp_path / "run", rounds=1)
+    with pytest.raises(ValueError, match="trainer.default_root_dir"):
+        again.prepare()
+    assert (tmp_path / "run" / "metrics.csv").read_bytes() == before
+
+
+def test_invalid_federation_settings(fmnist_root: Path, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"federation\.clients_per_round"):
+        _federation(fmnist_root, tmp_path / "r", clients_per_round=5).prepare()
+    for key in ("rounds", "clients_per_round", "local_epochs", "server_epochs"):
+        with pytest.raises(ValueError, match=rf"federation\.{key}"):
+            replace(FederationConfig(), **{key: 0})

@@ -1,0 +1,83 @@
+"""Losses on hand-computed cases."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from fedlit.objectives import FixMatch, SupervisedCE, fixmatch_loss, proximal_term
+
+
+def test_fixmatch_loss_hand_computed() -> None:
+    # Example 0: weak softmax ~ [0.982, 0.018] >= 0.95 -> pseudo-label 0, kept.
+    # Example 1: weak softmax [0.5, 0.5] -> masked out.
+    logits_weak = torch.tensor([[4.0, 0.0], [1.0, 1.0]])
+    logits_strong = torch.tensor([[1.0, 2.0], [5.0, -5.0]])
+    loss, mask = fixmatch_loss(logits_weak, logits_strong, tau=0.95)
+    ce0 = -math.log(math.exp(1.0) / (math.exp(1.0) + math.exp(2.0)))
+    assert mask.tolist() == [1.0, 0.0]
+    assert loss.item() == pytest.approx(ce0 / 2, rel=1e-6)  # mean over the whole batch
+
+
+def test_fixmatch_loss_no_gradient_through_weak_view() -> None:
+    lw = torch.tensor([[5.0, 0.0]], requires_grad=True)
+    ls = torch.tensor([[0.0, 0.0]], requires_grad=True)
+    loss, _ = fixmatch_loss(lw, ls, tau=0.5)
+    loss.backward()
+    assert lw.grad is None
+    assert ls.grad is not None and ls.grad.abs().sum() > 0
+
+
+def test_fixmatch_loss_threshold_one_masks_all() -> None:
+    loss, mask = fixmatch_loss(torch.tensor([[9.0, 0.0]]), torch.zeros(1, 2), tau=1.0)
+    assert mask.sum() == 0 and loss.item() == 0.0
+
+
+def test_proximal_term() -> None:
+    net = nn.Linear(2, 1, bias=False)
+    with torch.no_grad():
+        net.weight.copy_(torch.tensor([[1.0, 2.0]]))
+    anchor = [torch.tensor([[0.0, 0.0]])]
+    # (mu/2) * (1 + 4) with mu = 0.2 -> 0.5
+    assert proximal_term(net, anchor, mu=0.2).item() == pytest.approx(0.5)
+
+
+def test_fixmatch_objective_adds_prox_after_a_step() -> None:
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Flatten(), nn.Linear(4, 3))
+    obj = FixMatch(net, lr=0.1, tau=0.0, mu=1.0)
+    batch = (torch.randn(8, 1, 2, 2), torch.randn(8, 1, 2, 2))
+    opt = obj.configure_optimizers()
+    loss0 = obj.training_step(batch, 0)  # at the anchor: prox = 0
+    lw, ls = net(torch.cat(batch)).chunk(2)
+    assert loss0.item() == pytest.approx(fixmatch_loss(lw, ls, 0.0)[0].item(), rel=1e-6)
+    opt.zero_grad()
+    loss0.backward()
+    opt.step()
+    lw, ls = net(torch.cat(batch)).chunk(2)
+    expected = fixmatch_loss(lw, ls, 0.0)[0] + proximal_term(net, obj.anchor, 1.0)
+    assert obj.training_step(batch, 1).item() == pytest.approx(expected.item(), rel=1e-6)
+    assert proximal_term(net, obj.anchor, 1.0).item() > 0
+
+
+def test_supervised_ce_and_metrics() -> None:
+    net = nn.Sequential(nn.Flatten(), nn.Linear(2, 2, bias=False))
+    with torch.no_grad():
+        net[1].weight.copy_(torch.eye(2))
+    obj = SupervisedCE(net, lr=0.1)
+    x = torch.tensor([[[[2.0, 0.0]]], [[[0.0, 2.0]]]])
+    y = torch.tensor([0, 0])
+    loss = obj.training_step((x, y), 0)
+    ce = [-math.log(math.exp(2) / (math.exp(2) + 1)), -math.log(1 / (math.exp(2) + 1))]
+    assert loss.item() == pytest.approx(sum(ce) / 2, rel=1e-6)
+    assert obj.epoch_metrics()["acc"] == pytest.approx(0.5)
+
+
+def test_objective_rejects_bad_settings() -> None:
+    with pytest.raises(ValueError, match="tau"):
+        FixMatch(nn.Linear(1, 1), lr=0.1, tau=1.5)
+    with pytest.raises(ValueError, match="optimizer"):
+        SupervisedCE(nn.Linear(1, 1), lr=0.1, optimizer="lbfgs")
