@@ -193,18 +193,23 @@ class Federation:
                 logger.log_metrics({"round": 0, **self.data.partition_summary()}, step=0)
         bar = self._progress_bar()
         for round_idx in range(self.start_round, self.config.rounds + 1):
-            metrics = self.run_round(round_idx)
-            self.history.append(metrics)
-            for logger in loggers:
-                logger.log_metrics(metrics, step=round_idx)
-                logger.save()
-            self._checkpoint(round_idx)
+            metrics = self.run_and_record_round(round_idx, loggers)
             self._report(bar, round_idx, metrics)
         if bar is not None:
             bar.close()
         for logger in loggers:
             logger.finalize("success")
         return FederationResult(list(self.history), self.run_dir, self.checkpoint_path)
+
+    def run_and_record_round(self, round_idx: int, loggers: Sequence[Logger]) -> dict[str, float]:
+        """One round, then its log rows and its checkpoint."""
+        metrics = self.run_round(round_idx)
+        self.history.append(metrics)
+        for logger in loggers:
+            logger.log_metrics(metrics, step=round_idx)
+            logger.save()
+        self._checkpoint(round_idx)
+        return metrics
 
     def run_round(self, round_idx: int) -> dict[str, float]:
         """One round; returns its metrics."""

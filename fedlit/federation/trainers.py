@@ -17,6 +17,7 @@ for _name in ("lightning.pytorch.utilities.rank_zero", "lightning.pytorch.accele
     logging.getLogger(_name).setLevel(logging.WARNING)
 warnings.filterwarnings("ignore", message=r".*does not have many workers.*")
 warnings.filterwarnings("ignore", message=r".*barebones=True.*")
+warnings.filterwarnings("ignore", message=r".*LeafSpec.*")  # lightning internals, torch 2.14
 
 
 def default_precision(accelerator: str = "auto") -> str:
