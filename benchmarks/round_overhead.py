@@ -71,7 +71,9 @@ def measure(name: str, args: argparse.Namespace, workdir: Path) -> tuple[float, 
         )
         method = METHODS[name](num_classes=10, in_channels=1, client_lr=0.003)
         config = FederationConfig(
-            rounds=10_000, clients_per_round=args.clients, server_epochs=args.server_epochs,
+            rounds=10_000,
+            clients_per_round=args.clients,
+            server_epochs=args.server_epochs,
             eval_every=10_000,
         )
         fed = Federation(method, data, config, run_dir=workdir / f"{name}-{run}", progress=False)

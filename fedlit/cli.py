@@ -15,6 +15,7 @@ from typing import Any
 from lightning.pytorch.cli import LightningCLI
 
 from fedlit.data.datamodule import FederatedDataModule
+from fedlit.evaluation import Evaluator
 from fedlit.federation import Federation, FederationConfig, TrainerTemplate, load_checkpoint
 from fedlit.methods import FederatedMethod
 
@@ -135,15 +136,14 @@ class FedlitCLI(LightningCLI):
         try:
             ckpt = load_checkpoint(ckpt_path)
             model.network.load_state_dict(ckpt["global_state"])
+            model.load_server_state_dict(ckpt["server_state"])
         except (ValueError, RuntimeError) as err:
             self.parser.error(f"ckpt_path: {err}")
         datamodule.setup_test()
-        self._trainer_template().test(model, datamodule.test_dataloader())
-        print(
-            json.dumps(
-                {"ckpt_path": str(ckpt_path), "round": ckpt["round"], **model.evaluation_metrics()}
-            )
-        )
+        evaluator = Evaluator(model.eval_network(), datamodule.num_classes)
+        self._trainer_template().test(evaluator, datamodule.test_dataloader())
+        result = {"ckpt_path": str(ckpt_path), "round": ckpt["round"], **evaluator.metrics()}
+        print(json.dumps(result))
 
 
 def main(args: list[str] | None = None) -> None:

@@ -16,19 +16,23 @@ from fedlit.data.partition import IID, Partitioner, class_counts, non_iid_metric
 from fedlit.data.transforms import build_transform
 
 SPLIT_TAG = 0x5EED  # keeps the split's random stream apart from the partition's
+TEST_SUBSET_SEED = 0x7E57
 
 
 class LabeledImages(Dataset):
-    """(view(x), y) pairs from uint8 images (N, C, H, W) and labels (N,)."""
+    """(view_1(x), ..., view_n(x), y) from uint8 images (N, C, H, W) and labels (N,)."""
 
-    def __init__(self, images: Tensor, labels: Tensor, transform: torch.nn.Module) -> None:
-        self.images, self.labels, self.transform = images, labels, transform
+    def __init__(
+        self, images: Tensor, labels: Tensor, transforms: Sequence[torch.nn.Module]
+    ) -> None:
+        self.images, self.labels, self.transforms = images, labels, tuple(transforms)
 
     def __len__(self) -> int:
         return len(self.images)
 
-    def __getitem__(self, i: int) -> tuple[Tensor, Tensor]:
-        return self.transform(self.images[i]), self.labels[i]
+    def __getitem__(self, i: int) -> tuple[Tensor, ...]:
+        x = self.images[i]
+        return (*(t(x) for t in self.transforms), self.labels[i])
 
 
 class UnlabeledImages(Dataset):
@@ -72,6 +76,8 @@ class FederatedDataModule(L.LightningDataModule):
         batch_size: server (labeled) batch size.
         client_batch_size: client (unlabeled) batch size.
         eval_batch_size: batch size for validation and test.
+        test_subset: evaluate on this many test images (a fixed, class-balanced draw) instead
+            of the whole test split; for quick experiments and tests.
         download: download data sets that are not under ``root``.
     """
 
@@ -88,6 +94,7 @@ class FederatedDataModule(L.LightningDataModule):
         batch_size: int = 64,
         client_batch_size: int = 64,
         eval_batch_size: int = 1000,
+        test_subset: int | None = None,
         download: bool = True,
     ) -> None:
         super().__init__()
@@ -97,6 +104,7 @@ class FederatedDataModule(L.LightningDataModule):
         _positive("data.batch_size", batch_size)
         _positive("data.client_batch_size", client_batch_size)
         _positive("data.eval_batch_size", eval_batch_size)
+        _positive("data.test_subset", test_subset)
         if (labeled_per_class is None) == (labeled_fraction is None):
             raise ValueError(
                 "set exactly one of data.labeled_per_class and data.labeled_fraction "
@@ -118,6 +126,7 @@ class FederatedDataModule(L.LightningDataModule):
         self.batch_size = batch_size
         self.client_batch_size = client_batch_size
         self.eval_batch_size = eval_batch_size
+        self.test_subset = test_subset
         self.download = download
         self.seed: int | None = None
         self._test_plain: TensorDataset | None = None
@@ -138,8 +147,20 @@ class FederatedDataModule(L.LightningDataModule):
 
     def setup_test(self) -> None:
         """Load only the test split (for evaluating a saved model)."""
-        self.test = load_split(self.dataset, self.root, train=False, download=self.download)
+        self.test = self._load_test()
         self._test_plain = None
+
+    def _load_test(self) -> ImageSplit:
+        test = load_split(self.dataset, self.root, train=False, download=self.download)
+        if self.test_subset is None or self.test_subset >= len(test):
+            return test
+        rng = np.random.default_rng(TEST_SUBSET_SEED)  # the same subset for every run
+        labels = test.labels.numpy()
+        per_class = [rng.permutation(np.flatnonzero(labels == c)) for c in range(self.num_classes)]
+        quota = np.full(self.num_classes, self.test_subset // self.num_classes)
+        quota[: self.test_subset % self.num_classes] += 1
+        idx = np.sort(np.concatenate([p[:q] for p, q in zip(per_class, quota, strict=True)]))
+        return ImageSplit(test.images[idx], test.labels[idx])
 
     def setup_federation(self, seed: int) -> None:
         """Load the data and draw the server split and the client partition from ``seed``.
@@ -147,7 +168,7 @@ class FederatedDataModule(L.LightningDataModule):
         Raises ValueError, naming the key, when the split or partition cannot be made.
         """
         train = load_split(self.dataset, self.root, train=True, download=self.download)
-        self.test = load_split(self.dataset, self.root, train=False, download=self.download)
+        self.test = self._load_test()
         self._test_plain = None
         labels = train.labels.numpy()
         rng = np.random.default_rng([seed, SPLIT_TAG])
@@ -204,9 +225,10 @@ class FederatedDataModule(L.LightningDataModule):
         drop_last = shuffle and len(dataset) % batch_size == 1  # type: ignore[arg-type]
         return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, drop_last=drop_last)
 
-    def server_dataloader(self, view: str = "weak") -> DataLoader:
-        """The server's labeled set: batches (x (B, C, H, W), y (B,))."""
-        ds = LabeledImages(self.server.images, self.server.labels, build_transform(view, self.spec))
+    def server_dataloader(self, views: Sequence[str] = ("weak",)) -> DataLoader:
+        """The server's labeled set: batches (x_1, ..., x_n, y), one x (B, C, H, W) per view."""
+        transforms = [build_transform(v, self.spec) for v in views]
+        ds = LabeledImages(self.server.images, self.server.labels, transforms)
         return self._loader(ds, self.batch_size, shuffle=True)
 
     def client_dataloader(self, client_id: int, views: Sequence[str]) -> DataLoader:
@@ -218,7 +240,7 @@ class FederatedDataModule(L.LightningDataModule):
     def client_oracle_dataloader(self, client_id: int, view: str = "weak") -> DataLoader:
         """Client shard WITH its true labels: only for the FedAvg-SL oracle (upper bound)."""
         shard = self.clients[client_id]
-        ds = LabeledImages(shard.images, shard.labels, build_transform(view, self.spec))
+        ds = LabeledImages(shard.images, shard.labels, [build_transform(view, self.spec)])
         return self._loader(ds, self.client_batch_size, shuffle=True)
 
     def client_size(self, client_id: int) -> int:

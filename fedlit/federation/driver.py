@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 from fedlit.aggregation import state_bytes
 from fedlit.data.datamodule import FederatedDataModule
 from fedlit.data.sampling import sample_clients
+from fedlit.evaluation import PROTOCOLS, Evaluator, evaluate_encoder
 from fedlit.federation.checkpoint import load_checkpoint, save_checkpoint
 from fedlit.federation.client import ClientRunner
 from fedlit.federation.loggers import RoundCSVLogger
@@ -52,6 +53,10 @@ class FederationConfig:
         server_epochs: E_s, epochs of the server's objective per round.
         eval_every: evaluate on the test set every this many rounds (and after the last).
         resume: a checkpoint to continue from (``<run>/checkpoints/last.ckpt``).
+        final_eval: protocols run on the global encoder after the last round, logged as
+            ``eval/<protocol>_acc``: "finetune" (end to end) and/or "linear" (frozen encoder).
+        eval_epochs: epochs of those protocols on the server's labeled set.
+        eval_lr: their learning rate (SGD, momentum 0.9).
     """
 
     rounds: int = 10
@@ -61,8 +66,18 @@ class FederationConfig:
     server_epochs: int = 1
     eval_every: int = 1
     resume: str | None = None
+    final_eval: tuple[str, ...] = ()
+    eval_epochs: int = 20
+    eval_lr: float = 0.03
 
     def __post_init__(self) -> None:
+        unknown = [p for p in self.final_eval if p not in PROTOCOLS]
+        if unknown:
+            raise ValueError(
+                f"federation.final_eval: unknown protocol {unknown[0]!r}; choose from {PROTOCOLS}"
+            )
+        if self.eval_epochs < 1:
+            raise ValueError(f"federation.eval_epochs must be positive, got {self.eval_epochs}")
         for key in ("rounds", "clients_per_round", "local_epochs", "server_epochs", "eval_every"):
             value = getattr(self, key)
             if not isinstance(value, int) or value < 1:
@@ -141,7 +156,7 @@ class Federation:
             self._restore(ckpt)
         else:  # the initial global network comes from the run's seed too
             seed_all(derive_seed(self.seed, 0, INIT))
-            self.method.network.load_state_dict(self.method.new_network().state_dict())
+            self.method.initialize()
         self.runner = ClientRunner(
             method=self.method,
             data=self.data,
@@ -237,6 +252,8 @@ class Federation:
                 metrics |= self._server_step(round_idx)
         if round_idx % cfg.eval_every == 0 or round_idx == cfg.rounds:
             metrics |= self.evaluate()
+        if round_idx == cfg.rounds:
+            metrics |= self.evaluate_encoder()
         metrics["comm/bytes_down"] = float(down)
         metrics["comm/bytes_up"] = float(up)
         metrics["time/round_s"] = time.perf_counter() - t0
@@ -249,13 +266,30 @@ class Federation:
         seed_all(derive_seed(self.seed, round_idx, SERVER))
         loader = self.method.server_loader(self.data)
         self.trainer.fit(objective, loader, self.config.server_epochs)
+        self.method.server_step_done(objective)
         return {f"server/{k}": v for k, v in objective.epoch_metrics().items()}
 
     def evaluate(self, prefix: str = "test") -> dict[str, float]:
-        """Top-1 accuracy and loss of the global network on the test set."""
+        """Top-1 accuracy and loss of the method's evaluation network on the test set."""
         seed_all(derive_seed(self.seed, 0, EVAL))
-        self.trainer.test(self.method, self.data.test_dataloader())
-        return self.method.evaluation_metrics(prefix)
+        evaluator = Evaluator(self.method.eval_network(), self.data.num_classes)
+        self.trainer.test(evaluator, self.data.test_dataloader())
+        return evaluator.metrics(prefix)
+
+    def evaluate_encoder(self) -> dict[str, float]:
+        """The configured protocols (finetune, linear) on the global encoder: ``eval/<p>_acc``."""
+        out = {}
+        for protocol in self.config.final_eval:
+            seed_all(derive_seed(self.seed, self.config.rounds, EVAL))
+            out[f"eval/{protocol}_acc"] = evaluate_encoder(
+                self.method.encoder(),
+                protocol,
+                self.data,
+                self.trainer,
+                epochs=self.config.eval_epochs,
+                lr=self.config.eval_lr,
+            )
+        return out
 
     # --- checkpoints and reporting -----------------------------------------------------------
     @property

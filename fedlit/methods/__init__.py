@@ -2,6 +2,21 @@
 
 from fedlit.methods.base import ClientUpdate, FederatedMethod
 from fedlit.methods.baselines import FedAvgSL, ServerSL
+from fedlit.methods.fedcon import FedCon
+from fedlit.methods.fedsup import FedSup
 from fedlit.methods.fixmatch import FedAvgFixMatch
+from fedlit.methods.ssl import FedAvgBYOL, FedAvgSimCLR, FedAvgSimSiam, FedAvgSSL
 
-__all__ = ["ClientUpdate", "FedAvgFixMatch", "FedAvgSL", "FederatedMethod", "ServerSL"]
+__all__ = [
+    "ClientUpdate",
+    "FedAvgBYOL",
+    "FedAvgFixMatch",
+    "FedAvgSL",
+    "FedAvgSSL",
+    "FedAvgSimCLR",
+    "FedAvgSimSiam",
+    "FedCon",
+    "FedSup",
+    "FederatedMethod",
+    "ServerSL",
+]

@@ -13,12 +13,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-import torch
-import torch.nn.functional as F
 from lightning import LightningModule
 from torch import Tensor, nn
 from torch.utils.data import DataLoader
-from torchmetrics.classification import MulticlassAccuracy
 
 from fedlit.aggregation import weighted_average
 from fedlit.data.datamodule import FederatedDataModule
@@ -85,15 +82,16 @@ class FederatedMethod(LightningModule):
             raise ValueError(f"model.lr_decay must be in (0, 1], got {lr_decay}")
         self.save_hyperparameters()
         self.network = self.new_network()
-        self.test_acc = MulticlassAccuracy(num_classes=num_classes, average="micro")
-        self._loss_sum = torch.zeros(())
-        self._count = 0
 
     # --- the network ---------------------------------------------------------------------
     def new_network(self) -> nn.Module:
         """A freshly initialised network of this method's architecture."""
         hp = self.hparams
         return build_classifier(hp.backbone, hp.num_classes, hp.in_channels, norm=hp.norm)
+
+    def initialize(self) -> None:
+        """Re-draw every network the method holds (the driver seeds this from the run seed)."""
+        self.network.load_state_dict(self.new_network().state_dict())
 
     def forward(self, x: Tensor) -> Tensor:
         return self.network(x)
@@ -114,8 +112,11 @@ class FederatedMethod(LightningModule):
             self.network, **self.optimizer_kwargs(self.hparams.server_lr, round_idx)
         )
 
+    def server_step_done(self, objective: Objective) -> None:
+        """Called after the server's objective has trained (e.g. to keep a step count)."""
+
     def server_loader(self, data: FederatedDataModule) -> DataLoader:
-        return data.server_dataloader("weak")
+        return data.server_dataloader(("weak",))
 
     # --- communication --------------------------------------------------------------------
     def is_shared(self, key: str) -> bool:
@@ -173,25 +174,11 @@ class FederatedMethod(LightningModule):
         if state:
             raise ValueError(f"{type(self).__name__} keeps no server state, got {sorted(state)}")
 
-    # --- evaluation -----------------------------------------------------------------------
-    def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
-        x, y = batch
-        logits = self.network(x)
-        self.test_acc.update(logits, y)
-        self._loss_sum = (
-            self._loss_sum.to(logits.device)
-            + F.cross_entropy(logits.float(), y, reduction="sum").detach()
-        )
-        self._count += len(y)
+    # --- evaluation ---------------------------------------------------------------------
+    def eval_network(self) -> nn.Module:
+        """The network whose test accuracy is logged each round (images -> logits)."""
+        return self.network
 
-    def on_test_epoch_start(self) -> None:
-        self.test_acc.reset()
-        self._loss_sum = torch.zeros((), device=self.device)
-        self._count = 0
-
-    def evaluation_metrics(self, prefix: str = "test") -> dict[str, float]:
-        """Accuracy (a fraction) and mean CE of the last evaluation pass."""
-        return {
-            f"{prefix}/acc": float(self.test_acc.compute()),
-            f"{prefix}/loss": float(self._loss_sum) / max(self._count, 1),
-        }
+    def encoder(self) -> nn.Module:
+        """The encoder the finetune / linear evaluation protocols start from."""
+        return self.network.backbone

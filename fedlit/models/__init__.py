@@ -3,12 +3,14 @@
 from fedlit.models.backbones import NORMS, Backbone, make_norm
 from fedlit.models.classifier import BACKBONES, Classifier, build_classifier, make_head
 from fedlit.models.fedcon_cnn import FedConCIFARCNN, FedConMNISTCNN
+from fedlit.models.heads import SSL_HEADS, ssl_heads
 from fedlit.models.resnet import ResNet18
 from fedlit.models.small_cnn import SmallCNN
 
 __all__ = [
     "BACKBONES",
     "NORMS",
+    "SSL_HEADS",
     "Backbone",
     "Classifier",
     "FedConCIFARCNN",
@@ -18,4 +20,5 @@ __all__ = [
     "build_classifier",
     "make_head",
     "make_norm",
+    "ssl_heads",
 ]

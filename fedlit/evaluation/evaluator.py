@@ -1,0 +1,42 @@
+"""Top-1 accuracy and loss of a network on a labeled loader, as a LightningModule."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from lightning import LightningModule
+from torch import Tensor, nn
+from torchmetrics.classification import MulticlassAccuracy
+
+
+class Evaluator(LightningModule):
+    """Runs ``network`` over (x, y) batches in a Trainer's test loop and keeps the metrics.
+
+    After ``trainer.test(evaluator, loader)``, :meth:`metrics` gives accuracy (a fraction in
+    [0, 1], torchmetrics) and mean cross-entropy.
+    """
+
+    def __init__(self, network: nn.Module, num_classes: int) -> None:
+        super().__init__()
+        self.network = network
+        self.accuracy = MulticlassAccuracy(num_classes=num_classes, average="micro")
+        self._loss_sum = torch.zeros(())
+        self._count = 0
+
+    def on_test_epoch_start(self) -> None:
+        self.accuracy.reset()
+        self._loss_sum = torch.zeros((), device=self.device)
+        self._count = 0
+
+    def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        x, y = batch
+        logits = self.network(x).float()
+        self.accuracy.update(logits, y)
+        self._loss_sum = self._loss_sum + F.cross_entropy(logits, y, reduction="sum").detach()
+        self._count += len(y)
+
+    def metrics(self, prefix: str = "test") -> dict[str, float]:
+        return {
+            f"{prefix}/acc": float(self.accuracy.compute()),
+            f"{prefix}/loss": float(self._loss_sum) / max(self._count, 1),
+        }

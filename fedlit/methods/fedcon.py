@@ -1,0 +1,103 @@
+"""FedCon (paper 001, section III): contrastive online/target nets, backbone-only federation."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from typing import Any
+
+from lightly.models.modules.heads import ProjectionHead
+from torch import nn
+from torch.utils.data import DataLoader
+
+from fedlit.aggregation import mean
+from fedlit.data.datamodule import FederatedDataModule
+from fedlit.methods.base import ClientUpdate, FederatedMethod, StateDict
+from fedlit.objectives import FedConClient, FedConServer, Objective
+
+
+def fedcon_projector(feature_dim: int) -> nn.Module:
+    """The client projector p: one linear layer feature_dim -> feature_dim (Table I's
+    "MLP (320 x 320)" / "MLP (4096 x 4096)"), built with lightly's ProjectionHead."""
+    return ProjectionHead([(feature_dim, feature_dim, None, None)])
+
+
+class FedCon(FederatedMethod):
+    """FedCon.
+
+    Server (eqs 2-4): the online net theta (backbone b + classifier head f) minimises CE on two
+    weak views plus the consistency J to the target net xi, symmetrised; xi <- tau xi +
+    (1 - tau) theta after each step, tau ramped up to ``ema_decay``. xi is server state.
+    Broadcast: the backbone b only; f stays on the server.
+    Client (eqs 5-6): its own projector p (persistent client state, never uploaded) on the
+    received backbone; loss ||p(b_theta(x + eta)) - b_xi(x + eta')||^2 symmetrised, with b_xi an
+    EMA (``client_ema_decay``) of the backbone.
+    Aggregation: the plain mean of the uploaded backbones, stitched with the server's f.
+
+    Args:
+        ema_decay: tau, the server target's upper EMA decay (0.999).
+        client_ema_decay: mu, the client target's EMA decay (0.999).
+        **kwargs: see :class:`FederatedMethod`.
+    """
+
+    client_views = ("weak", "weak")
+
+    def __init__(
+        self, *args: Any, ema_decay: float = 0.999, client_ema_decay: float = 0.999, **kwargs: Any
+    ) -> None:
+        for key, value in (("ema_decay", ema_decay), ("client_ema_decay", client_ema_decay)):
+            if not 0 <= value <= 1:
+                raise ValueError(f"model.{key} must be in [0, 1], got {value}")
+        super().__init__(*args, **kwargs)
+        self.target = copy.deepcopy(self.network)
+        self.server_steps = 0
+
+    def initialize(self) -> None:
+        super().initialize()
+        self.target.load_state_dict(self.network.state_dict())
+        self.server_steps = 0
+
+    def is_shared(self, key: str) -> bool:
+        return key.startswith("backbone.")
+
+    # --- server ---------------------------------------------------------------------------
+    def server_loader(self, data: FederatedDataModule) -> DataLoader:
+        return data.server_dataloader(("weak", "weak"))
+
+    def server_objective(self, round_idx: int, total_rounds: int) -> Objective:
+        return FedConServer(
+            self.network,
+            self.target,
+            ema_decay=self.hparams.ema_decay,
+            start_step=self.server_steps,
+            **self.optimizer_kwargs(self.hparams.server_lr, round_idx),
+        )
+
+    def server_step_done(self, objective: Objective) -> None:
+        self.server_steps = objective.steps_done  # type: ignore[attr-defined]
+
+    def server_state_dict(self) -> dict[str, Any]:
+        return {"target": self.target.state_dict(), "steps": self.server_steps}
+
+    def load_server_state_dict(self, state: dict[str, Any]) -> None:
+        self.target.load_state_dict(state["target"])
+        self.server_steps = int(state["steps"])
+
+    # --- client ---------------------------------------------------------------------------
+    def client_objective(
+        self, payload: StateDict, round_idx: int, total_rounds: int, state: Any
+    ) -> Objective:
+        network = self.client_network(payload)
+        network.projector = fedcon_projector(network.backbone.feature_dim)
+        if state is not None:
+            network.projector.load_state_dict(state["projector"])
+        kw = self.optimizer_kwargs(self.hparams.client_lr, round_idx)
+        return FedConClient(network, ema_decay=self.hparams.client_ema_decay, **kw)
+
+    def client_state(self, objective: Objective, previous: Any) -> Any:
+        projector = objective.network.projector.state_dict()
+        return {"projector": {k: v.detach().cpu().clone() for k, v in projector.items()}}
+
+    def aggregate(self, updates: Sequence[ClientUpdate], round_idx: int) -> None:
+        """b_theta^G = 1/B sum_k b_theta^k (the plain mean; paper 001 III-B)."""
+        self.network.load_state_dict(mean([u.upload for u in updates]), strict=False)

@@ -1,0 +1,93 @@
+"""FedSup (paper 000, section 4.1 and Algorithm 2): the server's supervised net as the target."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from torch import nn
+
+from fedlit.aggregation import groupwise_average, split_into_groups
+from fedlit.methods.base import ClientUpdate, StateDict
+from fedlit.methods.ssl import FedAvgSSL
+from fedlit.objectives import FedSupClient, Objective, SupervisedCE, feature_map_weight
+
+TARGET = "target."  # payload prefix of the server network's tensors
+
+
+class FedSup(FedAvgSSL):
+    """FedSup.
+
+    Two networks of one architecture (backbone + classifier head + BYOL projector and predictor):
+    the *online* network (``self.network``), trained by clients and aggregated, and the server's
+    *supervised* network f_Server (``self.server_network``, server state), trained with CE on the
+    labeled set every round. Each sampled client receives both; it trains the online network with
+    :class:`~fedlit.objectives.FedSupClient` against the frozen f_Server (negative-cosine
+    consistency + lambda_s^(t/T) x stage-wise feature-map MSE; no pseudo-labels) and uploads the
+    online network only. Uploads are combined by group-wise averaging with f_Server (paper 004
+    eq 7, ``num_groups`` groups) into the next online network. The per-round ``test/acc`` is
+    f_Server's; the online encoder is judged by ``federation.final_eval`` (finetune, linear).
+
+    Args:
+        lambda_s: base of the feature-map weight lambda_s^(t/T) (1e-4 in paper 000).
+        num_groups: S, groups for group-wise averaging (2: five clients as 2 + 3).
+        **kwargs: see :class:`FedAvgSSL` (``proj_dim``) and :class:`FederatedMethod`.
+    """
+
+    ssl_kind = "byol"
+    client_views = ("strong", "plain")
+
+    def __init__(
+        self, *args: Any, lambda_s: float = 1e-4, num_groups: int = 2, **kwargs: Any
+    ) -> None:
+        if not 0 < lambda_s <= 1:
+            raise ValueError(f"model.lambda_s must be in (0, 1], got {lambda_s}")
+        if num_groups < 1:
+            raise ValueError(f"model.num_groups must be positive, got {num_groups}")
+        super().__init__(*args, **kwargs)
+        self.server_network = self.new_network()
+
+    def initialize(self) -> None:
+        super().initialize()
+        self.server_network.load_state_dict(self.new_network().state_dict())
+
+    # --- server: f_Server is trained, and evaluated each round ----------------------------
+    def server_objective(self, round_idx: int, total_rounds: int) -> Objective:
+        kw = self.optimizer_kwargs(self.hparams.server_lr, round_idx)
+        return SupervisedCE(self.server_network, **kw)
+
+    def eval_network(self) -> nn.Module:
+        return self.server_network
+
+    def server_state_dict(self) -> dict[str, Any]:
+        return {"server_network": self.server_network.state_dict()}
+
+    def load_server_state_dict(self, state: dict[str, Any]) -> None:
+        self.server_network.load_state_dict(state["server_network"])
+
+    # --- communication: the online network + f_Server down, the online network up -----------
+    def broadcast(self, round_idx: int) -> StateDict:
+        payload = super().broadcast(round_idx)
+        server = self.server_network.state_dict()
+        payload |= {TARGET + k: v.detach().clone() for k, v in server.items() if self.is_shared(k)}
+        return payload
+
+    def client_objective(
+        self, payload: StateDict, round_idx: int, total_rounds: int, state: Any
+    ) -> Objective:
+        online = {k: v for k, v in payload.items() if not k.startswith(TARGET)}
+        target = {k[len(TARGET) :]: v for k, v in payload.items() if k.startswith(TARGET)}
+        weight = feature_map_weight(self.hparams.lambda_s, round_idx, total_rounds)
+        return FedSupClient(
+            self.client_network(online),
+            self.client_network(target),
+            mse_weight=weight,
+            **self.optimizer_kwargs(self.hparams.client_lr, round_idx),
+        )
+
+    def aggregate(self, updates: Sequence[ClientUpdate], round_idx: int) -> None:
+        """Group-wise averaging with the server's model, paper 004 eq 7 (Algorithm 2)."""
+        server = {k: v for k, v in self.server_network.state_dict().items() if self.is_shared(k)}
+        groups = split_into_groups(len(updates), min(self.hparams.num_groups, len(updates)))
+        online, _ = groupwise_average(server, [u.upload for u in updates], groups)
+        self.network.load_state_dict(online, strict=False)

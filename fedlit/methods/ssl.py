@@ -1,0 +1,108 @@
+"""FedAvg + SimCLR / SimSiam / BYOL (paper 000, 3.2.2-3.2.4 and Algorithm 1).
+
+The server trains the aggregated network (backbone + classifier head) with CE on its labeled set
+and broadcasts it; each client trains backbone + SSL heads on two strong views of its images with
+the SSL loss; backbones and heads are averaged with FedAvg weights n_k. The classifier head is
+trained, and stays, at the server. paper 000's Algorithm 1 also finetunes on the server right
+after aggregation; here that is the next round's server step (``server_first``), and the last
+round's model is judged by the finetune / linear protocols (``federation.final_eval``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from torch import nn
+
+from fedlit.methods.base import FederatedMethod, StateDict
+from fedlit.models import ssl_heads
+from fedlit.objectives import BYOL, Objective, SimCLR, SimSiam
+
+
+def default_proj_dim(backbone: str, feature_dim: int) -> int:
+    """512 for ResNet-18 (paper 000); the backbone's feature width for the smaller CNNs."""
+    return 512 if backbone == "resnet18" else feature_dim
+
+
+class FedAvgSSL(FederatedMethod):
+    """Base of the FedAvg + SSL baselines.
+
+    Args:
+        proj_dim: projection (and prediction) width; None: :func:`default_proj_dim`.
+        **kwargs: see :class:`FederatedMethod`.
+    """
+
+    ssl_kind: ClassVar[str]
+    client_views = ("strong", "strong")
+
+    def __init__(self, *args: Any, proj_dim: int | None = None, **kwargs: Any) -> None:
+        if proj_dim is not None and proj_dim < 1:
+            raise ValueError(f"model.proj_dim must be positive, got {proj_dim}")
+        super().__init__(*args, **kwargs)
+
+    def new_network(self) -> nn.Module:
+        network = super().new_network()
+        feature_dim = network.backbone.feature_dim
+        dim = self.hparams.proj_dim or default_proj_dim(self.hparams.backbone, feature_dim)
+        projector, predictor = ssl_heads(self.ssl_kind, feature_dim, dim)
+        network.projector = projector
+        if predictor is not None:
+            network.predictor = predictor
+        return network
+
+    def is_shared(self, key: str) -> bool:
+        return not key.startswith("head.")
+
+    def ssl_objective(self, network: nn.Module, kw: dict[str, Any]) -> Objective:
+        raise NotImplementedError
+
+    def client_objective(
+        self, payload: StateDict, round_idx: int, total_rounds: int, state: Any
+    ) -> Objective:
+        network = self.client_network(payload)
+        return self.ssl_objective(network, self.optimizer_kwargs(self.hparams.client_lr, round_idx))
+
+
+class FedAvgSimCLR(FedAvgSSL):
+    """FedAvg-SimCLR: NT-Xent on clients (paper 000 eq 3.3).
+
+    Args:
+        temperature: NT-Xent temperature (0.5 in paper 000).
+    """
+
+    ssl_kind = "simclr"
+
+    def __init__(self, *args: Any, temperature: float = 0.5, **kwargs: Any) -> None:
+        if temperature <= 0:
+            raise ValueError(f"model.temperature must be > 0, got {temperature}")
+        super().__init__(*args, **kwargs)
+
+    def ssl_objective(self, network: nn.Module, kw: dict[str, Any]) -> Objective:
+        return SimCLR(network, temperature=self.hparams.temperature, **kw)
+
+
+class FedAvgSimSiam(FedAvgSSL):
+    """FedAvg-SimSiam: symmetrised negative cosine with stop-gradient (paper 000 eq 3.6)."""
+
+    ssl_kind = "simsiam"
+
+    def ssl_objective(self, network: nn.Module, kw: dict[str, Any]) -> Objective:
+        return SimSiam(network, **kw)
+
+
+class FedAvgBYOL(FedAvgSSL):
+    """FedAvg-BYOL: SimSiam's loss against an EMA target that lives only during local training.
+
+    Args:
+        byol_momentum: the EMA's starting momentum, raised to 1 by a cosine schedule.
+    """
+
+    ssl_kind = "byol"
+
+    def __init__(self, *args: Any, byol_momentum: float = 0.99, **kwargs: Any) -> None:
+        if not 0 <= byol_momentum <= 1:
+            raise ValueError(f"model.byol_momentum must be in [0, 1], got {byol_momentum}")
+        super().__init__(*args, **kwargs)
+
+    def ssl_objective(self, network: nn.Module, kw: dict[str, Any]) -> Objective:
+        return BYOL(network, ema_momentum=self.hparams.byol_momentum, **kw)

@@ -1,0 +1,106 @@
+"""FedCon's server and client objectives (paper 001, section III)."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn.functional as F
+from lightly.models.utils import deactivate_requires_grad, update_momentum
+from torch import Tensor, nn
+
+from fedlit.objectives.base import Objective
+
+
+def ramped_decay(step: int, upper: float) -> float:
+    """EMA decay with ramp-up: min(1 - 1/(step + 1), upper) (the "upper EMA decay" of paper
+    001 IV-E, as in Mean Teacher): the target forgets the early, inaccurate online weights fast."""
+    return min(1.0 - 1.0 / (step + 1), upper)
+
+
+def prob_consistency(logits_online: Tensor, logits_target: Tensor) -> Tensor:
+    """J = 1/B sum_b ||softmax(c_theta) - softmax(c_xi)||^2 (paper 001 eq 3); (B, K) -> scalar."""
+    diff = logits_online.float().softmax(-1) - logits_target.detach().float().softmax(-1)
+    return diff.pow(2).sum(-1).mean()
+
+
+def projection_mse(z_online: Tensor, z_target: Tensor) -> Tensor:
+    """L = 1/B sum_b ||z_theta - z'_xi||_2^2 (paper 001 eq 5); (B, D) -> scalar."""
+    return (z_online.float() - z_target.detach().float()).pow(2).sum(-1).mean()
+
+
+class FedConServer(Objective):
+    """Server objective: L_S = (L_theta + J + L~ + J~) / 2 (paper 001 eqs 2-4).
+
+    CE of the online net on each of two weak views, and the consistency J between the online
+    net's probabilities on one view and the target net's on the other, both symmetrised. After
+    every step, xi <- tau xi + (1 - tau) theta with ``tau = ramped_decay(step, ema_decay)``;
+    ``start_step`` continues the step count across rounds (the driver keeps it).
+    Batches: (view_1, view_2 (B, C, H, W), y (B,)).
+    """
+
+    def __init__(
+        self,
+        network: nn.Module,
+        target: nn.Module,
+        lr: float,
+        ema_decay: float = 0.999,
+        start_step: int = 0,
+        **kw,
+    ) -> None:
+        super().__init__(network, lr, **kw)
+        deactivate_requires_grad(target)
+        self.target = target
+        self.ema_decay = ema_decay
+        self.steps_done = start_step
+
+    def training_step(self, batch: tuple[Tensor, Tensor, Tensor], batch_idx: int) -> Tensor:
+        v1, v2, y = batch
+        c1, c2 = self.network(torch.cat([v1, v2])).chunk(2)
+        with torch.no_grad():
+            t1, t2 = self.target(torch.cat([v1, v2])).chunk(2)
+        ce = F.cross_entropy(c1, y) + F.cross_entropy(c2, y)
+        consistency = prob_consistency(c1, t2) + prob_consistency(c2, t1)
+        loss = (ce + consistency) / 2
+        self.accumulate(len(y), loss=loss, ce=ce / 2, consistency=consistency / 2)
+        return loss
+
+    def on_train_batch_end(self, outputs: object, batch: object, batch_idx: int) -> None:
+        update_momentum(self.network, self.target, ramped_decay(self.steps_done, self.ema_decay))
+        self.steps_done += 1
+
+
+class FedConClient(Objective):
+    """Client objective: L_C = (L + L~) / 2, L = ||p(b_theta(x + eta)) - b_xi(x + eta')||^2
+    (paper 001 eqs 5-6), with the target backbone b_xi an EMA of the online backbone
+    (xi <- mu xi + (1 - mu) theta after each step) and a stop-gradient on it.
+
+    The network has ``backbone`` and ``projector`` (the client's own, kept across rounds);
+    the target starts each round as a copy of the received backbone.
+    Batches: (view_1, view_2 (B, C, H, W)).
+    """
+
+    def __init__(self, network: nn.Module, lr: float, ema_decay: float = 0.999, **kw) -> None:
+        super().__init__(network, lr, **kw)
+        self.ema_decay = ema_decay
+        target = nn.Module()
+        target.backbone = _frozen_copy(network.backbone)
+        self.target = target
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        v1, v2 = batch
+        z1, z2 = self.network.projector(self.network.backbone(torch.cat([v1, v2]))).chunk(2)
+        with torch.no_grad():
+            t1, t2 = self.target.backbone(torch.cat([v1, v2])).chunk(2)
+        loss = (projection_mse(z1, t2) + projection_mse(z2, t1)) / 2
+        self.accumulate(len(v1), loss=loss)
+        return loss
+
+    def on_train_batch_end(self, outputs: object, batch: object, batch_idx: int) -> None:
+        update_momentum(self.network.backbone, self.target.backbone, self.ema_decay)
+
+
+def _frozen_copy(module: nn.Module) -> nn.Module:
+    clone = copy.deepcopy(module)
+    deactivate_requires_grad(clone)
+    return clone

@@ -1,0 +1,102 @@
+"""Self-supervised client objectives on two views: SimCLR, SimSiam, BYOL (lightly's losses).
+
+The network carries ``backbone``, ``projector`` and (SimSiam, BYOL) ``predictor`` modules.
+Batches: (view_1 (B, C, H, W), view_2 (B, C, H, W)) of the same unlabeled images.
+"""
+
+from __future__ import annotations
+
+import copy
+
+from lightly.loss import NegativeCosineSimilarity, NTXentLoss
+from lightly.models.utils import deactivate_requires_grad, update_momentum
+from lightly.utils.scheduler import cosine_schedule
+from torch import Tensor, nn
+
+from fedlit.objectives.base import Objective
+
+
+def project(network: nn.Module, x: Tensor) -> Tensor:
+    """z = projector(backbone(x)): (B, C, H, W) -> (B, dim)."""
+    return network.projector(network.backbone(x))
+
+
+class SimCLR(Objective):
+    """NT-Xent between the projections of two views (paper 000 eq 3.3, symmetrised over 2B).
+
+    Uses lightly's ``NTXentLoss`` with temperature ``temperature`` (0.5 in paper 000).
+    """
+
+    def __init__(self, network: nn.Module, lr: float, temperature: float = 0.5, **kw) -> None:
+        super().__init__(network, lr, **kw)
+        self.criterion = NTXentLoss(temperature=temperature)
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        v1, v2 = batch
+        loss = self.criterion(project(self.network, v1), project(self.network, v2))
+        self.accumulate(len(v1), loss=loss)
+        return loss
+
+
+class SimSiam(Objective):
+    """L = 1/2 D(p_1, stopgrad(z_2)) + 1/2 D(p_2, stopgrad(z_1)), D the negative cosine
+    (paper 000 eq 3.6; lightly's ``NegativeCosineSimilarity``)."""
+
+    def __init__(self, network: nn.Module, lr: float, **kw) -> None:
+        super().__init__(network, lr, **kw)
+        self.criterion = NegativeCosineSimilarity()
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        v1, v2 = batch
+        z1, z2 = project(self.network, v1), project(self.network, v2)
+        p1, p2 = self.network.predictor(z1), self.network.predictor(z2)
+        loss = 0.5 * (self.criterion(p1, z2.detach()) + self.criterion(p2, z1.detach()))
+        self.accumulate(len(v1), loss=loss)
+        return loss
+
+
+class BYOL(Objective):
+    """BYOL (paper 000 3.2.4): the SimSiam loss against a target network xi that tracks the
+    online network theta by EMA, xi <- m xi + (1 - m) theta, m following lightly's
+    ``cosine_schedule`` from ``ema_momentum`` to 1 over the local steps.
+
+    The target exists only during local training (stateless clients): it is copied from the
+    received online network when training starts and discarded afterwards.
+    """
+
+    def __init__(self, network: nn.Module, lr: float, ema_momentum: float = 0.99, **kw) -> None:
+        super().__init__(network, lr, **kw)
+        self.base_momentum = ema_momentum
+        self.target: nn.Module | None = None
+        self.criterion = NegativeCosineSimilarity()
+
+    def on_fit_start(self) -> None:
+        target = nn.ModuleDict(
+            {
+                "backbone": copy.deepcopy(self.network.backbone),
+                "projector": copy.deepcopy(self.network.projector),
+            }
+        )
+        deactivate_requires_grad(target)
+        self.target = target.to(self.device)
+
+    def on_fit_end(self) -> None:
+        self.target = None
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        assert self.target is not None
+        v1, v2 = batch
+        p1 = self.network.predictor(project(self.network, v1))
+        p2 = self.network.predictor(project(self.network, v2))
+        t1, t2 = project(self.target, v1).detach(), project(self.target, v2).detach()
+        loss = 0.5 * (self.criterion(p1, t2) + self.criterion(p2, t1))
+        self.accumulate(len(v1), loss=loss)
+        return loss
+
+    def on_train_batch_end(self, outputs: object, batch: object, batch_idx: int) -> None:
+        assert self.target is not None
+        m = cosine_schedule(
+            self.global_step, int(self.trainer.estimated_stepping_batches), self.base_momentum, 1.0
+        )
+        update_momentum(self.network.backbone, self.target["backbone"], m)
+        update_momentum(self.network.projector, self.target["projector"], m)
