@@ -41,8 +41,9 @@ def make_norm(norm: str, channels: int) -> nn.Module:
 class Backbone(nn.Module):
     """Encoder: images (N, C, H, W) -> features (N, feature_dim).
 
-    Subclasses implement ``feature_maps`` (the output of each stage, in order) and ``pool``
-    (last stage map -> flat features); ``forward`` is ``pool(feature_maps(x)[-1])``.
+    Subclasses hold their stages in ``self.stages`` (or override ``feature_maps``, the output of
+    each stage in order) and implement ``pool`` (last stage map -> flat features); ``forward``
+    is ``pool(feature_maps(x)[-1])``.
     """
 
     feature_dim: int
@@ -54,7 +55,11 @@ class Backbone(nn.Module):
 
     def feature_maps(self, x: Tensor) -> list[Tensor]:
         """Stage outputs for ``x`` (N, C, H, W), each (N, C_i, H_i, W_i), in order."""
-        raise NotImplementedError
+        maps = []
+        for stage in self.stages:  # type: ignore[attr-defined]
+            x = stage(x)
+            maps.append(x)
+        return maps
 
     def pool(self, last: Tensor) -> Tensor:
         """Last stage map (N, C_k, H_k, W_k) -> features (N, feature_dim)."""

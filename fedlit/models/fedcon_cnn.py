@@ -43,13 +43,7 @@ class FedConMNISTCNN(Backbone):
         )
         self.feature_dim = 320
 
-    def feature_maps(self, x: Tensor) -> list[Tensor]:
-        """(N, C, 28, 28) -> [(N, 10, 12, 12), (N, 20, 4, 4)]."""
-        maps = []
-        for stage in self.stages:
-            x = stage(x)
-            maps.append(x)
-        return maps
+    # feature_maps (Backbone): (N, C, 28, 28) -> [(N, 10, 12, 12), (N, 20, 4, 4)].
 
     def pool(self, last: Tensor) -> Tensor:
         """(N, 20, 4, 4) -> (N, 320) by flattening."""
@@ -96,13 +90,7 @@ class FedConCIFARCNN(Backbone):
         )
         self.feature_dim = 4096
 
-    def feature_maps(self, x: Tensor) -> list[Tensor]:
-        """(N, C, 32, 32) -> [(N, 64, 16, 16), (N, 128, 8, 8), (N, 256, 4, 4)]."""
-        maps = []
-        for stage in self.stages:
-            x = stage(x)
-            maps.append(x)
-        return maps
+    # feature_maps (Backbone): (N, C, 32, 32) -> [(N, 64, 16, 16), (N, 128, 8, 8), (N, 256, 4, 4)].
 
     def pool(self, last: Tensor) -> Tensor:
         """(N, 256, 4, 4) -> (N, 4096) by flattening."""

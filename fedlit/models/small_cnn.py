@@ -39,13 +39,7 @@ class SmallCNN(Backbone):
         self.avgpool = nn.AdaptiveAvgPool2d(1)
         self.feature_dim = channels[-1]
 
-    def feature_maps(self, x: Tensor) -> list[Tensor]:
-        """(N, C, H, W) -> [(N, w, H/2, W/2), (N, 2w, H/4, W/4), (N, 4w, H/4, W/4)]."""
-        maps = []
-        for stage in self.stages:
-            x = stage(x)
-            maps.append(x)
-        return maps
+    # feature_maps (Backbone): (N, C, H, W) -> (N, w, H/2, W/2), (N, 2w, H/4, W/4), (N, 4w, ...)
 
     def pool(self, last: Tensor) -> Tensor:
         """(N, 4w, h, w) -> (N, 4w) by global average pooling."""
