@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from fedlit.objectives import FixMatch, SupervisedCE, fixmatch_loss, proximal_term
+from fedlit.objectives import UDA, FixMatch, SupervisedCE, fixmatch_loss, proximal_term, uda_loss
 
 
 def test_fixmatch_loss_hand_computed() -> None:
@@ -81,3 +81,27 @@ def test_objective_rejects_bad_settings() -> None:
         FixMatch(nn.Linear(1, 1), lr=0.1, tau=1.5)
     with pytest.raises(ValueError, match="optimizer"):
         SupervisedCE(nn.Linear(1, 1), lr=0.1, optimizer="lbfgs")
+
+
+def test_uda_loss_hand_computed() -> None:
+    # weak logits [ln 9, 0]: p = [0.9, 0.1] >= 0.8 -> kept; sharpened with T = 0.5:
+    # q = softmax([2 ln 9, 0]) = [81/82, 1/82]. Strong logits [0, 0]: p = [0.5, 0.5].
+    logits_weak = torch.tensor([[math.log(9.0), 0.0], [0.0, 0.0]])  # 2nd: p = 0.5 < 0.8, masked
+    logits_strong = torch.zeros(2, 2)
+    loss, mask = uda_loss(logits_weak, logits_strong, temperature=0.5, threshold=0.8)
+    q = [81 / 82, 1 / 82]
+    kl = sum(qc * (math.log(qc) - math.log(0.5)) for qc in q)
+    assert mask.tolist() == [1.0, 0.0]
+    assert loss.item() == pytest.approx(kl / 2, rel=1e-5)
+
+
+def test_uda_objective_with_prox_matches_its_parts() -> None:
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Flatten(), nn.Linear(4, 3))
+    obj = UDA(net, lr=0.1, temperature=0.4, threshold=0.0, mu=0.5)
+    batch = (torch.randn(6, 1, 2, 2), torch.randn(6, 1, 2, 2))
+    with torch.no_grad():
+        net[1].weight.add_(0.1)  # move away from the anchor
+    lw, ls = net(torch.cat(batch)).chunk(2)
+    expected = uda_loss(lw, ls, 0.4, 0.0)[0] + proximal_term(net, obj.anchor, 0.5)
+    assert obj.training_step(batch, 0).item() == pytest.approx(expected.item(), rel=1e-6)

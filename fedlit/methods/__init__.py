@@ -6,6 +6,7 @@ from fedlit.methods.fedcon import FedCon
 from fedlit.methods.fedsup import FedSup
 from fedlit.methods.fixmatch import FedAvgFixMatch
 from fedlit.methods.ssl import FedAvgBYOL, FedAvgSimCLR, FedAvgSimSiam, FedAvgSSL
+from fedlit.methods.uda import FedAvgUDA
 
 __all__ = [
     "ClientUpdate",
@@ -15,6 +16,7 @@ __all__ = [
     "FedAvgSSL",
     "FedAvgSimCLR",
     "FedAvgSimSiam",
+    "FedAvgUDA",
     "FedCon",
     "FedSup",
     "FederatedMethod",

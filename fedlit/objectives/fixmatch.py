@@ -1,12 +1,11 @@
-"""FixMatch's unlabeled loss, with an optional FedProx proximal term."""
+"""FixMatch's unlabeled loss (Sohn et al. 2020)."""
 
 from __future__ import annotations
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fedlit.objectives.base import Objective
+from fedlit.objectives.consistency import WeakStrongObjective
 
 
 def fixmatch_loss(logits_weak: Tensor, logits_strong: Tensor, tau: float) -> tuple[Tensor, Tensor]:
@@ -29,42 +28,16 @@ def fixmatch_loss(logits_weak: Tensor, logits_strong: Tensor, tau: float) -> tup
     return (per_example * mask).mean(), mask
 
 
-def proximal_term(network: nn.Module, anchor: list[Tensor], mu: float) -> Tensor:
-    """FedProx: (mu / 2) * ||w - w_global||^2 over the trainable parameters (Li et al. 2020)."""
-    params = [p for p in network.parameters() if p.requires_grad]
-    sq = sum(((p - a) ** 2).sum() for p, a in zip(params, anchor, strict=True))
-    return 0.5 * mu * sq  # type: ignore[return-value]
-
-
-class FixMatch(Objective):
-    """Client objective of FedAvg-/FedProx-FixMatch: :func:`fixmatch_loss` + :func:`proximal_term`.
-
-    Batches: (weak (B, C, H, W), strong (B, C, H, W)) views of the same unlabeled images. Both
-    views go through the network in one forward pass. With ``mu > 0`` the anchor is the model
-    the client received this round.
-    """
+class FixMatch(WeakStrongObjective):
+    """Client objective of FedAvg-/FedProx-FixMatch: :func:`fixmatch_loss` (+ FedProx's term)."""
 
     def __init__(
         self, network: nn.Module, lr: float, tau: float = 0.95, mu: float = 0.0, **kw
     ) -> None:
-        super().__init__(network, lr, **kw)
+        super().__init__(network, lr, mu=mu, **kw)
         if not 0.0 <= tau <= 1.0:
             raise ValueError(f"tau must be in [0, 1], got {tau}")
-        if mu < 0:
-            raise ValueError(f"mu must be >= 0, got {mu}")
-        self.tau, self.mu = tau, mu
-        self.anchor = (
-            [p.detach().clone() for p in network.parameters() if p.requires_grad] if mu > 0 else []
-        )
+        self.tau = tau
 
-    def on_fit_start(self) -> None:
-        self.anchor = [a.to(self.device) for a in self.anchor]
-
-    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
-        weak, strong = batch
-        logits_weak, logits_strong = self.network(torch.cat([weak, strong])).chunk(2)
-        loss, mask = fixmatch_loss(logits_weak, logits_strong, self.tau)
-        if self.mu > 0:
-            loss = loss + proximal_term(self.network, self.anchor, self.mu)
-        self.accumulate(len(weak), loss=loss, mask_rate=mask.mean())
-        return loss
+    def unlabeled_loss(self, logits_weak: Tensor, logits_strong: Tensor) -> tuple[Tensor, Tensor]:
+        return fixmatch_loss(logits_weak, logits_strong, self.tau)

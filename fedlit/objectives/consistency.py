@@ -1,0 +1,49 @@
+"""The shared shape of weak/strong consistency objectives (FixMatch, UDA), with FedProx."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from fedlit.objectives.base import Objective
+
+
+def proximal_term(network: nn.Module, anchor: list[Tensor], mu: float) -> Tensor:
+    """FedProx: (mu / 2) * ||w - w_global||^2 over the trainable parameters (Li et al. 2020)."""
+    params = [p for p in network.parameters() if p.requires_grad]
+    sq = sum(((p - a) ** 2).sum() for p, a in zip(params, anchor, strict=True))
+    return 0.5 * mu * sq  # type: ignore[return-value]
+
+
+class WeakStrongObjective(Objective):
+    """One forward pass over (weak, strong) views of unlabeled images, the subclass's
+    :meth:`unlabeled_loss`, plus (mu/2)||w - w_global||^2 when ``mu > 0`` (FedProx), the anchor
+    being the model the client received this round.
+
+    Batches: (weak (B, C, H, W), strong (B, C, H, W)).
+    """
+
+    def __init__(self, network: nn.Module, lr: float, mu: float = 0.0, **kw) -> None:
+        super().__init__(network, lr, **kw)
+        if mu < 0:
+            raise ValueError(f"mu must be >= 0, got {mu}")
+        self.mu = mu
+        self.anchor = (
+            [p.detach().clone() for p in network.parameters() if p.requires_grad] if mu > 0 else []
+        )
+
+    def unlabeled_loss(self, logits_weak: Tensor, logits_strong: Tensor) -> tuple[Tensor, Tensor]:
+        """(loss, mask (B,)) from the two views' logits (B, K)."""
+        raise NotImplementedError
+
+    def on_fit_start(self) -> None:
+        self.anchor = [a.to(self.device) for a in self.anchor]
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        weak, strong = batch
+        logits_weak, logits_strong = self.network(torch.cat([weak, strong])).chunk(2)
+        loss, mask = self.unlabeled_loss(logits_weak, logits_strong)
+        if self.mu > 0:
+            loss = loss + proximal_term(self.network, self.anchor, self.mu)
+        self.accumulate(len(weak), loss=loss, mask_rate=mask.mean())
+        return loss
