@@ -99,6 +99,7 @@ def test_byol_target_lives_only_during_local_training() -> None:
     TrainerTemplate(accelerator="cpu").fit(objective, loader, epochs=1)
     assert objective.target is None  # discarded after local training
     assert len(seen) == 2
+    assert seen[0] != seen[1]  # the target moved by EMA after the first step
     changed = any(not torch.equal(before[k], v) for k, v in network.backbone.state_dict().items())
     assert changed
 

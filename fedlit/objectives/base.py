@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import copy
+
 import torch
+from lightly.models.utils import deactivate_requires_grad
 from lightning import LightningModule
 from torch import Tensor, nn
 
 OPTIMIZERS = ("sgd", "adam")
+
+
+def frozen_copy(module: nn.Module) -> nn.Module:
+    """A deep copy of ``module`` with every parameter's gradient switched off (a target net)."""
+    clone = copy.deepcopy(module)
+    deactivate_requires_grad(clone)
+    return clone
 
 
 class Objective(LightningModule):

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import copy
-
 import torch
 import torch.nn.functional as F
 from lightly.models.utils import deactivate_requires_grad, update_momentum
 from torch import Tensor, nn
 
-from fedlit.objectives.base import Objective
+from fedlit.objectives.base import Objective, frozen_copy
 
 
 def ramped_decay(step: int, upper: float) -> float:
@@ -84,7 +82,7 @@ class FedConClient(Objective):
         super().__init__(network, lr, **kw)
         self.ema_decay = ema_decay
         target = nn.Module()
-        target.backbone = _frozen_copy(network.backbone)
+        target.backbone = frozen_copy(network.backbone)
         self.target = target
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
@@ -98,9 +96,3 @@ class FedConClient(Objective):
 
     def on_train_batch_end(self, outputs: object, batch: object, batch_idx: int) -> None:
         update_momentum(self.network.backbone, self.target.backbone, self.ema_decay)
-
-
-def _frozen_copy(module: nn.Module) -> nn.Module:
-    clone = copy.deepcopy(module)
-    deactivate_requires_grad(clone)
-    return clone

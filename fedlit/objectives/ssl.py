@@ -6,14 +6,12 @@ Batches: (view_1 (B, C, H, W), view_2 (B, C, H, W)) of the same unlabeled images
 
 from __future__ import annotations
 
-import copy
-
 from lightly.loss import NegativeCosineSimilarity, NTXentLoss
-from lightly.models.utils import deactivate_requires_grad, update_momentum
+from lightly.models.utils import update_momentum
 from lightly.utils.scheduler import cosine_schedule
 from torch import Tensor, nn
 
-from fedlit.objectives.base import Objective
+from fedlit.objectives.base import Objective, frozen_copy
 
 
 def project(network: nn.Module, x: Tensor) -> Tensor:
@@ -73,11 +71,10 @@ class BYOL(Objective):
     def on_fit_start(self) -> None:
         target = nn.ModuleDict(
             {
-                "backbone": copy.deepcopy(self.network.backbone),
-                "projector": copy.deepcopy(self.network.projector),
+                "backbone": frozen_copy(self.network.backbone),
+                "projector": frozen_copy(self.network.projector),
             }
         )
-        deactivate_requires_grad(target)
         self.target = target.to(self.device)
 
     def on_fit_end(self) -> None:
@@ -95,8 +92,8 @@ class BYOL(Objective):
 
     def on_train_batch_end(self, outputs: object, batch: object, batch_idx: int) -> None:
         assert self.target is not None
-        m = cosine_schedule(
-            self.global_step, int(self.trainer.estimated_stepping_batches), self.base_momentum, 1.0
-        )
+        # Lightning has already counted this step: the schedule's step index is global_step - 1.
+        step, total = self.global_step - 1, int(self.trainer.estimated_stepping_batches)
+        m = cosine_schedule(step, total, self.base_momentum, 1.0)
         update_momentum(self.network.backbone, self.target["backbone"], m)
         update_momentum(self.network.projector, self.target["projector"], m)
