@@ -31,7 +31,7 @@ def tiny(root: Path, run_dir: Path, recipe: Path | None = None) -> list[str]:
         "--data.client_batch_size=16",
         "--data.labeled_per_class=5",
         "--data.labeled_fraction=null",
-        "--data.val_per_class=0",
+        "--data.val_per_class=2",
         "--data.test_subset=200",
         "--federation.rounds=1",
         "--federation.clients_per_round=2",
@@ -41,9 +41,15 @@ def tiny(root: Path, run_dir: Path, recipe: Path | None = None) -> list[str]:
         f"--trainer.default_root_dir={run_dir}",
     ]
     if recipe is not None:
-        backbone = yaml.safe_load(recipe.read_text())["model"]["init_args"].get("backbone")
-        # ResNet-18 runs here once (FedSup, IID); elsewhere it is swapped to keep the suite fast
-        slow = backbone == "resnet18" and recipe.name != "fedsup_cifar10_iid.yaml"
+        config = yaml.safe_load(recipe.read_text())
+        backbone = config["model"]["init_args"].get("backbone")
+        partitioner = config["data"].get("partitioner", {}).get("class_path", "")
+        if partitioner.endswith("SSFL"):  # one main user per class
+            args += ["--data.num_clients=10", "--federation.clients_per_round=10"]
+        # ResNet-18 and ResNet-9 run here once each (FedSup and FedSEAL, CIFAR-10 IID);
+        # elsewhere they are swapped to keep the suite fast
+        kept = ("fedsup_cifar10_iid.yaml", "fedseal_cifar10_iid.yaml")
+        slow = backbone in ("resnet18", "resnet9") and recipe.name not in kept
         if backbone == "fedcon_cifar_cnn" or slow:
             args.append("--model.init_args.backbone=small_cnn")
     return args
@@ -54,9 +60,20 @@ def test_recipes_exist() -> None:
     assert {"quickstart.yaml", "server_sl.yaml", "fedavg_sl.yaml", "fedavg_fixmatch.yaml"} <= names
     assert {f"{m}.yaml" for m in ("fedavg_simclr", "fedavg_simsiam", "fedavg_byol")} <= names
     assert {"fedcon.yaml", "fedsup.yaml"} <= names
+    assert {
+        f"{m}.yaml"
+        for m in ("fedavg_uda", "fedprox_fixmatch", "fedrgd", "fedseal", "fedswitch")
+        + ("ts_server_ema", "ts_client_ema")
+    } <= names
     papers = {p.name for p in RECIPES if p.parent.name == "papers"}
     assert {
         f"fedcon_{d}_{s}.yaml" for d in ("mnist", "cifar10", "svhn") for s in ("iid", "noniid")
+    } <= papers
+    assert {"fedseal_fmnist_iid.yaml", "fedseal_cifar10_noniid.yaml", "ssfl_cifar10.yaml"} <= papers
+    assert {
+        f"fedswitch_cifar10_{s}_labels_at_{w}.yaml"
+        for s in ("batch_iid", "batch_noniid")
+        for w in ("server", "client")
     } <= papers
 
 

@@ -8,7 +8,13 @@ import numpy as np
 import pytest
 import torch
 
-from fedlit.data import Dirichlet, FederatedDataModule, build_transform, dataset_spec
+from fedlit.data import (
+    Dirichlet,
+    FederatedDataModule,
+    ImageSplit,
+    build_transform,
+    dataset_spec,
+)
 from fedlit.data.datamodule import UnlabeledImages
 
 
@@ -97,6 +103,8 @@ def test_transforms_keep_channels_and_statistics() -> None:
         ({"num_clients": -3}, "data.num_clients"),
         ({"labeled_per_class": 50, "labeled_fraction": 0.1}, "data.labeled_per_class"),
         ({"labeled_fraction": 1.5, "labeled_per_class": None}, "data.labeled_fraction"),
+        ({"stream_steps": 0}, "data.stream_steps"),
+        ({"labels_at": "edge"}, "data.labels_at"),
     ],
 )
 def test_bad_settings_rejected_at_construction(kwargs: dict, key: str) -> None:
@@ -117,3 +125,128 @@ def test_partition_class_counts_match_shards(fmnist_root: Path) -> None:
     dm = _dm(fmnist_root, partitioner=Dirichlet(alpha=0.5))
     for k, shard in enumerate(dm.clients):
         assert np.array_equal(np.bincount(shard.labels.numpy(), minlength=10), dm.class_counts[k])
+
+
+def _keys(*splits: ImageSplit) -> list[bytes]:
+    """The raw bytes of every image of ``splits``, for checking that splits are disjoint."""
+    return [img.numpy().tobytes() for split in splits for img in split.images]
+
+
+def _plain(images: torch.Tensor) -> torch.Tensor:
+    return build_transform("plain", dataset_spec("fashion_mnist"))(images)
+
+
+def test_stream_steps_cut_each_shard_into_consecutive_chunks(fmnist_root: Path) -> None:
+    dm = _dm(fmnist_root, stream_steps=3)
+    for k, shard in enumerate(dm.clients):
+        chunks = [dm.client_shard(k, v) for v in (1, 2, 3)]
+        assert [len(c) for c in chunks] == [100, 100, 100]
+        keys = _keys(*chunks)
+        assert len(set(keys)) == 300  # disjoint
+        assert set(keys) == set(_keys(shard))  # together, the whole shard
+        assert torch.equal(torch.cat([c.images for c in chunks]), shard.images)  # in order
+        # after S visits the stream starts over
+        for v in (4, 7):
+            assert torch.equal(dm.client_shard(k, v).images, chunks[0].images)
+        assert torch.equal(dm.client_shard(k, 5).labels, chunks[1].labels)
+        assert dm.client_size(k, 2) == 100
+    assert dm.partition_summary()["data/stream_steps"] == 3
+    with pytest.raises(ValueError, match="visit"):
+        dm.client_shard(0, 0)
+
+
+def test_without_streaming_every_visit_sees_the_whole_shard(fmnist_root: Path) -> None:
+    dm = _dm(fmnist_root)
+    assert dm.client_shard(2, 5) is dm.clients[2]
+    assert dm.client_size(2) == dm.client_size(2, 9) == 300
+    assert dm.partition_summary()["data/stream_steps"] == 0
+
+
+def test_near_equal_chunks_and_too_many_steps(fmnist_root: Path) -> None:
+    dm = _dm(fmnist_root, examples_per_client=302, stream_steps=3)
+    assert [dm.client_size(0, v) for v in (1, 2, 3)] == [101, 101, 100]
+    with pytest.raises(ValueError, match=r"data\.stream_steps=301"):
+        _dm(fmnist_root, examples_per_client=300, stream_steps=301)
+
+
+def test_streamed_loaders_yield_exactly_the_visible_chunk(fmnist_root: Path) -> None:
+    dm = _dm(fmnist_root, stream_steps=3, eval_batch_size=32, client_batch_size=16)
+    chunk = dm.clients[1].images[100:200]
+    expected = _plain(chunk)
+
+    batches = list(dm.client_plain_dataloader(1, visit=2))
+    assert all(len(b) == 1 for b in batches)  # images only
+    assert [len(b[0]) for b in batches] == [32, 32, 32, 4]
+    plain = torch.cat([b[0] for b in batches])
+    torch.testing.assert_close(plain, expected)  # in shard order, un-augmented
+    assert not torch.allclose(plain, _plain(dm.clients[1].images[:100]))
+
+    xs = torch.cat([x for (x,) in dm.client_dataloader(1, ("plain",), visit=2)])
+    assert xs.shape == (100, 1, 28, 28)
+    match = torch.cdist(xs.flatten(1), expected.flatten(1)).argmin(dim=1)
+    assert sorted(match.tolist()) == list(range(100))  # every chunk image once
+    torch.testing.assert_close(xs, expected[match])
+
+    labels = torch.cat([y for _, y in dm.client_oracle_dataloader(1, visit=2)])
+    assert torch.equal(labels.sort().values, dm.clients[1].labels[100:200].sort().values)
+
+
+def test_with_index_covers_the_visible_shard_once(fmnist_root: Path) -> None:
+    for kw, k, visit, n in (({}, 3, 1, 300), ({"stream_steps": 3}, 0, 3, 100)):
+        dm = _dm(fmnist_root, **kw)
+        shard = dm.client_shard(k, visit)
+        idx, xs = [], []
+        for batch in dm.client_dataloader(k, ("plain", "weak"), visit=visit, with_index=True):
+            assert len(batch) == 3
+            i, x, w = batch
+            assert i.dtype == torch.int64 and i.shape == (len(x),)
+            assert w.shape == x.shape
+            idx.append(i)
+            xs.append(x)
+        index = torch.cat(idx)
+        assert sorted(index.tolist()) == list(range(n))
+        torch.testing.assert_close(torch.cat(xs), _plain(shard.images)[index])
+
+
+def test_labels_at_client_are_dealt_class_by_class(fmnist_root: Path) -> None:
+    kw = {"num_clients": 10, "examples_per_client": 200}
+    dm = _dm(fmnist_root, labels_at="client", **kw)
+    ref = _dm(fmnist_root, **kw)  # labels at the server, same seed
+    assert len(dm.client_labeled) == 10
+    for split in dm.client_labeled:
+        assert torch.bincount(split.labels, minlength=10).tolist() == [5] * 10
+    labeled = _keys(*dm.client_labeled)
+    assert len(set(labeled)) == 500  # clients' labeled sets are disjoint
+    assert set(labeled).isdisjoint(_keys(dm.val, *dm.clients))
+    # the same labeled set as at the server, and the same client pool and validation set
+    assert set(labeled) == set(_keys(ref.server))
+    for a, b in zip(dm.clients, ref.clients, strict=True):
+        assert torch.equal(a.images, b.images) and torch.equal(a.labels, b.labels)
+    assert torch.equal(dm.val.images, ref.val.images)
+    assert len(dm.server) == 0
+    assert dm.server.images.shape[1:] == (1, 28, 28) and dm.server.images.dtype == torch.uint8
+    summary = dm.partition_summary()
+    assert summary["data/client_labeled"] == 500 and summary["data/server_labeled"] == 0
+    assert ref.partition_summary()["data/client_labeled"] == 0
+    assert ref.client_labeled == []
+
+
+def test_labeled_loaders_follow_labels_at(fmnist_root: Path) -> None:
+    dm = _dm(fmnist_root, labels_at="client")
+    batches = list(dm.client_labeled_dataloader(3, ("weak", "strong")))
+    assert all(len(b) == 3 for b in batches)
+    labels = torch.cat([b[-1] for b in batches])
+    assert torch.equal(labels.sort().values, dm.client_labeled[3].labels.sort().values)
+    assert batches[0][0].shape[1:] == (1, 28, 28)
+    with pytest.raises(ValueError, match=r"data\.labels_at"):
+        dm.server_dataloader()
+    server = _dm(fmnist_root)
+    with pytest.raises(ValueError, match=r"data\.labels_at"):
+        server.client_labeled_dataloader(0)
+
+
+def test_too_few_labels_for_every_client_rejected(fmnist_root: Path) -> None:
+    with pytest.raises(ValueError, match=r"data\.labeled_per_class=4"):
+        _dm(fmnist_root, labels_at="client", labeled_per_class=4)
+    with pytest.raises(ValueError, match=r"data\.labeled_fraction"):
+        _dm(fmnist_root, labels_at="client", labeled_per_class=None, labeled_fraction=1e-4)

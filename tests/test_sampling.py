@@ -1,11 +1,11 @@
-"""Tests for fedlit.data.sampling.sample_clients."""
+"""Tests for fedlit.data.sampling: sample_clients and visit_number."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from fedlit.data.sampling import sample_clients
+from fedlit.data.sampling import sample_clients, visit_number
 
 
 def test_same_seed_and_round_same_clients() -> None:
@@ -60,3 +60,24 @@ def test_invalid_per_round(c: int) -> None:
 def test_invalid_num_clients() -> None:
     with pytest.raises(ValueError, match="data.num_clients"):
         sample_clients(0, 1, seed=0, round_idx=0)
+
+
+@pytest.mark.parametrize(("k", "c", "seed"), [(10, 3, 0), (7, 1, 5), (20, 8, 2)])
+def test_visit_number_counts_selections(k: int, c: int, seed: int) -> None:
+    seen = np.zeros(k, dtype=int)
+    assert [visit_number(i, k, c, seed, 0) for i in range(k)] == [0] * k
+    for r in range(1, 31):
+        seen[sample_clients(k, c, seed, r)] += 1
+        assert [visit_number(i, k, c, seed, r) for i in range(k)] == seen.tolist()
+    assert seen.max() > 1  # some client was visited more than once
+
+
+def test_visit_number_when_every_client_takes_part() -> None:
+    for r in range(6):
+        assert visit_number(3, 4, 4, seed=1, round_idx=r) == r
+
+
+@pytest.mark.parametrize("client_id", [-1, 10])
+def test_visit_number_rejects_unknown_client(client_id: int) -> None:
+    with pytest.raises(ValueError, match="client_id"):
+        visit_number(client_id, 10, 2, seed=0, round_idx=3)

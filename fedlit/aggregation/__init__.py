@@ -7,6 +7,7 @@ from fedlit.aggregation.rules import (
     mean_with_server,
     split_into_groups,
     state_bytes,
+    weight_diversity,
     weighted_average,
 )
 
@@ -17,5 +18,6 @@ __all__ = [
     "mean_with_server",
     "split_into_groups",
     "state_bytes",
+    "weight_diversity",
     "weighted_average",
 ]

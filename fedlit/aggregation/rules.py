@@ -104,6 +104,31 @@ def split_into_groups(num_clients: int, num_groups: int) -> list[list[int]]:
     return [list(range(bounds[i], bounds[i + 1])) for i in range(num_groups)]
 
 
+def weight_diversity(starts: Sequence[State], finals: Sequence[State]) -> float:
+    """Weight (gradient) diversity of one round's client updates, paper 004 eq (8).
+
+    With Delta_k = w_k - s_k (what client k's training changed: its final weights minus the
+    weights it started from, over the floating-point tensors ``finals`` share with ``starts``),
+    returns sum_k ||Delta_k||^2 / ||sum_k Delta_k||^2 (Yin et al. 2018, the paper's reference
+    [38]): 1 / C when all clients moved alike, 1 when their moves were orthogonal, large when
+    they cancel out. NaN when the updates sum to zero.
+    """
+    if len(starts) != len(finals) or not finals:
+        raise ValueError(f"{len(starts)} start states for {len(finals)} final states")
+    keys = [k for k, v in finals[0].items() if v.is_floating_point() and k in starts[0]]
+    if not keys:
+        return float("nan")
+    squares, total = 0.0, None
+    for start, final in zip(starts, finals, strict=True):
+        delta = torch.cat(
+            [(final[k].double() - start[k].double().to(final[k].device)).flatten() for k in keys]
+        )
+        squares += float(delta.pow(2).sum())
+        total = delta if total is None else total + delta
+    denominator = float(total.pow(2).sum()) if total is not None else 0.0
+    return squares / denominator if denominator > 0 else float("nan")
+
+
 def state_bytes(state: State) -> int:
     """Bytes a state occupies on the wire, uncompressed (numel * element size, summed)."""
     return sum(t.numel() * t.element_size() for t in state.values())

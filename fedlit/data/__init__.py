@@ -11,7 +11,7 @@ from fedlit.data.partition import (
     class_counts,
     non_iid_metric,
 )
-from fedlit.data.sampling import sample_clients
+from fedlit.data.sampling import sample_clients, visit_number
 from fedlit.data.transforms import build_transform
 
 __all__ = [
@@ -30,4 +30,5 @@ __all__ = [
     "load_split",
     "non_iid_metric",
     "sample_clients",
+    "visit_number",
 ]

@@ -1,4 +1,4 @@
-"""The federated data module: server labeled/validation sets, client shards and the test set."""
+"""The federated data module: labeled/validation sets, client shards and the test set."""
 
 from __future__ import annotations
 
@@ -36,17 +36,29 @@ class LabeledImages(Dataset):
 
 
 class UnlabeledImages(Dataset):
-    """Images only: a tuple with one augmented view per transform. Labels never enter it."""
+    """Images only: a tuple with one augmented view per transform. Labels never enter it.
 
-    def __init__(self, images: Tensor, transforms: Sequence[torch.nn.Module]) -> None:
-        self.images, self.transforms = images, tuple(transforms)
+    With ``with_index`` each item starts with the image's position in ``images`` as an int64
+    scalar: ``(i, view_1(x), ..., view_n(x))``, so per-example state can be kept across rounds.
+    """
+
+    def __init__(
+        self, images: Tensor, transforms: Sequence[torch.nn.Module], with_index: bool = False
+    ) -> None:
+        self.images, self.transforms, self.with_index = images, tuple(transforms), with_index
 
     def __len__(self) -> int:
         return len(self.images)
 
     def __getitem__(self, i: int) -> tuple[Tensor, ...]:
         x = self.images[i]
-        return tuple(t(x) for t in self.transforms)
+        views = tuple(t(x) for t in self.transforms)
+        if self.with_index:
+            return (torch.tensor(i, dtype=torch.int64), *views)
+        return views
+
+
+LABELS_AT = ("server", "client")
 
 
 def _positive(name: str, value: int | None) -> None:
@@ -55,14 +67,23 @@ def _positive(name: str, value: int | None) -> None:
 
 
 class FederatedDataModule(L.LightningDataModule):
-    """A labeled server set (and validation set) plus unlabeled client shards of one data set.
+    """A labeled set (and validation set) plus unlabeled client shards of one data set.
 
-    The training split is divided, by seed, into a class-balanced labeled set for the server
+    The training split is divided, by seed, into a class-balanced labeled set
     (``labeled_per_class`` per class, or ``labeled_fraction`` of each class), an optional
-    class-balanced validation set (``val_per_class``), and a client pool that ``partitioner``
-    divides among ``num_clients`` clients (``examples_per_client`` each, or the whole pool).
-    Client loaders yield images only; the pool's labels are kept aside for diagnostics and
-    for the FedAvg-SL oracle, which is marked as such.
+    class-balanced validation set (``val_per_class``, always at the server), and a client pool
+    that ``partitioner`` divides among ``num_clients`` clients (``examples_per_client`` each,
+    or the whole pool). Client loaders yield images only; the pool's labels are kept aside for
+    diagnostics and for the FedAvg-SL oracle, which is marked as such.
+
+    The labeled set is the server's (``labels_at="server"``) or, labels-at-client, is dealt
+    out to the clients class by class (``labels_at="client"``): ``server`` is then empty and
+    ``client_labeled[k]`` holds client k's labeled examples, on top of its unlabeled shard.
+
+    Streaming non-IID (``stream_steps=S``): each unlabeled shard is cut, in shard order, into
+    S near-equal consecutive chunks; on its n-th selection (``visit=n``) a client sees only
+    chunk (n - 1) mod S, the newly streamed-in data. After S selections the stream starts
+    over from the first chunk.
 
     Args:
         dataset: a name from :data:`fedlit.data.datasets.SPECS`.
@@ -79,6 +100,10 @@ class FederatedDataModule(L.LightningDataModule):
         test_subset: evaluate on this many test images (a fixed, class-balanced draw) instead
             of the whole test split; for quick experiments and tests.
         download: download data sets that are not under ``root``.
+        stream_steps: S, the number of chunks each client's shard is streamed in (None: every
+            visit sees the whole shard).
+        labels_at: ``"server"`` (the labeled set stays at the server) or ``"client"``
+            (labels-at-client: the labeled set is split among the clients, class by class).
     """
 
     def __init__(
@@ -96,6 +121,8 @@ class FederatedDataModule(L.LightningDataModule):
         eval_batch_size: int = 1000,
         test_subset: int | None = None,
         download: bool = True,
+        stream_steps: int | None = None,
+        labels_at: str = "server",
     ) -> None:
         super().__init__()
         self.spec: DatasetSpec = dataset_spec(dataset)
@@ -115,6 +142,9 @@ class FederatedDataModule(L.LightningDataModule):
             raise ValueError(f"data.labeled_fraction must be in (0, 1), got {labeled_fraction}")
         if val_per_class < 0:
             raise ValueError(f"data.val_per_class must be >= 0, got {val_per_class}")
+        _positive("data.stream_steps", stream_steps)
+        if labels_at not in LABELS_AT:
+            raise ValueError(f"data.labels_at must be one of {LABELS_AT}, got {labels_at!r}")
         self.dataset = dataset
         self.root = Path(root)
         self.num_clients = num_clients
@@ -128,7 +158,11 @@ class FederatedDataModule(L.LightningDataModule):
         self.eval_batch_size = eval_batch_size
         self.test_subset = test_subset
         self.download = download
+        self.stream_steps = stream_steps
+        self.labels_at = labels_at
         self.seed: int | None = None
+        self.client_labeled: list[ImageSplit] = []
+        self._chunks: list[list[tuple[int, int]]] = []
         self._test_plain: TensorDataset | None = None
 
     # --- static facts (known before any data is loaded) ---------------------------------
@@ -173,7 +207,6 @@ class FederatedDataModule(L.LightningDataModule):
         labels = train.labels.numpy()
         rng = np.random.default_rng([seed, SPLIT_TAG])
         labeled_idx, val_idx, pool_idx = self._split_server(labels, rng)
-        self.server = ImageSplit(train.images[labeled_idx], train.labels[labeled_idx])
         self.val = ImageSplit(train.images[val_idx], train.labels[val_idx])
         pool_labels = labels[pool_idx]
         if self.examples_per_client is not None:
@@ -193,9 +226,60 @@ class FederatedDataModule(L.LightningDataModule):
         empty = [k for k, c in enumerate(self.clients) if len(c) == 0]
         if empty:
             raise ValueError(f"data.partitioner left clients {empty} without data")
+        self._chunks = self._stream_chunks()
+        # Dealt after the partition, so the client pool does not depend on labels_at.
+        if self.labels_at == "client":
+            self.client_labeled = [
+                ImageSplit(train.images[i], train.labels[i])
+                for i in self._deal_labeled(labeled_idx, labels, rng)
+            ]
+            self.server = ImageSplit(train.images[:0], train.labels[:0])
+        else:
+            self.client_labeled = []
+            self.server = ImageSplit(train.images[labeled_idx], train.labels[labeled_idx])
         self.class_counts = class_counts(pool_labels, parts, self.num_classes)
         self.non_iid_R = non_iid_metric(pool_labels, parts, self.num_classes)
         self.seed = seed
+
+    def _stream_chunks(self) -> list[list[tuple[int, int]]]:
+        """Per client, the [start, stop) ranges of its shard that the visits of one stream
+        cycle see: ``np.array_split`` of the shard's order into ``stream_steps`` chunks."""
+        steps = self.stream_steps if self.stream_steps is not None else 1
+        short = [k for k, c in enumerate(self.clients) if len(c) < steps]
+        if short:
+            raise ValueError(
+                f"data.stream_steps={self.stream_steps} exceeds the shard size of clients "
+                f"{short} (smallest: {min(len(self.clients[k]) for k in short)} examples)"
+            )
+        return [
+            [(int(p[0]), int(p[-1]) + 1) for p in np.array_split(np.arange(len(c)), steps)]
+            for c in self.clients
+        ]
+
+    def _deal_labeled(
+        self, labeled_idx: np.ndarray, labels: np.ndarray, rng: np.random.Generator
+    ) -> list[np.ndarray]:
+        """Split the labeled indices among the clients, each class near-evenly (client k gets
+        part k of a random split of every class): labels-at-client."""
+        per_client: list[list[np.ndarray]] = [[] for _ in range(self.num_clients)]
+        for c in range(self.num_classes):
+            idx = rng.permutation(labeled_idx[labels[labeled_idx] == c])
+            for k, part in enumerate(np.array_split(idx, self.num_clients)):
+                per_client[k].append(part)
+        dealt = [np.sort(np.concatenate(parts)) for parts in per_client]
+        empty = [k for k, i in enumerate(dealt) if len(i) == 0]
+        if empty:
+            key = (
+                f"data.labeled_per_class={self.labeled_per_class}"
+                if self.labeled_per_class is not None
+                else f"data.labeled_fraction={self.labeled_fraction}"
+            )
+            raise ValueError(
+                f"{key} is too few labeled examples to give every one of data.num_clients="
+                f"{self.num_clients} clients one with data.labels_at='client' "
+                f"(clients {empty} get none)"
+            )
+        return dealt
 
     def _split_server(
         self, labels: np.ndarray, rng: np.random.Generator
@@ -226,30 +310,99 @@ class FederatedDataModule(L.LightningDataModule):
         return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, drop_last=drop_last)
 
     def server_dataloader(self, views: Sequence[str] = ("weak",)) -> DataLoader:
-        """The server's labeled set: batches (x_1, ..., x_n, y), one x (B, C, H, W) per view."""
+        """The server's labeled set: batches (x_1, ..., x_n, y), one x (B, C, H, W) per view.
+
+        Raises ValueError when the labels are at the clients (``labels_at="client"``).
+        """
+        if self.labels_at != "server":
+            raise ValueError(
+                f"data.labels_at={self.labels_at!r}: the server holds no labeled set "
+                "(use client_labeled_dataloader)"
+            )
         transforms = [build_transform(v, self.spec) for v in views]
         ds = LabeledImages(self.server.images, self.server.labels, transforms)
         return self._loader(ds, self.batch_size, shuffle=True)
 
-    def client_dataloader(self, client_id: int, views: Sequence[str]) -> DataLoader:
-        """Client ``client_id``'s unlabeled shard: batches of one image tensor per view."""
+    def client_labeled_dataloader(
+        self, client_id: int, views: Sequence[str] = ("weak",)
+    ) -> DataLoader:
+        """Client ``client_id``'s own labeled examples (labels-at-client): shuffled batches
+        (x_1, ..., x_n, y) of ``batch_size``, one x (B, C, H, W) per view.
+
+        Raises ValueError when the labels are at the server (``labels_at="server"``).
+        """
+        if self.labels_at != "client":
+            raise ValueError(
+                f"data.labels_at={self.labels_at!r}: clients hold no labeled examples "
+                "(use server_dataloader)"
+            )
+        self._check_client(client_id)
+        split = self.client_labeled[client_id]
         transforms = [build_transform(v, self.spec) for v in views]
-        ds = UnlabeledImages(self.clients[client_id].images, transforms)
+        ds = LabeledImages(split.images, split.labels, transforms)
+        return self._loader(ds, self.batch_size, shuffle=True)
+
+    def _check_client(self, client_id: int) -> None:
+        if not 0 <= client_id < self.num_clients:
+            raise ValueError(
+                f"client_id must be in [0, data.num_clients={self.num_clients}), got {client_id}"
+            )
+
+    def client_shard(self, client_id: int, visit: int = 1) -> ImageSplit:
+        """The part of client ``client_id``'s shard it sees on its ``visit``-th selection.
+
+        The whole shard unless streaming; with ``stream_steps=S``, chunk (visit - 1) mod S.
+        Its labels are for diagnostics and the oracle only: client loaders never yield them.
+        """
+        self._check_client(client_id)
+        if isinstance(visit, bool) or not isinstance(visit, (int, np.integer)) or visit < 1:
+            raise ValueError(f"visit must be an integer >= 1, got {visit!r}")
+        shard = self.clients[client_id]
+        if self.stream_steps is None:
+            return shard
+        lo, hi = self._chunks[client_id][(visit - 1) % self.stream_steps]
+        return ImageSplit(shard.images[lo:hi], shard.labels[lo:hi])
+
+    def client_dataloader(
+        self, client_id: int, views: Sequence[str], visit: int = 1, with_index: bool = False
+    ) -> DataLoader:
+        """Client ``client_id``'s visible unlabeled shard (see :meth:`client_shard`): shuffled
+        batches of one image tensor per view, ``(x_1, ..., x_n)``.
+
+        With ``with_index`` batches are ``(index, x_1, ..., x_n)``, index (B,) int64 being each
+        example's position in the visible shard.
+        """
+        transforms = [build_transform(v, self.spec) for v in views]
+        shard = self.client_shard(client_id, visit)
+        ds = UnlabeledImages(shard.images, transforms, with_index=with_index)
         return self._loader(ds, self.client_batch_size, shuffle=True)
 
-    def client_oracle_dataloader(self, client_id: int, view: str = "weak") -> DataLoader:
+    def client_oracle_dataloader(
+        self, client_id: int, view: str = "weak", visit: int = 1
+    ) -> DataLoader:
         """Client shard WITH its true labels: only for the FedAvg-SL oracle (upper bound)."""
-        shard = self.clients[client_id]
+        shard = self.client_shard(client_id, visit)
         ds = LabeledImages(shard.images, shard.labels, [build_transform(view, self.spec)])
         return self._loader(ds, self.client_batch_size, shuffle=True)
 
-    def client_size(self, client_id: int) -> int:
-        return len(self.clients[client_id])
+    def client_plain_dataloader(self, client_id: int, visit: int = 1) -> DataLoader:
+        """Client ``client_id``'s visible shard, un-augmented and normalised, in shard order:
+        unshuffled batches ``(x,)`` of ``eval_batch_size`` images, no labels."""
+        shard = self.client_shard(client_id, visit)
+        ds = TensorDataset(self._normalised(shard.images))
+        return self._loader(ds, self.eval_batch_size, shuffle=False)
+
+    def client_size(self, client_id: int, visit: int = 1) -> int:
+        """The number of examples client ``client_id`` sees on its ``visit``-th selection."""
+        return len(self.client_shard(client_id, visit))
+
+    def _normalised(self, images: Tensor) -> Tensor:
+        """Un-augmented, normalised images, transformed once as a whole (no per-image work)."""
+        return build_transform("plain", self.spec)(images)
 
     def _plain(self, split: ImageSplit) -> TensorDataset:
-        """Un-augmented, normalised images, transformed once as a whole (no per-image work)."""
-        x = build_transform("plain", self.spec)(split.images)
-        return TensorDataset(x, split.labels)
+        """A split's un-augmented, normalised images with their labels."""
+        return TensorDataset(self._normalised(split.images), split.labels)
 
     def val_dataloader(self) -> DataLoader:
         return self._loader(self._plain(self.val), self.eval_batch_size, shuffle=False)
@@ -268,4 +421,6 @@ class FederatedDataModule(L.LightningDataModule):
             "partition/max_client_size": float(sizes.max()),
             "data/server_labeled": float(len(self.server)),
             "data/server_val": float(len(self.val)),
+            "data/client_labeled": float(sum(len(c) for c in self.client_labeled)),
+            "data/stream_steps": float(self.stream_steps or 0),
         }

@@ -28,20 +28,23 @@ class ClientRunner:
     local_steps: int | None = None
 
     def __call__(
-        self, payload: StateDict, client_id: int, round_idx: int, state: Any
+        self, payload: StateDict, client_id: int, round_idx: int, state: Any, visit: int = 1
     ) -> ClientUpdate:
-        """Train client ``client_id`` in round ``round_idx`` from ``payload`` and ``state``.
+        """Train client ``client_id`` in round ``round_idx`` from ``payload`` and ``state``;
+        ``visit`` counts the rounds it has been selected in, this one included (streaming data).
 
         Returns the upload, the client's example count, its new persistent state and metrics.
         """
         seed_all(derive_seed(self.seed, round_idx, client_id))
-        objective = self.method.client_objective(payload, round_idx, self.total_rounds, state)
-        loader = self.method.client_loader(self.data, client_id)
+        method = self.method
+        objective = method.client_objective(payload, round_idx, self.total_rounds, state)
+        loader = method.client_loader(self.data, client_id, visit)
+        method.client_setup(objective, self.data, client_id, visit)
         self.trainer.fit(objective, loader, self.local_epochs, self.local_steps)
         return ClientUpdate(
             client_id=client_id,
-            upload=self.method.client_upload(objective),
-            num_examples=len(loader.dataset),  # type: ignore[arg-type]
-            state=self.method.client_state(objective, state),
+            upload=method.client_upload(objective),
+            num_examples=self.data.client_size(client_id, visit),
+            state=method.client_state(objective, state),
             metrics=objective.epoch_metrics(),
         )

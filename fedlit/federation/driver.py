@@ -18,7 +18,7 @@ import numpy as np
 from lightning.pytorch.loggers import Logger
 from tqdm.auto import tqdm
 
-from fedlit.aggregation import state_bytes
+from fedlit.aggregation import state_bytes, weight_diversity
 from fedlit.data.datamodule import FederatedDataModule
 from fedlit.data.sampling import sample_clients
 from fedlit.evaluation import PROTOCOLS, Evaluator, evaluate_encoder
@@ -120,6 +120,7 @@ class Federation:
     def __post_init__(self) -> None:
         self.run_dir = Path(self.run_dir)
         self.store = ClientStateStore()
+        self.visits: dict[int, int] = {}  # client id -> rounds it has been selected in
         self.history: list[dict[str, float]] = []
         self.start_round = 1
         self._prepared = False
@@ -142,6 +143,17 @@ class Federation:
                 f"federation.clients_per_round={cfg.clients_per_round} exceeds "
                 f"data.num_clients={self.data.num_clients}"
             )
+        if self.data.labels_at == "client":
+            if not self.method.supports_labels_at_client:
+                raise ValueError(
+                    f"data.labels_at='client': {type(self.method).__name__} trains on the "
+                    "server's labels; use labels_at='server'"
+                )
+            if cfg.final_eval:
+                raise ValueError(
+                    "federation.final_eval needs the server's labeled set, which "
+                    "data.labels_at='client' leaves empty"
+                )
         if (self.method.hparams.num_classes, self.method.hparams.in_channels) != (
             self.data.num_classes,
             self.data.in_channels,
@@ -152,6 +164,7 @@ class Federation:
                 f"{self.data.in_channels} channels)"
             )
         self.data.setup_federation(self.seed)
+        self.method.validate_data(self.data)
         if ckpt is not None:
             self._restore(ckpt)
         else:  # the initial global network comes from the run's seed too
@@ -192,6 +205,7 @@ class Federation:
         self.method.network.load_state_dict(ckpt["global_state"])
         self.method.load_server_state_dict(ckpt["server_state"])
         self.store.load_state_dict(ckpt["client_states"])
+        self.visits = dict(ckpt.get("visits", {}))
         self.history = list(ckpt["history"])
         set_rng_states(ckpt["rng"])
         self.start_round = ckpt["round"] + 1
@@ -203,9 +217,10 @@ class Federation:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         loggers = [RoundCSVLogger(self.run_dir), *self.loggers]
         if self.start_round == 1:
+            row = {"round": 0, **self.data.partition_summary(), **self._bootstrap()}
             for logger in loggers:
                 logger.log_hyperparams(self.hparams)
-                logger.log_metrics({"round": 0, **self.data.partition_summary()}, step=0)
+                logger.log_metrics(row, step=0)
         bar = self._progress_bar()
         for round_idx in range(self.start_round, self.config.rounds + 1):
             metrics = self.run_and_record_round(round_idx, loggers)
@@ -240,16 +255,24 @@ class Federation:
             )
             payload = method.broadcast(round_idx)
             updates: list[ClientUpdate] = []
+            received: list[dict] = []
             for cid in clients.tolist():
-                update = self.runner(payload, cid, round_idx, self.store.get(cid))
+                self.visits[cid] = self.visits.get(cid, 0) + 1
+                sent = method.client_payload(payload, cid)
+                update = self.runner(sent, cid, round_idx, self.store.get(cid), self.visits[cid])
                 self.store.put(cid, update.state)
                 updates.append(update)
-                down += state_bytes(payload)
+                received.append(sent)
+                down += state_bytes(sent)
                 up += state_bytes(update.upload)
+            metrics["diag/weight_diversity"] = weight_diversity(
+                received, [u.upload for u in updates]
+            )
             method.aggregate(updates, round_idx)
             metrics |= _mean_metrics("client", [u.metrics for u in updates])
             if not method.server_first:
                 metrics |= self._server_step(round_idx)
+        method.end_round(round_idx)
         if round_idx % cfg.eval_every == 0 or round_idx == cfg.rounds:
             metrics |= self.evaluate()
         if round_idx == cfg.rounds:
@@ -259,15 +282,27 @@ class Federation:
         metrics["time/round_s"] = time.perf_counter() - t0
         return metrics
 
-    def _server_step(self, round_idx: int) -> dict[str, float]:
+    def _server_step(self, round_idx: int, epochs: int | None = None) -> dict[str, float]:
+        if self.data.labels_at == "client":  # no labels at the server: nothing to train
+            return {}
         objective = self.method.server_objective(round_idx, self.config.rounds)
         if objective is None:
             return {}
         seed_all(derive_seed(self.seed, round_idx, SERVER))
         loader = self.method.server_loader(self.data)
-        self.trainer.fit(objective, loader, self.config.server_epochs)
-        self.method.server_step_done(objective)
+        self.trainer.fit(objective, loader, epochs or self.config.server_epochs)
+        self.method.server_step_done(objective, self.data)
         return {f"server/{k}": v for k, v in objective.epoch_metrics().items()}
+
+    def _bootstrap(self) -> dict[str, float]:
+        """The method's bootstrap (FedSEAL): its server objective for ``bootstrap_epochs``
+        before round 1, logged in row 0 as ``bootstrap/*`` with w^0's ``bootstrap_test/acc``."""
+        epochs = self.method.bootstrap_epochs
+        if epochs == 0 or self.data.labels_at == "client":
+            return {}
+        trained = self._server_step(0, epochs)
+        metrics = {k.replace("server/", "bootstrap/", 1): v for k, v in trained.items()}
+        return metrics | self.evaluate("bootstrap_test")
 
     def evaluate(self, prefix: str = "test") -> dict[str, float]:
         """Top-1 accuracy and loss of the method's evaluation network on the test set."""
@@ -304,6 +339,7 @@ class Federation:
                 "global_state": self.method.network.state_dict(),
                 "server_state": self.method.server_state_dict(),
                 "client_states": self.store.state_dict(),
+                "visits": dict(self.visits),
                 "history": self.history,
                 "rng": rng_states(),
                 "meta": self._meta(),
@@ -337,5 +373,10 @@ class Federation:
 
 
 def _mean_metrics(prefix: str, per_client: Sequence[dict[str, float]]) -> dict[str, float]:
+    """Each metric's mean over the clients that report it, as ``<prefix>/<name>``; names that
+    carry their own namespace (``pseudo/pos_acc``, ``kl/teacher``) are kept as they are."""
     keys = sorted({k for m in per_client for k in m})
-    return {f"{prefix}/{k}": float(np.mean([m[k] for m in per_client if k in m])) for k in keys}
+    return {
+        (k if "/" in k else f"{prefix}/{k}"): float(np.mean([m[k] for m in per_client if k in m]))
+        for k in keys
+    }

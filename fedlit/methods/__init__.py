@@ -3,9 +3,12 @@
 from fedlit.methods.base import ClientUpdate, FederatedMethod
 from fedlit.methods.baselines import FedAvgSL, ServerSL
 from fedlit.methods.fedcon import FedCon
+from fedlit.methods.fedrgd import FedRGD
+from fedlit.methods.fedseal import FedSEAL
 from fedlit.methods.fedsup import FedSup
 from fedlit.methods.fixmatch import FedAvgFixMatch
 from fedlit.methods.ssl import FedAvgBYOL, FedAvgSimCLR, FedAvgSimSiam, FedAvgSSL
+from fedlit.methods.teacher_student import FedSwitch, TeacherStudentEMA, TSClientEMA, TSServerEMA
 from fedlit.methods.uda import FedAvgUDA
 
 __all__ = [
@@ -18,7 +21,13 @@ __all__ = [
     "FedAvgSimSiam",
     "FedAvgUDA",
     "FedCon",
+    "FedRGD",
+    "FedSEAL",
     "FedSup",
+    "FedSwitch",
     "FederatedMethod",
     "ServerSL",
+    "TSClientEMA",
+    "TSServerEMA",
+    "TeacherStudentEMA",
 ]

@@ -60,6 +60,10 @@ class FederatedMethod(LightningModule):
     oracle: ClassVar[bool] = False
     #: Augmented views of each unlabeled image a client's objective takes.
     client_views: ClassVar[tuple[str, ...]] = ("weak",)
+    #: The method can run with the labels at the clients (``data.labels_at: client``).
+    supports_labels_at_client: ClassVar[bool] = False
+    #: Epochs of the server objective on the labeled set before round 1 (0: none).
+    bootstrap_epochs: int = 0
 
     def __init__(
         self,
@@ -99,7 +103,7 @@ class FederatedMethod(LightningModule):
     def optimizer_kwargs(self, lr: float, round_idx: int) -> dict[str, Any]:
         hp = self.hparams
         return {
-            "lr": lr * hp.lr_decay ** (round_idx - 1),
+            "lr": lr * hp.lr_decay ** max(round_idx - 1, 0),
             "optimizer": hp.optimizer,
             "momentum": hp.momentum,
             "weight_decay": hp.weight_decay,
@@ -112,8 +116,9 @@ class FederatedMethod(LightningModule):
             self.network, **self.optimizer_kwargs(self.hparams.server_lr, round_idx)
         )
 
-    def server_step_done(self, objective: Objective) -> None:
-        """Called after the server's objective has trained (e.g. to keep a step count)."""
+    def server_step_done(self, objective: Objective, data: FederatedDataModule) -> None:
+        """Called after the server's objective has trained (e.g. to keep a step count, or to
+        measure the new model on the server's validation set)."""
 
     def server_loader(self, data: FederatedDataModule) -> DataLoader:
         return data.server_dataloader(("weak",))
@@ -129,9 +134,23 @@ class FederatedMethod(LightningModule):
             k: v.detach().clone() for k, v in self.network.state_dict().items() if self.is_shared(k)
         }
 
+    def client_payload(self, payload: StateDict, client_id: int) -> StateDict:
+        """What client ``client_id`` receives: the round's ``payload`` unless the method sends
+        different clients different models (FedRGD's group averages)."""
+        return payload
+
     # --- client ---------------------------------------------------------------------------
-    def client_loader(self, data: FederatedDataModule, client_id: int) -> DataLoader:
-        return data.client_dataloader(client_id, self.client_views)
+    def client_loader(
+        self, data: FederatedDataModule, client_id: int, visit: int = 1
+    ) -> DataLoader:
+        """Client ``client_id``'s training loader on its ``visit``-th selection."""
+        return data.client_dataloader(client_id, self.client_views, visit=visit)
+
+    def client_setup(
+        self, objective: Objective, data: FederatedDataModule, client_id: int, visit: int
+    ) -> None:
+        """Give a client's objective what it needs from the client's own data before training
+        (FedSEAL: its images for the self-ensemble pass). Default: nothing."""
 
     def client_network(self, payload: StateDict) -> nn.Module:
         """A new network holding ``payload``. Client code never reads ``self.network``."""
@@ -165,6 +184,14 @@ class FederatedMethod(LightningModule):
         """Replace the shared part of the global network by the uploads' FedAvg (weights n_k)."""
         avg = weighted_average([u.upload for u in updates], [u.num_examples for u in updates])
         self.network.load_state_dict(avg, strict=False)
+
+    def end_round(self, round_idx: int) -> None:
+        """Called once a round's aggregation and server step are done, before evaluation
+        (e.g. a teacher's EMA step)."""
+
+    def validate_data(self, data: FederatedDataModule) -> None:
+        """Raise ValueError, naming the key, if ``data`` cannot serve this method (called by
+        the driver before any work starts)."""
 
     # --- server-side state (beyond the global network) ------------------------------------
     def server_state_dict(self) -> dict[str, Any]:

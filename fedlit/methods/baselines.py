@@ -31,8 +31,10 @@ class FedAvgSL(FederatedMethod):
     oracle = True
     server_first = False
 
-    def client_loader(self, data: FederatedDataModule, client_id: int) -> DataLoader:
-        return data.client_oracle_dataloader(client_id, "weak")
+    def client_loader(
+        self, data: FederatedDataModule, client_id: int, visit: int = 1
+    ) -> DataLoader:
+        return data.client_oracle_dataloader(client_id, "weak", visit=visit)
 
     def client_objective(
         self, payload: StateDict, round_idx: int, total_rounds: int, state: Any

@@ -73,7 +73,7 @@ class FedCon(FederatedMethod):
             **self.optimizer_kwargs(self.hparams.server_lr, round_idx),
         )
 
-    def server_step_done(self, objective: Objective) -> None:
+    def server_step_done(self, objective: Objective, data: FederatedDataModule) -> None:
         self.server_steps = objective.steps_done  # type: ignore[attr-defined]
 
     def server_state_dict(self) -> dict[str, Any]:

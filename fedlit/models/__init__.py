@@ -4,7 +4,7 @@ from fedlit.models.backbones import NORMS, Backbone, make_norm
 from fedlit.models.classifier import BACKBONES, Classifier, build_classifier, make_head
 from fedlit.models.fedcon_cnn import FedConCIFARCNN, FedConMNISTCNN
 from fedlit.models.heads import SSL_HEADS, ssl_heads
-from fedlit.models.resnet import ResNet18
+from fedlit.models.resnet import ResNet9, ResNet18
 from fedlit.models.small_cnn import SmallCNN
 
 __all__ = [
@@ -15,6 +15,7 @@ __all__ = [
     "Classifier",
     "FedConCIFARCNN",
     "FedConMNISTCNN",
+    "ResNet9",
     "ResNet18",
     "SmallCNN",
     "build_classifier",

@@ -6,7 +6,7 @@ from torch import Tensor, nn
 
 from fedlit.models.backbones import Backbone, check_norm
 from fedlit.models.fedcon_cnn import FedConCIFARCNN, FedConMNISTCNN
-from fedlit.models.resnet import ResNet18
+from fedlit.models.resnet import ResNet9, ResNet18
 from fedlit.models.small_cnn import SmallCNN
 
 BACKBONES: dict[str, type[Backbone]] = {
@@ -14,6 +14,7 @@ BACKBONES: dict[str, type[Backbone]] = {
     "fedcon_mnist_cnn": FedConMNISTCNN,
     "fedcon_cifar_cnn": FedConCIFARCNN,
     "resnet18": ResNet18,
+    "resnet9": ResNet9,
 }
 """Values of ``model.backbone`` and the classes they build."""
 

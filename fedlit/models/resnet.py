@@ -1,4 +1,4 @@
-"""``ResNet18``: torchvision's ResNet-18 with a CIFAR stem and no classification layer."""
+"""Residual backbones: torchvision's ResNet-18 with a CIFAR stem, and the DAWNBench ResNet-9."""
 
 import torch
 from torch import Tensor, nn
@@ -53,3 +53,59 @@ class ResNet18(Backbone):
     def pool(self, last: Tensor) -> Tensor:
         """(N, 512, h, w) -> (N, 512) by global average pooling."""
         return torch.flatten(self.avgpool(last), 1)
+
+
+def _conv_block(in_channels: int, out_channels: int, norm: str, pool: bool = False) -> nn.Module:
+    layers = [
+        nn.Conv2d(in_channels, out_channels, kernel_size=3, padding=1, bias=False),
+        make_norm(norm, out_channels),
+        nn.ReLU(inplace=True),
+    ]
+    if pool:
+        layers.append(nn.MaxPool2d(2))
+    return nn.Sequential(*layers)
+
+
+class _Residual(nn.Module):
+    """x + f(x) for a shape-preserving f."""
+
+    def __init__(self, body: nn.Module) -> None:
+        super().__init__()
+        self.body = body
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x + self.body(x)
+
+
+class ResNet9(Backbone):
+    """The 9-layer ResNet of the DAWNBench CIFAR-10 entries (Page 2018), the backbone of
+    FedMatch's CIFAR-10 protocol that paper 002 (FedSEAL) adopts.
+
+    Stages: prep conv 64; conv 128 + max-pool + residual (2 convs 128); conv 256 + max-pool;
+    conv 512 + max-pool + residual (2 convs 512). On 32x32 inputs the maps are (N, 64, 32, 32),
+    (N, 128, 16, 16), (N, 256, 8, 8), (N, 512, 4, 4); global max pooling gives (N, 512)
+    features (28x28 inputs give 3x3 last maps and the same features).
+    """
+
+    default_norm = "bn"
+
+    def __init__(self, in_channels: int = 3, norm: str = "bn") -> None:
+        super().__init__()
+        check_norm(norm)
+        self.stages = nn.Sequential(
+            _conv_block(in_channels, 64, norm),
+            nn.Sequential(
+                _conv_block(64, 128, norm, pool=True),
+                _Residual(nn.Sequential(_conv_block(128, 128, norm), _conv_block(128, 128, norm))),
+            ),
+            _conv_block(128, 256, norm, pool=True),
+            nn.Sequential(
+                _conv_block(256, 512, norm, pool=True),
+                _Residual(nn.Sequential(_conv_block(512, 512, norm), _conv_block(512, 512, norm))),
+            ),
+        )
+        self.feature_dim = 512
+
+    def pool(self, last: Tensor) -> Tensor:
+        """(N, 512, h, w) -> (N, 512) by global max pooling."""
+        return torch.amax(last, dim=(2, 3))

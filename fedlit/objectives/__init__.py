@@ -1,29 +1,49 @@
 """Training objectives: every server and client loss is a LightningModule."""
 
-from fedlit.objectives.base import Objective
+from fedlit.objectives.base import Objective, WarmupCosine
 from fedlit.objectives.consistency import WeakStrongObjective, proximal_term
-from fedlit.objectives.fedcon import FedConClient, FedConServer
+from fedlit.objectives.fedcon import FedConClient, FedConServer, ramped_decay
+from fedlit.objectives.fedseal import (
+    FedSEALClient,
+    class_thresholds,
+    complementary_loss,
+    gaussian_rampup,
+    positive_negative_sets,
+    self_ensemble,
+)
 from fedlit.objectives.fedsup import FedSupClient, feature_map_mse, feature_map_weight
-from fedlit.objectives.fixmatch import FixMatch, fixmatch_loss
+from fedlit.objectives.fixmatch import FixMatch, SelfTraining, fixmatch_loss
 from fedlit.objectives.ssl import BYOL, SimCLR, SimSiam
 from fedlit.objectives.supervised import SupervisedCE
+from fedlit.objectives.teacher_student import TeacherStudentClient, kl_to_uniform
 from fedlit.objectives.uda import UDA, uda_loss
 
 __all__ = [
     "BYOL",
     "FedConClient",
     "FedConServer",
+    "FedSEALClient",
     "FedSupClient",
     "FixMatch",
     "Objective",
+    "SelfTraining",
     "SimCLR",
     "SimSiam",
     "SupervisedCE",
+    "TeacherStudentClient",
     "UDA",
+    "WarmupCosine",
     "WeakStrongObjective",
+    "class_thresholds",
+    "complementary_loss",
     "feature_map_mse",
     "feature_map_weight",
     "fixmatch_loss",
+    "gaussian_rampup",
+    "kl_to_uniform",
+    "positive_negative_sets",
     "proximal_term",
+    "ramped_decay",
+    "self_ensemble",
     "uda_loss",
 ]

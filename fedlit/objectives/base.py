@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import math
+from dataclasses import dataclass
 
 import torch
 from lightly.models.utils import deactivate_requires_grad
@@ -19,6 +21,38 @@ def frozen_copy(module: nn.Module) -> nn.Module:
     return clone
 
 
+@dataclass(frozen=True)
+class WarmupCosine:
+    """Linear warm-up, then cosine decay with a floor (paper 004 eq 9, as in FixMatch).
+
+    gamma(p) = gamma * p / warmup for p < warmup, else
+    gamma * max(cos(pi * c * (p - warmup) / (1 - warmup)), eps), with p in [0, 1] the fraction
+    of the whole run's iterations done (the paper's t / (E M / B); warm-up = e / E).
+
+    Args:
+        warmup: fraction of the run spent warming up (paper 004: 5 of 300 epochs).
+        c: the periodic coefficient (FixMatch's 7/16 decays once to cos(7 pi / 16) ~ 0.2).
+        eps: the floor of the factor (paper 004: 1e-4).
+    """
+
+    warmup: float = 0.0
+    c: float = 7 / 16
+    eps: float = 1e-4
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.warmup < 1:
+            raise ValueError(f"warmup must be in [0, 1), got {self.warmup}")
+        if self.c <= 0 or not 0 <= self.eps <= 1:
+            raise ValueError(f"need c > 0 and eps in [0, 1], got c={self.c}, eps={self.eps}")
+
+    def __call__(self, progress: float) -> float:
+        p = min(max(progress, 0.0), 1.0)
+        if p < self.warmup:
+            return max(p / self.warmup, self.eps)
+        cos = math.cos(math.pi * self.c * (p - self.warmup) / (1.0 - self.warmup))
+        return max(cos, self.eps)
+
+
 class Objective(LightningModule):
     """One training objective on ``network``: a loss in ``training_step`` and its optimiser.
 
@@ -27,6 +61,9 @@ class Objective(LightningModule):
     the federation driver, never read from Lightning's ``global_step``, which restarts with every
     Trainer. Metrics are accumulated here (no ``self.log``: client Trainers run bare) and read by
     the driver with :meth:`epoch_metrics`.
+
+    ``schedule`` (optional) scales the learning rate every step by ``schedule(p)``, where p moves
+    linearly over ``progress`` = (start, end), the fraction of the whole run this fit covers.
     """
 
     def __init__(
@@ -36,6 +73,8 @@ class Objective(LightningModule):
         optimizer: str = "sgd",
         momentum: float = 0.9,
         weight_decay: float = 0.0,
+        schedule: WarmupCosine | None = None,
+        progress: tuple[float, float] = (0.0, 1.0),
     ) -> None:
         super().__init__()
         if optimizer not in OPTIMIZERS:
@@ -45,19 +84,36 @@ class Objective(LightningModule):
         self.optimizer_name = optimizer
         self.momentum = momentum
         self.weight_decay = weight_decay
+        self.schedule = schedule
+        self.progress = progress
         self._sums: dict[str, Tensor] = {}
         self._weights: dict[str, float] = {}
 
     def forward(self, x: Tensor) -> Tensor:
         return self.network(x)
 
-    def configure_optimizers(self) -> torch.optim.Optimizer:
+    def configure_optimizers(self) -> torch.optim.Optimizer | dict:
         params = [p for p in self.parameters() if p.requires_grad]
         if self.optimizer_name == "adam":
-            return torch.optim.Adam(params, lr=self.lr, weight_decay=self.weight_decay)
-        return torch.optim.SGD(
-            params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay
-        )
+            optimizer = torch.optim.Adam(params, lr=self.lr, weight_decay=self.weight_decay)
+        else:
+            optimizer = torch.optim.SGD(
+                params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay
+            )
+        if self.schedule is None:
+            return optimizer
+        start, end = self.progress
+        steps = max(int(self.trainer.estimated_stepping_batches), 1)
+        schedule = self.schedule
+
+        def factor(step: int) -> float:
+            return schedule(start + (end - start) * min(step / steps, 1.0))
+
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
+        }
 
     def accumulate(self, weight: float = 1.0, **values: Tensor) -> None:
         """Add ``values`` (scalars), weighted by ``weight``, to the running means."""

@@ -1,10 +1,11 @@
-"""FixMatch's unlabeled loss (Sohn et al. 2020)."""
+"""FixMatch's unlabeled loss (Sohn et al. 2020), and self-training on one view (paper 004)."""
 
 from __future__ import annotations
 
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from fedlit.objectives.base import Objective
 from fedlit.objectives.consistency import WeakStrongObjective
 
 
@@ -41,3 +42,26 @@ class FixMatch(WeakStrongObjective):
 
     def unlabeled_loss(self, logits_weak: Tensor, logits_strong: Tensor) -> tuple[Tensor, Tensor]:
         return fixmatch_loss(logits_weak, logits_strong, self.tau)
+
+
+class SelfTraining(Objective):
+    """ "Traditional self-training", paper 004 eq 3 (the weak baseline FedRGD's eq 6 replaces):
+    the pseudo-label and the loss come from the same weak view,
+    l = 1/B sum_b 1[max p(alpha(u_b)) >= tau] CE(argmax p(alpha(u_b)), f(alpha(u_b))),
+    with no gradient through the pseudo-label.
+
+    Batches: (weak (B, C, H, W),).
+    """
+
+    def __init__(self, network: nn.Module, lr: float, tau: float = 0.95, **kw) -> None:
+        super().__init__(network, lr, **kw)
+        if not 0.0 <= tau <= 1.0:
+            raise ValueError(f"tau must be in [0, 1], got {tau}")
+        self.tau = tau
+
+    def training_step(self, batch: tuple[Tensor], batch_idx: int) -> Tensor:
+        (weak,) = batch
+        logits = self.network(weak)
+        loss, mask = fixmatch_loss(logits, logits, self.tau)
+        self.accumulate(len(weak), loss=loss, mask_rate=mask.mean())
+        return loss

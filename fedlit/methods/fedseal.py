@@ -1,0 +1,146 @@
+"""FedSEAL (paper 002, section 4 and Algorithm 1)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.utils.data import DataLoader
+
+from fedlit.aggregation import mean
+from fedlit.data.datamodule import FederatedDataModule
+from fedlit.methods.base import ClientUpdate, FederatedMethod, StateDict
+from fedlit.objectives import FedSEALClient, Objective, class_thresholds, gaussian_rampup
+
+THRESHOLDS = "fedseal.thresholds"  # payload key of the class-wise thresholds tau^t
+
+
+class FedSEAL(FederatedMethod):
+    """FedSEAL: self-ensemble pseudo-labels with server-gauged class-wise thresholds, and
+    complementary negative learning.
+
+    Before round 1 the server trains w^0 on its labeled set alone (bootstrap, 4.1.3). Each
+    round the server averages the client models (plain mean), trains E_s epochs of CE on the
+    result, and computes the class-wise thresholds tau^t on its validation set (eq 5), sent
+    with the model. A client updates its running mean of the received models' predictions on
+    its data (eq 8, persistent client state, never uploaded), builds the positive set
+    (pbar_{y+} >= tau_{y+}, eq 10) and the complementary set (eqs 11-12, theta), and trains
+    lambda_t L+ + L- (eqs 13-15) with lambda_t = lambda_max x a Gaussian ramp-up over
+    ``ramp_rounds`` rounds. Set ``model.lr_decay`` to 0.995 for the paper's decay per round.
+
+    Logged per round (client means): ``pseudo/pos_frac``, ``pseudo/neg_frac`` and, against the
+    clients' hidden true labels (diagnosis only; the loss never sees them), ``pseudo/pos_acc``
+    (pseudo-labels right) and ``pseudo/neg_acc`` (complementary labels really wrong).
+
+    Args:
+        theta: the complementary threshold (paper: 0.05).
+        lambda_max: the positive-loss weight once ramped up.
+        ramp_rounds: rounds of the ramp-up of lambda (0: lambda_max from round 1).
+        bootstrap_epochs: server epochs on the labeled set before round 1.
+        self_ensemble: False uses the current model's predictions only (the paper's ablation
+            "w/o self-ensemble learning", 5.2.5).
+        **kwargs: see :class:`FederatedMethod`.
+    """
+
+    server_first = False
+    client_views = ("plain", "strong")
+
+    def __init__(
+        self,
+        *args: Any,
+        theta: float = 0.05,
+        lambda_max: float = 1.0,
+        ramp_rounds: int = 10,
+        bootstrap_epochs: int = 10,
+        self_ensemble: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        if not 0 <= theta < 1:
+            raise ValueError(f"model.theta must be in [0, 1), got {theta}")
+        if lambda_max <= 0:
+            raise ValueError(f"model.lambda_max must be > 0, got {lambda_max}")
+        if ramp_rounds < 0:
+            raise ValueError(f"model.ramp_rounds must be >= 0, got {ramp_rounds}")
+        if bootstrap_epochs < 0:
+            raise ValueError(f"model.bootstrap_epochs must be >= 0, got {bootstrap_epochs}")
+        super().__init__(*args, **kwargs)
+        self.bootstrap_epochs = bootstrap_epochs
+        # Until the server has measured the model, no example passes the filter (tau = 1).
+        self.thresholds = torch.ones(self.hparams.num_classes)
+
+    def validate_data(self, data: FederatedDataModule) -> None:
+        if data.val_per_class < 1:
+            raise ValueError(
+                "data.val_per_class must be >= 1 for FedSEAL: its thresholds (eq 5) are "
+                f"measured on the server's validation set, got {data.val_per_class}"
+            )
+        if data.stream_steps is not None:
+            raise ValueError(
+                "data.stream_steps: FedSEAL's self-ensemble follows each client example across "
+                "rounds, which streaming data does not keep"
+            )
+
+    # --- server -------------------------------------------------------------------------
+    def server_step_done(self, objective: Objective, data: FederatedDataModule) -> None:
+        """tau^t from the trained model's predictions on the validation set (eq 5)."""
+        self.thresholds = self.measure_thresholds(self.network, data.val_dataloader())
+
+    @staticmethod
+    @torch.no_grad()
+    def measure_thresholds(network: nn.Module, loader: DataLoader) -> Tensor:
+        was_training = network.training
+        network.eval()
+        device = next(network.parameters()).device
+        probs, labels = [], []
+        for x, y in loader:
+            probs.append(network(x.to(device)).float().softmax(-1).cpu())
+            labels.append(y)
+        network.train(was_training)
+        return class_thresholds(torch.cat(probs), torch.cat(labels))
+
+    def server_state_dict(self) -> dict[str, Any]:
+        return {"thresholds": self.thresholds.clone()}
+
+    def load_server_state_dict(self, state: dict[str, Any]) -> None:
+        self.thresholds = state["thresholds"].clone()
+
+    # --- communication --------------------------------------------------------------------
+    def broadcast(self, round_idx: int) -> StateDict:
+        return super().broadcast(round_idx) | {THRESHOLDS: self.thresholds.clone()}
+
+    def aggregate(self, updates: Sequence[ClientUpdate], round_idx: int) -> None:
+        """w_bar^t = the plain mean of the client models (paper 002 4.1.1)."""
+        self.network.load_state_dict(mean([u.upload for u in updates]), strict=False)
+
+    # --- client -------------------------------------------------------------------------
+    def client_loader(
+        self, data: FederatedDataModule, client_id: int, visit: int = 1
+    ) -> DataLoader:
+        return data.client_dataloader(client_id, self.client_views, visit=visit, with_index=True)
+
+    def client_objective(
+        self, payload: StateDict, round_idx: int, total_rounds: int, state: Any
+    ) -> Objective:
+        hp = self.hparams
+        weights = {k: v for k, v in payload.items() if k != THRESHOLDS}
+        ensemble = (state["mean"], state["count"]) if state and hp.self_ensemble else None
+        return FedSEALClient(
+            self.client_network(weights),
+            thresholds=payload[THRESHOLDS],
+            lam=hp.lambda_max * gaussian_rampup(round_idx, hp.ramp_rounds),
+            theta=hp.theta,
+            ensemble=ensemble,
+            **self.optimizer_kwargs(hp.client_lr, round_idx),
+        )
+
+    def client_setup(
+        self, objective: Objective, data: FederatedDataModule, client_id: int, visit: int
+    ) -> None:
+        hidden = data.client_shard(client_id, visit).labels  # diagnostics only
+        objective.attach(data.client_plain_dataloader(client_id, visit), hidden)  # type: ignore[operator]
+
+    def client_state(self, objective: Objective, previous: Any) -> Any:
+        pbar, count = objective.ensemble  # type: ignore[attr-defined]
+        return {"mean": pbar.detach().cpu().clone(), "count": int(count)}

@@ -1,0 +1,232 @@
+"""The teacher-student EMA family of paper 003: TS-Server EMA, TS-Client EMA and FedSwitch."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+from lightning.pytorch.utilities import CombinedLoader
+from torch.utils.data import DataLoader
+
+from fedlit.aggregation import mean, weighted_average
+from fedlit.data.datamodule import FederatedDataModule
+from fedlit.methods.base import ClientUpdate, FederatedMethod, StateDict
+from fedlit.objectives import Objective, TeacherStudentClient, ramped_decay
+
+TEACHER = "teacher."  # payload/upload prefix of the teacher's tensors
+
+
+def _split(state: StateDict) -> tuple[StateDict, StateDict]:
+    """(student part, teacher part without its prefix) of a payload or upload."""
+    student = {k: v for k, v in state.items() if not k.startswith(TEACHER)}
+    teacher = {k[len(TEACHER) :]: v for k, v in state.items() if k.startswith(TEACHER)}
+    return student, teacher
+
+
+class TeacherStudentEMA(FederatedMethod):
+    """The shared shape of paper 003's teacher-student methods (Algorithms 1 and 2).
+
+    The global student S (``self.network``) and the global teacher T (``self.teacher``, server
+    state). Clients train the student with lambda_u x FixMatch's unlabeled loss on pseudo-labels
+    from the teacher (weak view -> strong view) plus FedProx's (mu / 2)||S - S_global||^2, and,
+    with ``data.labels_at: client`` (Algorithm 1), CE on their own labels; the server averages
+    the students (plain mean, as in the algorithms), trains the result on its labels (Algorithm
+    2; skipped with labels at the clients) and then takes the teacher's EMA step
+    T <- a T + (1 - a) S (eq 1) with Mean Teacher's ramp-up a_t = min(1 - 1/(t + 1), ema_decay),
+    t counting rounds, so the first teacher is the first trained student. The per-round
+    ``test/acc`` is the student's.
+
+    Subclasses say whether the teacher is sent (``send_teacher``), adapted on the client by an
+    EMA after every batch (``local_teacher_adaptation``) and uploaded (``upload_teacher``).
+
+    Args:
+        tau: FixMatch's confidence threshold.
+        lambda_u: weight of the unlabeled loss.
+        mu: FedProx coefficient.
+        ema_decay: the server's EMA decay a per round (after the ramp-up).
+        client_ema_decay: the per-batch EMA decay of a client's local teacher.
+        **kwargs: see :class:`FederatedMethod`.
+    """
+
+    server_first = False
+    supports_labels_at_client = True
+    client_views = ("weak", "strong")
+    local_teacher_adaptation: ClassVar[bool] = False
+    upload_teacher: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        *args: Any,
+        tau: float = 0.95,
+        lambda_u: float = 1.0,
+        mu: float = 0.0,
+        ema_decay: float = 0.9,
+        client_ema_decay: float = 0.99,
+        **kwargs: Any,
+    ) -> None:
+        if not 0 <= tau <= 1:
+            raise ValueError(f"model.tau must be in [0, 1], got {tau}")
+        if lambda_u < 0:
+            raise ValueError(f"model.lambda_u must be >= 0, got {lambda_u}")
+        if mu < 0:
+            raise ValueError(f"model.mu must be >= 0, got {mu}")
+        for key, value in (
+            ("model.ema_decay", ema_decay),
+            ("model.client_ema_decay", client_ema_decay),
+        ):
+            if not 0 <= value <= 1:
+                raise ValueError(f"{key} must be in [0, 1], got {value}")
+        super().__init__(*args, **kwargs)
+        self.teacher = self.new_network()
+        self.teacher_steps = 0
+
+    def initialize(self) -> None:
+        super().initialize()
+        self.teacher.load_state_dict(self.network.state_dict())  # T_0 = S_0
+        self.teacher_steps = 0
+
+    # --- what travels ---------------------------------------------------------------------
+    def send_teacher(self, round_idx: int) -> bool:
+        """Whether this round's sampled clients receive the teacher."""
+        return True
+
+    def broadcast(self, round_idx: int) -> StateDict:
+        payload = super().broadcast(round_idx)
+        if self.send_teacher(round_idx):
+            teacher = self.teacher.state_dict()
+            payload |= {TEACHER + k: v.detach().clone() for k, v in teacher.items()}
+        return payload
+
+    def client_upload(self, objective: Objective) -> StateDict:
+        upload = super().client_upload(objective)
+        if self.upload_teacher:
+            teacher = objective.teacher.state_dict()  # type: ignore[union-attr]
+            upload |= {TEACHER + k: v.detach().cpu().clone() for k, v in teacher.items()}
+        return upload
+
+    # --- client ---------------------------------------------------------------------------
+    def client_loader(
+        self, data: FederatedDataModule, client_id: int, visit: int = 1
+    ) -> DataLoader | CombinedLoader:
+        unlabeled = data.client_dataloader(client_id, self.client_views, visit=visit)
+        if data.labels_at != "client":
+            return unlabeled
+        labeled = data.client_labeled_dataloader(client_id, ("weak",))
+        return CombinedLoader({"unlabeled": unlabeled, "labeled": labeled}, "max_size_cycle")
+
+    def client_objective(
+        self, payload: StateDict, round_idx: int, total_rounds: int, state: Any
+    ) -> Objective:
+        hp = self.hparams
+        student, teacher = _split(payload)
+        return TeacherStudentClient(
+            self.client_network(student),
+            teacher=self.client_network(teacher) if teacher else None,
+            num_classes=hp.num_classes,
+            teacher_ema=hp.client_ema_decay if self.local_teacher_adaptation else None,
+            lambda_u=hp.lambda_u,
+            tau=hp.tau,
+            mu=hp.mu,
+            **self.optimizer_kwargs(hp.client_lr, round_idx),
+        )
+
+    # --- server ---------------------------------------------------------------------------
+    def aggregate(self, updates: Sequence[ClientUpdate], round_idx: int) -> None:
+        """S = the plain mean of the students; with uploaded teachers, T = their mean."""
+        parts = [_split(u.upload) for u in updates]
+        self.network.load_state_dict(mean([s for s, _ in parts]), strict=False)
+        if self.upload_teacher:
+            self.teacher.load_state_dict(mean([t for _, t in parts]))
+
+    def end_round(self, round_idx: int) -> None:
+        """T <- a T + (1 - a) S (paper 003 eq 1), after aggregation and the server's step."""
+        decay = ramped_decay(self.teacher_steps, self.hparams.ema_decay)
+        ema = weighted_average(
+            [self.teacher.state_dict(), self.network.state_dict()], [decay, 1.0 - decay]
+        )
+        self.teacher.load_state_dict(ema)
+        self.teacher_steps += 1
+
+    def server_state_dict(self) -> dict[str, Any]:
+        return {"teacher": self.teacher.state_dict(), "teacher_steps": self.teacher_steps}
+
+    def load_server_state_dict(self, state: dict[str, Any]) -> None:
+        self.teacher.load_state_dict(state["teacher"])
+        self.teacher_steps = int(state["teacher_steps"])
+
+
+class TSServerEMA(TeacherStudentEMA):
+    """TS-Server EMA (paper 003 3.3): clients pseudo-label with their copy of the global
+    teacher, which they neither update nor upload; only the teacher's server EMA moves it."""
+
+
+class TSClientEMA(TeacherStudentEMA):
+    """TS-Client EMA (paper 003 3.2): each client's local teacher follows its student by EMA
+    after every batch and is uploaded with it; the server averages the teachers too (twice the
+    upload of TS-Server EMA), then takes its own EMA step."""
+
+    local_teacher_adaptation = True
+    upload_teacher = True
+
+
+class FedSwitch(TeacherStudentEMA):
+    """FedSwitch (paper 003 section 4): local teacher adaptation without upload, and adaptive
+    switching between teacher and student for pseudo-labels.
+
+    Clients adapt their copy of the teacher by EMA after every batch but upload the student
+    only. Each client reports D_KL^T (the teacher's predicted-label distribution on weak views
+    against the uniform one) and D_KL^S (the student's on strong views), eq 2; the server
+    averages them over the round's clients and sends the teacher next round only if
+    |D_KL^T - beta| < |D_KL^S - beta| (eq 3); otherwise it sends the student alone and clients
+    pseudo-label with it (FedProx-FixMatch's client). Algorithms 1-2 print the condition the
+    other way round; eq 3 and the text agree with each other, and fedlit follows them.
+
+    In rounds without a teacher there is no D_KL^T to measure: the last measured value is
+    kept. Round 1 sends the teacher. Logged: ``switch/use_teacher`` (fraction of the round's
+    clients that had one), ``kl/teacher``, ``kl/student``.
+
+    Args:
+        beta: the IIDness prior, the expected D_KL of the clients' label distributions
+            (0 for balanced clients, up to log(L) for single-class clients).
+        **kwargs: see :class:`TeacherStudentEMA`.
+    """
+
+    local_teacher_adaptation = True
+
+    def __init__(self, *args: Any, beta: float = 0.0, **kwargs: Any) -> None:
+        if beta < 0:
+            raise ValueError(f"model.beta must be >= 0, got {beta}")
+        super().__init__(*args, **kwargs)
+        self.kl_teacher = math.nan
+        self.kl_student = math.nan
+
+    def initialize(self) -> None:
+        super().initialize()
+        self.kl_teacher = self.kl_student = math.nan
+
+    def send_teacher(self, round_idx: int) -> bool:
+        if math.isnan(self.kl_teacher) or math.isnan(self.kl_student):
+            return True
+        beta = self.hparams.beta
+        return abs(self.kl_teacher - beta) < abs(self.kl_student - beta)
+
+    def aggregate(self, updates: Sequence[ClientUpdate], round_idx: int) -> None:
+        super().aggregate(updates, round_idx)
+        teacher = [u.metrics["kl/teacher"] for u in updates if "kl/teacher" in u.metrics]
+        student = [u.metrics["kl/student"] for u in updates if "kl/student" in u.metrics]
+        if teacher:
+            self.kl_teacher = sum(teacher) / len(teacher)
+        if student:
+            self.kl_student = sum(student) / len(student)
+
+    def server_state_dict(self) -> dict[str, Any]:
+        return super().server_state_dict() | {
+            "kl_teacher": self.kl_teacher,
+            "kl_student": self.kl_student,
+        }
+
+    def load_server_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_server_state_dict(state)
+        self.kl_teacher = float(state["kl_teacher"])
+        self.kl_student = float(state["kl_student"])

@@ -1,0 +1,215 @@
+"""FedSEAL's pieces (paper 002, section 4): class-wise thresholds, the self-ensemble, the
+positive and complementary-negative sets, the complementary loss and the client objective."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils.data import DataLoader
+
+from fedlit.objectives.base import Objective
+
+
+def class_thresholds(probs: Tensor, labels: Tensor) -> Tensor:
+    """Class-wise confidence thresholds on the validation set, paper 002 eq 5.
+
+    tau_m = sum_{i : f(x_i) = m} p_m(x_i) / |{i : y_i = m}|: the summed confidence of the
+    examples the model predicts as m, over the number of examples that truly are m.
+
+    Args:
+        probs: (N, M) predicted probabilities p(x_i; w^t) on the validation set.
+        labels: (N,) true labels.
+
+    Returns:
+        (M,) thresholds. A class predicted more often than it occurs can exceed 1 (no
+        client example then passes its filter): eq 5 as written.
+    """
+    num_classes = probs.shape[1]
+    confidence, predicted = probs.max(dim=1)
+    numerator = torch.zeros(num_classes, dtype=probs.dtype).index_add_(0, predicted, confidence)
+    counts = torch.bincount(labels, minlength=num_classes).to(probs.dtype)
+    if (counts == 0).any():
+        missing = torch.nonzero(counts == 0).flatten().tolist()
+        raise ValueError(f"the validation set has no example of classes {missing}")
+    return numerator / counts
+
+
+def self_ensemble(previous: Tensor | None, probs: Tensor, t: int) -> Tensor:
+    """pbar^t = (t - 1)/t * pbar^(t-1) + 1/t * p(x; w^t), paper 002 eq 8 (the mean of eq 7).
+
+    Args:
+        previous: (N, M) pbar^(t-1), or None when t == 1.
+        probs: (N, M) the current model's probabilities.
+        t: how many models the mean holds after this update (>= 1).
+    """
+    if t < 1 or (previous is None) != (t == 1):
+        raise ValueError(f"t={t} does not match previous={'None' if previous is None else 'set'}")
+    if previous is None:
+        return probs.clone()
+    return (t - 1) / t * previous + probs / t
+
+
+def positive_negative_sets(
+    pbar: Tensor, thresholds: Tensor, theta: float
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The positive and complementary sets of paper 002 eqs 9-12.
+
+    y+ = argmax_m pbar_m (eq 9); positive if pbar_{y+} >= tau_{y+} (eq 10). An example not in
+    the positive set with some class m where pbar_m <= theta is negative; its complementary
+    label y- is drawn uniformly from those classes (eqs 11-12) with the global torch RNG.
+
+    Args:
+        pbar: (N, M) self-ensemble probabilities.
+        thresholds: (M,) class-wise thresholds tau.
+        theta: the complementary threshold (paper 002: 0.05).
+
+    Returns:
+        (pseudo (N,) int64, positive (N,) bool, complementary (N,) int64 with -1 where the
+        example is not in the negative set).
+    """
+    confidence, pseudo = pbar.max(dim=1)
+    positive = confidence >= thresholds.to(pbar.dtype)[pseudo]
+    candidates = pbar <= theta  # (N, M)
+    negative = ~positive & candidates.any(dim=1)
+    complementary = torch.full_like(pseudo, -1)
+    if negative.any():
+        weights = candidates[negative].float()
+        complementary[negative] = torch.multinomial(weights, 1).squeeze(1)
+    return pseudo, positive, complementary
+
+
+def complementary_loss(logits: Tensor, complementary: Tensor) -> Tensor:
+    """-log(1 - p_{y-}(x)) per example, paper 002 eq 15; (B, M), (B,) -> (B,).
+
+    Stable at both ends: -log1p(-p) where p < 1/2, and logsumexp over all classes minus
+    logsumexp over the other classes where p is close to 1.
+    """
+    logits = logits.float()
+    own = F.one_hot(complementary, logits.shape[1]).bool()
+    log_p = logits.log_softmax(dim=1).gather(1, complementary[:, None]).squeeze(1)
+    others = torch.logsumexp(logits.masked_fill(own, float("-inf")), dim=1)
+    confident = torch.logsumexp(logits, dim=1) - others
+    return torch.where(log_p < math.log(0.5), -torch.log1p(-log_p.exp()), confident)
+
+
+def gaussian_rampup(round_idx: int, ramp_rounds: int) -> float:
+    """exp(-5 (1 - min(t / T_r, 1))^2) (Laine & Aila 2017): small early, 1 from T_r on."""
+    if ramp_rounds <= 0:
+        return 1.0
+    x = min(round_idx / ramp_rounds, 1.0)
+    return math.exp(-5.0 * (1.0 - x) ** 2)
+
+
+class FedSEALClient(Objective):
+    """FedSEAL's client objective, paper 002 eqs 13-15: L = lambda L+ + L-.
+
+    Before training (:meth:`on_train_start`) the received model w^t predicts every example of
+    the client's data (un-augmented, eval mode); the predictions enter the client's running
+    self-ensemble (eq 8) and give the positive and negative sets. Each batch then adds
+    lambda x the mean CE(y+, f(A(x))) over its positive examples (eq 14) and the mean
+    -log(1 - p_{y-}(f(x))) over its negative examples (eq 15).
+
+    Batches: (index (B,), plain x (B, C, H, W), strong A(x) (B, C, H, W)), index being the
+    example's position in the client's data.
+
+    Args:
+        thresholds: (M,) class-wise thresholds from the server (eq 5).
+        lam: the positive-loss weight lambda this round.
+        theta: the complementary threshold.
+        ensemble: the client's (pbar (N, M), t) from earlier rounds, or None.
+    """
+
+    def __init__(
+        self,
+        network: nn.Module,
+        lr: float,
+        thresholds: Tensor,
+        lam: float,
+        theta: float = 0.05,
+        ensemble: tuple[Tensor, int] | None = None,
+        **kw,
+    ) -> None:
+        super().__init__(network, lr, **kw)
+        if not 0 <= theta < 1:
+            raise ValueError(f"theta must be in [0, 1), got {theta}")
+        if lam < 0:
+            raise ValueError(f"lambda must be >= 0, got {lam}")
+        self.thresholds, self.lam, self.theta = thresholds, lam, theta
+        self.previous = ensemble
+        self.images: DataLoader | None = None
+        self.hidden_labels: Tensor | None = None
+        self.ensemble: tuple[Tensor, int] | None = None
+
+    def attach(self, images: DataLoader, hidden_labels: Tensor | None = None) -> None:
+        """The client's un-augmented images, in index order (batches ``(x,)``), and, for the
+        diagnostics only, their true labels (never used by the loss)."""
+        self.images, self.hidden_labels = images, hidden_labels
+
+    @torch.no_grad()
+    def predict_client_data(self) -> Tensor:
+        if self.images is None:
+            raise RuntimeError("FedSEALClient needs attach() before training")
+        was_training = self.network.training
+        self.network.eval()
+        probs = [self.network(x.to(self.device)).float().softmax(-1).cpu() for (x,) in self.images]
+        self.network.train(was_training)
+        return torch.cat(probs)
+
+    def on_train_start(self) -> None:
+        probs = self.predict_client_data()
+        previous, t = self.previous if self.previous is not None else (None, 0)
+        if previous is not None and previous.shape != probs.shape:
+            raise ValueError(
+                f"the client's self-ensemble has shape {tuple(previous.shape)}, its data "
+                f"{tuple(probs.shape)}: the client's data changed between rounds"
+            )
+        pbar = self_ensemble(previous, probs, t + 1)
+        self.ensemble = (pbar, t + 1)
+        pseudo, positive, complementary = positive_negative_sets(pbar, self.thresholds, self.theta)
+        self.pseudo = pseudo.to(self.device)
+        self.positive = positive.to(self.device)
+        self.complementary = complementary.to(self.device)
+        self._log_sets(pseudo, positive, complementary)
+
+    def _log_sets(self, pseudo: Tensor, positive: Tensor, complementary: Tensor) -> None:
+        negative = complementary >= 0
+        n = float(len(pseudo))
+        self.accumulate(
+            n,
+            **{
+                "pseudo/pos_frac": positive.float().mean(),
+                "pseudo/neg_frac": negative.float().mean(),
+            },
+        )
+        if self.hidden_labels is None:
+            return
+        y = self.hidden_labels
+        if positive.any():
+            correct = (pseudo[positive] == y[positive]).float().mean()
+            self.accumulate(float(positive.sum()), **{"pseudo/pos_acc": correct})
+        if negative.any():
+            correct = (complementary[negative] != y[negative]).float().mean()
+            self.accumulate(float(negative.sum()), **{"pseudo/neg_acc": correct})
+
+    def training_step(self, batch: tuple[Tensor, Tensor, Tensor], batch_idx: int) -> Tensor:
+        index, plain, strong = batch
+        logits_plain, logits_strong = self.network(torch.cat([plain, strong])).chunk(2)
+        positive, complementary = self.positive[index], self.complementary[index]
+        negative = complementary >= 0
+        zero = logits_plain.sum() * 0.0
+        loss_pos = (
+            F.cross_entropy(logits_strong[positive].float(), self.pseudo[index][positive])
+            if positive.any()
+            else zero
+        )
+        loss_neg = (
+            complementary_loss(logits_plain[negative], complementary[negative]).mean()
+            if negative.any()
+            else zero
+        )
+        loss = self.lam * loss_pos + loss_neg
+        self.accumulate(len(index), loss=loss, loss_pos=loss_pos, loss_neg=loss_neg)
+        return loss

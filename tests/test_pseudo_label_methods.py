@@ -1,0 +1,254 @@
+"""FedRGD, FedSEAL and the teacher-student EMA family on the real Fashion-MNIST."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+import torch
+
+from fedlit.aggregation import state_bytes
+from fedlit.data import FederatedDataModule, visit_number
+from fedlit.federation import Federation, FederationConfig, load_checkpoint
+from fedlit.methods import (
+    ClientUpdate,
+    FedAvgFixMatch,
+    FederatedMethod,
+    FedRGD,
+    FedSEAL,
+    FedSwitch,
+    ServerSL,
+    TSClientEMA,
+    TSServerEMA,
+)
+from fedlit.methods.fedseal import THRESHOLDS
+
+
+def _fed(
+    root: Path,
+    run_dir: Path,
+    cls: type[FederatedMethod],
+    data_kw: dict | None = None,
+    method_kw: dict | None = None,
+    **config: object,
+) -> Federation:
+    data_args = dict(
+        root=str(root),
+        num_clients=2,
+        examples_per_client=64,
+        client_batch_size=32,
+        val_per_class=5,
+        test_subset=2000,
+    )
+    data_args.update(data_kw or {})
+    data = FederatedDataModule(**data_args)  # type: ignore[arg-type]
+    method = cls(num_classes=10, in_channels=1, client_lr=0.003, **(method_kw or {}))
+    cfg = FederationConfig(**{"rounds": 1, "clients_per_round": 2, **config})  # type: ignore[arg-type]
+    return Federation(method, data, cfg, run_dir=run_dir, seed=0, progress=False)
+
+
+def _rows(run_dir: Path) -> list[dict[str, str]]:
+    with open(run_dir / "metrics.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.mark.parametrize("cls", [FedRGD, FedSEAL, FedSwitch, TSServerEMA, TSClientEMA])
+def test_method_learns_on_fashion_mnist(
+    cls: type[FederatedMethod], fmnist_root: Path, tmp_path: Path
+) -> None:
+    fed = _fed(
+        fmnist_root,
+        tmp_path / "run",
+        cls,
+        data_kw={"num_clients": 3, "examples_per_client": 240},
+        method_kw={"server_lr": 0.03},
+        clients_per_round=3,
+        rounds=2,
+        server_epochs=5,
+    )
+    final = fed.run().final
+    assert final["test/acc"] > 0.4, final  # chance is 0.1
+    assert final["diag/weight_diversity"] > 0
+
+
+def test_fedseal_logs_its_sets_and_keeps_the_ensemble_on_the_client(
+    fmnist_root: Path, tmp_path: Path
+) -> None:
+    fed = _fed(
+        fmnist_root,
+        tmp_path / "run",
+        FedSEAL,
+        method_kw={"server_lr": 0.03, "bootstrap_epochs": 5, "ramp_rounds": 2},
+        rounds=3,
+    )
+    result = fed.run()
+    rows = _rows(tmp_path / "run")
+    assert float(rows[0]["bootstrap_test/acc"]) > 0.3  # w^0 is trained before round 1
+    for row in rows[1:]:
+        for key in ("pseudo/pos_frac", "pseudo/neg_frac", "pseudo/pos_acc", "pseudo/neg_acc"):
+            assert 0.0 <= float(row[key]) <= 1.0, key
+    # complementary labels are nearly always right; more pseudo-labels are right than chance
+    assert float(rows[-1]["pseudo/neg_acc"]) > 0.9
+    assert float(rows[-1]["pseudo/pos_acc"]) > 0.3
+    ckpt = load_checkpoint(result.checkpoint)
+    for cid in (0, 1):
+        state = ckpt["client_states"][cid]
+        assert state["count"] == 3 and state["mean"].shape == (64, 10)
+        torch.testing.assert_close(state["mean"].sum(1), torch.ones(64))
+    thresholds = ckpt["server_state"]["thresholds"]
+    assert thresholds.shape == (10,) and (thresholds >= 0).all() and thresholds.max() > 0.3
+    # what travels: the model and 10 thresholds down, the model alone up
+    model = state_bytes(fed.method.network.state_dict())
+    assert float(rows[-1]["comm/bytes_down"]) == 2 * (model + 10 * 4)
+    assert float(rows[-1]["comm/bytes_up"]) == 2 * model
+
+
+def test_fedseal_thresholds_travel_with_the_model() -> None:
+    method = FedSEAL(num_classes=10, in_channels=1)
+    method.thresholds = torch.linspace(0.1, 1.0, 10)
+    payload = method.broadcast(1)
+    torch.testing.assert_close(payload[THRESHOLDS], method.thresholds)
+    objective = method.client_objective(payload, 1, 10, None)
+    torch.testing.assert_close(objective.thresholds, method.thresholds)
+
+
+def test_fedseal_needs_a_validation_set(fmnist_root: Path, tmp_path: Path) -> None:
+    fed = _fed(fmnist_root, tmp_path / "run", FedSEAL, data_kw={"val_per_class": 0})
+    with pytest.raises(ValueError, match="data.val_per_class"):
+        fed.prepare()
+    assert not (tmp_path / "run").exists()
+
+
+def test_bytes_per_teacher_student_variant(fmnist_root: Path, tmp_path: Path) -> None:
+    per_round = {}
+    sent = []
+    for cls in (TSServerEMA, TSClientEMA, FedSwitch, FedAvgFixMatch):
+        fed = _fed(fmnist_root, tmp_path / cls.__name__, cls, rounds=3)
+        fed.run()
+        rows = _rows(tmp_path / cls.__name__)
+        per_round[cls] = [
+            (float(r["comm/bytes_down"]), float(r["comm/bytes_up"])) for r in rows[1:]
+        ]
+        if cls is FedSwitch:
+            sent = [float(r["switch/use_teacher"]) for r in rows[1:]]
+    model = 2 * state_bytes(fed.method.network.state_dict())  # two clients
+    assert per_round[FedAvgFixMatch] == [(model, model)] * 3
+    assert per_round[TSServerEMA] == [(2 * model, model)] * 3
+    assert per_round[TSClientEMA] == [(2 * model, 2 * model)] * 3
+    # FedSwitch: the teacher costs bytes down only in the rounds it is sent; never uploaded
+    assert sent[0] == 1.0
+    assert per_round[FedSwitch] == [((1 + s) * model, model) for s in sent]
+
+
+@pytest.mark.parametrize("beta", [0.0, 10.0])
+def test_fedswitch_switches_on_the_logged_divergences(
+    beta: float, fmnist_root: Path, tmp_path: Path
+) -> None:
+    fed = _fed(fmnist_root, tmp_path / "run", FedSwitch, method_kw={"beta": beta}, rounds=3)
+    fed.run()
+    rows = _rows(tmp_path / "run")[1:]
+    assert float(rows[0]["switch/use_teacher"]) == 1.0
+    kl_teacher = float(rows[0]["kl/teacher"])
+    for before, row in zip(rows, rows[1:], strict=False):
+        if before["kl/teacher"] != "":
+            kl_teacher = float(before["kl/teacher"])  # otherwise the last measured value
+        kl_student = float(before["kl/student"])
+        expected = abs(kl_teacher - beta) < abs(kl_student - beta)  # eq 3
+        assert float(row["switch/use_teacher"]) == float(expected)
+        assert (row["kl/teacher"] != "") is expected  # measured only with a teacher
+        assert 0.0 <= float(row["kl/student"]) <= 2.3026
+
+
+def test_teacher_is_the_ema_of_the_students(fmnist_root: Path, tmp_path: Path) -> None:
+    fed = _fed(fmnist_root, tmp_path / "run", TSServerEMA, method_kw={"ema_decay": 0.5}, rounds=2)
+    fed.prepare()
+    fed.run_round(1)  # ramp-up: after round 1 the teacher is the student
+    student_1 = {k: v.clone() for k, v in fed.method.network.state_dict().items()}
+    for k, v in fed.method.teacher.state_dict().items():
+        torch.testing.assert_close(v, student_1[k])
+    fed.run_round(2)  # then T = 0.5 T + 0.5 S
+    student_2 = fed.method.network.state_dict()
+    w = "backbone.stages.0.0.weight"
+    expected = 0.5 * student_1[w] + 0.5 * student_2[w]
+    torch.testing.assert_close(fed.method.teacher.state_dict()[w], expected)
+
+
+def test_fedrgd_groups_start_from_their_own_average() -> None:
+    method = FedRGD(num_classes=10, in_channels=1, num_groups=2)
+    shape = {k: v for k, v in method.network.state_dict().items()}
+
+    def const(c: float) -> dict[str, torch.Tensor]:
+        return {k: torch.full_like(v, c) if v.is_floating_point() else v for k, v in shape.items()}
+
+    method.network.load_state_dict(const(1.0))  # the server's model w_s
+    updates = [ClientUpdate(cid, const(c), 10) for cid, c in ((3, 2.0), (5, 4.0), (8, 10.0))]
+    method.aggregate(updates, 1)
+    w = "head.0.weight"
+    # groups [3, 5], [8]: (1 + 2 + 4) / 3 = 7/3 and (1 + 10) / 2 = 5.5; w_avg is their mean
+    assert float(method.network.state_dict()[w][0, 0]) == pytest.approx((7 / 3 + 5.5) / 2)
+    payload = method.broadcast(2)
+    assert float(method.client_payload(payload, 3)[w][0, 0]) == pytest.approx(7 / 3)
+    assert float(method.client_payload(payload, 5)[w][0, 0]) == pytest.approx(7 / 3)
+    assert float(method.client_payload(payload, 8)[w][0, 0]) == pytest.approx(5.5)
+    assert method.client_payload(payload, 0) is payload  # not in last round's groups
+    single = FedRGD(num_classes=10, in_channels=1, num_groups=1)
+    single.network.load_state_dict(const(1.0))
+    single.aggregate(updates, 1)  # eqs 4-5: (1 + 2 + 4 + 10) / 4
+    assert float(single.network.state_dict()[w][0, 0]) == pytest.approx(4.25)
+
+
+def test_fedrgd_period_in_local_steps_and_self_training(fmnist_root: Path, tmp_path: Path) -> None:
+    fed = _fed(
+        fmnist_root,
+        tmp_path / "run",
+        FedRGD,
+        method_kw={"loss": "self_training", "warmup": 0.1},
+        local_steps=3,
+    )
+    fed.prepare()
+    loader = fed.method.client_loader(fed.data, 0)
+    assert len(next(iter(loader))) == 1  # eq 3: one weak view
+    payload = fed.method.broadcast(1)
+    objective = fed.method.client_objective(payload, 1, 1, None)
+    fed.trainer.fit(objective, loader, 1, max_steps=3)
+    assert objective.trainer.global_step == 3  # T local steps, not an epoch (2 batches)
+    # eq 9 ran: the last step's rate is below the base rate
+    assert objective.trainer.optimizers[0].param_groups[0]["lr"] < 0.003
+
+
+def test_streaming_reveals_one_step_per_selection(fmnist_root: Path, tmp_path: Path) -> None:
+    seen: list[tuple[int, int]] = []
+
+    class Recording(FedAvgFixMatch):
+        def client_loader(self, data, client_id, visit=1):  # type: ignore[no-untyped-def]
+            seen.append((client_id, visit))
+            return super().client_loader(data, client_id, visit)
+
+    fed = _fed(
+        fmnist_root,
+        tmp_path / "run",
+        Recording,
+        data_kw={"num_clients": 3, "examples_per_client": 60, "stream_steps": 3},
+        clients_per_round=2,
+        rounds=4,
+    )
+    fed.run()
+    for cid in range(3):
+        visits = [v for c, v in seen if c == cid]
+        assert visits == list(range(1, len(visits) + 1))
+        assert fed.visits.get(cid, 0) == visit_number(cid, 3, 2, 0, 4)
+    rows = _rows(tmp_path / "run")
+    assert float(rows[0]["data/stream_steps"]) == 3
+
+
+def test_labels_at_client(fmnist_root: Path, tmp_path: Path) -> None:
+    data_kw = {"labels_at": "client"}
+    fed = _fed(fmnist_root, tmp_path / "run", FedSwitch, data_kw=data_kw, rounds=1)
+    final = fed.run().final
+    assert not any(k.startswith("server/") for k in final)  # no server training
+    assert final["client/loss_s"] > 0  # clients train on their own labels
+    for cls in (ServerSL, FedSEAL):
+        fed = _fed(fmnist_root, tmp_path / cls.__name__, cls, data_kw=data_kw)
+        with pytest.raises(ValueError, match="data.labels_at"):
+            fed.prepare()
