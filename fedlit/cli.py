@@ -1,17 +1,28 @@
-"""``fedlit fit|test --config recipe.yaml``: a short LightningCLI subclass.
+"""The ``fedlit`` command.
 
-The recipe's groups: ``model`` (a :class:`~fedlit.methods.FederatedMethod`), ``data`` (the
+``fedlit fit|test --config recipe.yaml``: a short LightningCLI subclass. The recipe's groups:
+``model`` (a :class:`~fedlit.methods.FederatedMethod`), ``data`` (the
 :class:`~fedlit.data.FederatedDataModule`), ``federation`` (:class:`FederationConfig`),
 ``trainer`` (settings every per-step Trainer shares; ``default_root_dir`` is the run
 directory and ``logger`` adds loggers such as WandbLogger) and ``seed_everything``.
+
+``fedlit compare --config comparison.yaml``: recipes x settings x seeds, then a report
+(:mod:`fedlit.comparison`). ``fedlit report RUN_DIR...``: the results table and plots of
+finished runs. ``fedlit partition --config recipe.yaml``: plot a recipe's partition.
 """
 
 from __future__ import annotations
 
 import json
+import shlex
+import sys
+from collections.abc import Sequence
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+from jsonargparse import ActionConfigFile, ArgumentParser
 from lightning.pytorch.cli import LightningCLI
 
 from fedlit.data.datamodule import FederatedDataModule
@@ -146,9 +157,97 @@ class FedlitCLI(LightningCLI):
         print(json.dumps(result))
 
 
-def main(args: list[str] | None = None) -> None:
-    """The ``fedlit`` console script."""
-    FedlitCLI(args=args)
+def resolve(args: Sequence[str]) -> FedlitCLI:
+    """A recipe and its overrides (``fit``'s arguments), parsed and instantiated, not run."""
+    return FedlitCLI(args=list(args), run=False)
+
+
+def compare_main(argv: Sequence[str]) -> None:
+    """``fedlit compare --config comparison.yaml [--seeds [0,1] ...]``."""
+    from fedlit.comparison import Comparison, WandbSettings, run_comparison  # needs matplotlib
+
+    parser = ArgumentParser(prog="fedlit compare", description=Comparison.__doc__)
+    parser.add_argument("--config", action=ActionConfigFile)
+    parser.add_class_arguments(Comparison, fail_untyped=False)
+    cfg = parser.parse_args(list(argv)).as_dict()
+    try:
+        values = {f.name: cfg[f.name] for f in fields(Comparison) if f.name in cfg}
+        if values.get("wandb") is not None:
+            values["wandb"] = WandbSettings(**values["wandb"])
+        comparison = Comparison(**values)
+    except (TypeError, ValueError) as err:
+        parser.error(str(err))
+
+    def rounds(args: Sequence[str]) -> int:
+        return int(resolve(args).config["federation"]["rounds"])
+
+    def partition(args: Sequence[str], seed: int) -> np.ndarray:
+        data = resolve(args).datamodule
+        data.setup_federation(seed)
+        return data.class_counts
+
+    command = shlex.join(["fedlit", "compare", *argv])
+    written = run_comparison(comparison, command, main, rounds, partition)
+    print(json.dumps({k: str(v) for k, v in written.items()}))
+
+
+def report_main(argv: Sequence[str]) -> None:
+    """``fedlit report RUN_OR_FOLDER... [--target 0.8] [--out DIR] [--title T]``."""
+    from fedlit.comparison.report import write_report
+    from fedlit.reporting import find_runs
+
+    parser = ArgumentParser(prog="fedlit report", description="Results table and plots of runs.")
+    parser.add_argument("paths", nargs="+", type=str, help="run directories or folders of runs")
+    parser.add_argument("--target", type=float | None, default=None)
+    parser.add_argument("--out", type=str, default="report")
+    parser.add_argument("--title", type=str, default="fedlit runs")
+    cfg = parser.parse_args(list(argv))
+    try:
+        runs = find_runs(cfg.paths)
+    except ValueError as err:
+        parser.error(str(err))
+    written = write_report(runs, cfg.out, cfg.title, target=cfg.target)
+    print(json.dumps({k: str(v) for k, v in written.items()}))
+
+
+def partition_main(argv: Sequence[str]) -> None:
+    """``fedlit partition --config recipe.yaml [overrides] [--out partition.png]``: the
+    recipe's partition (for its ``seed_everything``), plotted and summarised, no training."""
+    from fedlit.reporting import plot_partition
+
+    args, out = list(argv), "partition.png"
+    for i, arg in enumerate(args):
+        if arg == "--out" and i + 1 < len(args):
+            out = args.pop(i + 1)
+            args.pop(i)
+            break
+        if arg.startswith("--out="):
+            out = args.pop(i).split("=", 1)[1]
+            break
+    cli = resolve(args)
+    data = cli.datamodule
+    try:
+        data.setup_federation(int(cli.config["seed_everything"]))
+    except ValueError as err:
+        cli.parser.error(str(err))
+    summary = data.partition_summary()
+    title = f"{data.dataset}, {type(data.partitioner).__name__}: R = {data.non_iid_R:.3f}"
+    path = plot_partition(data.class_counts, out, title=title)
+    counts = {f"client {k}": row.tolist() for k, row in enumerate(data.class_counts)}
+    print(json.dumps({"plot": str(path), **summary, "class_counts": counts}))
+
+
+COMMANDS = {"compare": compare_main, "report": report_main, "partition": partition_main}
+
+
+def main(args: Sequence[str] | None = None) -> None:
+    """The ``fedlit`` console script: ``fit``/``test`` (LightningCLI) or ``compare``,
+    ``report``, ``partition``."""
+    argv = list(sys.argv[1:] if args is None else args)
+    if argv and argv[0] in COMMANDS:
+        COMMANDS[argv[0]](argv[1:])
+        return
+    FedlitCLI(args=argv)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,11 @@ import yaml
 
 from fedlit.cli import main
 
-RECIPES = sorted(Path(__file__).parents[1].joinpath("recipes").rglob("*.yaml"))
+RECIPES = sorted(
+    p
+    for p in Path(__file__).parents[1].joinpath("recipes").rglob("*.yaml")
+    if p.parent.name != "comparisons"  # comparison specs: tests/test_comparison.py
+)
 
 
 def tiny(root: Path, run_dir: Path, recipe: Path | None = None) -> list[str]:
@@ -46,6 +50,10 @@ def tiny(root: Path, run_dir: Path, recipe: Path | None = None) -> list[str]:
         partitioner = config["data"].get("partitioner", {}).get("class_path", "")
         if partitioner.endswith("SSFL"):  # one main user per class
             args += ["--data.num_clients=10", "--federation.clients_per_round=10"]
+        if config["federation"].get("local_steps"):
+            args.append("--federation.local_steps=2")
+        if "bootstrap_epochs" in config["model"]["init_args"]:
+            args.append("--model.init_args.bootstrap_epochs=1")
         # ResNet-18 and ResNet-9 run here once each (FedSup and FedSEAL, CIFAR-10 IID);
         # elsewhere they are swapped to keep the suite fast
         kept = ("fedsup_cifar10_iid.yaml", "fedseal_cifar10_iid.yaml")

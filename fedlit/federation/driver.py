@@ -7,6 +7,7 @@ or after aggregating is the method's ``server_first``.
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from collections.abc import Sequence
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from lightning.pytorch.loggers import Logger
+from lightning.pytorch.loggers import Logger, WandbLogger
 from tqdm.auto import tqdm
 
 from fedlit.aggregation import state_bytes, weight_diversity
@@ -215,12 +216,14 @@ class Federation:
         if not self._prepared:
             self.prepare()
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._write_run_file()
         loggers = [RoundCSVLogger(self.run_dir), *self.loggers]
         if self.start_round == 1:
             row = {"round": 0, **self.data.partition_summary(), **self._bootstrap()}
             for logger in loggers:
                 logger.log_hyperparams(self.hparams)
                 logger.log_metrics(row, step=0)
+            self._log_partition_image(loggers)
         bar = self._progress_bar()
         for round_idx in range(self.start_round, self.config.rounds + 1):
             metrics = self.run_and_record_round(round_idx, loggers)
@@ -229,7 +232,31 @@ class Federation:
             bar.close()
         for logger in loggers:
             logger.finalize("success")
+            if isinstance(logger, WandbLogger):  # end its W&B run: the next run starts its own
+                logger.experiment.finish()
         return FederationResult(list(self.history), self.run_dir, self.checkpoint_path)
+
+    def _write_run_file(self) -> None:
+        """``run.json``: who this run is (kept where a comparison already named it) and how
+        many rounds it is configured for, so reports can read runs without their config."""
+        path = self.run_dir / "run.json"
+        info = json.loads(path.read_text()) if path.is_file() else {}
+        info.setdefault("method", type(self.method).__name__)
+        info.setdefault("seed", self.seed)
+        info["rounds"] = self.config.rounds
+        path.write_text(json.dumps(info))
+
+    def _log_partition_image(self, loggers: Sequence[Logger]) -> None:
+        """The clients' class counts as a heat map, for loggers that take images (W&B)."""
+        imaging = [logger for logger in loggers if hasattr(logger, "log_image")]
+        if not imaging:
+            return
+        from fedlit.reporting import plot_partition  # matplotlib only when it is needed
+
+        title = f"{self.data.dataset}: R = {self.data.non_iid_R:.3f}"
+        path = plot_partition(self.data.class_counts, self.run_dir / "partition.png", title)
+        for logger in imaging:
+            logger.log_image(key="partition", images=[str(path)], step=0)  # type: ignore[attr-defined]
 
     def run_and_record_round(self, round_idx: int, loggers: Sequence[Logger]) -> dict[str, float]:
         """One round, then its log rows and its checkpoint."""

@@ -1,0 +1,126 @@
+"""A comparison's report: the results table (Markdown and CSV), its plots, and W&B media."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fedlit.reporting import (
+    RunRecord,
+    plot_curves,
+    plot_diagnostics,
+    plot_partition,
+    summarize,
+    to_markdown,
+    write_csv,
+)
+
+
+def write_report(
+    runs: Sequence[RunRecord],
+    out: str | Path,
+    title: str,
+    target: float | None = None,
+    published: Mapping[str, Mapping[str, float]] | None = None,
+    partitions: Mapping[str, np.ndarray] | None = None,
+    about: Sequence[str] = (),
+    report: str | Path | None = None,
+) -> dict[str, Path]:
+    """Write ``results.csv``, ``results.md`` and the plots into ``out``; with ``report``, the
+    Markdown goes there too, its plots copied beside it (``<stem>_<plot>.png``).
+
+    Args:
+        runs: the runs to report.
+        out: the comparison's directory.
+        title: the report's heading.
+        target: the accuracy "rounds to target" counts to.
+        published: method -> setting -> a paper's number (percent).
+        partitions: setting -> the (clients x classes) example counts, plotted per setting.
+        about: lines (Markdown) said before the tables: how the numbers were made.
+        report: a second place for the Markdown report (e.g. ``docs/results/x.md``).
+
+    Returns:
+        name -> path of everything written (``csv``, ``markdown``, ``curves``, ...).
+    """
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = summarize(runs, target=target)
+    written: dict[str, Path] = {"csv": write_csv(rows, out / "results.csv", published)}
+    written["curves"] = plot_curves(runs, out / "curves.png")
+    diagnostics = plot_diagnostics(runs, out / "diagnostics.png")
+    if diagnostics is not None:
+        written["diagnostics"] = diagnostics
+    for setting, counts in (partitions or {}).items():
+        written[f"partition_{setting}"] = plot_partition(
+            counts, out / f"partition_{setting}.png", title=f"partition: {setting}"
+        )
+    table = to_markdown(rows, target=target, published=published)
+    written["markdown"] = out / "results.md"
+    written["markdown"].write_text(_document(title, about, table, written, out))
+    if report is not None:
+        report = Path(report)
+        report.parent.mkdir(parents=True, exist_ok=True)
+        copies = {}
+        for name, path in written.items():
+            if path.suffix == ".png":
+                copies[name] = report.parent / f"{report.stem}_{path.name}"
+                shutil.copyfile(path, copies[name])
+        report.write_text(_document(title, about, table, copies, report.parent))
+        written["report"] = report
+    return written
+
+
+def _document(
+    title: str, about: Sequence[str], table: str, plots: Mapping[str, Path], base: Path
+) -> str:
+    lines = [f"# {title}", "", *about, "", table.rstrip(), ""]
+    for name, path in plots.items():
+        if path.suffix == ".png":
+            lines += [f"![{name}]({path.relative_to(base)})", ""]
+    return "\n".join(lines)
+
+
+def log_to_wandb(
+    runs: Sequence[RunRecord],
+    written: Mapping[str, Path],
+    project: str,
+    group: str,
+    offline: bool,
+    save_dir: str | Path,
+    target: float | None = None,
+) -> Path:
+    """One W&B run in the comparison's group holding the results table and the plots.
+
+    Returns the run's local directory.
+    """
+    import wandb
+
+    rows = summarize(runs, target=target)
+    columns = list(asdict(rows[0]))
+    data: list[list[Any]] = [[_plain(v) for v in asdict(row).values()] for row in rows]
+    run = wandb.init(
+        project=project,
+        group=group,
+        name=f"{group}/results",
+        job_type="report",
+        dir=str(save_dir),
+        mode="offline" if offline else "online",
+        config={"runs": len(runs)},
+    )
+    media: dict[str, Any] = {"results": wandb.Table(columns=columns, data=data)}
+    for name, path in written.items():
+        if path.suffix == ".png":
+            media[f"plots/{name}"] = wandb.Image(str(path))
+    run.log(media)
+    directory = Path(run.dir).parent
+    run.finish()
+    return directory
+
+
+def _plain(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value

@@ -1,0 +1,268 @@
+"""``fedlit compare``: recipes x settings x seeds, run one after another, then one report.
+
+Each run is an ordinary ``fedlit fit`` of a recipe with the comparison's overrides, in its own
+directory ``<out>/<setting>/<recipe>/seed<k>`` with a ``run.json`` naming its method, setting,
+seed and recipe. A finished run is skipped; an interrupted one is resumed from its checkpoint,
+so re-running the same command continues a comparison where it stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from fedlit.comparison.report import log_to_wandb, write_report
+from fedlit.federation.checkpoint import load_checkpoint
+from fedlit.reporting import load_run
+
+RUN_FILE = "run.json"
+
+
+@dataclass(frozen=True)
+class WandbSettings:
+    """Where a comparison's runs go on W&B: one ``group`` per comparison.
+
+    Args:
+        project: the W&B project.
+        offline: log to local files only (``wandb sync`` uploads them later).
+    """
+
+    project: str = "fedlit"
+    offline: bool = False
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """What a comparison runs and reports (the ``fedlit compare`` config).
+
+    Args:
+        name: the comparison's name (also the W&B group).
+        recipes: recipe files; each recipe's file stem names its method in the results.
+        seeds: run seeds (``seed_everything``): the partition, sampling and initialisation.
+        settings: setting name -> overrides for it (e.g. ``noniid: [--data.partitioner=...]``);
+            one column group of the results per setting.
+        overrides: overrides for every run (e.g. fewer rounds, a smaller backbone).
+        out: the comparison's directory.
+        target: report the first round each run reaches this test accuracy.
+        report: also write the Markdown report here (plots beside it).
+        published: recipe stem -> setting -> a paper's accuracy (percent), shown beside ours.
+        wandb: log every run to W&B (None: no W&B).
+    """
+
+    name: str
+    recipes: list[str]
+    seeds: list[int] = field(default_factory=lambda: [0])
+    settings: dict[str, list[str]] = field(default_factory=lambda: {"default": []})
+    overrides: list[str] = field(default_factory=list)
+    out: str = "runs/compare"
+    target: float | None = None
+    report: str | None = None
+    published: dict[str, dict[str, float]] = field(default_factory=dict)
+    wandb: WandbSettings | None = None
+
+    def __post_init__(self) -> None:
+        if not self.recipes:
+            raise ValueError("recipes: give at least one recipe")
+        missing = [r for r in self.recipes if not Path(r).is_file()]
+        if missing:
+            raise ValueError(f"recipes: no such file {missing[0]!r}")
+        stems = [Path(r).stem for r in self.recipes]
+        if len(set(stems)) != len(stems):
+            raise ValueError(f"recipes: two recipes share a file name ({stems})")
+        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"seeds: give distinct seeds, got {self.seeds}")
+        if not self.settings:
+            raise ValueError("settings: give at least one setting")
+        if self.target is not None and not 0 < self.target <= 1:
+            raise ValueError(f"target must be in (0, 1], got {self.target}")
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    """One run of a comparison."""
+
+    recipe: Path
+    setting: str
+    seed: int
+    run_dir: Path
+    args: tuple[str, ...]  # the ``fedlit fit`` arguments, without any resume
+
+    @property
+    def method(self) -> str:
+        return self.recipe.stem
+
+    def command(self) -> str:
+        return shlex.join(["fedlit", "fit", *self.args])
+
+
+def plan(comparison: Comparison) -> list[PlannedRun]:
+    """Every run of ``comparison``, setting by setting, recipe by recipe, seed by seed."""
+    runs = []
+    for setting, setting_args in comparison.settings.items():
+        for recipe in map(Path, comparison.recipes):
+            for seed in comparison.seeds:
+                run_dir = Path(comparison.out) / setting / recipe.stem / f"seed{seed}"
+                args = [
+                    f"--config={recipe}",
+                    *comparison.overrides,
+                    *setting_args,
+                    f"--seed_everything={seed}",
+                    f"--trainer.default_root_dir={run_dir}",
+                    *_wandb_args(comparison, setting, recipe.stem, seed, run_dir),
+                ]
+                runs.append(PlannedRun(recipe, setting, seed, run_dir, tuple(args)))
+    return runs
+
+
+def _wandb_args(
+    comparison: Comparison, setting: str, method: str, seed: int, run_dir: Path
+) -> list[str]:
+    if comparison.wandb is None:
+        return []
+    return [
+        "--trainer.logger=lightning.pytorch.loggers.WandbLogger",
+        f"--trainer.logger.init_args.project={comparison.wandb.project}",
+        f"--trainer.logger.init_args.name={comparison.name}/{setting}/{method}/seed{seed}",
+        f"--trainer.logger.init_args.save_dir={run_dir}",
+        f"--trainer.logger.init_args.offline={str(comparison.wandb.offline).lower()}",
+        f"--trainer.logger.dict_kwargs.group={comparison.name}",
+        f"--trainer.logger.dict_kwargs.tags=[{method}, {setting}, seed{seed}]",
+        f"--trainer.logger.dict_kwargs.config={{method: {method}, setting: {setting}}}",
+    ]
+
+
+def run_state(run: PlannedRun, rounds: int) -> str:
+    """ "new" (nothing written), "finished", "resumable" (a checkpoint short of ``rounds``)
+    or "broken" (files but no checkpoint: stopped inside its first round)."""
+    ckpt = run.run_dir / "checkpoints" / "last.ckpt"
+    if ckpt.is_file():
+        return "finished" if load_checkpoint(ckpt)["round"] >= rounds else "resumable"
+    written = [
+        m for m in ("metrics.csv", "config.yaml", "checkpoints") if (run.run_dir / m).exists()
+    ]
+    return "broken" if written else "new"
+
+
+def _set_aside(run_dir: Path) -> Path:
+    """Move a broken run out of the way (never delete what was written)."""
+    for n in range(1, 1000):
+        target = run_dir.with_name(f"{run_dir.name}.incomplete{n}")
+        if not target.exists():
+            run_dir.rename(target)
+            return target
+    raise ValueError(f"{run_dir}: too many incomplete copies beside it")
+
+
+FitFn = Callable[[Sequence[str]], None]
+
+
+def execute(
+    runs: Sequence[PlannedRun],
+    rounds: Mapping[PlannedRun, int],
+    fit: FitFn,
+    log: Callable[[str], None] = print,
+) -> dict[str, int]:
+    """Run what is not finished; returns how many runs were run, resumed and skipped."""
+    counts = {"run": 0, "resumed": 0, "skipped": 0}
+    for i, run in enumerate(runs, start=1):
+        state = run_state(run, rounds[run])
+        head = f"[{i}/{len(runs)}] {run.setting} {run.method} seed {run.seed}"
+        if state == "finished":
+            log(f"{head}: finished, skipped")
+            counts["skipped"] += 1
+            continue
+        args = list(run.args)
+        if state == "resumable":
+            args.append(f"--federation.resume={run.run_dir / 'checkpoints' / 'last.ckpt'}")
+            counts["resumed"] += 1
+            log(f"{head}: resuming")
+        else:
+            if state == "broken":
+                log(f"{head}: incomplete run set aside in {_set_aside(run.run_dir)}")
+            counts["run"] += 1
+            log(f"{head}: {run.command()}")
+        run.run_dir.mkdir(parents=True, exist_ok=True)
+        info = {"method": run.method, "setting": run.setting, "seed": run.seed}
+        (run.run_dir / RUN_FILE).write_text(json.dumps(info | {"recipe": str(run.recipe)}))
+        fit(["fit", *args])
+    return counts
+
+
+def run_comparison(
+    comparison: Comparison,
+    command: str,
+    fit: FitFn,
+    rounds: Callable[[Sequence[str]], int],
+    partition: Callable[[Sequence[str], int], np.ndarray],
+    log: Callable[[str], None] = print,
+) -> dict[str, Path]:
+    """Check every recipe x setting, run what is not finished, then write the report.
+
+    Args:
+        comparison: what to run.
+        command: the command line that asked for it (quoted in the report).
+        fit: runs ``fedlit fit`` with the given arguments.
+        rounds: a run's configured rounds from its ``fit`` arguments; raises (or exits) on
+            bad input, so every run is checked before the first one starts.
+        partition: the (clients x classes) counts a run's data makes for a seed.
+        log: where progress lines go.
+
+    Returns:
+        name -> path of every file of the report.
+    """
+    runs = plan(comparison)
+    configured: dict[tuple[str, str], int] = {}
+    partitions: dict[str, np.ndarray] = {}
+    for run in runs:
+        key = (run.setting, run.method)
+        if key not in configured:
+            log(f"checking {run.setting}/{run.method}")
+            configured[key] = rounds(run.args)
+        if run.setting not in partitions:
+            partitions[run.setting] = partition(run.args, run.seed)
+    per_run = {run: configured[(run.setting, run.method)] for run in runs}
+    start = time.perf_counter()
+    counts = execute(runs, per_run, fit, log)
+    minutes = (time.perf_counter() - start) / 60
+    records = [load_run(run.run_dir) for run in runs]
+    settings = [
+        f"- setting `{name}`: `{' '.join(args) or '(the recipes as they are)'}`"
+        for name, args in comparison.settings.items()
+    ]
+    about = [
+        f"Made by `{command}`: {len(runs)} runs ({counts['run']} run, {counts['resumed']} "
+        f"resumed, {counts['skipped']} finished before; this invocation took {minutes:.1f} "
+        "min). Every number below comes from those runs.",
+        "",
+        f"- recipes: {', '.join(f'`{r}`' for r in comparison.recipes)}",
+        f"- seeds: {list(comparison.seeds)}",
+        *settings,
+        f"- every run: `{' '.join(comparison.overrides) or '(no overrides)'}`",
+    ]
+    written = write_report(
+        records,
+        comparison.out,
+        title=f"Comparison: {comparison.name}",
+        target=comparison.target,
+        published=comparison.published,
+        partitions=partitions,
+        about=about,
+        report=comparison.report,
+    )
+    if comparison.wandb is not None:
+        log_to_wandb(
+            records,
+            written,
+            comparison.wandb.project,
+            comparison.name,
+            comparison.wandb.offline,
+            comparison.out,
+            target=comparison.target,
+        )
+    return written

@@ -1,0 +1,19 @@
+"""Reporting: run directories read back, result tables over seeds, and figures."""
+
+from fedlit.reporting.plots import DIAGNOSTICS, plot_curves, plot_diagnostics, plot_partition
+from fedlit.reporting.runs import RunRecord, find_runs, load_run
+from fedlit.reporting.table import ResultRow, summarize, to_markdown, write_csv
+
+__all__ = [
+    "DIAGNOSTICS",
+    "ResultRow",
+    "RunRecord",
+    "find_runs",
+    "load_run",
+    "plot_curves",
+    "plot_diagnostics",
+    "plot_partition",
+    "summarize",
+    "to_markdown",
+    "write_csv",
+]

@@ -1,0 +1,184 @@
+"""Figures of runs: learning curves, client class distributions and method diagnostics.
+
+Figures are built with ``matplotlib.figure.Figure`` (Agg canvas, no pyplot state) and
+cleared once written; every function returns the written path.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+from fedlit.reporting.runs import RunRecord
+
+#: Method diagnostics plotted by plot_diagnostics, in this order, when any run logs them.
+DIAGNOSTICS: tuple[str, ...] = (
+    "pseudo/pos_frac",
+    "pseudo/pos_acc",
+    "pseudo/neg_frac",
+    "pseudo/neg_acc",
+    "switch/use_teacher",
+    "kl/teacher",
+    "kl/student",
+    "diag/weight_diversity",
+    "client/mask_rate",
+)
+
+
+def _new_figure(width: float, height: float) -> Figure:
+    """A constrained-layout Figure on an Agg canvas."""
+    fig = Figure(figsize=(width, height), layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _save(fig: Figure, path: str | Path) -> Path:
+    """Write ``fig`` to ``path`` (parents created), then clear it."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fig.savefig(path, dpi=150)
+    finally:
+        fig.clear()
+    return path
+
+
+def _mean_curve(
+    runs: Sequence[RunRecord], key: str
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(rounds, mean, std, count) of ``key`` over runs, on every round any run logs it.
+
+    Each round averages the runs that logged it; std is the sample std (ddof=1), NaN where
+    fewer than two runs logged the round.
+    """
+    per_round: dict[int, list[float]] = {}
+    for run in runs:
+        for r, v in zip(*run.series(key), strict=True):
+            per_round.setdefault(int(r), []).append(float(v))
+    rounds = np.array(sorted(per_round), dtype=np.int64)
+    groups = [np.asarray(per_round[r]) for r in rounds.tolist()]
+    mean = np.array([g.mean() for g in groups], dtype=np.float64)
+    std = np.array([g.std(ddof=1) if g.size >= 2 else np.nan for g in groups])
+    count = np.array([g.size for g in groups], dtype=np.int64)
+    return rounds, mean, std, count
+
+
+def _group(runs: Sequence[RunRecord], *keys: str) -> dict[tuple[str, ...], list[RunRecord]]:
+    """Runs grouped by the given RunRecord attributes, groups in first-appearance order."""
+    groups: dict[tuple[str, ...], list[RunRecord]] = {}
+    for run in runs:
+        groups.setdefault(tuple(getattr(run, k) for k in keys), []).append(run)
+    return groups
+
+
+def _grid(fig: Figure, n: int, ncols: int) -> list[Axes]:
+    """``n`` axes on a grid of ``ncols`` columns; the unused cells are hidden."""
+    nrows = math.ceil(n / ncols)
+    axes = fig.subplots(nrows, ncols, squeeze=False).ravel().tolist()
+    for ax in axes[n:]:
+        ax.set_visible(False)
+    return axes[:n]
+
+
+def plot_curves(runs: Sequence[RunRecord], path: str | Path, metric: str = "test/acc") -> Path:
+    """Learning curves: one panel per setting; per method the mean of ``metric`` over seeds
+    against the round, shaded ± one std where at least two seeds logged the round.
+
+    Raises ValueError naming the metric if no run logs it.
+    """
+    if not any(run.series(metric)[0].size for run in runs):
+        raise ValueError(f"plot_curves: no run logs metric {metric!r}")
+    by_setting = _group(runs, "setting")
+    methods = list(_group(runs, "method"))
+    colours = {m: f"C{i % 10}" for i, (m,) in enumerate(methods)}
+    ncols = min(3, len(by_setting))
+    fig = _new_figure(5.0 * ncols, 3.8 * math.ceil(len(by_setting) / ncols))
+    axes = _grid(fig, len(by_setting), ncols)
+    for ax, ((setting,), setting_runs) in zip(axes, by_setting.items(), strict=True):
+        for (method,), method_runs in _group(setting_runs, "method").items():
+            rounds, mean, std, count = _mean_curve(method_runs, metric)
+            if not rounds.size:
+                continue
+            label = f"{method} (n={len(method_runs)})"
+            ax.plot(rounds, mean, color=colours[method], label=label, marker=".")
+            band = count >= 2
+            if band.any():
+                ax.fill_between(
+                    rounds,
+                    np.where(band, mean - std, mean),
+                    np.where(band, mean + std, mean),
+                    where=band,
+                    color=colours[method],
+                    alpha=0.2,
+                    linewidth=0,
+                )
+        ax.set_title(setting)
+        ax.set_xlabel("round")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_ylabel(metric)
+        ax.grid(alpha=0.3)
+        if ax.get_lines():
+            ax.legend(fontsize="small")
+    return _save(fig, path)
+
+
+def plot_partition(class_counts: np.ndarray, path: str | Path, title: str = "") -> Path:
+    """Heat map of a partition: clients (rows) x classes (columns) of example counts, with a
+    colour bar; each cell annotated with its count when the grid is at most 20 x 20.
+
+    Raises ValueError naming the shape if ``class_counts`` is not a non-empty 2-D array of
+    non-negative counts.
+    """
+    counts = np.asarray(class_counts)
+    if counts.ndim != 2 or counts.size == 0:
+        raise ValueError(
+            f"class_counts must be a non-empty (clients, classes) array, got shape {counts.shape}"
+        )
+    if not np.issubdtype(counts.dtype, np.number) or (counts < 0).any():
+        raise ValueError(f"class_counts must hold non-negative counts, got {counts.dtype}")
+    num_clients, num_classes = counts.shape
+    fig = _new_figure(min(2.0 + 0.45 * num_classes, 16.0), min(1.5 + 0.35 * num_clients, 16.0))
+    ax = fig.add_subplot()
+    image = ax.imshow(counts, aspect="auto", cmap="Blues", interpolation="nearest")
+    fig.colorbar(image, ax=ax, label="examples")
+    if num_clients <= 20 and num_classes <= 20:
+        high = counts.max()
+        for (k, c), n in np.ndenumerate(counts):
+            colour = "white" if high and n > 0.6 * high else "black"
+            ax.text(c, k, f"{n:g}", ha="center", va="center", fontsize=7, color=colour)
+        ax.set_xticks(np.arange(num_classes))
+        ax.set_yticks(np.arange(num_clients))
+    ax.set_xlabel("class")
+    ax.set_ylabel("client")
+    if title:
+        ax.set_title(title)
+    return _save(fig, path)
+
+
+def plot_diagnostics(runs: Sequence[RunRecord], path: str | Path) -> Path | None:
+    """One panel per DIAGNOSTICS key that any run logs; per (method, setting) the mean over
+    seeds against the round. Returns None, writing nothing, when no run logs any of them."""
+    keys = [key for key in DIAGNOSTICS if any(run.series(key)[0].size for run in runs)]
+    if not keys:
+        return None
+    groups = _group(runs, "method", "setting")
+    ncols = min(3, len(keys))
+    fig = _new_figure(4.5 * ncols, 3.2 * math.ceil(len(keys) / ncols))
+    for ax, key in zip(_grid(fig, len(keys), ncols), keys, strict=True):
+        for i, ((method, setting), group_runs) in enumerate(groups.items()):
+            rounds, mean, _, _ = _mean_curve(group_runs, key)
+            if rounds.size:
+                ax.plot(rounds, mean, color=f"C{i % 10}", label=f"{method} ({setting})")
+        ax.set_title(key)
+        ax.set_xlabel("round")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="x-small")
+    return _save(fig, path)

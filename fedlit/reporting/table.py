@@ -1,0 +1,213 @@
+"""Result tables: runs grouped by (setting, method) into mean ± std over seeds."""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import astuple, dataclass, fields
+from pathlib import Path
+
+import numpy as np
+
+from fedlit.reporting.runs import RunRecord
+
+BYTES_KEYS = ("comm/bytes_down", "comm/bytes_up")
+
+
+@dataclass(frozen=True)
+class ResultRow:
+    """One method in one setting, aggregated over its seeds.
+
+    Attributes:
+        method, setting: the group.
+        seeds: the runs' seeds, in run order.
+        final_mean, final_std: the metric at each run's last logged value (the last round for a
+            finished run); std is the sample std (ddof=1), NaN with one seed.
+        best_mean, best_std: each run's max of the metric over rounds.
+        rounds_to_target: mean over the seeds that reached ``target`` of the first round with
+            metric >= target; NaN if none reached it or there is no target.
+        reached: how many seeds reached the target (0 without a target).
+        bytes_total: mean over seeds of the sum over rounds of comm/bytes_down + comm/bytes_up.
+        finished: how many of the runs are finished.
+    """
+
+    method: str
+    setting: str
+    seeds: tuple[int, ...]
+    final_mean: float
+    final_std: float
+    best_mean: float
+    best_std: float
+    rounds_to_target: float
+    reached: int
+    bytes_total: float
+    finished: int
+
+
+def _mean_std(values: Sequence[float]) -> tuple[float, float]:
+    """(mean, sample std with ddof=1) of the finite values; NaN where undefined."""
+    finite = np.asarray([v for v in values if math.isfinite(v)], dtype=np.float64)
+    mean = float(np.mean(finite)) if finite.size else math.nan
+    std = float(np.std(finite, ddof=1)) if finite.size >= 2 else math.nan
+    return mean, std
+
+
+def _first_round_at(run: RunRecord, metric: str, target: float) -> int | None:
+    """The first round where ``metric`` >= ``target``, or None if it never gets there."""
+    rounds, values = run.series(metric)
+    hits = np.flatnonzero(values >= target)
+    return int(rounds[hits[0]]) if hits.size else None
+
+
+def _bytes_total(run: RunRecord) -> float:
+    """Bytes sent down plus up, summed over every logged round."""
+    return float(sum(row.get(key, 0.0) for row in run.history for key in BYTES_KEYS))
+
+
+def _summarize_group(runs: Sequence[RunRecord], target: float | None, metric: str) -> ResultRow:
+    """One ResultRow from the runs of one (setting, method)."""
+    finals, bests, hits = [], [], []
+    for run in runs:
+        _, values = run.series(metric)
+        finals.append(float(values[-1]) if values.size else math.nan)
+        bests.append(float(values.max()) if values.size else math.nan)
+        if target is not None:
+            hit = _first_round_at(run, metric, target)
+            if hit is not None:
+                hits.append(hit)
+    final_mean, final_std = _mean_std(finals)
+    best_mean, best_std = _mean_std(bests)
+    return ResultRow(
+        method=runs[0].method,
+        setting=runs[0].setting,
+        seeds=tuple(run.seed for run in runs),
+        final_mean=final_mean,
+        final_std=final_std,
+        best_mean=best_mean,
+        best_std=best_std,
+        rounds_to_target=float(np.mean(hits)) if hits else math.nan,
+        reached=len(hits),
+        bytes_total=float(np.mean([_bytes_total(run) for run in runs])),
+        finished=sum(run.finished for run in runs),
+    )
+
+
+def summarize(
+    runs: Sequence[RunRecord], target: float | None = None, metric: str = "test/acc"
+) -> list[ResultRow]:
+    """One ResultRow per (setting, method), in first-appearance order of ``runs``.
+
+    ``target`` is in the metric's units (a fraction for test/acc). A run that never logs the
+    metric counts as a seed but not towards the means. Raises ValueError naming both run
+    directories if two runs share (setting, method, seed), as they would be counted twice.
+    """
+    groups: dict[tuple[str, str], list[RunRecord]] = {}
+    seen: dict[tuple[str, str, int], RunRecord] = {}
+    for run in runs:
+        ident = (run.setting, run.method, run.seed)
+        if ident in seen:
+            raise ValueError(
+                f"runs {seen[ident].run_dir} and {run.run_dir} are both "
+                f"setting={run.setting!r}, method={run.method!r}, seed={run.seed}"
+            )
+        seen[ident] = run
+        groups.setdefault((run.setting, run.method), []).append(run)
+    return [_summarize_group(group, target, metric) for group in groups.values()]
+
+
+def _published(published: Mapping[str, Mapping[str, float]] | None, row: ResultRow) -> float | None:
+    """The paper's number (percent) for the row's method and setting, if any."""
+    if published is None:
+        return None
+    return published.get(row.method, {}).get(row.setting)
+
+
+def write_csv(
+    rows: Sequence[ResultRow],
+    path: str | Path,
+    published: Mapping[str, Mapping[str, float]] | None = None,
+) -> Path:
+    """Write the rows as CSV (raw numbers: fractions, bytes; seeds space-separated), one
+    column per ResultRow field, plus ``published`` (percent, blank where absent) when given."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    header = [f.name for f in fields(ResultRow)]
+    if published is not None:
+        header.append("published")
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(header)
+        for row in rows:
+            cells: list[object] = list(astuple(row))
+            cells[header.index("seeds")] = " ".join(str(s) for s in row.seeds)
+            if published is not None:
+                paper = _published(published, row)
+                cells.append("" if paper is None else paper)
+            writer.writerow(cells)
+    return path
+
+
+def _pct(mean: float, std: float) -> str:
+    """A fraction as percent with 2 decimals, '± std' when the std is defined."""
+    if not math.isfinite(mean):
+        return "-"
+    return f"{100 * mean:.2f}" + (f" ± {100 * std:.2f}" if math.isfinite(std) else "")
+
+
+def _rounds(row: ResultRow, target: float | None) -> str:
+    """Mean rounds to target with 'k/n' seeds that reached it, or '-' without a target."""
+    if target is None:
+        return "-"
+    mean = f"{row.rounds_to_target:.1f}" if row.reached else "-"
+    return f"{mean} ({row.reached}/{len(row.seeds)})"
+
+
+def _seeds(row: ResultRow) -> str:
+    """The number of seeds, noting unfinished runs."""
+    unfinished = len(row.seeds) - row.finished
+    return f"{len(row.seeds)}" + (f" ({unfinished} unfinished)" if unfinished else "")
+
+
+def to_markdown(
+    rows: Sequence[ResultRow],
+    target: float | None = None,
+    published: Mapping[str, Mapping[str, float]] | None = None,
+) -> str:
+    """Markdown tables, one per setting (``### <setting>``, settings in first-appearance
+    order), rows sorted by final mean descending; accuracies in percent, MB = 10^6 bytes.
+    ``target`` (a fraction) only labels the rounds-to-target column; pass the one given to
+    summarize. A "paper" column is added when ``published`` is given."""
+    target_label = f"rounds to {100 * target:g}%" if target is not None else "rounds to target"
+    header = ["method", "seeds", "final test/acc", "best", target_label, "MB communicated"]
+    if published is not None:
+        header.append("paper")
+    by_setting: dict[str, list[ResultRow]] = {}
+    for row in rows:
+        by_setting.setdefault(row.setting, []).append(row)
+    blocks = []
+    for setting, group in by_setting.items():
+        ordered = sorted(
+            group, key=lambda r: -r.final_mean if math.isfinite(r.final_mean) else math.inf
+        )
+        lines = [
+            f"### {setting}",
+            "",
+            "| " + " | ".join(header) + " |",
+            "|" + "|".join(["---"] * len(header)) + "|",
+        ]
+        for row in ordered:
+            cells = [
+                row.method,
+                _seeds(row),
+                _pct(row.final_mean, row.final_std),
+                _pct(row.best_mean, row.best_std),
+                _rounds(row, target),
+                f"{row.bytes_total / 1e6:.2f}",
+            ]
+            if published is not None:
+                paper = _published(published, row)
+                cells.append("" if paper is None else f"{paper:.2f}")
+            lines.append("| " + " | ".join(cells) + " |")
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks) + "\n"

@@ -1,0 +1,201 @@
+"""``fedlit compare``/``report``/``partition`` through the real CLI, W&B offline, resume."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from fedlit.cli import main
+from fedlit.comparison import Comparison, execute, plan, run_state
+from fedlit.federation.checkpoint import save_checkpoint
+
+REPO = Path(__file__).parents[1]
+
+
+def _tiny(root: Path) -> list[str]:
+    return [
+        f"--data.root={root}",
+        "--data.num_clients=2",
+        "--data.examples_per_client=32",
+        "--data.client_batch_size=16",
+        "--data.labeled_per_class=5",
+        "--data.val_per_class=2",
+        "--data.test_subset=200",
+        "--federation.rounds=2",
+        "--federation.clients_per_round=2",
+        "--federation.server_epochs=1",
+    ]
+
+
+def _spec(tmp_path: Path, root: Path, **extra: object) -> Path:
+    spec = {
+        "name": "tiny",
+        "out": str(tmp_path / "out"),
+        "recipes": [
+            str(REPO / "recipes/server_sl.yaml"),
+            str(REPO / "recipes/fedavg_fixmatch.yaml"),
+        ],
+        "seeds": [0, 1],
+        "overrides": _tiny(root),
+        "target": 0.2,
+        "published": {"server_sl": {"default": 80.25}},
+        **extra,
+    }
+    path = tmp_path / "comparison.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def _csv(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_compare_two_recipes_two_seeds(
+    fmnist_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    report = tmp_path / "docs" / "tiny.md"
+    main(["compare", f"--config={_spec(tmp_path, fmnist_root, report=str(report))}"])
+    written = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    out = tmp_path / "out"
+    for name in ("csv", "markdown", "curves", "partition_default", "report"):
+        assert Path(written[name]).is_file(), name
+    rows = _csv(out / "results.csv")
+    assert sorted(r["method"] for r in rows) == ["fedavg_fixmatch", "server_sl"]
+    for row in rows:  # the mean over seeds is the mean of each seed's final test/acc
+        finals = []
+        for seed in (0, 1):
+            run = _csv(out / "default" / row["method"] / f"seed{seed}" / "metrics.csv")
+            finals.append(float(run[-1]["test/acc"]))
+            info = json.loads(
+                (out / "default" / row["method"] / f"seed{seed}" / "run.json").read_text()
+            )
+            assert info["seed"] == seed and info["setting"] == "default"
+        assert float(row["final_mean"]) == pytest.approx(np.mean(finals))
+        assert float(row["final_std"]) == pytest.approx(np.std(finals, ddof=1))
+    text = report.read_text()
+    assert "fedlit compare" in text and "80.25" in text
+    assert (report.parent / "tiny_curves.png").is_file()  # the report's plots travel with it
+
+
+def test_compare_skips_finished_and_resumes_interrupted(tmp_path: Path) -> None:
+    """execute() on prepared run directories, with a fit that only records its arguments."""
+    recipe = REPO / "recipes/server_sl.yaml"
+    comparison = Comparison(name="c", recipes=[str(recipe)], seeds=[0, 1, 2, 3], out=str(tmp_path))
+    runs = plan(comparison)
+    finished, interrupted, broken, new = runs
+    save_checkpoint(finished.run_dir / "checkpoints" / "last.ckpt", {"round": 3})
+    save_checkpoint(interrupted.run_dir / "checkpoints" / "last.ckpt", {"round": 1})
+    broken.run_dir.mkdir(parents=True)
+    (broken.run_dir / "metrics.csv").write_text("round\n0\n")
+    assert [run_state(r, 3) for r in runs] == ["finished", "resumable", "broken", "new"]
+    calls: list[list[str]] = []
+    counts = execute(runs, dict.fromkeys(runs, 3), calls.append, log=lambda _: None)
+    assert counts == {"run": 2, "resumed": 1, "skipped": 1}
+    assert len(calls) == 3
+    assert any(a.startswith("--federation.resume=") for a in calls[0])  # the interrupted run
+    assert not any(a.startswith("--federation.resume=") for c in calls[1:] for a in c)
+    kept = broken.run_dir.with_name(broken.run_dir.name + ".incomplete1")
+    assert (kept / "metrics.csv").read_text() == "round\n0\n"  # set aside, never deleted
+
+
+def test_compare_rerun_runs_nothing(
+    fmnist_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = _spec(tmp_path, fmnist_root, recipes=[str(REPO / "recipes/server_sl.yaml")], seeds=[0])
+    main(["compare", f"--config={spec}"])
+    before = (tmp_path / "out/default/server_sl/seed0/metrics.csv").read_text()
+    capsys.readouterr()
+    main(["compare", f"--config={spec}"])
+    assert "finished, skipped" in capsys.readouterr().out
+    assert (tmp_path / "out/default/server_sl/seed0/metrics.csv").read_text() == before
+
+
+def test_compare_bad_input_stops_before_any_run(fmnist_root: Path, tmp_path: Path) -> None:
+    spec = _spec(tmp_path, fmnist_root, overrides=[*_tiny(fmnist_root), "--model.init_args.tau=7"])
+    with pytest.raises(SystemExit) as exc:
+        main(["compare", f"--config={spec}"])
+    assert exc.value.code == 2
+    assert not (tmp_path / "out" / "default" / "fedavg_fixmatch").exists()
+    with pytest.raises(SystemExit):
+        main(["compare", f"--config={_spec(tmp_path, fmnist_root, seeds=[1, 1])}"])
+
+
+def _wandb_records(run_file: Path) -> list[dict]:
+    """The records of an offline run's transaction log, read by wandb's own inspector."""
+    out = subprocess.run(
+        [sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(run_file)],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    return [json.loads(line) for line in out.splitlines() if line.strip()]
+
+
+def test_compare_logs_to_wandb_offline(
+    fmnist_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    spec = _spec(
+        tmp_path,
+        fmnist_root,
+        recipes=[str(REPO / "recipes/fedavg_fixmatch.yaml")],
+        seeds=[0, 1],
+        wandb={"project": "fedlit-test", "offline": True},
+    )
+    main(["compare", f"--config={spec}"])
+    for seed in (0, 1):  # each run of the comparison is a W&B run of its own, in one group
+        run_dir = tmp_path / f"out/default/fedavg_fixmatch/seed{seed}"
+        (run_file,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
+        records = _wandb_records(run_file)
+        run = next(r["run"] for r in records if r["type"] == "run")
+        assert run["run_group"] == "tiny"
+        assert {"fedavg_fixmatch", "default", f"seed{seed}"} <= set(run["tags"])
+        config: dict = {}
+        for r in records:
+            if r["type"] == "run":
+                config |= r["run"].get("config", {}).get("update", {})
+            if r["type"] == "config":
+                config |= r["config"].get("update", {})
+        assert config["seed_everything"] == seed  # the full resolved config
+        assert config["model.init_args.tau"] == 0.95
+        assert config["data.examples_per_client"] == 32
+        history = [r["history"]["item"] for r in records if r["type"] == "history"]
+        assert any("partition/R" in h for h in history)  # the partition summary
+        assert sum("test/acc" in h for h in history) == 2  # two rounds, this run's only
+        files = [f["path"] for r in records if r["type"] == "files" for f in r["files"]["files"]]
+        assert any(p.startswith("media/images/partition") for p in files)  # partition plot
+    (results,) = (tmp_path / "out").glob("wandb/offline-run-*/files/media/table/results_*.json")
+    table = json.loads(results.read_text())
+    assert table["columns"][:2] == ["method", "setting"]
+    assert [row[:2] for row in table["data"]] == [["fedavg_fixmatch", "default"]]
+
+
+def test_report_and_partition_commands(
+    fmnist_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    recipe = REPO / "recipes/fedavg_fixmatch.yaml"
+    dirichlet = ["--data.partitioner=fedlit.data.partition.Dirichlet"]
+    dirichlet.append("--data.partitioner.init_args.alpha=0.1")
+    plot = tmp_path / "partition.png"
+    main(["partition", f"--config={recipe}", *_tiny(fmnist_root), *dirichlet, f"--out={plot}"])
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    counts = np.array(list(summary["class_counts"].values()))
+    assert counts.shape == (2, 10) and counts.sum(axis=1).tolist() == [32, 32]
+    assert 0 < summary["partition/R"] <= 1
+    for seed in (0, 1):
+        run = [f"--seed_everything={seed}", f"--trainer.default_root_dir={tmp_path / f'r{seed}'}"]
+        main(["fit", f"--config={recipe}", *_tiny(fmnist_root), *run])
+    capsys.readouterr()
+    main(["report", str(tmp_path / "r0"), str(tmp_path / "r1"), f"--out={tmp_path / 'rep'}"])
+    rows = _csv(tmp_path / "rep" / "results.csv")
+    assert len(rows) == 1 and rows[0]["seeds"] in ("(0, 1)", "[0, 1]", "0 1", "0;1")

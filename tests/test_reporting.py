@@ -1,0 +1,362 @@
+"""Tests for fedlit.reporting: run directories read back, result tables and figures."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from fedlit.reporting import (
+    DIAGNOSTICS,
+    ResultRow,
+    RunRecord,
+    find_runs,
+    load_run,
+    plot_curves,
+    plot_diagnostics,
+    plot_partition,
+    summarize,
+    to_markdown,
+    write_csv,
+)
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+ROUNDS = 4
+TARGET = 0.8
+
+#: (setting, method, seed) -> per-round test/acc of the synthetic runs, rounds 1, 2, ...
+ACC: dict[tuple[str, str, int], list[float]] = {
+    ("iid", "FedSEAL", 0): [0.50, 0.70, 0.85, 0.80],  # best 0.85, reaches 0.8 at round 3
+    ("iid", "FedSEAL", 1): [0.60, 0.82, 0.83, 0.90],  # best 0.90, reaches 0.8 at round 2
+    ("iid", "FedAvg", 0): [0.40, 0.50, 0.60, 0.65],  # never reaches 0.8
+    ("iid", "FedAvg", 1): [0.45, 0.55, 0.81, 0.70],  # best 0.81, reaches 0.8 at round 3
+    ("noniid", "FedSEAL", 0): [0.30, 0.50, 0.60, 0.70],
+    ("noniid", "FedAvg", 0): [0.20, 0.40],  # unfinished: 2 of 4 rounds logged
+}
+#: method -> (bytes_down, bytes_up) per round
+BYTES = {"FedSEAL": (1000.0, 500.0), "FedAvg": (2000.0, 2000.0)}
+
+
+def write_run(
+    run_dir: Path,
+    rows: Sequence[Mapping[str, float]],
+    *,
+    class_path: str = "fedlit.methods.FedSEAL",
+    seed: int = 0,
+    rounds: int = ROUNDS,
+    run_json: Mapping[str, object] | None = None,
+) -> Path:
+    """A hand-made run directory: config.yaml, metrics.csv (rows as given) and run.json."""
+    run_dir.mkdir(parents=True)
+    config = {
+        "seed_everything": seed,
+        "model": {"class_path": class_path, "init_args": {}},
+        "data": {"dataset": "fmnist"},
+        "federation": {"rounds": rounds, "clients_per_round": 2},
+        "trainer": {"accelerator": "cpu"},
+    }
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
+    header = sorted({key for row in rows for key in row})
+    with (run_dir / "metrics.csv").open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(header)
+        for row in rows:
+            writer.writerow([row.get(key, "") for key in header])
+    if run_json is not None:
+        (run_dir / "run.json").write_text(json.dumps(run_json))
+    return run_dir
+
+
+def synthetic_rows(method: str, accs: Sequence[float]) -> list[dict[str, float]]:
+    """Round 0 (partition summary) then one row per accuracy, with bytes and diagnostics."""
+    down, up = BYTES[method]
+    rows: list[dict[str, float]] = [{"round": 0.0, "partition/R": 0.25, "data/server_labeled": 500}]
+    for r, acc in enumerate(accs, start=1):
+        row = {"round": float(r), "test/acc": acc, "comm/bytes_down": down, "comm/bytes_up": up}
+        if method == "FedSEAL":
+            row["pseudo/pos_frac"] = 0.1 * r
+        else:
+            row["client/mask_rate"] = 0.2 * r
+        rows.append(row)
+    return rows
+
+
+@pytest.fixture
+def sweep(tmp_path: Path) -> Path:
+    """A folder of the ACC runs: FedSEAL names itself in run.json, FedAvg only its setting."""
+    root = tmp_path / "sweep"
+    for (setting, method, seed), accs in ACC.items():
+        meta: dict[str, object] = {"setting": setting}
+        if method == "FedSEAL":
+            meta |= {"method": method, "seed": seed, "recipe": "recipes/fedseal.yaml"}
+        write_run(
+            root / setting / f"{method}_s{seed}",
+            synthetic_rows(method, accs),
+            class_path=f"fedlit.methods.{method}",
+            seed=seed if method == "FedAvg" else 99,  # FedSEAL's seed comes from run.json
+            run_json=meta,
+        )
+    return root
+
+
+def is_png(path: Path) -> bool:
+    """Whether ``path`` is a non-empty file starting with the PNG signature."""
+    data = path.read_bytes()
+    return len(data) > len(PNG_SIGNATURE) and data.startswith(PNG_SIGNATURE)
+
+
+# ----------------------------------------------------------------------------- runs
+
+
+def test_load_run_takes_identity_from_run_json(sweep: Path) -> None:
+    run = load_run(sweep / "iid" / "FedSEAL_s1")
+    assert (run.method, run.setting, run.seed, run.rounds) == ("FedSEAL", "iid", 1, ROUNDS)
+    assert run.finished
+    assert run.summary["partition/R"] == 0.25
+    assert run.summary["data/server_labeled"] == 500.0
+    assert [row["round"] for row in run.history] == [1.0, 2.0, 3.0, 4.0]
+    rounds, values = run.series("test/acc")
+    np.testing.assert_array_equal(rounds, [1, 2, 3, 4])
+    np.testing.assert_allclose(values, ACC[("iid", "FedSEAL", 1)])
+
+
+def test_load_run_falls_back_to_config(tmp_path: Path) -> None:
+    run_dir = write_run(
+        tmp_path / "run",
+        [{"round": 0.0, "partition/R": 0.0}, {"round": 1.0, "test/acc": 0.5}],
+        class_path="fedlit.methods.FedMatch",
+        seed=7,
+        rounds=3,
+    )
+    run = load_run(str(run_dir))
+    assert (run.method, run.setting, run.seed, run.rounds) == ("FedMatch", "default", 7, 3)
+    assert run.run_dir == run_dir
+    assert not run.finished
+
+
+def test_load_run_keeps_last_occurrence_of_resumed_rounds(tmp_path: Path) -> None:
+    rows = [
+        {"round": 0.0, "partition/R": 0.5},
+        {"round": 1.0, "test/acc": 0.1, "server/loss": 2.0},
+        {"round": 2.0, "server/loss": 1.5},  # not evaluated (eval_every = 2)... then crashed
+        {"round": 2.0, "server/loss": 1.4},  # resumed from round 1's checkpoint
+        {"round": 3.0, "test/acc": 0.3, "server/loss": 1.2},
+        {"round": 1.0, "test/acc": 0.15, "server/loss": 1.9},  # a later duplicate wins
+    ]
+    run = load_run(write_run(tmp_path / "run", rows, rounds=3))
+    assert run.history == [
+        {"round": 1.0, "test/acc": 0.15, "server/loss": 1.9},
+        {"round": 2.0, "server/loss": 1.4},
+        {"round": 3.0, "test/acc": 0.3, "server/loss": 1.2},
+    ]
+    rounds, values = run.series("test/acc")
+    np.testing.assert_array_equal(rounds, [1, 3])
+    np.testing.assert_allclose(values, [0.15, 0.3])
+    assert run.series("kl/teacher")[0].size == 0
+    assert run.finished
+
+
+def test_load_run_names_missing_files(tmp_path: Path) -> None:
+    run_dir = write_run(tmp_path / "run", [{"round": 1.0, "test/acc": 0.5}])
+    (run_dir / "metrics.csv").unlink()
+    with pytest.raises(ValueError, match="metrics.csv"):
+        load_run(run_dir)
+    (run_dir / "config.yaml").unlink()
+    with pytest.raises(ValueError, match="config.yaml"):
+        load_run(run_dir)
+
+
+def test_load_run_names_bad_cell_and_missing_rounds(tmp_path: Path) -> None:
+    run_dir = write_run(tmp_path / "bad", [{"round": 1.0, "test/acc": "oops"}])  # type: ignore[dict-item]
+    with pytest.raises(ValueError, match=r"'test/acc'.*'oops'"):
+        load_run(run_dir)
+    run_dir = write_run(tmp_path / "norounds", [{"round": 1.0}])
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    del config["federation"]["rounds"]
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
+    with pytest.raises(ValueError, match="federation.rounds"):
+        load_run(run_dir)
+
+
+def test_find_runs_searches_parent_folders_and_sorts(sweep: Path) -> None:
+    runs = find_runs([sweep])
+    assert [(r.setting, r.method, r.seed) for r in runs] == sorted(ACC)
+    # A run directory given directly, and again inside its folder, is read once.
+    again = find_runs([sweep / "iid" / "FedAvg_s0", sweep / "iid"])
+    assert [(r.method, r.seed) for r in again] == [
+        ("FedAvg", 0),
+        ("FedAvg", 1),
+        ("FedSEAL", 0),
+        ("FedSEAL", 1),
+    ]
+
+
+def test_find_runs_raises_when_nothing_found(tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    (empty / "sub").mkdir(parents=True)
+    with pytest.raises(ValueError, match="empty"):
+        find_runs([empty])
+    with pytest.raises(ValueError, match="missing"):
+        find_runs([tmp_path / "missing"])
+
+
+# ----------------------------------------------------------------------------- table
+
+
+def rows_by_key(runs: Sequence[RunRecord], target: float | None = TARGET) -> dict:
+    """summarize's rows keyed by (setting, method)."""
+    return {(row.setting, row.method): row for row in summarize(runs, target=target)}
+
+
+def test_summarize_matches_numpy_over_seeds(sweep: Path) -> None:
+    runs = find_runs([sweep])
+    rows = summarize(runs, target=TARGET)
+    assert [(row.setting, row.method) for row in rows] == [
+        ("iid", "FedAvg"),
+        ("iid", "FedSEAL"),
+        ("noniid", "FedAvg"),
+        ("noniid", "FedSEAL"),
+    ]
+    by_key = {(row.setting, row.method): row for row in rows}
+    for setting, method in [("iid", "FedSEAL"), ("iid", "FedAvg")]:
+        row = by_key[(setting, method)]
+        curves = [ACC[(setting, method, seed)] for seed in (0, 1)]
+        finals = [curve[-1] for curve in curves]
+        bests = [max(curve) for curve in curves]
+        assert row.seeds == (0, 1)
+        assert row.final_mean == pytest.approx(np.mean(finals))
+        assert row.final_std == pytest.approx(np.std(finals, ddof=1))
+        assert row.best_mean == pytest.approx(np.mean(bests))
+        assert row.best_std == pytest.approx(np.std(bests, ddof=1))
+        assert row.finished == 2
+    # Concrete values, so that a wrong ddof or a wrong "final" cannot pass.
+    assert by_key[("iid", "FedSEAL")].final_mean == pytest.approx(0.85)
+    assert by_key[("iid", "FedSEAL")].final_std == pytest.approx(0.1 / math.sqrt(2))
+    single = by_key[("noniid", "FedSEAL")]
+    assert single.seeds == (0,)
+    assert single.final_mean == pytest.approx(0.70)
+    assert math.isnan(single.final_std) and math.isnan(single.best_std)
+    unfinished = by_key[("noniid", "FedAvg")]
+    assert unfinished.finished == 0
+    assert unfinished.final_mean == pytest.approx(0.40)
+
+
+def test_best_and_rounds_to_target(sweep: Path) -> None:
+    by_key = rows_by_key(find_runs([sweep]))
+    seal, avg = by_key[("iid", "FedSEAL")], by_key[("iid", "FedAvg")]
+    assert seal.best_mean == pytest.approx((0.85 + 0.90) / 2)
+    assert avg.best_mean == pytest.approx((0.65 + 0.81) / 2)
+    assert (seal.rounds_to_target, seal.reached) == (pytest.approx(2.5), 2)
+    assert (avg.rounds_to_target, avg.reached) == (pytest.approx(3.0), 1)  # seed 0 never does
+    nobody = by_key[("noniid", "FedSEAL")]
+    assert nobody.reached == 0 and math.isnan(nobody.rounds_to_target)
+    for row in summarize(find_runs([sweep]), target=None):
+        assert row.reached == 0 and math.isnan(row.rounds_to_target)
+
+
+def test_bytes_totals(sweep: Path) -> None:
+    by_key = rows_by_key(find_runs([sweep]))
+    assert by_key[("iid", "FedSEAL")].bytes_total == pytest.approx(ROUNDS * 1500.0)
+    assert by_key[("iid", "FedAvg")].bytes_total == pytest.approx(ROUNDS * 4000.0)
+    assert by_key[("noniid", "FedAvg")].bytes_total == pytest.approx(2 * 4000.0)
+
+
+def test_summarize_other_metric(sweep: Path) -> None:
+    rows = summarize(find_runs([sweep / "iid"]), metric="pseudo/pos_frac")
+    seal = {row.method: row for row in rows}["FedSEAL"]
+    assert seal.final_mean == pytest.approx(0.4)
+    assert math.isnan({row.method: row for row in rows}["FedAvg"].final_mean)
+
+
+def test_summarize_rejects_duplicate_seeds(sweep: Path) -> None:
+    run = load_run(sweep / "iid" / "FedSEAL_s0")
+    with pytest.raises(ValueError, match="FedSEAL_s0"):
+        summarize([run, run])
+
+
+def test_to_markdown(sweep: Path) -> None:
+    rows = summarize(find_runs([sweep]), target=TARGET)
+    published = {"FedSEAL": {"iid": 84.28}}
+    text = to_markdown(rows, target=TARGET, published=published)
+    lines = text.splitlines()
+    assert [line for line in lines if line.startswith("###")] == ["### iid", "### noniid"]
+    header = "| method | seeds | final test/acc | best | rounds to 80% | MB communicated | paper |"
+    assert lines.count(header) == 2
+    table_rows = [line for line in lines if line.startswith("| Fed")]
+    assert len(table_rows) == 4
+    iid_rows = table_rows[:2]  # sorted by final mean, descending: FedSEAL 85.00 > FedAvg 67.50
+    assert iid_rows[0] == (
+        f"| FedSEAL | 2 | 85.00 ± {100 * 0.1 / math.sqrt(2):.2f} | 87.50 ± 3.54 | 2.5 (2/2) "
+        "| 0.01 | 84.28 |"
+    )
+    assert iid_rows[1].startswith("| FedAvg | 2 | 67.50 ± 3.54 | 73.00 ± 11.31 | 3.0 (1/2) |")
+    assert iid_rows[1].endswith("|  |")  # no published number for FedAvg
+    noniid_rows = table_rows[2:]
+    assert noniid_rows[0].startswith("| FedSEAL | 1 | 70.00 | 70.00 | - (0/1) |")
+    assert noniid_rows[1].startswith("| FedAvg | 1 (1 unfinished) | 40.00 |")
+    plain = to_markdown(rows)
+    assert "paper" not in plain
+    assert "| 2.5 (2/2) |" not in plain and "| - |" in plain
+
+
+def test_write_csv(sweep: Path, tmp_path: Path) -> None:
+    rows = summarize(find_runs([sweep]), target=TARGET)
+    path = write_csv(rows, tmp_path / "out" / "results.csv", published={"FedSEAL": {"iid": 84.28}})
+    assert path == tmp_path / "out" / "results.csv"
+    with path.open(newline="") as f:
+        records = list(csv.DictReader(f))
+    assert list(records[0]) == [*ResultRow.__dataclass_fields__, "published"]
+    assert len(records) == len(rows) == 4
+    by_key = {(r["setting"], r["method"]): r for r in records}
+    seal = by_key[("iid", "FedSEAL")]
+    assert seal["seeds"] == "0 1"
+    assert float(seal["final_mean"]) == pytest.approx(0.85)
+    assert float(seal["bytes_total"]) == pytest.approx(6000.0)
+    assert float(seal["published"]) == pytest.approx(84.28)
+    assert by_key[("iid", "FedAvg")]["published"] == ""
+    assert math.isnan(float(by_key[("noniid", "FedSEAL")]["final_std"]))
+    with write_csv(rows, tmp_path / "plain.csv").open(newline="") as f:
+        assert "published" not in next(csv.reader(f))
+
+
+# ----------------------------------------------------------------------------- plots
+
+
+def test_plot_curves_and_diagnostics_write_pngs(sweep: Path, tmp_path: Path) -> None:
+    runs = find_runs([sweep])
+    curves = plot_curves(runs, tmp_path / "figs" / "curves.png")
+    assert curves == tmp_path / "figs" / "curves.png" and is_png(curves)
+    assert is_png(plot_curves(runs, tmp_path / "loss.png", metric="comm/bytes_up"))
+    diagnostics = plot_diagnostics(runs, tmp_path / "diag.png")
+    assert diagnostics == tmp_path / "diag.png" and is_png(diagnostics)
+    with pytest.raises(ValueError, match="kl/teacher"):
+        plot_curves(runs, tmp_path / "none.png", metric="kl/teacher")
+    assert not (tmp_path / "none.png").exists()
+
+
+def test_plot_diagnostics_none_without_diagnostics(tmp_path: Path) -> None:
+    rows = [{"round": 0.0}, {"round": 1.0, "test/acc": 0.5, "server/loss": 1.0}]
+    run = load_run(write_run(tmp_path / "run", rows, rounds=1))
+    assert not any(run.series(key)[0].size for key in DIAGNOSTICS)
+    assert plot_diagnostics([run], tmp_path / "diag.png") is None
+    assert not (tmp_path / "diag.png").exists()
+
+
+@pytest.mark.parametrize("shape", [(5, 10), (30, 10)])  # annotated, and too big to annotate
+def test_plot_partition_writes_png(tmp_path: Path, shape: tuple[int, int]) -> None:
+    counts = np.random.default_rng(0).integers(0, 50, size=shape)
+    path = plot_partition(counts, tmp_path / "partition.png", title="Dirichlet(0.1)")
+    assert path == tmp_path / "partition.png" and is_png(path)
+
+
+def test_plot_partition_rejects_bad_counts(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"\(10,\)"):
+        plot_partition(np.arange(10), tmp_path / "p.png")
+    with pytest.raises(ValueError, match="non-negative"):
+        plot_partition(-np.ones((2, 2)), tmp_path / "p.png")
