@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import shlex
 import sys
+import warnings
 from collections.abc import Sequence
 from dataclasses import fields
 from pathlib import Path
@@ -236,6 +237,9 @@ def partition_main(argv: Sequence[str]) -> None:
     counts = {f"client {k}": row.tolist() for k, row in enumerate(data.class_counts)}
     print(json.dumps({"plot": str(path), **summary, "class_counts": counts}))
 
+
+# ``fedlit compare`` runs ``fit`` in-process with its own arguments, by design.
+warnings.filterwarnings("ignore", message=r".*LightningCLI's args parameter is intended.*")
 
 COMMANDS = {"compare": compare_main, "report": report_main, "partition": partition_main}
 

@@ -62,7 +62,8 @@ def test_compare_two_recipes_two_seeds(
     fmnist_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     report = tmp_path / "docs" / "tiny.md"
-    main(["compare", f"--config={_spec(tmp_path, fmnist_root, report=str(report))}"])
+    spec = _spec(tmp_path, fmnist_root, report=str(report), description=["Tiny protocol."])
+    main(["compare", f"--config={spec}"])
     written = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     out = tmp_path / "out"
     for name in ("csv", "markdown", "curves", "partition_default", "report"):
@@ -81,7 +82,7 @@ def test_compare_two_recipes_two_seeds(
         assert float(row["final_mean"]) == pytest.approx(np.mean(finals))
         assert float(row["final_std"]) == pytest.approx(np.std(finals, ddof=1))
     text = report.read_text()
-    assert "fedlit compare" in text and "80.25" in text
+    assert "fedlit compare" in text and "80.25" in text and "Tiny protocol." in text
     assert (report.parent / "tiny_curves.png").is_file()  # the report's plots travel with it
 
 

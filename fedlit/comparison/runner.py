@@ -53,6 +53,7 @@ class Comparison:
         report: also write the Markdown report here (plots beside it).
         published: recipe stem -> setting -> a paper's accuracy (percent), shown beside ours.
         wandb: log every run to W&B (None: no W&B).
+        description: Markdown lines that open the report (the protocol in words).
     """
 
     name: str
@@ -65,6 +66,7 @@ class Comparison:
     report: str | None = None
     published: dict[str, dict[str, float]] = field(default_factory=dict)
     wandb: WandbSettings | None = None
+    description: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.recipes:
@@ -231,14 +233,18 @@ def run_comparison(
     counts = execute(runs, per_run, fit, log)
     minutes = (time.perf_counter() - start) / 60
     records = [load_run(run.run_dir) for run in runs]
+    compute = sum(row.get("time/round_s", 0.0) for r in records for row in r.history) / 60
     settings = [
         f"- setting `{name}`: `{' '.join(args) or '(the recipes as they are)'}`"
         for name, args in comparison.settings.items()
     ]
     about = [
+        *comparison.description,
+        "",
         f"Made by `{command}`: {len(runs)} runs ({counts['run']} run, {counts['resumed']} "
         f"resumed, {counts['skipped']} finished before; this invocation took {minutes:.1f} "
-        "min). Every number below comes from those runs.",
+        f"min; the runs' rounds took {compute:.1f} min in all). Every number below comes "
+        "from those runs.",
         "",
         f"- recipes: {', '.join(f'`{r}`' for r in comparison.recipes)}",
         f"- seeds: {list(comparison.seeds)}",
