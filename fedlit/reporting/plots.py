@@ -18,6 +18,8 @@ from matplotlib.ticker import MaxNLocator
 
 from fedlit.reporting.runs import RunRecord
 
+_LINE_STYLES = ("-", "--", ":")  # ten colours, then the next style: 30 lines stay apart
+
 #: Method diagnostics plotted by plot_diagnostics, in this order, when any run logs them.
 DIAGNOSTICS: tuple[str, ...] = (
     "pseudo/pos_frac",
@@ -98,6 +100,7 @@ def plot_curves(runs: Sequence[RunRecord], path: str | Path, metric: str = "test
     by_setting = _group(runs, "setting")
     methods = list(_group(runs, "method"))
     colours = {m: f"C{i % 10}" for i, (m,) in enumerate(methods)}
+    styles = {m: _LINE_STYLES[i // 10 % len(_LINE_STYLES)] for i, (m,) in enumerate(methods)}
     ncols = min(3, len(by_setting))
     fig = _new_figure(5.0 * ncols, 3.8 * math.ceil(len(by_setting) / ncols))
     axes = _grid(fig, len(by_setting), ncols)
@@ -107,7 +110,8 @@ def plot_curves(runs: Sequence[RunRecord], path: str | Path, metric: str = "test
             if not rounds.size:
                 continue
             label = f"{method} (n={len(method_runs)})"
-            ax.plot(rounds, mean, color=colours[method], label=label, marker=".")
+            style = styles[method]
+            ax.plot(rounds, mean, color=colours[method], ls=style, label=label, marker=".")
             band = count >= 2
             if band.any():
                 ax.fill_between(
@@ -175,7 +179,8 @@ def plot_diagnostics(runs: Sequence[RunRecord], path: str | Path) -> Path | None
         for i, ((method, setting), group_runs) in enumerate(groups.items()):
             rounds, mean, _, _ = _mean_curve(group_runs, key)
             if rounds.size:
-                ax.plot(rounds, mean, color=f"C{i % 10}", label=f"{method} ({setting})")
+                style = _LINE_STYLES[i // 10 % len(_LINE_STYLES)]
+                ax.plot(rounds, mean, color=f"C{i % 10}", ls=style, label=f"{method} ({setting})")
         ax.set_title(key)
         ax.set_xlabel("round")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
