@@ -199,4 +199,4 @@ def test_report_and_partition_commands(
     capsys.readouterr()
     main(["report", str(tmp_path / "r0"), str(tmp_path / "r1"), f"--out={tmp_path / 'rep'}"])
     rows = _csv(tmp_path / "rep" / "results.csv")
-    assert len(rows) == 1 and rows[0]["seeds"] in ("(0, 1)", "[0, 1]", "0 1", "0;1")
+    assert len(rows) == 1 and rows[0]["seeds"] == "0 1"

@@ -19,9 +19,8 @@ import numpy as np
 
 from fedlit.comparison.report import log_to_wandb, write_report
 from fedlit.federation.checkpoint import load_checkpoint
+from fedlit.federation.driver import RUN_FILE, RUN_MARKERS
 from fedlit.reporting import load_run
-
-RUN_FILE = "run.json"
 
 
 @dataclass(frozen=True)
@@ -145,10 +144,7 @@ def run_state(run: PlannedRun, rounds: int) -> str:
     ckpt = run.run_dir / "checkpoints" / "last.ckpt"
     if ckpt.is_file():
         return "finished" if load_checkpoint(ckpt)["round"] >= rounds else "resumable"
-    written = [
-        m for m in ("metrics.csv", "config.yaml", "checkpoints") if (run.run_dir / m).exists()
-    ]
-    return "broken" if written else "new"
+    return "broken" if any((run.run_dir / m).exists() for m in RUN_MARKERS) else "new"
 
 
 def _set_aside(run_dir: Path) -> Path:

@@ -39,7 +39,8 @@ from fedlit.federation.store import ClientStateStore
 from fedlit.federation.trainers import TrainerTemplate
 from fedlit.methods.base import ClientUpdate, FederatedMethod
 
-RUN_MARKERS = ("metrics.csv", "checkpoints", "config.yaml")
+RUN_MARKERS = ("metrics.csv", "checkpoints", "config.yaml")  # a directory holding one holds a run
+RUN_FILE = "run.json"  # who the run is: method, seed, rounds (and a comparison's setting)
 
 
 @dataclass(frozen=True)
@@ -239,7 +240,7 @@ class Federation:
     def _write_run_file(self) -> None:
         """``run.json``: who this run is (kept where a comparison already named it) and how
         many rounds it is configured for, so reports can read runs without their config."""
-        path = self.run_dir / "run.json"
+        path = self.run_dir / RUN_FILE
         info = json.loads(path.read_text()) if path.is_file() else {}
         info.setdefault("method", type(self.method).__name__)
         info.setdefault("seed", self.seed)

@@ -6,13 +6,13 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
 from fedlit.aggregation import mean
 from fedlit.data.datamodule import FederatedDataModule
 from fedlit.methods.base import ClientUpdate, FederatedMethod, StateDict
 from fedlit.objectives import FedSEALClient, Objective, class_thresholds, gaussian_rampup
+from fedlit.objectives.fedseal import predict_probabilities
 
 THRESHOLDS = "fedseal.thresholds"  # payload key of the class-wise thresholds tau^t
 
@@ -85,20 +85,8 @@ class FedSEAL(FederatedMethod):
     # --- server -------------------------------------------------------------------------
     def server_step_done(self, objective: Objective, data: FederatedDataModule) -> None:
         """tau^t from the trained model's predictions on the validation set (eq 5)."""
-        self.thresholds = self.measure_thresholds(self.network, data.val_dataloader())
-
-    @staticmethod
-    @torch.no_grad()
-    def measure_thresholds(network: nn.Module, loader: DataLoader) -> Tensor:
-        was_training = network.training
-        network.eval()
-        device = next(network.parameters()).device
-        probs, labels = [], []
-        for x, y in loader:
-            probs.append(network(x.to(device)).float().softmax(-1).cpu())
-            labels.append(y)
-        network.train(was_training)
-        return class_thresholds(torch.cat(probs), torch.cat(labels))
+        probs, labels = predict_probabilities(self.network, data.val_dataloader())
+        self.thresholds = class_thresholds(probs, labels)  # type: ignore[arg-type]
 
     def server_state_dict(self) -> dict[str, Any]:
         return {"thresholds": self.thresholds.clone()}

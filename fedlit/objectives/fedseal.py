@@ -13,6 +13,22 @@ from torch.utils.data import DataLoader
 from fedlit.objectives.base import Objective
 
 
+@torch.no_grad()
+def predict_probabilities(network: nn.Module, loader: DataLoader) -> tuple[Tensor, Tensor | None]:
+    """Softmax outputs of ``network`` in eval mode, on its own device, over batches ``(x,)``
+    or ``(x, y)``: (probs (N, M) on the CPU, labels (N,) or None). The mode is restored."""
+    was_training = network.training
+    network.eval()
+    device = next(network.parameters()).device
+    probs, labels = [], []
+    for batch in loader:
+        probs.append(network(batch[0].to(device)).float().softmax(-1).cpu())
+        if len(batch) > 1:
+            labels.append(batch[1])
+    network.train(was_training)
+    return torch.cat(probs), (torch.cat(labels) if labels else None)
+
+
 def class_thresholds(probs: Tensor, labels: Tensor) -> Tensor:
     """Class-wise confidence thresholds on the validation set, paper 002 eq 5.
 
@@ -148,18 +164,10 @@ class FedSEALClient(Objective):
         diagnostics only, their true labels (never used by the loss)."""
         self.images, self.hidden_labels = images, hidden_labels
 
-    @torch.no_grad()
-    def predict_client_data(self) -> Tensor:
+    def on_train_start(self) -> None:
         if self.images is None:
             raise RuntimeError("FedSEALClient needs attach() before training")
-        was_training = self.network.training
-        self.network.eval()
-        probs = [self.network(x.to(self.device)).float().softmax(-1).cpu() for (x,) in self.images]
-        self.network.train(was_training)
-        return torch.cat(probs)
-
-    def on_train_start(self) -> None:
-        probs = self.predict_client_data()
+        probs, _ = predict_probabilities(self.network, self.images)
         previous, t = self.previous if self.previous is not None else (None, 0)
         if previous is not None and previous.shape != probs.shape:
             raise ValueError(

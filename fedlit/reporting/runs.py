@@ -18,9 +18,10 @@ from typing import Any
 import numpy as np
 import yaml
 
+from fedlit.federation.driver import RUN_FILE
+
 CONFIG_FILE = "config.yaml"
 METRICS_FILE = "metrics.csv"
-RUN_FILE = "run.json"
 DEFAULT_SETTING = "default"
 
 
