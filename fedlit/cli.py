@@ -193,21 +193,23 @@ def compare_main(argv: Sequence[str]) -> None:
 
 
 def report_main(argv: Sequence[str]) -> None:
-    """``fedlit report RUN_OR_FOLDER... [--target 0.8] [--out DIR] [--title T]``."""
+    """``fedlit report RUN_OR_FOLDER... [--target 0.8] [--baseline M] [--out DIR] [--title T]``."""
     from fedlit.comparison.report import write_report
-    from fedlit.reporting import find_runs
+    from fedlit.reporting import find_runs, summarize
 
     parser = ArgumentParser(prog="fedlit report", description="Results table and plots of runs.")
     parser.add_argument("paths", nargs="+", type=str, help="run directories or folders of runs")
     parser.add_argument("--target", type=float | None, default=None)
+    parser.add_argument("--baseline", type=str | None, default=None, help="method to compare with")
     parser.add_argument("--out", type=str, default="report")
     parser.add_argument("--title", type=str, default="fedlit runs")
     cfg = parser.parse_args(list(argv))
     try:
         runs = find_runs(cfg.paths)
+        summarize(runs, baseline=cfg.baseline)  # a bad baseline fails before anything is written
     except ValueError as err:
         parser.error(str(err))
-    written = write_report(runs, cfg.out, cfg.title, target=cfg.target)
+    written = write_report(runs, cfg.out, cfg.title, target=cfg.target, baseline=cfg.baseline)
     print(json.dumps({k: str(v) for k, v in written.items()}))
 
 

@@ -62,7 +62,13 @@ def test_compare_two_recipes_two_seeds(
     fmnist_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     report = tmp_path / "docs" / "tiny.md"
-    spec = _spec(tmp_path, fmnist_root, report=str(report), description=["Tiny protocol."])
+    spec = _spec(
+        tmp_path,
+        fmnist_root,
+        report=str(report),
+        description=["Tiny protocol."],
+        baseline="server_sl",
+    )
     main(["compare", f"--config={spec}"])
     written = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     out = tmp_path / "out"
@@ -81,8 +87,17 @@ def test_compare_two_recipes_two_seeds(
             assert info["seed"] == seed and info["setting"] == "default"
         assert float(row["final_mean"]) == pytest.approx(np.mean(finals))
         assert float(row["final_std"]) == pytest.approx(np.std(finals, ddof=1))
+    by_method = {row["method"]: row for row in rows}
+
+    def final(method: str, seed: int) -> float:
+        return float(_csv(out / "default" / method / f"seed{seed}" / "metrics.csv")[-1]["test/acc"])
+
+    diffs = [final("fedavg_fixmatch", seed) - final("server_sl", seed) for seed in (0, 1)]
+    assert float(by_method["fedavg_fixmatch"]["delta_mean"]) == pytest.approx(np.mean(diffs))
+    assert float(by_method["fedavg_fixmatch"]["delta_std"]) == pytest.approx(np.std(diffs, ddof=1))
     text = report.read_text()
     assert "fedlit compare" in text and "80.25" in text and "Tiny protocol." in text
+    assert "| vs server_sl (paired) |" in text and "| baseline |" in text
     assert (report.parent / "tiny_curves.png").is_file()  # the report's plots travel with it
 
 
@@ -119,7 +134,9 @@ def test_compare_rerun_runs_nothing(
     assert (tmp_path / "out/default/server_sl/seed0/metrics.csv").read_text() == before
 
 
-def test_compare_bad_input_stops_before_any_run(fmnist_root: Path, tmp_path: Path) -> None:
+def test_compare_bad_input_stops_before_any_run(
+    fmnist_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     spec = _spec(tmp_path, fmnist_root, overrides=[*_tiny(fmnist_root), "--model.init_args.tau=7"])
     with pytest.raises(SystemExit) as exc:
         main(["compare", f"--config={spec}"])
@@ -127,6 +144,10 @@ def test_compare_bad_input_stops_before_any_run(fmnist_root: Path, tmp_path: Pat
     assert not (tmp_path / "out" / "default" / "fedavg_fixmatch").exists()
     with pytest.raises(SystemExit):
         main(["compare", f"--config={_spec(tmp_path, fmnist_root, seeds=[1, 1])}"])
+    with pytest.raises(SystemExit) as exc:
+        main(["compare", f"--config={_spec(tmp_path, fmnist_root, baseline='fedsup')}"])
+    assert "baseline: 'fedsup'" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
 
 
 def _wandb_records(run_file: Path) -> list[dict]:
@@ -200,3 +221,8 @@ def test_report_and_partition_commands(
     main(["report", str(tmp_path / "r0"), str(tmp_path / "r1"), f"--out={tmp_path / 'rep'}"])
     rows = _csv(tmp_path / "rep" / "results.csv")
     assert len(rows) == 1 and rows[0]["seeds"] == "0 1"
+    bad = [str(tmp_path / "r0"), "--baseline=server_sl", f"--out={tmp_path / 'bad'}"]
+    with pytest.raises(SystemExit) as exc:
+        main(["report", *bad])  # r0 is fedavg_fixmatch: there is no server_sl run
+    assert exc.value.code == 2 and "baseline" in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()

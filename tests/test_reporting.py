@@ -280,6 +280,76 @@ def test_summarize_rejects_duplicate_seeds(sweep: Path) -> None:
         summarize([run, run])
 
 
+def test_paired_difference_from_baseline_matches_numpy(sweep: Path) -> None:
+    rows = {(r.setting, r.method): r for r in summarize(find_runs([sweep]), baseline="FedAvg")}
+    seal = rows[("iid", "FedSEAL")]
+    diffs = [ACC[("iid", "FedSEAL", s)][-1] - ACC[("iid", "FedAvg", s)][-1] for s in (0, 1)]
+    assert seal.delta_seeds == 2
+    assert seal.delta_mean == pytest.approx(np.mean(diffs))
+    assert seal.delta_std == pytest.approx(np.std(diffs, ddof=1))
+    assert seal.delta_mean == pytest.approx(((0.80 - 0.65) + (0.90 - 0.70)) / 2)
+    # Non-IID: one common seed (0), against the baseline's last logged value (0.40).
+    single = rows[("noniid", "FedSEAL")]
+    assert single.delta_seeds == 1 and single.delta_mean == pytest.approx(0.70 - 0.40)
+    assert math.isnan(single.delta_std)
+    own = rows[("iid", "FedAvg")]
+    assert (own.delta_mean, own.delta_std, own.delta_seeds) == (0.0, 0.0, 2)
+    for row in summarize(find_runs([sweep])):  # no baseline: nothing compared
+        assert row.delta_seeds == 0 and math.isnan(row.delta_mean)
+    with pytest.raises(ValueError, match="baseline: no run of method 'ServerSL'"):
+        summarize(find_runs([sweep]), baseline="ServerSL")
+
+
+def test_paired_difference_only_over_seeds_both_have(tmp_path: Path) -> None:
+    """A seed the baseline lacks is left out of the difference, not paired with another."""
+    for method, seed, acc in [("A", 0, 0.6), ("A", 1, 0.9), ("B", 1, 0.7), ("B", 2, 0.1)]:
+        rows = [{"round": 0.0}, {"round": 1.0, "test/acc": acc}]
+        meta = {"method": method, "seed": seed, "setting": "s"}
+        write_run(tmp_path / f"{method}{seed}", rows, rounds=1, run_json=meta)
+    row = {r.method: r for r in summarize(find_runs([tmp_path]), baseline="B")}["A"]
+    assert row.delta_seeds == 1 and row.delta_mean == pytest.approx(0.9 - 0.7)
+
+
+def test_final_evaluations_over_seeds(tmp_path: Path) -> None:
+    evals = {0: (0.70, 0.60), 1: (0.74, 0.66)}  # seed -> (finetune, linear)
+    for seed, (finetune, linear) in evals.items():
+        rows = [
+            {"round": 0.0},
+            {"round": 1.0, "test/acc": 0.5},
+            {
+                "round": 2.0,
+                "test/acc": 0.6,
+                "eval/finetune_acc": finetune,
+                "eval/linear_acc": linear,
+            },
+        ]
+        meta = {"method": "FedSup", "seed": seed, "setting": "iid"}
+        write_run(tmp_path / f"fedsup{seed}", rows, rounds=2, run_json=meta)
+    write_run(
+        tmp_path / "plain",
+        [{"round": 0.0}, {"round": 1.0, "test/acc": 0.5}, {"round": 2.0, "test/acc": 0.55}],
+        rounds=2,
+        run_json={"method": "ServerSL", "seed": 0, "setting": "iid"},
+    )
+    rows = {r.method: r for r in summarize(find_runs([tmp_path]), baseline="ServerSL")}
+    finetunes, linears = zip(*evals.values(), strict=True)
+    assert rows["FedSup"].finetune_mean == pytest.approx(np.mean(finetunes))
+    assert rows["FedSup"].finetune_std == pytest.approx(np.std(finetunes, ddof=1))
+    assert rows["FedSup"].linear_mean == pytest.approx(np.mean(linears))
+    assert math.isnan(rows["ServerSL"].finetune_mean)
+    text = to_markdown(list(rows.values()), baseline="ServerSL")
+    header = (
+        "| method | seeds | final test/acc | vs ServerSL (paired) | best | rounds to target "
+        "| MB communicated | finetune (final eval) | linear (final eval) |"
+    )
+    assert header in text.splitlines()
+    assert (
+        "| FedSup | 2 | 60.00 ± 0.00 | +5.00 | 60.00 ± 0.00 | - | 0.00 | 72.00 ± 2.83 "
+        "| 63.00 ± 4.24 |"
+    ) in text
+    assert "| ServerSL | 1 | 55.00 | baseline | 55.00 | - | 0.00 | - | - |" in text
+
+
 def test_to_markdown(sweep: Path) -> None:
     rows = summarize(find_runs([sweep]), target=TARGET)
     published = {"FedSEAL": {"iid": 84.28}}

@@ -30,6 +30,7 @@ def write_report(
     partitions: Mapping[str, np.ndarray] | None = None,
     about: Sequence[str] = (),
     report: str | Path | None = None,
+    baseline: str | None = None,
 ) -> dict[str, Path]:
     """Write ``results.csv``, ``results.md`` and the plots into ``out``; with ``report``, the
     Markdown goes there too, its plots copied beside it (``<stem>_<plot>.png``).
@@ -43,13 +44,14 @@ def write_report(
         partitions: setting -> the (clients x classes) example counts, plotted per setting.
         about: lines (Markdown) said before the tables: how the numbers were made.
         report: a second place for the Markdown report (e.g. ``docs/results/x.md``).
+        baseline: the method every other is compared with, seed by seed.
 
     Returns:
         name -> path of everything written (``csv``, ``markdown``, ``curves``, ...).
     """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    rows = summarize(runs, target=target)
+    rows = summarize(runs, target=target, baseline=baseline)
     written: dict[str, Path] = {"csv": write_csv(rows, out / "results.csv", published)}
     written["curves"] = plot_curves(runs, out / "curves.png")
     diagnostics = plot_diagnostics(runs, out / "diagnostics.png")
@@ -59,7 +61,7 @@ def write_report(
         written[f"partition_{setting}"] = plot_partition(
             counts, out / f"partition_{setting}.png", title=f"partition: {setting}"
         )
-    table = to_markdown(rows, target=target, published=published)
+    table = to_markdown(rows, target=target, published=published, baseline=baseline)
     written["markdown"] = out / "results.md"
     written["markdown"].write_text(_document(title, about, table, written, out))
     if report is not None:
@@ -93,6 +95,7 @@ def log_to_wandb(
     offline: bool,
     save_dir: str | Path,
     target: float | None = None,
+    baseline: str | None = None,
 ) -> Path:
     """One W&B run in the comparison's group holding the results table and the plots.
 
@@ -100,7 +103,7 @@ def log_to_wandb(
     """
     import wandb
 
-    rows = summarize(runs, target=target)
+    rows = summarize(runs, target=target, baseline=baseline)
     columns = list(asdict(rows[0]))
     data: list[list[Any]] = [[_plain(v) for v in asdict(row).values()] for row in rows]
     run = wandb.init(

@@ -21,6 +21,7 @@ from fedlit.comparison.report import log_to_wandb, write_report
 from fedlit.federation.checkpoint import load_checkpoint
 from fedlit.federation.driver import RUN_FILE, RUN_MARKERS
 from fedlit.reporting import load_run
+from fedlit.reporting.table import FINAL_EVAL_KEYS
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,8 @@ class Comparison:
         overrides: overrides for every run (e.g. fewer rounds, a smaller backbone).
         out: the comparison's directory.
         target: report the first round each run reaches this test accuracy.
+        baseline: a recipe stem (e.g. ``server_sl``) every method is compared with, seed by
+            seed: the paired difference of final test accuracy, in points.
         report: also write the Markdown report here (plots beside it).
         published: recipe stem -> setting -> a paper's accuracy (percent), shown beside ours.
         wandb: log every run to W&B (None: no W&B).
@@ -62,6 +65,7 @@ class Comparison:
     overrides: list[str] = field(default_factory=list)
     out: str = "runs/compare"
     target: float | None = None
+    baseline: str | None = None
     report: str | None = None
     published: dict[str, dict[str, float]] = field(default_factory=dict)
     wandb: WandbSettings | None = None
@@ -80,6 +84,8 @@ class Comparison:
             raise ValueError(f"seeds: give distinct seeds, got {self.seeds}")
         if not self.settings:
             raise ValueError("settings: give at least one setting")
+        if self.baseline is not None and self.baseline not in stems:
+            raise ValueError(f"baseline: {self.baseline!r} is not one of the recipes {stems}")
         if self.target is not None and not 0 < self.target <= 1:
             raise ValueError(f"target must be in (0, 1], got {self.target}")
 
@@ -247,6 +253,18 @@ def run_comparison(
         *settings,
         f"- every run: `{' '.join(comparison.overrides) or '(no overrides)'}`",
     ]
+    if comparison.baseline is not None:
+        about.append(
+            f"- *vs {comparison.baseline} (paired)*: per seed, the method's final test/acc "
+            f"minus {comparison.baseline}'s with the same seed (the same labeled set and "
+            "partition); mean ± sample std over the seeds, in points."
+        )
+    if any(r.series(key)[1].size for r in records for key in FINAL_EVAL_KEYS.values()):
+        about.append(
+            "- *finetune / linear (final eval)*: the global encoder after the last round, "
+            "fine-tuned end to end / with a linear classifier on the server's labeled set "
+            "(`federation.final_eval`), for the recipes that ask for it."
+        )
     written = write_report(
         records,
         comparison.out,
@@ -256,6 +274,7 @@ def run_comparison(
         partitions=partitions,
         about=about,
         report=comparison.report,
+        baseline=comparison.baseline,
     )
     if comparison.wandb is not None:
         log_to_wandb(
@@ -266,5 +285,6 @@ def run_comparison(
             comparison.wandb.offline,
             comparison.out,
             target=comparison.target,
+            baseline=comparison.baseline,
         )
     return written

@@ -9,16 +9,19 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
 
 from fedlit.reporting.runs import RunRecord
 
 _LINE_STYLES = ("-", "--", ":")  # ten colours, then the next style: 30 lines stay apart
+_MARKERS = ("o", "x", "s", "^", "d", "v")  # one per setting in the diagnostics
 
 #: Method diagnostics plotted by plot_diagnostics, in this order, when any run logs them.
 DIAGNOSTICS: tuple[str, ...] = (
@@ -80,6 +83,13 @@ def _group(runs: Sequence[RunRecord], *keys: str) -> dict[tuple[str, ...], list[
     return groups
 
 
+def _method_styles(methods: Sequence[str]) -> dict[str, tuple[str, str]]:
+    """method -> (colour, line style): ten colours, then the next line style."""
+    return {
+        m: (f"C{i % 10}", _LINE_STYLES[i // 10 % len(_LINE_STYLES)]) for i, m in enumerate(methods)
+    }
+
+
 def _grid(fig: Figure, n: int, ncols: int) -> list[Axes]:
     """``n`` axes on a grid of ``ncols`` columns; the unused cells are hidden."""
     nrows = math.ceil(n / ncols)
@@ -91,7 +101,8 @@ def _grid(fig: Figure, n: int, ncols: int) -> list[Axes]:
 
 def plot_curves(runs: Sequence[RunRecord], path: str | Path, metric: str = "test/acc") -> Path:
     """Learning curves: one panel per setting; per method the mean of ``metric`` over seeds
-    against the round, shaded ± one std where at least two seeds logged the round.
+    against the round, shaded ± one std where at least two seeds logged the round. One legend,
+    beside the panels; each panel's title gives its number of seeds per method.
 
     Raises ValueError naming the metric if no run logs it.
     """
@@ -99,19 +110,22 @@ def plot_curves(runs: Sequence[RunRecord], path: str | Path, metric: str = "test
         raise ValueError(f"plot_curves: no run logs metric {metric!r}")
     by_setting = _group(runs, "setting")
     methods = list(_group(runs, "method"))
-    colours = {m: f"C{i % 10}" for i, (m,) in enumerate(methods)}
-    styles = {m: _LINE_STYLES[i // 10 % len(_LINE_STYLES)] for i, (m,) in enumerate(methods)}
+    styles = _method_styles([m for (m,) in methods])
+    alpha = 0.2 if len(methods) <= 5 else 0.08  # many overlapping bands: fainter
     ncols = min(3, len(by_setting))
-    fig = _new_figure(5.0 * ncols, 3.8 * math.ceil(len(by_setting) / ncols))
+    fig = _new_figure(5.0 * ncols + 2.0, 3.8 * math.ceil(len(by_setting) / ncols))
     axes = _grid(fig, len(by_setting), ncols)
+    handles: dict[str, Any] = {}
     for ax, ((setting,), setting_runs) in zip(axes, by_setting.items(), strict=True):
+        seeds = set()
         for (method,), method_runs in _group(setting_runs, "method").items():
             rounds, mean, std, count = _mean_curve(method_runs, metric)
             if not rounds.size:
                 continue
-            label = f"{method} (n={len(method_runs)})"
-            style = styles[method]
-            ax.plot(rounds, mean, color=colours[method], ls=style, label=label, marker=".")
+            seeds.add(len(method_runs))
+            colour, style = styles[method]
+            (line,) = ax.plot(rounds, mean, color=colour, ls=style, marker=".")
+            handles.setdefault(method, line)
             band = count >= 2
             if band.any():
                 ax.fill_between(
@@ -119,17 +133,17 @@ def plot_curves(runs: Sequence[RunRecord], path: str | Path, metric: str = "test
                     np.where(band, mean - std, mean),
                     np.where(band, mean + std, mean),
                     where=band,
-                    color=colours[method],
-                    alpha=0.2,
+                    color=colour,
+                    alpha=alpha,
                     linewidth=0,
                 )
-        ax.set_title(setting)
+        n = "-".join(str(k) for k in sorted({min(seeds), max(seeds)})) if seeds else "0"
+        ax.set_title(f"{setting} (mean ± std over n={n} seeds)")
         ax.set_xlabel("round")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel(metric)
         ax.grid(alpha=0.3)
-        if ax.get_lines():
-            ax.legend(fontsize="small")
+    fig.legend(list(handles.values()), list(handles), loc="outside right upper", fontsize="small")
     return _save(fig, path)
 
 
@@ -168,22 +182,39 @@ def plot_partition(class_counts: np.ndarray, path: str | Path, title: str = "") 
 
 def plot_diagnostics(runs: Sequence[RunRecord], path: str | Path) -> Path | None:
     """One panel per DIAGNOSTICS key that any run logs; per (method, setting) the mean over
-    seeds against the round. Returns None, writing nothing, when no run logs any of them."""
+    seeds against the round: the method's colour and line style as in :func:`plot_curves`, a
+    marker per setting, and one legend of each beside the panels. Returns None, writing
+    nothing, when no run logs any of them."""
     keys = [key for key in DIAGNOSTICS if any(run.series(key)[0].size for run in runs)]
     if not keys:
         return None
-    groups = _group(runs, "method", "setting")
+    styles = _method_styles([m for (m,) in _group(runs, "method")])
+    settings = [s for (s,) in _group(runs, "setting")]
+    markers = {s: _MARKERS[i % len(_MARKERS)] for i, s in enumerate(settings)}
     ncols = min(3, len(keys))
-    fig = _new_figure(4.5 * ncols, 3.2 * math.ceil(len(keys) / ncols))
+    fig = _new_figure(4.5 * ncols + 2.0, 3.2 * math.ceil(len(keys) / ncols))
+    shown: set[str] = set()
     for ax, key in zip(_grid(fig, len(keys), ncols), keys, strict=True):
-        for i, ((method, setting), group_runs) in enumerate(groups.items()):
+        for (method, setting), group_runs in _group(runs, "method", "setting").items():
             rounds, mean, _, _ = _mean_curve(group_runs, key)
             if rounds.size:
-                style = _LINE_STYLES[i // 10 % len(_LINE_STYLES)]
-                ax.plot(rounds, mean, color=f"C{i % 10}", ls=style, label=f"{method} ({setting})")
+                colour, style = styles[method]
+                ax.plot(rounds, mean, color=colour, ls=style, marker=markers[setting], ms=4)
+                shown.add(method)
         ax.set_title(key)
         ax.set_xlabel("round")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
-        ax.legend(fontsize="x-small")
+    method_handles = [
+        Line2D([], [], color=colour, ls=style, label=m)
+        for m, (colour, style) in styles.items()
+        if m in shown
+    ]
+    setting_handles = [
+        Line2D([], [], color="black", ls="none", marker=marker, label=s)
+        for s, marker in markers.items()
+    ]
+    fig.legend(handles=method_handles, loc="outside right upper", fontsize="small")
+    if len(settings) > 1:
+        fig.legend(handles=setting_handles, loc="outside right lower", fontsize="small")
     return _save(fig, path)

@@ -13,6 +13,8 @@ import numpy as np
 from fedlit.reporting.runs import RunRecord
 
 BYTES_KEYS = ("comm/bytes_down", "comm/bytes_up")
+#: the driver's final evaluations of the global encoder (``federation.final_eval``)
+FINAL_EVAL_KEYS = {"finetune": "eval/finetune_acc", "linear": "eval/linear_acc"}
 
 
 @dataclass(frozen=True)
@@ -30,6 +32,14 @@ class ResultRow:
         reached: how many seeds reached the target (0 without a target).
         bytes_total: mean over seeds of the sum over rounds of comm/bytes_down + comm/bytes_up.
         finished: how many of the runs are finished.
+        delta_mean, delta_std: the paired difference from the baseline method: per seed, this
+            run's final metric minus the baseline's run of the same setting and seed (the same
+            labeled set and partition); mean and sample std over those seeds; NaN without a
+            baseline.
+        delta_seeds: how many seeds the difference is over (0 without a baseline).
+        finetune_mean, finetune_std, linear_mean, linear_std: ``eval/finetune_acc`` and
+            ``eval/linear_acc`` (the driver's ``federation.final_eval`` of the global encoder
+            after the last round) over seeds; NaN where not logged.
     """
 
     method: str
@@ -43,6 +53,13 @@ class ResultRow:
     reached: int
     bytes_total: float
     finished: int
+    delta_mean: float = math.nan
+    delta_std: float = math.nan
+    delta_seeds: int = 0
+    finetune_mean: float = math.nan
+    finetune_std: float = math.nan
+    linear_mean: float = math.nan
+    linear_std: float = math.nan
 
 
 def _mean_std(values: Sequence[float]) -> tuple[float, float]:
@@ -65,19 +82,38 @@ def _bytes_total(run: RunRecord) -> float:
     return float(sum(row.get(key, 0.0) for row in run.history for key in BYTES_KEYS))
 
 
-def _summarize_group(runs: Sequence[RunRecord], target: float | None, metric: str) -> ResultRow:
-    """One ResultRow from the runs of one (setting, method)."""
-    finals, bests, hits = [], [], []
+def _final(run: RunRecord, metric: str) -> float:
+    """The run's last logged value of ``metric`` (NaN if it never logged it)."""
+    _, values = run.series(metric)
+    return float(values[-1]) if values.size else math.nan
+
+
+def _summarize_group(
+    runs: Sequence[RunRecord],
+    target: float | None,
+    metric: str,
+    baseline: Mapping[int, float] | None = None,
+) -> ResultRow:
+    """One ResultRow from the runs of one (setting, method); ``baseline``: seed -> the baseline
+    method's final metric in the same setting."""
+    finals, bests, hits, deltas = [], [], [], []
     for run in runs:
         _, values = run.series(metric)
-        finals.append(float(values[-1]) if values.size else math.nan)
+        finals.append(_final(run, metric))
         bests.append(float(values.max()) if values.size else math.nan)
         if target is not None:
             hit = _first_round_at(run, metric, target)
             if hit is not None:
                 hits.append(hit)
+        if baseline is not None and run.seed in baseline:
+            delta = finals[-1] - baseline[run.seed]
+            if math.isfinite(delta):
+                deltas.append(delta)
     final_mean, final_std = _mean_std(finals)
     best_mean, best_std = _mean_std(bests)
+    delta_mean, delta_std = _mean_std(deltas)
+    finetune = _mean_std([_final(run, FINAL_EVAL_KEYS["finetune"]) for run in runs])
+    linear = _mean_std([_final(run, FINAL_EVAL_KEYS["linear"]) for run in runs])
     return ResultRow(
         method=runs[0].method,
         setting=runs[0].setting,
@@ -90,17 +126,29 @@ def _summarize_group(runs: Sequence[RunRecord], target: float | None, metric: st
         reached=len(hits),
         bytes_total=float(np.mean([_bytes_total(run) for run in runs])),
         finished=sum(run.finished for run in runs),
+        delta_mean=delta_mean,
+        delta_std=delta_std,
+        delta_seeds=len(deltas),
+        finetune_mean=finetune[0],
+        finetune_std=finetune[1],
+        linear_mean=linear[0],
+        linear_std=linear[1],
     )
 
 
 def summarize(
-    runs: Sequence[RunRecord], target: float | None = None, metric: str = "test/acc"
+    runs: Sequence[RunRecord],
+    target: float | None = None,
+    metric: str = "test/acc",
+    baseline: str | None = None,
 ) -> list[ResultRow]:
     """One ResultRow per (setting, method), in first-appearance order of ``runs``.
 
     ``target`` is in the metric's units (a fraction for test/acc). A run that never logs the
-    metric counts as a seed but not towards the means. Raises ValueError naming both run
-    directories if two runs share (setting, method, seed), as they would be counted twice.
+    metric counts as a seed but not towards the means. ``baseline`` names the method every
+    row is compared with, seed by seed (``delta_*``). Raises ValueError naming both run
+    directories if two runs share (setting, method, seed), as they would be counted twice, and
+    naming ``baseline`` if no run is of that method.
     """
     groups: dict[tuple[str, str], list[RunRecord]] = {}
     seen: dict[tuple[str, str, int], RunRecord] = {}
@@ -113,7 +161,19 @@ def summarize(
             )
         seen[ident] = run
         groups.setdefault((run.setting, run.method), []).append(run)
-    return [_summarize_group(group, target, metric) for group in groups.values()]
+    if baseline is not None and baseline not in {method for _, method in groups}:
+        methods = sorted({method for _, method in groups})
+        raise ValueError(f"baseline: no run of method {baseline!r} (methods: {methods})")
+
+    def reference(setting: str) -> dict[int, float] | None:
+        if baseline is None:
+            return None
+        return {run.seed: _final(run, metric) for run in groups.get((setting, baseline), [])}
+
+    return [
+        _summarize_group(group, target, metric, reference(setting))
+        for (setting, _), group in groups.items()
+    ]
 
 
 def _published(published: Mapping[str, Mapping[str, float]] | None, row: ResultRow) -> float | None:
@@ -163,6 +223,16 @@ def _rounds(row: ResultRow, target: float | None) -> str:
     return f"{mean} ({row.reached}/{len(row.seeds)})"
 
 
+def _points(row: ResultRow, baseline: str) -> str:
+    """The paired difference from the baseline in percentage points, with its seed count."""
+    if row.method == baseline:
+        return "baseline"
+    if not row.delta_seeds:
+        return "-"
+    std = f" ± {100 * row.delta_std:.2f}" if math.isfinite(row.delta_std) else ""
+    return f"{100 * row.delta_mean:+.2f}{std}"
+
+
 def _seeds(row: ResultRow) -> str:
     """The number of seeds, noting unfinished runs."""
     unfinished = len(row.seeds) - row.finished
@@ -173,13 +243,25 @@ def to_markdown(
     rows: Sequence[ResultRow],
     target: float | None = None,
     published: Mapping[str, Mapping[str, float]] | None = None,
+    baseline: str | None = None,
 ) -> str:
     """Markdown tables, one per setting (``### <setting>``, settings in first-appearance
     order), rows sorted by final mean descending; accuracies in percent, MB = 10^6 bytes.
     ``target`` (a fraction) only labels the rounds-to-target column; pass the one given to
-    summarize. A "paper" column is added when ``published`` is given."""
+    summarize, and the same ``baseline`` for its column of paired differences (points). A
+    "paper" column is added when ``published`` is given; "finetune" and "linear" columns when
+    some row has those final evaluations."""
     target_label = f"rounds to {100 * target:g}%" if target is not None else "rounds to target"
-    header = ["method", "seeds", "final test/acc", "best", target_label, "MB communicated"]
+    header = ["method", "seeds", "final test/acc"]
+    if baseline is not None:
+        header.append(f"vs {baseline} (paired)")
+    header += ["best", target_label, "MB communicated"]
+    evals = [
+        name
+        for name in FINAL_EVAL_KEYS
+        if any(math.isfinite(getattr(row, f"{name}_mean")) for row in rows)
+    ]
+    header += [f"{name} (final eval)" for name in evals]
     if published is not None:
         header.append("paper")
     by_setting: dict[str, list[ResultRow]] = {}
@@ -197,13 +279,16 @@ def to_markdown(
             "|" + "|".join(["---"] * len(header)) + "|",
         ]
         for row in ordered:
-            cells = [
-                row.method,
-                _seeds(row),
-                _pct(row.final_mean, row.final_std),
+            cells = [row.method, _seeds(row), _pct(row.final_mean, row.final_std)]
+            if baseline is not None:
+                cells.append(_points(row, baseline))
+            cells += [
                 _pct(row.best_mean, row.best_std),
                 _rounds(row, target),
                 f"{row.bytes_total / 1e6:.2f}",
+            ]
+            cells += [
+                _pct(getattr(row, f"{name}_mean"), getattr(row, f"{name}_std")) for name in evals
             ]
             if published is not None:
                 paper = _published(published, row)
