@@ -20,8 +20,7 @@ import numpy as np
 from fedlit.comparison.report import log_to_wandb, write_report
 from fedlit.federation.checkpoint import load_checkpoint
 from fedlit.federation.driver import RUN_FILE, RUN_MARKERS
-from fedlit.reporting import load_run
-from fedlit.reporting.table import FINAL_EVAL_KEYS
+from fedlit.reporting import FINAL_EVAL_KEYS, load_run
 
 
 @dataclass(frozen=True)

@@ -2,10 +2,17 @@
 
 from fedlit.reporting.plots import DIAGNOSTICS, plot_curves, plot_diagnostics, plot_partition
 from fedlit.reporting.runs import RunRecord, find_runs, load_run
-from fedlit.reporting.table import ResultRow, summarize, to_markdown, write_csv
+from fedlit.reporting.table import (
+    FINAL_EVAL_KEYS,
+    ResultRow,
+    summarize,
+    to_markdown,
+    write_csv,
+)
 
 __all__ = [
     "DIAGNOSTICS",
+    "FINAL_EVAL_KEYS",
     "ResultRow",
     "RunRecord",
     "find_runs",
