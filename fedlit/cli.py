@@ -25,10 +25,12 @@ from typing import Any
 import numpy as np
 from jsonargparse import ActionConfigFile, ArgumentParser
 from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from fedlit.data.datamodule import FederatedDataModule
 from fedlit.evaluation import Evaluator
 from fedlit.federation import Federation, FederationConfig, TrainerTemplate, load_checkpoint
+from fedlit.federation.trainers import TERMINATED
 from fedlit.methods import FederatedMethod
 
 #: Trainer settings passed on to every per-step Trainer (the rest are the driver's business).
@@ -250,10 +252,13 @@ def main(args: Sequence[str] | None = None) -> None:
     """The ``fedlit`` console script: ``fit``/``test`` (LightningCLI) or ``compare``,
     ``report``, ``partition``."""
     argv = list(sys.argv[1:] if args is None else args)
-    if argv and argv[0] in COMMANDS:
-        COMMANDS[argv[0]](argv[1:])
-        return
-    FedlitCLI(args=argv)
+    try:
+        if argv and argv[0] in COMMANDS:
+            COMMANDS[argv[0]](argv[1:])
+            return
+        FedlitCLI(args=argv)
+    except SIGTERMException as stop:  # Lightning's own raise carries no status: not a success
+        raise SystemExit(stop.code or TERMINATED) from None
 
 
 if __name__ == "__main__":

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from fedlit.cli import main
+from fedlit.cli import COMMANDS, main
 
 RECIPES = sorted(
     p
@@ -238,3 +239,16 @@ def test_console_script_reports_bad_input_without_traceback(tmp_path: Path) -> N
     )
     assert proc.returncode != 0
     assert "data.num_clients" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_run_stopped_by_sigterm_exits_with_143(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lightning stops on SIGTERM with a bare SystemExit (status 0); the console script says
+    the run was terminated, so a scheduler or a shell script does not take it for done."""
+
+    def terminated(_: list[str]) -> None:
+        raise SIGTERMException
+
+    monkeypatch.setitem(COMMANDS, "report", terminated)
+    with pytest.raises(SystemExit) as exc:
+        main(["report", "anything"])
+    assert exc.value.code == 143

@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import csv
+import os
+import signal
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
+from lightning import LightningModule
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+from torch.utils.data import DataLoader, TensorDataset
 
 from fedlit.aggregation import state_bytes
 from fedlit.data import FederatedDataModule, ImageSplit
 from fedlit.federation import Federation, FederationConfig, load_checkpoint
+from fedlit.federation.trainers import TrainerTemplate
 from fedlit.methods import FedAvgFixMatch, FedAvgSL, FederatedMethod, ServerSL
 
 
@@ -187,3 +193,38 @@ def test_invalid_federation_settings(fmnist_root: Path, tmp_path: Path) -> None:
     for key in ("rounds", "clients_per_round", "local_epochs", "server_epochs"):
         with pytest.raises(ValueError, match=rf"federation\.{key}"):
             replace(FederationConfig(), **{key: 0})
+
+
+class _SignalsItself(LightningModule):
+    """Sends itself SIGTERM where Lightning's loops no longer look for it: in the last test
+    batch, or after the last training epoch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(2, 1)
+
+    def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
+        return self.layer(batch[0]).sum()
+
+    def on_train_end(self) -> None:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    def test_step(self, batch: list[torch.Tensor], batch_idx: int) -> None:
+        if batch_idx == 1:  # the last of two batches
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+@pytest.mark.parametrize("step", ["fit", "test"])
+def test_sigterm_caught_by_a_per_step_trainer_stops_the_run(step: str) -> None:
+    """A SIGTERM (a scheduler's time limit) that a per-step Trainer caught too late to act on
+    still stops the federation instead of being forgotten with that Trainer."""
+    loader = DataLoader(TensorDataset(torch.zeros(4, 2)), batch_size=2)
+    template = TrainerTemplate(accelerator="cpu")
+    with pytest.raises(SIGTERMException):
+        if step == "fit":
+            template.fit(_SignalsItself(), loader, epochs=1)
+        else:
+            template.test(_SignalsItself(), loader)

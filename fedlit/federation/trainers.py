@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import copy
 import logging
+import signal
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from lightning import LightningModule, Trainer
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch.utils.data import DataLoader
 
 # Per-step Trainers would otherwise print device banners and worker hints hundreds of times.
@@ -18,6 +20,9 @@ for _name in ("lightning.pytorch.utilities.rank_zero", "lightning.pytorch.accele
 warnings.filterwarnings("ignore", message=r".*does not have many workers.*")
 warnings.filterwarnings("ignore", message=r".*barebones=True.*")
 warnings.filterwarnings("ignore", message=r".*LeafSpec.*")  # lightning internals, torch 2.14
+
+
+TERMINATED = 128 + signal.SIGTERM  # the exit status of a run stopped by SIGTERM
 
 
 def default_precision(accelerator: str = "auto") -> str:
@@ -65,7 +70,21 @@ class TrainerTemplate:
         else:
             trainer = self.build(max_epochs=epochs, limit_val_batches=0)
         trainer.fit(module, train_dataloaders=loader)
+        _stop_if_terminated(trainer)
 
     def test(self, module: LightningModule, loader: DataLoader) -> None:
         """Run ``module``'s test loop over ``loader`` (metrics stay in the module)."""
-        self.build().test(module, dataloaders=loader, verbose=False)
+        trainer = self.build()
+        trainer.test(module, dataloaders=loader, verbose=False)
+        _stop_if_terminated(trainer)
+
+
+def _stop_if_terminated(trainer: Trainer) -> None:
+    """Stop the run if the Trainer caught a SIGTERM (a scheduler's time limit, ``timeout``).
+
+    Lightning's handler only sets a flag while a Trainer runs and raises at the next epoch or
+    batch boundary; a signal caught in the last one would die with this per-step Trainer and
+    the federation would go on. The last round's checkpoint is on disk: resume from it.
+    """
+    if trainer.received_sigterm:
+        raise SIGTERMException(TERMINATED)
