@@ -15,7 +15,9 @@ import argparse
 import statistics
 import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -29,7 +31,7 @@ from fedlit.objectives import Objective
 METHODS: dict[str, type[FederatedMethod]] = {"fixmatch": FedAvgFixMatch, "sl": FedAvgSL}
 
 
-def plain_train(objective: Objective, loader: torch.utils.data.DataLoader, epochs: int) -> None:
+def plain_train(objective: Objective, loader: Iterable[Any], epochs: int) -> None:
     """The hand-written loop: the objective's own loss and optimiser, nothing else."""
     objective.train()
     optimizer = objective.configure_optimizers()
@@ -56,7 +58,7 @@ def plain_round(fed: Federation, round_idx: int) -> None:
         loader = method.client_loader(data, int(cid))
         plain_train(objective, loader, cfg.local_epochs)
         uploads.append({k: v.detach().clone() for k, v in objective.network.state_dict().items()})
-        weights.append(len(loader.dataset))
+        weights.append(loader.num_examples)
     method.network.load_state_dict(weighted_average(uploads, weights))
     if not method.server_first:
         seed_all(derive_seed(fed.seed, round_idx, SERVER))

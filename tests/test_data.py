@@ -11,11 +11,11 @@ import torch
 from fedlit.data import (
     Dirichlet,
     FederatedDataModule,
+    ImageBatches,
     ImageSplit,
     build_transform,
     dataset_spec,
 )
-from fedlit.data.datamodule import UnlabeledImages
 
 
 def _dm(root: Path, **kw: object) -> FederatedDataModule:
@@ -63,9 +63,10 @@ def test_client_loaders_yield_images_only(fmnist_root: Path) -> None:
     assert isinstance(batch, (list, tuple)) and len(batch) == 2
     for view in batch:
         assert view.dtype == torch.float32 and view.shape[1:] == (1, 28, 28)
-    ds = dm.client_dataloader(1, ("weak",)).dataset
-    assert isinstance(ds, UnlabeledImages)
-    assert not any(torch.is_tensor(v) and v.dtype == torch.long for v in vars(ds).values())
+    loader = dm.client_dataloader(1, ("weak",))
+    assert isinstance(loader, ImageBatches) and loader.labels is None
+    assert len(loader) == 5 and loader.num_examples == 300  # 300 images, batches of 64
+    assert all(len(batch) == 1 for batch in loader)  # one view, no labels
 
 
 def test_oracle_loader_has_true_labels(fmnist_root: Path) -> None:

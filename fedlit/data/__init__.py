@@ -2,6 +2,7 @@
 
 from fedlit.data.datamodule import FederatedDataModule
 from fedlit.data.datasets import SPECS, DatasetSpec, ImageSplit, dataset_spec, load_split
+from fedlit.data.loaders import ImageBatches
 from fedlit.data.partition import (
     IID,
     SSFL,
@@ -16,6 +17,7 @@ from fedlit.data.transforms import build_transform
 
 __all__ = [
     "IID",
+    "ImageBatches",
     "SPECS",
     "SSFL",
     "ClassesPerClient",

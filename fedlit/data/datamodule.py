@@ -7,55 +7,13 @@ from pathlib import Path
 
 import lightning as L
 import numpy as np
-import torch
-from torch import Tensor
-from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from fedlit.data.datasets import DatasetSpec, ImageSplit, dataset_spec, load_split
+from fedlit.data.loaders import ImageBatches
 from fedlit.data.partition import IID, Partitioner, class_counts, non_iid_metric
-from fedlit.data.transforms import build_transform
 
 SPLIT_TAG = 0x5EED  # keeps the split's random stream apart from the partition's
 TEST_SUBSET_SEED = 0x7E57
-
-
-class LabeledImages(Dataset):
-    """(view_1(x), ..., view_n(x), y) from uint8 images (N, C, H, W) and labels (N,)."""
-
-    def __init__(
-        self, images: Tensor, labels: Tensor, transforms: Sequence[torch.nn.Module]
-    ) -> None:
-        self.images, self.labels, self.transforms = images, labels, tuple(transforms)
-
-    def __len__(self) -> int:
-        return len(self.images)
-
-    def __getitem__(self, i: int) -> tuple[Tensor, ...]:
-        x = self.images[i]
-        return (*(t(x) for t in self.transforms), self.labels[i])
-
-
-class UnlabeledImages(Dataset):
-    """Images only: a tuple with one augmented view per transform. Labels never enter it.
-
-    With ``with_index`` each item starts with the image's position in ``images`` as an int64
-    scalar: ``(i, view_1(x), ..., view_n(x))``, so per-example state can be kept across rounds.
-    """
-
-    def __init__(
-        self, images: Tensor, transforms: Sequence[torch.nn.Module], with_index: bool = False
-    ) -> None:
-        self.images, self.transforms, self.with_index = images, tuple(transforms), with_index
-
-    def __len__(self) -> int:
-        return len(self.images)
-
-    def __getitem__(self, i: int) -> tuple[Tensor, ...]:
-        x = self.images[i]
-        views = tuple(t(x) for t in self.transforms)
-        if self.with_index:
-            return (torch.tensor(i, dtype=torch.int64), *views)
-        return views
 
 
 LABELS_AT = ("server", "client")
@@ -163,7 +121,6 @@ class FederatedDataModule(L.LightningDataModule):
         self.seed: int | None = None
         self.client_labeled: list[ImageSplit] = []
         self._chunks: list[list[tuple[int, int]]] = []
-        self._test_plain: TensorDataset | None = None
 
     # --- static facts (known before any data is loaded) ---------------------------------
     @property
@@ -182,7 +139,6 @@ class FederatedDataModule(L.LightningDataModule):
     def setup_test(self) -> None:
         """Load only the test split (for evaluating a saved model)."""
         self.test = self._load_test()
-        self._test_plain = None
 
     def _load_test(self) -> ImageSplit:
         test = load_split(self.dataset, self.root, train=False, download=self.download)
@@ -203,7 +159,6 @@ class FederatedDataModule(L.LightningDataModule):
         """
         train = load_split(self.dataset, self.root, train=True, download=self.download)
         self.test = self._load_test()
-        self._test_plain = None
         labels = train.labels.numpy()
         rng = np.random.default_rng([seed, SPLIT_TAG])
         labeled_idx, val_idx, pool_idx = self._split_server(labels, rng)
@@ -304,12 +259,28 @@ class FederatedDataModule(L.LightningDataModule):
         return tuple(np.sort(np.concatenate(part)) for part in (labeled, val, pool))  # type: ignore[return-value]
 
     # --- loaders --------------------------------------------------------------------------
-    def _loader(self, dataset: Dataset, batch_size: int, shuffle: bool) -> DataLoader:
-        # A batch of one cannot train BatchNorm: drop a last batch of one example.
-        drop_last = shuffle and len(dataset) % batch_size == 1  # type: ignore[arg-type]
-        return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, drop_last=drop_last)
+    # Every loader is an :class:`ImageBatches`: index draws from the split's uint8 tensor, the
+    # views computed a whole batch at a time (on the training device inside a Trainer).
+    def _batches(
+        self,
+        split: ImageSplit,
+        views: Sequence[str],
+        batch_size: int,
+        shuffle: bool,
+        labels: bool = False,
+        with_index: bool = False,
+    ) -> ImageBatches:
+        return ImageBatches(
+            split.images,
+            self.spec,
+            views,
+            batch_size,
+            shuffle,
+            labels=split.labels if labels else None,
+            with_index=with_index,
+        )
 
-    def server_dataloader(self, views: Sequence[str] = ("weak",)) -> DataLoader:
+    def server_dataloader(self, views: Sequence[str] = ("weak",)) -> ImageBatches:
         """The server's labeled set: batches (x_1, ..., x_n, y), one x (B, C, H, W) per view.
 
         Raises ValueError when the labels are at the clients (``labels_at="client"``).
@@ -319,13 +290,11 @@ class FederatedDataModule(L.LightningDataModule):
                 f"data.labels_at={self.labels_at!r}: the server holds no labeled set "
                 "(use client_labeled_dataloader)"
             )
-        transforms = [build_transform(v, self.spec) for v in views]
-        ds = LabeledImages(self.server.images, self.server.labels, transforms)
-        return self._loader(ds, self.batch_size, shuffle=True)
+        return self._batches(self.server, views, self.batch_size, shuffle=True, labels=True)
 
     def client_labeled_dataloader(
         self, client_id: int, views: Sequence[str] = ("weak",)
-    ) -> DataLoader:
+    ) -> ImageBatches:
         """Client ``client_id``'s own labeled examples (labels-at-client): shuffled batches
         (x_1, ..., x_n, y) of ``batch_size``, one x (B, C, H, W) per view.
 
@@ -338,9 +307,7 @@ class FederatedDataModule(L.LightningDataModule):
             )
         self._check_client(client_id)
         split = self.client_labeled[client_id]
-        transforms = [build_transform(v, self.spec) for v in views]
-        ds = LabeledImages(split.images, split.labels, transforms)
-        return self._loader(ds, self.batch_size, shuffle=True)
+        return self._batches(split, views, self.batch_size, shuffle=True, labels=True)
 
     def _check_client(self, client_id: int) -> None:
         if not 0 <= client_id < self.num_clients:
@@ -365,52 +332,42 @@ class FederatedDataModule(L.LightningDataModule):
 
     def client_dataloader(
         self, client_id: int, views: Sequence[str], visit: int = 1, with_index: bool = False
-    ) -> DataLoader:
+    ) -> ImageBatches:
         """Client ``client_id``'s visible unlabeled shard (see :meth:`client_shard`): shuffled
         batches of one image tensor per view, ``(x_1, ..., x_n)``.
 
         With ``with_index`` batches are ``(index, x_1, ..., x_n)``, index (B,) int64 being each
         example's position in the visible shard.
         """
-        transforms = [build_transform(v, self.spec) for v in views]
         shard = self.client_shard(client_id, visit)
-        ds = UnlabeledImages(shard.images, transforms, with_index=with_index)
-        return self._loader(ds, self.client_batch_size, shuffle=True)
+        return self._batches(
+            shard, views, self.client_batch_size, shuffle=True, with_index=with_index
+        )
 
     def client_oracle_dataloader(
         self, client_id: int, view: str = "weak", visit: int = 1
-    ) -> DataLoader:
+    ) -> ImageBatches:
         """Client shard WITH its true labels: only for the FedAvg-SL oracle (upper bound)."""
         shard = self.client_shard(client_id, visit)
-        ds = LabeledImages(shard.images, shard.labels, [build_transform(view, self.spec)])
-        return self._loader(ds, self.client_batch_size, shuffle=True)
+        return self._batches(shard, (view,), self.client_batch_size, shuffle=True, labels=True)
 
-    def client_plain_dataloader(self, client_id: int, visit: int = 1) -> DataLoader:
+    def client_plain_dataloader(self, client_id: int, visit: int = 1) -> ImageBatches:
         """Client ``client_id``'s visible shard, un-augmented and normalised, in shard order:
         unshuffled batches ``(x,)`` of ``eval_batch_size`` images, no labels."""
         shard = self.client_shard(client_id, visit)
-        ds = TensorDataset(self._normalised(shard.images))
-        return self._loader(ds, self.eval_batch_size, shuffle=False)
+        return self._batches(shard, ("plain",), self.eval_batch_size, shuffle=False)
 
     def client_size(self, client_id: int, visit: int = 1) -> int:
         """The number of examples client ``client_id`` sees on its ``visit``-th selection."""
         return len(self.client_shard(client_id, visit))
 
-    def _normalised(self, images: Tensor) -> Tensor:
-        """Un-augmented, normalised images, transformed once as a whole (no per-image work)."""
-        return build_transform("plain", self.spec)(images)
+    def val_dataloader(self) -> ImageBatches:
+        """The server's validation set: un-augmented batches (x, y) in order."""
+        return self._batches(self.val, ("plain",), self.eval_batch_size, False, labels=True)
 
-    def _plain(self, split: ImageSplit) -> TensorDataset:
-        """A split's un-augmented, normalised images with their labels."""
-        return TensorDataset(self._normalised(split.images), split.labels)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader(self._plain(self.val), self.eval_batch_size, shuffle=False)
-
-    def test_dataloader(self) -> DataLoader:
-        if self._test_plain is None:
-            self._test_plain = self._plain(self.test)
-        return self._loader(self._test_plain, self.eval_batch_size, shuffle=False)
+    def test_dataloader(self) -> ImageBatches:
+        """The test set: un-augmented batches (x, y) in order."""
+        return self._batches(self.test, ("plain",), self.eval_batch_size, False, labels=True)
 
     def partition_summary(self) -> dict[str, float]:
         """Numbers that describe the partition, for logging once per run."""

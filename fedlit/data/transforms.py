@@ -1,4 +1,7 @@
-"""Weak and strong augmentations on uint8 image tensors, with each data set's own statistics.
+"""Weak and strong augmentations of one uint8 image, with each data set's own statistics.
+
+This is the per-image definition of the views, kept as the reference that the batched views of
+:mod:`fedlit.data.augment` (what the loaders use) are tested against.
 
 Weak, alpha(x): random crop with padding + horizontal flip (the flip only where it keeps the
 label). Strong, A(x): weak + RandAugment + Cutout (RandomErasing of one square patch), as in

@@ -8,8 +8,10 @@ from lightning import LightningModule
 from torch import Tensor, nn
 from torchmetrics.classification import MulticlassAccuracy
 
+from fedlit.data.loaders import AugmentsOnDevice
 
-class Evaluator(LightningModule):
+
+class Evaluator(AugmentsOnDevice, LightningModule):
     """Runs ``network`` over (x, y) batches in a Trainer's test loop and keeps the metrics.
 
     After ``trainer.test(evaluator, loader)``, :meth:`metrics` gives accuracy (a fraction in

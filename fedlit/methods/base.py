@@ -15,10 +15,10 @@ from typing import Any, ClassVar
 
 from lightning import LightningModule
 from torch import Tensor, nn
-from torch.utils.data import DataLoader
 
 from fedlit.aggregation import weighted_average
 from fedlit.data.datamodule import FederatedDataModule
+from fedlit.data.loaders import ImageBatches
 from fedlit.models import build_classifier
 from fedlit.objectives import Objective, SupervisedCE
 
@@ -120,7 +120,7 @@ class FederatedMethod(LightningModule):
         """Called after the server's objective has trained (e.g. to keep a step count, or to
         measure the new model on the server's validation set)."""
 
-    def server_loader(self, data: FederatedDataModule) -> DataLoader:
+    def server_loader(self, data: FederatedDataModule) -> ImageBatches:
         return data.server_dataloader(("weak",))
 
     # --- communication --------------------------------------------------------------------
@@ -142,7 +142,7 @@ class FederatedMethod(LightningModule):
     # --- client ---------------------------------------------------------------------------
     def client_loader(
         self, data: FederatedDataModule, client_id: int, visit: int = 1
-    ) -> DataLoader:
+    ) -> ImageBatches:
         """Client ``client_id``'s training loader on its ``visit``-th selection."""
         return data.client_dataloader(client_id, self.client_views, visit=visit)
 

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from torch.utils.data import DataLoader
-
 from fedlit.data.datamodule import FederatedDataModule
+from fedlit.data.loaders import ImageBatches
 from fedlit.methods.base import FederatedMethod, StateDict
 from fedlit.objectives import Objective, SupervisedCE
 
@@ -33,7 +32,7 @@ class FedAvgSL(FederatedMethod):
 
     def client_loader(
         self, data: FederatedDataModule, client_id: int, visit: int = 1
-    ) -> DataLoader:
+    ) -> ImageBatches:
         return data.client_oracle_dataloader(client_id, "weak", visit=visit)
 
     def client_objective(

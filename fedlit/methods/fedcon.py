@@ -8,10 +8,10 @@ from typing import Any
 
 from lightly.models.modules.heads import ProjectionHead
 from torch import nn
-from torch.utils.data import DataLoader
 
 from fedlit.aggregation import mean
 from fedlit.data.datamodule import FederatedDataModule
+from fedlit.data.loaders import ImageBatches
 from fedlit.methods.base import ClientUpdate, FederatedMethod, StateDict
 from fedlit.objectives import FedConClient, FedConServer, Objective
 
@@ -61,7 +61,7 @@ class FedCon(FederatedMethod):
         return key.startswith("backbone.")
 
     # --- server ---------------------------------------------------------------------------
-    def server_loader(self, data: FederatedDataModule) -> DataLoader:
+    def server_loader(self, data: FederatedDataModule) -> ImageBatches:
         return data.server_dataloader(("weak", "weak"))
 
     def server_objective(self, round_idx: int, total_rounds: int) -> Objective:

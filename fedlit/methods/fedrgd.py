@@ -6,10 +6,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from torch.utils.data import DataLoader
-
 from fedlit.aggregation import groupwise_average, mean_with_server, split_into_groups
 from fedlit.data.datamodule import FederatedDataModule
+from fedlit.data.loaders import ImageBatches
 from fedlit.methods.base import ClientUpdate, FederatedMethod, StateDict
 from fedlit.objectives import FixMatch, Objective, SelfTraining, SupervisedCE, WarmupCosine
 
@@ -102,7 +101,7 @@ class FedRGD(FederatedMethod):
 
     def client_loader(
         self, data: FederatedDataModule, client_id: int, visit: int = 1
-    ) -> DataLoader:
+    ) -> ImageBatches:
         views = ("weak", "strong") if self.hparams.loss == "crl" else ("weak",)
         return data.client_dataloader(client_id, views, visit=visit)
 

@@ -6,10 +6,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader
 
 from fedlit.aggregation import mean
 from fedlit.data.datamodule import FederatedDataModule
+from fedlit.data.loaders import ImageBatches
 from fedlit.methods.base import ClientUpdate, FederatedMethod, StateDict
 from fedlit.objectives import FedSEALClient, Objective, class_thresholds, gaussian_rampup
 from fedlit.objectives.fedseal import predict_probabilities
@@ -105,7 +105,7 @@ class FedSEAL(FederatedMethod):
     # --- client -------------------------------------------------------------------------
     def client_loader(
         self, data: FederatedDataModule, client_id: int, visit: int = 1
-    ) -> DataLoader:
+    ) -> ImageBatches:
         return data.client_dataloader(client_id, self.client_views, visit=visit, with_index=True)
 
     def client_objective(

@@ -7,10 +7,10 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from lightning.pytorch.utilities import CombinedLoader
-from torch.utils.data import DataLoader
 
 from fedlit.aggregation import mean, weighted_average
 from fedlit.data.datamodule import FederatedDataModule
+from fedlit.data.loaders import ImageBatches
 from fedlit.methods.base import ClientUpdate, FederatedMethod, StateDict
 from fedlit.objectives import Objective, TeacherStudentClient, ramped_decay
 
@@ -108,7 +108,7 @@ class TeacherStudentEMA(FederatedMethod):
     # --- client ---------------------------------------------------------------------------
     def client_loader(
         self, data: FederatedDataModule, client_id: int, visit: int = 1
-    ) -> DataLoader | CombinedLoader:
+    ) -> ImageBatches | CombinedLoader:
         unlabeled = data.client_dataloader(client_id, self.client_views, visit=visit)
         if data.labels_at != "client":
             return unlabeled

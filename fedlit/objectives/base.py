@@ -11,6 +11,8 @@ from lightly.models.utils import deactivate_requires_grad
 from lightning import LightningModule
 from torch import Tensor, nn
 
+from fedlit.data.loaders import AugmentsOnDevice
+
 OPTIMIZERS = ("sgd", "adam")
 
 
@@ -53,7 +55,7 @@ class WarmupCosine:
         return max(cos, self.eps)
 
 
-class Objective(LightningModule):
+class Objective(AugmentsOnDevice, LightningModule):
     """One training objective on ``network``: a loss in ``training_step`` and its optimiser.
 
     Objectives are built afresh by a method for every server step and every client step, so the
@@ -61,6 +63,9 @@ class Objective(LightningModule):
     the federation driver, never read from Lightning's ``global_step``, which restarts with every
     Trainer. Metrics are accumulated here (no ``self.log``: client Trainers run bare) and read by
     the driver with :meth:`epoch_metrics`.
+
+    Batches arrive as the loaders of :mod:`fedlit.data.loaders` make them: augmented on the
+    device the objective trains on, right after the transfer.
 
     ``schedule`` (optional) scales the learning rate every step by ``schedule(p)``, where p moves
     linearly over ``progress`` = (start, end), the fraction of the whole run this fit covers.

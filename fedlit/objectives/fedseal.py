@@ -4,17 +4,19 @@ positive and complementary-negative sets, the complementary loss and the client 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.utils.data import DataLoader
 
 from fedlit.objectives.base import Objective
 
 
 @torch.no_grad()
-def predict_probabilities(network: nn.Module, loader: DataLoader) -> tuple[Tensor, Tensor | None]:
+def predict_probabilities(
+    network: nn.Module, loader: Iterable[tuple[Tensor, ...]]
+) -> tuple[Tensor, Tensor | None]:
     """Softmax outputs of ``network`` in eval mode, on its own device, over batches ``(x,)``
     or ``(x, y)``: (probs (N, M) on the CPU, labels (N,) or None). The mode is restored."""
     was_training = network.training
@@ -155,11 +157,13 @@ class FedSEALClient(Objective):
             raise ValueError(f"lambda must be >= 0, got {lam}")
         self.thresholds, self.lam, self.theta = thresholds, lam, theta
         self.previous = ensemble
-        self.images: DataLoader | None = None
+        self.images: Iterable[tuple[Tensor, ...]] | None = None
         self.hidden_labels: Tensor | None = None
         self.ensemble: tuple[Tensor, int] | None = None
 
-    def attach(self, images: DataLoader, hidden_labels: Tensor | None = None) -> None:
+    def attach(
+        self, images: Iterable[tuple[Tensor, ...]], hidden_labels: Tensor | None = None
+    ) -> None:
         """The client's un-augmented images, in index order (batches ``(x,)``), and, for the
         diagnostics only, their true labels (never used by the loss)."""
         self.images, self.hidden_labels = images, hidden_labels

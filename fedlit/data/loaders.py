@@ -1,0 +1,154 @@
+"""Batches as index draws from uint8 tensors, augmented a whole batch at a time.
+
+A split (a client's shard, the server's labeled set, the test set) stays one uint8 tensor
+(N, C, H, W); :class:`ImageBatches` draws a batch of indices (a random permutation per epoch, or
+in order) and slices it: no per-image ``__getitem__``, no collation. The views are computed on
+the whole batch by :mod:`fedlit.data.augment`:
+
+- iterated directly (a notebook, a manual loop), it yields the finished batch tuples on the CPU;
+- inside a Trainer (:meth:`ImageBatches.on_device`, which :class:`~fedlit.federation.
+  TrainerTemplate` applies), it yields :class:`RawBatch` objects that Lightning moves to the
+  training device as uint8, and the module's ``on_after_batch_transfer`` hook
+  (:func:`expand_batches`) computes the views there, on the GPU when there is one.
+
+Either way a batch is ``(index?, view_1, ..., view_n, labels?)``: the index (B,) int64 with
+``with_index``, one float32 tensor (B, C, H, W) per view, and the labels (B,) int64 when the
+split carries them.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from fedlit.data.augment import VIEWS, batch_view
+from fedlit.data.datasets import DatasetSpec
+
+
+class RawBatch:
+    """A batch before augmentation: uint8 ``images`` (B, C, H, W), optional ``index`` (B,) and
+    ``labels`` (B,), and the ``views`` to compute. ``to(device)`` moves the tensors, so
+    Lightning transfers it like any batch; :meth:`expand` computes the views where it lies."""
+
+    __slots__ = ("images", "index", "labels", "spec", "views")
+
+    def __init__(
+        self,
+        images: Tensor,
+        views: tuple[str, ...],
+        spec: DatasetSpec,
+        index: Tensor | None = None,
+        labels: Tensor | None = None,
+    ) -> None:
+        self.images, self.views, self.spec = images, views, spec
+        self.index, self.labels = index, labels
+
+    def to(self, *args: Any, **kwargs: Any) -> RawBatch:
+        def move(t: Tensor | None) -> Tensor | None:
+            return None if t is None else t.to(*args, **kwargs)
+
+        images = self.images.to(*args, **kwargs)
+        return RawBatch(images, self.views, self.spec, move(self.index), move(self.labels))
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def expand(self) -> tuple[Tensor, ...]:
+        """``(index?, view_1(x), ..., view_n(x), labels?)``, each view drawn independently."""
+        views = tuple(batch_view(v, self.spec)(self.images) for v in self.views)
+        head = () if self.index is None else (self.index,)
+        tail = () if self.labels is None else (self.labels,)
+        return (*head, *views, *tail)
+
+
+def expand_batches(batch: Any) -> Any:
+    """``batch`` with every :class:`RawBatch` in it (also inside the tuples, lists and dicts of a
+    ``CombinedLoader``) replaced by its views; anything else is returned as it is."""
+    if isinstance(batch, RawBatch):
+        return batch.expand()
+    if isinstance(batch, dict):
+        return {k: expand_batches(v) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)) and any(isinstance(b, RawBatch) for b in batch):
+        return type(batch)(expand_batches(b) for b in batch)
+    return batch
+
+
+class AugmentsOnDevice:
+    """Mixin for the LightningModules that take these loaders' batches (objectives, the
+    evaluator): Lightning's ``on_after_batch_transfer`` hook computes the views of every
+    :class:`RawBatch` on the device the module runs on. Put it before ``LightningModule`` in
+    the bases."""
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        return expand_batches(batch)
+
+
+class ImageBatches:
+    """Batches of ``views`` of uint8 ``images`` (N, C, H, W), by index draws.
+
+    Args:
+        images: the split's images, uint8.
+        spec: their data set (sizes and statistics for the views).
+        views: the views of each image a batch holds, in order (:data:`VIEWS`).
+        batch_size: images per batch.
+        shuffle: a new random order every epoch (torch's global generator), else in order. A
+            shuffled last batch of one image is dropped (BatchNorm cannot train on it).
+        labels: (N,) labels to append to every batch, or None.
+        with_index: start every batch with the images' positions in ``images``.
+    """
+
+    def __init__(
+        self,
+        images: Tensor,
+        spec: DatasetSpec,
+        views: Sequence[str],
+        batch_size: int,
+        shuffle: bool,
+        labels: Tensor | None = None,
+        with_index: bool = False,
+    ) -> None:
+        unknown = [v for v in views if v not in VIEWS]
+        if unknown:
+            raise ValueError(f"unknown view {unknown[0]!r}; choose from {VIEWS}")
+        if images.dtype != torch.uint8 or images.ndim != 4:
+            raise ValueError(f"images must be uint8 (N, C, H, W), got {images.dtype}")
+        if labels is not None and len(labels) != len(images):
+            raise ValueError(f"{len(labels)} labels for {len(images)} images")
+        self.images, self.spec, self.views = images, spec, tuple(views)
+        self.batch_size, self.shuffle = batch_size, shuffle
+        self.labels, self.with_index = labels, with_index
+        self.deferred = False
+
+    @property
+    def num_examples(self) -> int:
+        return len(self.images)
+
+    def __len__(self) -> int:
+        n, b = len(self.images), self.batch_size
+        batches = -(-n // b)
+        return batches - 1 if self.shuffle and n % b == 1 else batches
+
+    def on_device(self) -> ImageBatches:
+        """A copy that yields :class:`RawBatch` objects, to be expanded after the transfer to
+        the training device (:func:`expand_batches`)."""
+        deferred = copy.copy(self)
+        deferred.deferred = True
+        return deferred
+
+    def __iter__(self) -> Iterator[Any]:
+        n, b = len(self.images), self.batch_size
+        order = torch.randperm(n) if self.shuffle else torch.arange(n)
+        for k in range(len(self)):
+            idx = order[k * b : (k + 1) * b]
+            raw = RawBatch(
+                self.images[idx],
+                self.views,
+                self.spec,
+                index=idx if self.with_index else None,
+                labels=None if self.labels is None else self.labels[idx],
+            )
+            yield raw if self.deferred else raw.expand()
