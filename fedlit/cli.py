@@ -28,7 +28,7 @@ from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from fedlit.data.datamodule import FederatedDataModule
-from fedlit.evaluation import Evaluator
+from fedlit.evaluation import Evaluator, scored
 from fedlit.federation import Federation, FederationConfig, TrainerTemplate, load_checkpoint
 from fedlit.federation.trainers import TERMINATED
 from fedlit.methods import FederatedMethod
@@ -153,8 +153,10 @@ class FedlitCLI(LightningCLI):
             model.load_server_state_dict(ckpt["server_state"])
         except (ValueError, RuntimeError) as err:
             self.parser.error(f"ckpt_path: {err}")
-        datamodule.setup_test()
-        evaluator = Evaluator(model.eval_network(), datamodule.num_classes)
+        # the run's own split (its seed): the scored network's BatchNorm statistics are
+        # re-estimated on the server's clean images, as every round's test/acc is
+        datamodule.setup_federation(int(self.config[self.subcommand].seed_everything))
+        evaluator = Evaluator(scored(model.eval_network(), datamodule), datamodule.num_classes)
         self._trainer_template().test(evaluator, datamodule.test_dataloader())
         result = {"ckpt_path": str(ckpt_path), "round": ckpt["round"], **evaluator.metrics()}
         print(json.dumps(result))
@@ -195,7 +197,8 @@ def compare_main(argv: Sequence[str]) -> None:
 
 
 def report_main(argv: Sequence[str]) -> None:
-    """``fedlit report RUN_OR_FOLDER... [--target 0.8] [--baseline M] [--out DIR] [--title T]``."""
+    """``fedlit report RUN_OR_FOLDER... [--target 0.8] [--baseline M] [--last_k K] [--out DIR]
+    [--title T]``."""
     from fedlit.comparison.report import write_report
     from fedlit.reporting import find_runs, summarize
 
@@ -203,15 +206,19 @@ def report_main(argv: Sequence[str]) -> None:
     parser.add_argument("paths", nargs="+", type=str, help="run directories or folders of runs")
     parser.add_argument("--target", type=float | None, default=None)
     parser.add_argument("--baseline", type=str | None, default=None, help="method to compare with")
+    parser.add_argument("--last_k", type=int, default=1, help="score: mean of the last K rounds")
     parser.add_argument("--out", type=str, default="report")
     parser.add_argument("--title", type=str, default="fedlit runs")
     cfg = parser.parse_args(list(argv))
     try:
         runs = find_runs(cfg.paths)
-        summarize(runs, baseline=cfg.baseline)  # a bad baseline fails before anything is written
+        # a bad baseline or last_k fails before anything is written
+        summarize(runs, baseline=cfg.baseline, last_k=cfg.last_k)
     except ValueError as err:
         parser.error(str(err))
-    written = write_report(runs, cfg.out, cfg.title, target=cfg.target, baseline=cfg.baseline)
+    written = write_report(
+        runs, cfg.out, cfg.title, target=cfg.target, baseline=cfg.baseline, last_k=cfg.last_k
+    )
     print(json.dumps({k: str(v) for k, v in written.items()}))
 
 

@@ -79,7 +79,7 @@ def test_fedseal_logs_its_sets_and_keeps_the_ensemble_on_the_client(
         fmnist_root,
         tmp_path / "run",
         FedSEAL,
-        method_kw={"server_lr": 0.03, "bootstrap_epochs": 5, "ramp_rounds": 2},
+        method_kw={"server_lr": 0.03, "bootstrap_epochs": 5, "ramp": 0.67},
         rounds=3,
     )
     result = fed.run()
@@ -98,6 +98,7 @@ def test_fedseal_logs_its_sets_and_keeps_the_ensemble_on_the_client(
         torch.testing.assert_close(state["mean"].sum(1), torch.ones(64))
     thresholds = ckpt["server_state"]["thresholds"]
     assert thresholds.shape == (10,) and (thresholds >= 0).all() and thresholds.max() > 0.3
+    assert (thresholds <= 1).all()  # paper 002 4.1.2: tau_m in [0, 1]
     # what travels: the model and 10 thresholds down, the model alone up
     model = state_bytes(fed.method.network.state_dict())
     assert float(rows[-1]["comm/bytes_down"]) == 2 * (model + 10 * 4)

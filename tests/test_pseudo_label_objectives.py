@@ -105,9 +105,12 @@ def test_positive_and_negative_sets() -> None:
 
 
 def test_gaussian_rampup() -> None:
-    assert gaussian_rampup(0, 10) == pytest.approx(math.exp(-5))
-    assert gaussian_rampup(5, 10) == pytest.approx(math.exp(-5 * 0.25))
-    assert gaussian_rampup(10, 10) == 1.0 == gaussian_rampup(30, 10) == gaussian_rampup(1, 0)
+    # fractions of the run: a ramp over the first 40% of it
+    assert gaussian_rampup(0.0, 0.4) == pytest.approx(math.exp(-5))
+    assert gaussian_rampup(0.2, 0.4) == pytest.approx(math.exp(-5 * 0.25))
+    assert gaussian_rampup(0.4, 0.4) == 1.0 == gaussian_rampup(0.9, 0.4) == gaussian_rampup(0.1, 0)
+    # the same fraction of a 5-round and a 50-round run gives the same weight
+    assert gaussian_rampup(2 / 5, 0.8) == gaussian_rampup(20 / 50, 0.8)
 
 
 def test_warmup_cosine_schedule() -> None:

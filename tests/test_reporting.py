@@ -25,6 +25,7 @@ from fedlit.reporting import (
     to_markdown,
     write_csv,
 )
+from fedlit.reporting.table import t975
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 ROUNDS = 4
@@ -310,6 +311,42 @@ def test_paired_difference_only_over_seeds_both_have(tmp_path: Path) -> None:
     assert row.delta_seeds == 1 and row.delta_mean == pytest.approx(0.9 - 0.7)
 
 
+def test_last_k_score_and_paired_interval(tmp_path: Path) -> None:
+    """A run's score is the mean of its last k rounds; the paired difference's 95% interval is
+    t_{0.975, n-1} std / sqrt(n) over the n seeds, and ``*`` marks one that excludes 0."""
+    curves = {
+        ("A", 0): [0.50, 0.70, 0.74],
+        ("A", 1): [0.52, 0.72, 0.70],
+        ("A", 2): [0.51, 0.71, 0.76],
+        ("B", 0): [0.40, 0.60, 0.62],
+        ("B", 1): [0.41, 0.61, 0.63],
+        ("B", 2): [0.42, 0.66, 0.60],
+    }
+    for (method, seed), accs in curves.items():
+        rows = [{"round": 0.0}] + [
+            {"round": float(r), "test/acc": a} for r, a in enumerate(accs, start=1)
+        ]
+        write_run(tmp_path / f"{method}{seed}", rows, rounds=3, run_json={
+            "method": method, "seed": seed, "setting": "s"})  # fmt: skip
+    rows = {r.method: r for r in summarize(find_runs([tmp_path]), baseline="B", last_k=2)}
+    score = {k: np.mean(v[-2:]) for k, v in curves.items()}
+    diffs = [score[("A", s)] - score[("B", s)] for s in range(3)]
+    a = rows["A"]
+    assert a.last_k == 2 and a.score_mean == pytest.approx(
+        np.mean([score[("A", s)] for s in range(3)])
+    )
+    assert a.final_mean == pytest.approx(np.mean([curves[("A", s)][-1] for s in range(3)]))
+    assert a.delta_mean == pytest.approx(np.mean(diffs))
+    half = 4.303 * np.std(diffs, ddof=1) / np.sqrt(3)  # t_{0.975, 2}
+    assert a.delta_ci95 == pytest.approx(half, rel=1e-3)
+    assert a.delta_mean - a.delta_ci95 > 0  # significant
+    text = to_markdown(list(rows.values()), baseline="B")
+    assert "mean of last 2" in text and " *|" in text.replace(" * |", " *|")
+    assert t975(2) == 4.303 and abs(t975(60) - 2.000) < 1e-3 and abs(t975(1000) - 1.962) < 1e-3
+    with pytest.raises(ValueError, match="last_k"):
+        summarize(find_runs([tmp_path]), last_k=0)
+
+
 def test_final_evaluations_over_seeds(tmp_path: Path) -> None:
     evals = {0: (0.70, 0.60), 1: (0.74, 0.66)}  # seed -> (finetune, linear)
     for seed, (finetune, linear) in evals.items():
@@ -339,8 +376,8 @@ def test_final_evaluations_over_seeds(tmp_path: Path) -> None:
     assert math.isnan(rows["ServerSL"].finetune_mean)
     text = to_markdown(list(rows.values()), baseline="ServerSL")
     header = (
-        "| method | seeds | final test/acc | vs ServerSL (paired) | best | rounds to target "
-        "| MB communicated | finetune (final eval) | linear (final eval) |"
+        "| method | seeds | final test/acc | vs ServerSL (paired, 95% CI) | best "
+        "| rounds to target | MB communicated | finetune (final eval) | linear (final eval) |"
     )
     assert header in text.splitlines()
     assert (

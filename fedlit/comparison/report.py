@@ -31,6 +31,7 @@ def write_report(
     about: Sequence[str] = (),
     report: str | Path | None = None,
     baseline: str | None = None,
+    last_k: int = 1,
 ) -> dict[str, Path]:
     """Write ``results.csv``, ``results.md`` and the plots into ``out``; with ``report``, the
     Markdown goes there too, its plots copied beside it (``<stem>_<plot>.png``).
@@ -45,13 +46,14 @@ def write_report(
         about: lines (Markdown) said before the tables: how the numbers were made.
         report: a second place for the Markdown report (e.g. ``docs/results/x.md``).
         baseline: the method every other is compared with, seed by seed.
+        last_k: each run's score is the mean of its last ``last_k`` rounds' accuracy.
 
     Returns:
         name -> path of everything written (``csv``, ``markdown``, ``curves``, ...).
     """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    rows = summarize(runs, target=target, baseline=baseline)
+    rows = summarize(runs, target=target, baseline=baseline, last_k=last_k)
     written: dict[str, Path] = {"csv": write_csv(rows, out / "results.csv", published)}
     written["curves"] = plot_curves(runs, out / "curves.png")
     diagnostics = plot_diagnostics(runs, out / "diagnostics.png")
@@ -96,6 +98,7 @@ def log_to_wandb(
     save_dir: str | Path,
     target: float | None = None,
     baseline: str | None = None,
+    last_k: int = 1,
 ) -> Path:
     """One W&B run in the comparison's group holding the results table and the plots.
 
@@ -103,7 +106,7 @@ def log_to_wandb(
     """
     import wandb
 
-    rows = summarize(runs, target=target, baseline=baseline)
+    rows = summarize(runs, target=target, baseline=baseline, last_k=last_k)
     columns = list(asdict(rows[0]))
     data: list[list[Any]] = [[_plain(v) for v in asdict(row).values()] for row in rows]
     run = wandb.init(

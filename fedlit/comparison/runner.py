@@ -50,7 +50,8 @@ class Comparison:
         out: the comparison's directory.
         target: report the first round each run reaches this test accuracy.
         baseline: a recipe stem (e.g. ``server_sl``) every method is compared with, seed by
-            seed: the paired difference of final test accuracy, in points.
+            seed: the paired difference of the score, in points, with its 95% interval.
+        last_k: a run's score is the mean of its last ``last_k`` rounds' test accuracy.
         report: also write the Markdown report here (plots beside it).
         published: recipe stem -> setting -> a paper's accuracy (percent), shown beside ours.
         wandb: log every run to W&B (None: no W&B).
@@ -65,6 +66,7 @@ class Comparison:
     out: str = "runs/compare"
     target: float | None = None
     baseline: str | None = None
+    last_k: int = 1
     report: str | None = None
     published: dict[str, dict[str, float]] = field(default_factory=dict)
     wandb: WandbSettings | None = None
@@ -85,6 +87,8 @@ class Comparison:
             raise ValueError("settings: give at least one setting")
         if self.baseline is not None and self.baseline not in stems:
             raise ValueError(f"baseline: {self.baseline!r} is not one of the recipes {stems}")
+        if isinstance(self.last_k, bool) or not isinstance(self.last_k, int) or self.last_k < 1:
+            raise ValueError(f"last_k must be a positive integer, got {self.last_k!r}")
         if self.target is not None and not 0 < self.target <= 1:
             raise ValueError(f"target must be in (0, 1], got {self.target}")
 
@@ -254,9 +258,15 @@ def run_comparison(
     ]
     if comparison.baseline is not None:
         about.append(
-            f"- *vs {comparison.baseline} (paired)*: per seed, the method's final test/acc "
+            f"- *vs {comparison.baseline} (paired, 95% CI)*: per seed, the method's score "
             f"minus {comparison.baseline}'s with the same seed (the same labeled set and "
-            "partition); mean ± sample std over the seeds, in points."
+            "partition); mean ± sample std over the seeds, in points, then the two-sided 95% "
+            "t-interval of the mean difference; `*` where it excludes 0."
+        )
+    if comparison.last_k > 1:
+        about.append(
+            f"- *mean of last {comparison.last_k}*: each run's score, the mean of its last "
+            f"{comparison.last_k} rounds' test/acc (less of one round's noise than the last)."
         )
     if any(r.series(key)[1].size for r in records for key in FINAL_EVAL_KEYS.values()):
         about.append(
@@ -274,6 +284,7 @@ def run_comparison(
         about=about,
         report=comparison.report,
         baseline=comparison.baseline,
+        last_k=comparison.last_k,
     )
     if comparison.wandb is not None:
         log_to_wandb(
@@ -285,5 +296,6 @@ def run_comparison(
             comparison.out,
             target=comparison.target,
             baseline=comparison.baseline,
+            last_k=comparison.last_k,
         )
     return written

@@ -232,16 +232,19 @@ class BatchView:
         return (images.float() / 255.0 - mean) / std
 
     def __call__(self, images: Tensor) -> Tensor:
+        """The view of uint8 ``images`` (B, C, H, W): float32, channels-last (the networks'
+        layout, :func:`fedlit.models.build_classifier`)."""
         if images.dtype != torch.uint8 or images.ndim != 4:
             raise ValueError(
                 f"expected uint8 images (B, C, H, W), got {images.dtype} {tuple(images.shape)}"
             )
         if self.view == "plain" or len(images) == 0:
-            return self.normalize(images)
-        x = self.weak_geometry(images)
-        if self.view == "weak":
-            return self.normalize(x)
-        return self.cutout(self.normalize(self.randaugment(x)))
+            out = self.normalize(images)
+        elif self.view == "weak":
+            out = self.normalize(self.weak_geometry(images))
+        else:
+            out = self.cutout(self.normalize(self.randaugment(self.weak_geometry(images))))
+        return out.contiguous(memory_format=torch.channels_last)
 
 
 @cache

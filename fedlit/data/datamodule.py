@@ -292,6 +292,11 @@ class FederatedDataModule(L.LightningDataModule):
             )
         return self._batches(self.server, views, self.batch_size, shuffle=True, labels=True)
 
+    def server_plain_dataloader(self) -> ImageBatches:
+        """The server's labeled images, un-augmented, in order, without labels: batches
+        ``(x,)`` of ``eval_batch_size`` (for re-estimating BatchNorm statistics)."""
+        return self._batches(self.server, ("plain",), self.eval_batch_size, shuffle=False)
+
     def client_labeled_dataloader(
         self, client_id: int, views: Sequence[str] = ("weak",)
     ) -> ImageBatches:

@@ -13,6 +13,7 @@ import copy
 from lightly.models.utils import deactivate_requires_grad
 
 from fedlit.data.datamodule import FederatedDataModule
+from fedlit.evaluation.batchnorm import scored
 from fedlit.evaluation.evaluator import Evaluator
 from fedlit.models import Backbone, Classifier
 from fedlit.objectives import SupervisedCE
@@ -49,6 +50,8 @@ def evaluate_encoder(
     else:
         objective = SupervisedCE(network, lr=lr, weight_decay=5e-4)
     trainer.fit(objective, data.server_dataloader(("weak",)), epochs)  # type: ignore[attr-defined]
+    if protocol == "finetune":  # scored like every model; the linear probe's BN stays frozen
+        network = scored(network, data)  # type: ignore[assignment]
     evaluator = Evaluator(network, data.num_classes)
     trainer.test(evaluator, data.test_dataloader())  # type: ignore[attr-defined]
     return evaluator.metrics()["test/acc"]

@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 from fedlit.aggregation import state_bytes, weight_diversity
 from fedlit.data.datamodule import FederatedDataModule
 from fedlit.data.sampling import sample_clients
-from fedlit.evaluation import PROTOCOLS, Evaluator, evaluate_encoder
+from fedlit.evaluation import PROTOCOLS, Evaluator, evaluate_encoder, scored
 from fedlit.federation.checkpoint import load_checkpoint, save_checkpoint
 from fedlit.federation.client import ClientRunner
 from fedlit.federation.loggers import RoundCSVLogger
@@ -333,9 +333,10 @@ class Federation:
         return metrics | self.evaluate("bootstrap_test")
 
     def evaluate(self, prefix: str = "test") -> dict[str, float]:
-        """Top-1 accuracy and loss of the method's evaluation network on the test set."""
+        """Top-1 accuracy and loss of the method's evaluation network on the test set, its
+        BatchNorm statistics re-estimated on the server's clean images (:func:`scored`)."""
         seed_all(derive_seed(self.seed, 0, EVAL))
-        evaluator = Evaluator(self.method.eval_network(), self.data.num_classes)
+        evaluator = Evaluator(scored(self.method.eval_network(), self.data), self.data.num_classes)
         self.trainer.test(evaluator, self.data.test_dataloader())
         return evaluator.metrics(prefix)
 

@@ -20,9 +20,10 @@ from fedlit.aggregation import weighted_average
 from fedlit.data.datamodule import FederatedDataModule
 from fedlit.data.loaders import ImageBatches
 from fedlit.models import build_classifier
-from fedlit.objectives import Objective, SupervisedCE
+from fedlit.objectives import Objective, SupervisedCE, WarmupCosine
 
 StateDict = dict[str, Tensor]
+LR_SCHEDULES = ("constant", "cosine")
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,16 @@ class FederatedMethod(LightningModule):
         optimizer: "sgd" or "adam", for server and clients.
         momentum: SGD momentum.
         weight_decay: L2 weight decay.
-        lr_decay: per-round factor on both learning rates (lr * lr_decay ** (round - 1)).
+        lr_decay: per-round factor on both learning rates (lr * lr_decay ** (round - 1); paper
+            002's 0.995).
+        lr_schedule: "cosine" (default): both learning rates follow a warm-up + cosine schedule
+            over the whole run (:class:`~fedlit.objectives.WarmupCosine`), stepped every
+            optimiser step, the server's and the clients' steps of round r covering the run's
+            fraction ((r - 1) / R, r / R); "constant": no schedule (``lr_decay`` only).
+        warmup: fraction of the run spent warming up linearly (cosine schedule).
+        cosine_c: the cosine's periodic coefficient: 0.5 decays to the floor at the end of the
+            run; FixMatch's and paper 004's 7/16 to cos(7 pi / 16) ~ 0.2.
+        cosine_eps: the schedule's floor (paper 004: 1e-4).
     """
 
     #: Clients take part (False for Server-SL, which trains on the server's labels only).
@@ -77,6 +87,10 @@ class FederatedMethod(LightningModule):
         momentum: float = 0.9,
         weight_decay: float = 5e-4,
         lr_decay: float = 1.0,
+        lr_schedule: str = "cosine",
+        warmup: float = 0.0,
+        cosine_c: float = 0.5,
+        cosine_eps: float = 1e-4,
     ) -> None:
         super().__init__()
         for key, value in (("model.server_lr", server_lr), ("model.client_lr", client_lr)):
@@ -84,6 +98,16 @@ class FederatedMethod(LightningModule):
                 raise ValueError(f"{key} must be > 0, got {value}")
         if not 0 < lr_decay <= 1:
             raise ValueError(f"model.lr_decay must be in (0, 1], got {lr_decay}")
+        if lr_schedule not in LR_SCHEDULES:
+            raise ValueError(
+                f"model.lr_schedule must be one of {LR_SCHEDULES}, got {lr_schedule!r}"
+            )
+        try:
+            schedule = WarmupCosine(warmup, cosine_c, cosine_eps)
+        except ValueError as err:
+            raise ValueError(f"model.warmup / model.cosine_c / model.cosine_eps: {err}") from err
+        #: The run-level learning-rate schedule (None: constant).
+        self.schedule = schedule if lr_schedule == "cosine" else None
         self.save_hyperparameters()
         self.network = self.new_network()
 
@@ -100,20 +124,27 @@ class FederatedMethod(LightningModule):
     def forward(self, x: Tensor) -> Tensor:
         return self.network(x)
 
-    def optimizer_kwargs(self, lr: float, round_idx: int) -> dict[str, Any]:
+    def optimizer_kwargs(self, lr: float, round_idx: int, total_rounds: int) -> dict[str, Any]:
+        """An objective's optimiser settings in round ``round_idx`` of ``total_rounds``: the
+        learning rate after ``lr_decay``, and the run-level schedule with the fraction of the
+        run this round covers. Round 0 (a bootstrap before round 1) is not scheduled."""
         hp = self.hparams
-        return {
+        kw = {
             "lr": lr * hp.lr_decay ** max(round_idx - 1, 0),
             "optimizer": hp.optimizer,
             "momentum": hp.momentum,
             "weight_decay": hp.weight_decay,
         }
+        if self.schedule is not None and round_idx >= 1:
+            progress = ((round_idx - 1) / total_rounds, round_idx / total_rounds)
+            kw |= {"schedule": self.schedule, "progress": progress}
+        return kw
 
     # --- server ---------------------------------------------------------------------------
     def server_objective(self, round_idx: int, total_rounds: int) -> Objective | None:
         """The objective the server trains ``self.network`` with (in place); None: no step."""
         return SupervisedCE(
-            self.network, **self.optimizer_kwargs(self.hparams.server_lr, round_idx)
+            self.network, **self.optimizer_kwargs(self.hparams.server_lr, round_idx, total_rounds)
         )
 
     def server_step_done(self, objective: Objective, data: FederatedDataModule) -> None:

@@ -39,4 +39,6 @@ class FedAvgSL(FederatedMethod):
         self, payload: StateDict, round_idx: int, total_rounds: int, state: Any
     ) -> Objective:
         network = self.client_network(payload)
-        return SupervisedCE(network, **self.optimizer_kwargs(self.hparams.client_lr, round_idx))
+        return SupervisedCE(
+            network, **self.optimizer_kwargs(self.hparams.client_lr, round_idx, total_rounds)
+        )

@@ -70,7 +70,7 @@ class FedCon(FederatedMethod):
             self.target,
             ema_decay=self.hparams.ema_decay,
             start_step=self.server_steps,
-            **self.optimizer_kwargs(self.hparams.server_lr, round_idx),
+            **self.optimizer_kwargs(self.hparams.server_lr, round_idx, total_rounds),
         )
 
     def server_step_done(self, objective: Objective, data: FederatedDataModule) -> None:
@@ -91,7 +91,7 @@ class FedCon(FederatedMethod):
         network.projector = fedcon_projector(network.backbone.feature_dim)
         if state is not None:
             network.projector.load_state_dict(state["projector"])
-        kw = self.optimizer_kwargs(self.hparams.client_lr, round_idx)
+        kw = self.optimizer_kwargs(self.hparams.client_lr, round_idx, total_rounds)
         return FedConClient(network, ema_decay=self.hparams.client_ema_decay, **kw)
 
     def client_state(self, objective: Objective, previous: Any) -> Any:

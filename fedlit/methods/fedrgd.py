@@ -10,7 +10,7 @@ from fedlit.aggregation import groupwise_average, mean_with_server, split_into_g
 from fedlit.data.datamodule import FederatedDataModule
 from fedlit.data.loaders import ImageBatches
 from fedlit.methods.base import ClientUpdate, FederatedMethod, StateDict
-from fedlit.objectives import FixMatch, Objective, SelfTraining, SupervisedCE, WarmupCosine
+from fedlit.objectives import FixMatch, Objective, SelfTraining, SupervisedCE
 
 LOSSES = ("crl", "self_training")
 
@@ -32,19 +32,15 @@ class FedRGD(FederatedMethod):
       not in the last round's groups starts from the server's model).
 
     Use ``norm: gn`` for the paper's GroupNorm and ``federation.local_steps`` for its
-    communication period T. Both server and clients follow the warm-up + cosine learning-rate
-    schedule of eq 9 over the whole run (``warmup``, ``cosine_c``, ``cosine_eps``; set
-    ``lr_schedule: false`` for a constant rate). The driver logs the weight diversity of the
+    communication period T. Eq 9's warm-up + cosine learning-rate schedule over the whole run
+    is the base class's run-level schedule (``lr_schedule: cosine`` with ``warmup``,
+    ``cosine_c: 0.4375``, ``cosine_eps``). The driver logs the weight diversity of the
     client updates (eq 8) as ``diag/weight_diversity``.
 
     Args:
         tau: the confidence threshold (0.95).
         loss: "crl" (eq 6) or "self_training" (eq 3).
         num_groups: S.
-        lr_schedule: apply eq 9.
-        warmup: fraction of the run spent warming up (paper: 5 of 300 epochs).
-        cosine_c: eq 9's periodic coefficient (Table A.1 prints 2.3; FixMatch's 7/16 by default).
-        cosine_eps: eq 9's floor (1e-4).
         **kwargs: see :class:`FederatedMethod`.
     """
 
@@ -54,10 +50,6 @@ class FedRGD(FederatedMethod):
         tau: float = 0.95,
         loss: str = "crl",
         num_groups: int = 2,
-        lr_schedule: bool = True,
-        warmup: float = 0.0,
-        cosine_c: float = 7 / 16,
-        cosine_eps: float = 1e-4,
         **kwargs: Any,
     ) -> None:
         if loss not in LOSSES:
@@ -66,12 +58,7 @@ class FedRGD(FederatedMethod):
             raise ValueError(f"model.tau must be in [0, 1], got {tau}")
         if num_groups < 1:
             raise ValueError(f"model.num_groups must be positive, got {num_groups}")
-        try:
-            schedule = WarmupCosine(warmup, cosine_c, cosine_eps) if lr_schedule else None
-        except ValueError as err:
-            raise ValueError(f"model.warmup / model.cosine_c / model.cosine_eps: {err}") from err
         super().__init__(*args, **kwargs)
-        self.schedule = schedule
         self.group_models: list[StateDict] = []
         self.client_group: dict[int, int] = {}
 
@@ -79,19 +66,10 @@ class FedRGD(FederatedMethod):
         super().initialize()
         self.group_models, self.client_group = [], {}
 
-    def _kwargs(self, lr: float, round_idx: int, total_rounds: int) -> dict[str, Any]:
-        kw = self.optimizer_kwargs(lr, round_idx)
-        if self.schedule is not None:
-            kw |= {
-                "schedule": self.schedule,
-                "progress": ((round_idx - 1) / total_rounds, round_idx / total_rounds),
-            }
-        return kw
-
     # --- server -------------------------------------------------------------------------
     def server_objective(self, round_idx: int, total_rounds: int) -> Objective:
         return SupervisedCE(
-            self.network, **self._kwargs(self.hparams.server_lr, round_idx, total_rounds)
+            self.network, **self.optimizer_kwargs(self.hparams.server_lr, round_idx, total_rounds)
         )
 
     # --- clients ------------------------------------------------------------------------
@@ -109,7 +87,7 @@ class FedRGD(FederatedMethod):
         self, payload: StateDict, round_idx: int, total_rounds: int, state: Any
     ) -> Objective:
         hp = self.hparams
-        kw = self._kwargs(hp.client_lr, round_idx, total_rounds)
+        kw = self.optimizer_kwargs(hp.client_lr, round_idx, total_rounds)
         network = self.client_network(payload)
         if hp.loss == "crl":
             return FixMatch(network, tau=hp.tau, **kw)

@@ -10,6 +10,7 @@ import torch
 from fedlit.aggregation import mean
 from fedlit.data.datamodule import FederatedDataModule
 from fedlit.data.loaders import ImageBatches
+from fedlit.evaluation import scored
 from fedlit.methods.base import ClientUpdate, FederatedMethod, StateDict
 from fedlit.objectives import FedSEALClient, Objective, class_thresholds, gaussian_rampup
 from fedlit.objectives.fedseal import predict_probabilities
@@ -27,8 +28,9 @@ class FedSEAL(FederatedMethod):
     with the model. A client updates its running mean of the received models' predictions on
     its data (eq 8, persistent client state, never uploaded), builds the positive set
     (pbar_{y+} >= tau_{y+}, eq 10) and the complementary set (eqs 11-12, theta), and trains
-    lambda_t L+ + L- (eqs 13-15) with lambda_t = lambda_max x a Gaussian ramp-up over
-    ``ramp_rounds`` rounds. Set ``model.lr_decay`` to 0.995 for the paper's decay per round.
+    lambda_t L+ + L- (eqs 13-15) with lambda_t = lambda_max x a Gaussian ramp-up over the
+    first ``ramp`` of the run (round t of R is at t / R), so a shorter run ramps as far. The
+    paper's schedule is ``lr_schedule: constant`` with ``lr_decay: 0.995`` per round.
 
     Logged per round (client means): ``pseudo/pos_frac``, ``pseudo/neg_frac`` and, against the
     clients' hidden true labels (diagnosis only; the loss never sees them), ``pseudo/pos_acc``
@@ -37,7 +39,7 @@ class FedSEAL(FederatedMethod):
     Args:
         theta: the complementary threshold (paper: 0.05).
         lambda_max: the positive-loss weight once ramped up.
-        ramp_rounds: rounds of the ramp-up of lambda (0: lambda_max from round 1).
+        ramp: the fraction of the run lambda ramps up over (0: lambda_max from round 1).
         bootstrap_epochs: server epochs on the labeled set before round 1.
         self_ensemble: False uses the current model's predictions only (the paper's ablation
             "w/o self-ensemble learning", 5.2.5).
@@ -52,7 +54,7 @@ class FedSEAL(FederatedMethod):
         *args: Any,
         theta: float = 0.05,
         lambda_max: float = 1.0,
-        ramp_rounds: int = 10,
+        ramp: float = 0.25,
         bootstrap_epochs: int = 10,
         self_ensemble: bool = True,
         **kwargs: Any,
@@ -61,8 +63,8 @@ class FedSEAL(FederatedMethod):
             raise ValueError(f"model.theta must be in [0, 1), got {theta}")
         if lambda_max <= 0:
             raise ValueError(f"model.lambda_max must be > 0, got {lambda_max}")
-        if ramp_rounds < 0:
-            raise ValueError(f"model.ramp_rounds must be >= 0, got {ramp_rounds}")
+        if not 0 <= ramp <= 1:
+            raise ValueError(f"model.ramp must be in [0, 1], got {ramp}")
         if bootstrap_epochs < 0:
             raise ValueError(f"model.bootstrap_epochs must be >= 0, got {bootstrap_epochs}")
         super().__init__(*args, **kwargs)
@@ -84,9 +86,12 @@ class FedSEAL(FederatedMethod):
 
     # --- server -------------------------------------------------------------------------
     def server_step_done(self, objective: Objective, data: FederatedDataModule) -> None:
-        """tau^t from the trained model's predictions on the validation set (eq 5)."""
-        probs, labels = predict_probabilities(self.network, data.val_dataloader())
-        self.thresholds = class_thresholds(probs, labels)  # type: ignore[arg-type]
+        """tau^t from the trained model's predictions on the validation set (eq 5), made by
+        the model as it is scored (BatchNorm statistics re-estimated on the clean labeled
+        images) and clipped to [0, 1] (4.1.2: tau_m in [0, 1])."""
+        network = scored(self.network, data)
+        probs, labels = predict_probabilities(network, data.val_dataloader())
+        self.thresholds = class_thresholds(probs, labels).clamp(0.0, 1.0)  # type: ignore[arg-type]
 
     def server_state_dict(self) -> dict[str, Any]:
         return {"thresholds": self.thresholds.clone()}
@@ -117,10 +122,10 @@ class FedSEAL(FederatedMethod):
         return FedSEALClient(
             self.client_network(weights),
             thresholds=payload[THRESHOLDS],
-            lam=hp.lambda_max * gaussian_rampup(round_idx, hp.ramp_rounds),
+            lam=hp.lambda_max * gaussian_rampup(round_idx / total_rounds, hp.ramp),
             theta=hp.theta,
             ensemble=ensemble,
-            **self.optimizer_kwargs(hp.client_lr, round_idx),
+            **self.optimizer_kwargs(hp.client_lr, round_idx, total_rounds),
         )
 
     def client_setup(

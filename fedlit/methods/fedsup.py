@@ -53,7 +53,7 @@ class FedSup(FedAvgSSL):
 
     # --- server: f_Server is trained, and evaluated each round ----------------------------
     def server_objective(self, round_idx: int, total_rounds: int) -> Objective:
-        kw = self.optimizer_kwargs(self.hparams.server_lr, round_idx)
+        kw = self.optimizer_kwargs(self.hparams.server_lr, round_idx, total_rounds)
         return SupervisedCE(self.server_network, **kw)
 
     def eval_network(self) -> nn.Module:
@@ -82,7 +82,7 @@ class FedSup(FedAvgSSL):
             self.client_network(online),
             self.client_network(target),
             mse_weight=weight,
-            **self.optimizer_kwargs(self.hparams.client_lr, round_idx),
+            **self.optimizer_kwargs(self.hparams.client_lr, round_idx, total_rounds),
         )
 
     def aggregate(self, updates: Sequence[ClientUpdate], round_idx: int) -> None:

@@ -35,5 +35,5 @@ class FedAvgFixMatch(FederatedMethod):
         self, payload: StateDict, round_idx: int, total_rounds: int, state: Any
     ) -> Objective:
         network = self.client_network(payload)
-        kw = self.optimizer_kwargs(self.hparams.client_lr, round_idx)
+        kw = self.optimizer_kwargs(self.hparams.client_lr, round_idx, total_rounds)
         return FixMatch(network, tau=self.tau, mu=self.mu, **kw)

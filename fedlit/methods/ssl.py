@@ -60,7 +60,9 @@ class FedAvgSSL(FederatedMethod):
         self, payload: StateDict, round_idx: int, total_rounds: int, state: Any
     ) -> Objective:
         network = self.client_network(payload)
-        return self.ssl_objective(network, self.optimizer_kwargs(self.hparams.client_lr, round_idx))
+        return self.ssl_objective(
+            network, self.optimizer_kwargs(self.hparams.client_lr, round_idx, total_rounds)
+        )
 
 
 class FedAvgSimCLR(FedAvgSSL):

@@ -128,7 +128,7 @@ class TeacherStudentEMA(FederatedMethod):
             lambda_u=hp.lambda_u,
             tau=hp.tau,
             mu=hp.mu,
-            **self.optimizer_kwargs(hp.client_lr, round_idx),
+            **self.optimizer_kwargs(hp.client_lr, round_idx, total_rounds),
         )
 
     # --- server ---------------------------------------------------------------------------

@@ -47,5 +47,5 @@ class FedAvgUDA(FederatedMethod):
             temperature=hp.temperature,
             threshold=hp.threshold,
             mu=hp.mu,
-            **self.optimizer_kwargs(hp.client_lr, round_idx),
+            **self.optimizer_kwargs(hp.client_lr, round_idx, total_rounds),
         )

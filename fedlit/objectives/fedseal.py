@@ -42,8 +42,8 @@ def class_thresholds(probs: Tensor, labels: Tensor) -> Tensor:
         labels: (N,) true labels.
 
     Returns:
-        (M,) thresholds. A class predicted more often than it occurs can exceed 1 (no
-        client example then passes its filter): eq 5 as written.
+        (M,) thresholds, eq 5 as written: a class predicted more often than it occurs can
+        exceed 1 (FedSEAL clips them to [0, 1], as 4.1.2 states).
     """
     num_classes = probs.shape[1]
     confidence, predicted = probs.max(dim=1)
@@ -113,11 +113,12 @@ def complementary_loss(logits: Tensor, complementary: Tensor) -> Tensor:
     return torch.where(log_p < math.log(0.5), -torch.log1p(-log_p.exp()), confident)
 
 
-def gaussian_rampup(round_idx: int, ramp_rounds: int) -> float:
-    """exp(-5 (1 - min(t / T_r, 1))^2) (Laine & Aila 2017): small early, 1 from T_r on."""
-    if ramp_rounds <= 0:
+def gaussian_rampup(progress: float, ramp: float) -> float:
+    """exp(-5 (1 - min(p / p_r, 1))^2) (Laine & Aila 2017): small early, 1 from p_r on, with
+    p the fraction of the run done and p_r the fraction the ramp spans (0: 1 throughout)."""
+    if ramp <= 0:
         return 1.0
-    x = min(round_idx / ramp_rounds, 1.0)
+    x = min(max(progress, 0.0) / ramp, 1.0)
     return math.exp(-5.0 * (1.0 - x) ** 2)
 
 

@@ -33,10 +33,15 @@ class ResultRow:
         bytes_total: mean over seeds of the sum over rounds of comm/bytes_down + comm/bytes_up.
         finished: how many of the runs are finished.
         delta_mean, delta_std: the paired difference from the baseline method: per seed, this
-            run's final metric minus the baseline's run of the same setting and seed (the same
-            labeled set and partition); mean and sample std over those seeds; NaN without a
-            baseline.
+            run's score (the mean of its last ``last_k`` logged values) minus the baseline's run
+            of the same setting and seed (the same labeled set and partition); mean and sample
+            std over those seeds; NaN without a baseline.
         delta_seeds: how many seeds the difference is over (0 without a baseline).
+        delta_ci95: the half-width of the difference's two-sided 95% confidence interval,
+            t_{0.975, n-1} * std / sqrt(n) over the n paired seeds (NaN for n < 2).
+        last_k: how many last logged values each run's score averages.
+        score_mean, score_std: the score (the mean of each run's last ``last_k`` values) over
+            seeds; with ``last_k=1`` the final value.
         finetune_mean, finetune_std, linear_mean, linear_std: ``eval/finetune_acc`` and
             ``eval/linear_acc`` (the driver's ``federation.final_eval`` of the global encoder
             after the last round) over seeds; NaN where not logged.
@@ -56,6 +61,10 @@ class ResultRow:
     delta_mean: float = math.nan
     delta_std: float = math.nan
     delta_seeds: int = 0
+    delta_ci95: float = math.nan
+    last_k: int = 1
+    score_mean: float = math.nan
+    score_std: float = math.nan
     finetune_mean: float = math.nan
     finetune_std: float = math.nan
     linear_mean: float = math.nan
@@ -68,6 +77,31 @@ def _mean_std(values: Sequence[float]) -> tuple[float, float]:
     mean = float(np.mean(finite)) if finite.size else math.nan
     std = float(np.std(finite, ddof=1)) if finite.size >= 2 else math.nan
     return mean, std
+
+
+#: two-sided 95% critical values of Student's t, by degrees of freedom 1..30
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
+         2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
+         2.060, 2.056, 2.052, 2.048, 2.045, 2.042)  # fmt: skip
+
+
+def t975(df: int) -> float:
+    """Student's t 0.975 quantile with ``df`` degrees of freedom (a table up to 30, then the
+    Cornish-Fisher expansion around 1.96, within 1e-3)."""
+    if df < 1:
+        return math.nan
+    if df <= len(_T975):
+        return _T975[df - 1]
+    z = 1.959964
+    return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+
+
+def ci95(values: Sequence[float]) -> float:
+    """The half-width of the two-sided 95% t-interval of the mean of ``values``."""
+    n = len(values)
+    if n < 2:
+        return math.nan
+    return t975(n - 1) * float(np.std(values, ddof=1)) / math.sqrt(n)
 
 
 def _first_round_at(run: RunRecord, metric: str, target: float) -> int | None:
@@ -88,30 +122,40 @@ def _final(run: RunRecord, metric: str) -> float:
     return float(values[-1]) if values.size else math.nan
 
 
+def _score(run: RunRecord, metric: str, last_k: int) -> float:
+    """The mean of the run's last ``last_k`` logged values of ``metric`` (fewer if it logged
+    fewer; NaN if none)."""
+    _, values = run.series(metric)
+    return float(np.mean(values[-last_k:])) if values.size else math.nan
+
+
 def _summarize_group(
     runs: Sequence[RunRecord],
     target: float | None,
     metric: str,
     baseline: Mapping[int, float] | None = None,
+    last_k: int = 1,
 ) -> ResultRow:
     """One ResultRow from the runs of one (setting, method); ``baseline``: seed -> the baseline
-    method's final metric in the same setting."""
-    finals, bests, hits, deltas = [], [], [], []
+    method's score in the same setting."""
+    finals, scores, bests, hits, deltas = [], [], [], [], []
     for run in runs:
         _, values = run.series(metric)
         finals.append(_final(run, metric))
+        scores.append(_score(run, metric, last_k))
         bests.append(float(values.max()) if values.size else math.nan)
         if target is not None:
             hit = _first_round_at(run, metric, target)
             if hit is not None:
                 hits.append(hit)
         if baseline is not None and run.seed in baseline:
-            delta = finals[-1] - baseline[run.seed]
+            delta = scores[-1] - baseline[run.seed]
             if math.isfinite(delta):
                 deltas.append(delta)
     final_mean, final_std = _mean_std(finals)
     best_mean, best_std = _mean_std(bests)
     delta_mean, delta_std = _mean_std(deltas)
+    score_mean, score_std = _mean_std(scores)
     finetune = _mean_std([_final(run, FINAL_EVAL_KEYS["finetune"]) for run in runs])
     linear = _mean_std([_final(run, FINAL_EVAL_KEYS["linear"]) for run in runs])
     return ResultRow(
@@ -129,6 +173,10 @@ def _summarize_group(
         delta_mean=delta_mean,
         delta_std=delta_std,
         delta_seeds=len(deltas),
+        delta_ci95=ci95(deltas),
+        last_k=last_k,
+        score_mean=score_mean,
+        score_std=score_std,
         finetune_mean=finetune[0],
         finetune_std=finetune[1],
         linear_mean=linear[0],
@@ -141,8 +189,12 @@ def summarize(
     target: float | None = None,
     metric: str = "test/acc",
     baseline: str | None = None,
+    last_k: int = 1,
 ) -> list[ResultRow]:
     """One ResultRow per (setting, method), in first-appearance order of ``runs``.
+
+    A run's score is the mean of its last ``last_k`` logged values of ``metric`` (its final
+    value for 1): less of one round's noise than the last value alone.
 
     ``target`` is in the metric's units (a fraction for test/acc). A run that never logs the
     metric counts as a seed but not towards the means. ``baseline`` names the method every
@@ -161,6 +213,8 @@ def summarize(
             )
         seen[ident] = run
         groups.setdefault((run.setting, run.method), []).append(run)
+    if isinstance(last_k, bool) or not isinstance(last_k, int) or last_k < 1:
+        raise ValueError(f"last_k must be a positive integer, got {last_k!r}")
     if baseline is not None and baseline not in {method for _, method in groups}:
         methods = sorted({method for _, method in groups})
         raise ValueError(f"baseline: no run of method {baseline!r} (methods: {methods})")
@@ -168,10 +222,11 @@ def summarize(
     def reference(setting: str) -> dict[int, float] | None:
         if baseline is None:
             return None
-        return {run.seed: _final(run, metric) for run in groups.get((setting, baseline), [])}
+        runs = groups.get((setting, baseline), [])
+        return {run.seed: _score(run, metric, last_k) for run in runs}
 
     return [
-        _summarize_group(group, target, metric, reference(setting))
+        _summarize_group(group, target, metric, reference(setting), last_k)
         for (setting, _), group in groups.items()
     ]
 
@@ -224,13 +279,18 @@ def _rounds(row: ResultRow, target: float | None) -> str:
 
 
 def _points(row: ResultRow, baseline: str) -> str:
-    """The paired difference from the baseline in percentage points, with its seed count."""
+    """The paired difference from the baseline in percentage points: mean ± std, the 95%
+    interval, and ``*`` when the interval excludes 0."""
     if row.method == baseline:
         return "baseline"
     if not row.delta_seeds:
         return "-"
     std = f" ± {100 * row.delta_std:.2f}" if math.isfinite(row.delta_std) else ""
-    return f"{100 * row.delta_mean:+.2f}{std}"
+    if not math.isfinite(row.delta_ci95):
+        return f"{100 * row.delta_mean:+.2f}{std}"
+    low, high = 100 * (row.delta_mean - row.delta_ci95), 100 * (row.delta_mean + row.delta_ci95)
+    star = " *" if low > 0 or high < 0 else ""
+    return f"{100 * row.delta_mean:+.2f}{std} [{low:+.2f}, {high:+.2f}]{star}"
 
 
 def _seeds(row: ResultRow) -> str:
@@ -246,15 +306,20 @@ def to_markdown(
     baseline: str | None = None,
 ) -> str:
     """Markdown tables, one per setting (``### <setting>``, settings in first-appearance
-    order), rows sorted by final mean descending; accuracies in percent, MB = 10^6 bytes.
+    order), rows sorted by score (the mean of the last ``last_k`` values) descending;
+    accuracies in percent, MB = 10^6 bytes.
     ``target`` (a fraction) only labels the rounds-to-target column; pass the one given to
-    summarize, and the same ``baseline`` for its column of paired differences (points). A
+    summarize, and the same ``baseline`` for its column of paired differences (points, with
+    their 95% interval, ``*`` where it excludes 0). A
     "paper" column is added when ``published`` is given; "finetune" and "linear" columns when
     some row has those final evaluations."""
     target_label = f"rounds to {100 * target:g}%" if target is not None else "rounds to target"
+    last_k = rows[0].last_k if rows else 1
     header = ["method", "seeds", "final test/acc"]
+    if last_k > 1:
+        header.append(f"mean of last {last_k}")
     if baseline is not None:
-        header.append(f"vs {baseline} (paired)")
+        header.append(f"vs {baseline} (paired, 95% CI)")
     header += ["best", target_label, "MB communicated"]
     evals = [
         name
@@ -270,7 +335,7 @@ def to_markdown(
     blocks = []
     for setting, group in by_setting.items():
         ordered = sorted(
-            group, key=lambda r: -r.final_mean if math.isfinite(r.final_mean) else math.inf
+            group, key=lambda r: -r.score_mean if math.isfinite(r.score_mean) else math.inf
         )
         lines = [
             f"### {setting}",
@@ -280,6 +345,8 @@ def to_markdown(
         ]
         for row in ordered:
             cells = [row.method, _seeds(row), _pct(row.final_mean, row.final_std)]
+            if last_k > 1:
+                cells.append(_pct(row.score_mean, row.score_std))
             if baseline is not None:
                 cells.append(_points(row, baseline))
             cells += [

@@ -1,0 +1,50 @@
+"""BatchNorm statistics re-estimated before a model is scored.
+
+During training a BatchNorm layer's running statistics follow the weights with momentum 0.1,
+so after a step at a high learning rate they lag behind them, and a network is scored with
+statistics of weights it no longer has. Every scored network (``test/acc``, FedSEAL's thresholds,
+the finetune protocol) is therefore a copy whose running statistics are re-estimated on the
+server's clean (un-augmented) labeled images, the same way for every method.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable
+
+import torch
+from torch import Tensor, nn
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from fedlit.data.datamodule import FederatedDataModule
+
+
+def has_batchnorm(network: nn.Module) -> bool:
+    return any(isinstance(m, _BatchNorm) for m in network.modules())
+
+
+@torch.no_grad()
+def recalibrated(network: nn.Module, images: Iterable[tuple[Tensor, ...]]) -> nn.Module:
+    """A copy of ``network`` whose BatchNorm running statistics are re-estimated on ``images``
+    (batches whose first element is the input); ``network`` itself is not changed.
+
+    torch's ``update_bn`` resets the statistics and averages every batch's statistics with equal
+    weight (``momentum=None``): over one batch holding every image, exactly a full pass's mean
+    and (unbiased) variance. A network without BatchNorm is returned as it is.
+    """
+    if not has_batchnorm(network):
+        return network
+    clone = copy.deepcopy(network)
+    device = next(clone.parameters()).device
+    torch.optim.swa_utils.update_bn(images, clone, device=device)
+    return clone.eval()
+
+
+def scored(network: nn.Module, data: FederatedDataModule) -> nn.Module:
+    """The network that is scored for ``network``: a copy with its BatchNorm statistics
+    re-estimated on the server's clean labeled images (:func:`recalibrated`), in one batch of
+    ``data.eval_batch_size``; ``network`` itself where the server holds no images (labels at
+    the clients)."""
+    if data.labels_at != "server" or len(data.server) == 0:
+        return network
+    return recalibrated(network, data.server_plain_dataloader())

@@ -1,0 +1,94 @@
+"""The scored model (BatchNorm statistics re-estimated) and the run-level learning-rate schedule."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from fedlit.data import FederatedDataModule
+from fedlit.evaluation import scored
+from fedlit.federation import TrainerTemplate
+from fedlit.methods import FedAvgFixMatch, ServerSL
+from fedlit.models import build_classifier
+from fedlit.objectives import SupervisedCE
+
+
+@pytest.fixture(scope="module")
+def data(fmnist_root: Path) -> FederatedDataModule:
+    dm = FederatedDataModule(root=str(fmnist_root), num_clients=2, examples_per_client=64)
+    dm.setup_federation(seed=0)
+    return dm
+
+
+def test_scored_statistics_are_a_full_pass_over_the_clean_images(
+    data: FederatedDataModule,
+) -> None:
+    torch.manual_seed(0)
+    network = build_classifier("small_cnn", 10, 1)
+    with torch.no_grad():  # stale statistics, as after a high-learning-rate step
+        for m in network.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.uniform_(-3, 3)
+                m.running_var.uniform_(5, 9)
+    before = {k: v.clone() for k, v in network.state_dict().items()}
+    copy = scored(network, data)
+
+    # a full pass in training mode over the 500 clean labeled images, by hand: each BN's input
+    inputs: dict[str, torch.Tensor] = {}
+    reference = build_classifier("small_cnn", 10, 1)
+    reference.load_state_dict(before)
+    hooks = [
+        m.register_forward_pre_hook(lambda mod, args, name=name: inputs.__setitem__(name, args[0]))
+        for name, m in reference.named_modules()
+        if isinstance(m, nn.BatchNorm2d)
+    ]
+    images = torch.cat([x for (x,) in data.server_plain_dataloader()])
+    assert len(images) == 500
+    reference.train()
+    with torch.no_grad():
+        reference(images)
+    for h in hooks:
+        h.remove()
+    modules = dict(copy.named_modules())
+    assert inputs
+    for name, x in inputs.items():
+        bn = modules[name]
+        torch.testing.assert_close(bn.running_mean, x.mean(dim=(0, 2, 3)), rtol=1e-4, atol=1e-5)
+        var = x.transpose(0, 1).flatten(1).var(dim=1, unbiased=True)
+        torch.testing.assert_close(bn.running_var, var, rtol=1e-4, atol=1e-5)
+    # the weights are the network's, and the network itself is untouched
+    for k, v in network.state_dict().items():
+        assert torch.equal(v, before[k]), k
+        if "running" not in k and "num_batches" not in k:
+            assert torch.equal(copy.state_dict()[k], v), k
+
+
+def test_run_level_schedule_values_at_known_steps(data: FederatedDataModule) -> None:
+    """Round 2 of 4 covers the run's fraction [0.25, 0.5): the server's learning rate at its
+    k-th of S steps is lr * cos(pi / 2 * (0.25 + 0.25 k / S)) (cosine to 0, no warm-up)."""
+    method = ServerSL(num_classes=10, in_channels=1, server_lr=0.1)
+    kw = method.optimizer_kwargs(0.1, round_idx=2, total_rounds=4)
+    assert kw["progress"] == (0.25, 0.5)
+    seen: list[float] = []
+
+    class Recording(SupervisedCE):
+        def training_step(self, batch, batch_idx):  # type: ignore[no-untyped-def]
+            seen.append(self.optimizers().param_groups[0]["lr"])  # type: ignore[union-attr]
+            return super().training_step(batch, batch_idx)
+
+    objective = Recording(method.network, **kw)
+    loader = data.server_dataloader()
+    TrainerTemplate(accelerator="cpu").fit(objective, loader, epochs=1)
+    steps = len(loader)
+    expected = [0.1 * math.cos(math.pi / 2 * (0.25 + 0.25 * k / steps)) for k in range(steps)]
+    assert seen == pytest.approx(expected, rel=1e-6)
+    # constant: no schedule; the bootstrap (round 0) is never scheduled
+    constant = FedAvgFixMatch(num_classes=10, in_channels=1, lr_schedule="constant")
+    assert "schedule" not in constant.optimizer_kwargs(0.1, 2, 4)
+    assert "schedule" not in method.optimizer_kwargs(0.1, 0, 4)
+    with pytest.raises(ValueError, match="model.lr_schedule"):
+        ServerSL(num_classes=10, in_channels=1, lr_schedule="step")
