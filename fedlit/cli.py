@@ -14,15 +14,17 @@ finished runs. ``fedlit partition --config recipe.yaml``: plot a recipe's partit
 from __future__ import annotations
 
 import json
+import math
 import shlex
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import yaml
 from jsonargparse import ActionConfigFile, ArgumentParser
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -30,6 +32,8 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from fedlit.data.datamodule import FederatedDataModule
 from fedlit.evaluation import Evaluator, scored
 from fedlit.federation import Federation, FederationConfig, TrainerTemplate, load_checkpoint
+from fedlit.federation.driver import loading_data
+from fedlit.federation.rundir import free_config_name
 from fedlit.federation.trainers import TERMINATED
 from fedlit.methods import FederatedMethod
 
@@ -75,6 +79,33 @@ class FedlitCLI(LightningCLI):
         parser.link_arguments(
             "data.in_channels", "model.init_args.in_channels", apply_on="instantiate"
         )
+
+    def parse_arguments(self, parser: Any, args: Any) -> None:
+        """LightningCLI's parsing, after a check of the config files that names the file (and
+        the line) of a YAML error, and says so when a file is empty."""
+        error = config_file_error(sys.argv[1:] if args is None else args)
+        if error:
+            parser.error(error)
+        super().parse_arguments(parser, args)
+
+    def _parse_ckpt_path(self) -> None:
+        """``fedlit test --ckpt_path``: refuse a file that is not a federation checkpoint with
+        a message, before anything runs. (Lightning's own step here reads a LightningModule
+        checkpoint's hyperparameters, which a federation checkpoint does not have.)"""
+        subcommand = self.config.get("subcommand")
+        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if ckpt_path:
+            try:
+                load_checkpoint(ckpt_path)
+            except ValueError as err:
+                self.parser.error(f"ckpt_path: {err}")
+
+    def before_instantiate_classes(self) -> None:
+        """Refuse a NaN or infinite value in any setting, naming its key."""
+        config = (self.config[self.subcommand] if self.subcommand else self.config).as_dict()
+        for key, value in _floats(config):
+            if not math.isfinite(value):
+                self.parser.error(f"{key}: must be a finite number, got {value}")
 
     def instantiate_classes(self) -> None:
         try:
@@ -123,19 +154,18 @@ class FedlitCLI(LightningCLI):
         )
         try:
             federation.prepare()
+            federation.open_run_dir()  # locked from here to the end of the run
         except ValueError as err:
             self.parser.error(str(err))
         run_dir = federation.run_dir
-        run_dir.mkdir(parents=True, exist_ok=True)
-        name = (
-            "config.yaml"
-            if federation.start_round == 1
-            else f"config.resume{federation.start_round}.yaml"
-        )
-        self._parser(self.subcommand).save(
-            config, run_dir / name, skip_none=False, overwrite=False, multifile=False
-        )
-        result = federation.run()
+        try:
+            name = free_config_name(run_dir, federation.start_round)
+            self._parser(self.subcommand).save(
+                config, run_dir / name, skip_none=False, overwrite=False, multifile=False
+            )
+            result = federation.run()
+        finally:
+            federation.close_run_dir()
         print(json.dumps({"run_dir": str(run_dir), **result.final}, indent=None))
 
     def test(
@@ -155,11 +185,63 @@ class FedlitCLI(LightningCLI):
             self.parser.error(f"ckpt_path: {err}")
         # the run's own split (its seed): the scored network's BatchNorm statistics are
         # re-estimated on the server's clean images, as every round's test/acc is
-        datamodule.setup_federation(int(self.config[self.subcommand].seed_everything))
+        try:
+            with loading_data(datamodule):
+                datamodule.setup_federation(int(self.config[self.subcommand].seed_everything))
+        except ValueError as err:
+            self.parser.error(str(err))
         evaluator = Evaluator(scored(model.eval_network(), datamodule), datamodule.num_classes)
         self._trainer_template().test(evaluator, datamodule.test_dataloader())
         result = {"ckpt_path": str(ckpt_path), "round": ckpt["round"], **evaluator.metrics()}
         print(json.dumps(result))
+
+
+def _floats(value: Any, key: str = "") -> Iterator[tuple[str, float]]:
+    """Every float in a nested config, with its dotted key (list items as ``key[i]``)."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from _floats(v, f"{key}.{k}" if key else str(k))
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            yield from _floats(v, f"{key}[{i}]")
+    elif isinstance(value, float):
+        yield key, value
+
+
+def _config_paths(argv: Sequence[str]) -> Iterator[str]:
+    """The files given with ``--config``/``-c`` (``--config X`` or ``--config=X``)."""
+    for i, arg in enumerate(argv):
+        if arg in ("--config", "-c") and i + 1 < len(argv):
+            yield argv[i + 1]
+        elif arg.startswith("--config="):
+            yield arg.split("=", 1)[1]
+
+
+def config_file_error(argv: Sequence[str]) -> str | None:
+    """What is wrong with a config file named in ``argv`` (a YAML error with its file and line,
+    an empty file, a file that is not a mapping of settings), or None. Names that are not
+    files are left to the parser."""
+    for name in _config_paths(argv):
+        path = Path(name)
+        if not path.is_file():
+            continue
+        try:
+            loaded = yaml.safe_load(path.read_text())
+        except (OSError, UnicodeDecodeError) as err:
+            return f"--config {path}: cannot read it: {err}"
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
+            where = f", line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            problem = getattr(err, "problem", None) or str(err)
+            return f"--config {path}{where}: not valid YAML ({problem})"
+        if loaded is None:
+            return f"--config {path}: the file is empty (expected a YAML mapping of settings)"
+        if not isinstance(loaded, dict):
+            return (
+                f"--config {path}: expected a YAML mapping of settings, "
+                f"got a {type(loaded).__name__}"
+            )
+    return None
 
 
 def resolve(args: Sequence[str]) -> FedlitCLI:
@@ -174,6 +256,9 @@ def compare_main(argv: Sequence[str]) -> None:
     parser = ArgumentParser(prog="fedlit compare", description=Comparison.__doc__)
     parser.add_argument("--config", action=ActionConfigFile)
     parser.add_class_arguments(Comparison, fail_untyped=False)
+    error = config_file_error(argv)
+    if error:
+        parser.error(error)
     cfg = parser.parse_args(list(argv)).as_dict()
     try:
         values = {f.name: cfg[f.name] for f in fields(Comparison) if f.name in cfg}

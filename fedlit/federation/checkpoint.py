@@ -31,7 +31,10 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # not a torch file, or one holding arbitrary objects
-        raise ValueError(f"{path} is not a fedlit federation checkpoint: {err}") from err
+        raise ValueError(
+            f"{path} is not a fedlit federation checkpoint (torch.load(weights_only=True) "
+            f"failed: {type(err).__name__})"
+        ) from err
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
         raise ValueError(f"{path} is not a fedlit federation checkpoint ({FORMAT})")
     return ckpt

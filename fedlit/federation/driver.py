@@ -8,9 +8,11 @@ or after aggregating is the method's ``server_first``.
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,7 +27,19 @@ from fedlit.data.sampling import sample_clients
 from fedlit.evaluation import PROTOCOLS, Evaluator, evaluate_encoder, scored
 from fedlit.federation.checkpoint import load_checkpoint, save_checkpoint
 from fedlit.federation.client import ClientRunner
-from fedlit.federation.loggers import RoundCSVLogger
+from fedlit.federation.loggers import RoundCSVLogger, drop_rounds_after
+from fedlit.federation.rundir import (
+    CHECKPOINT,
+    RUN_FILE,
+    RUN_MARKERS,
+    RunLock,
+    check_creatable,
+    checkpoint_run_dir,
+    is_dead_run,
+    remove_dead_run,
+    run_markers,
+    same_dir,
+)
 from fedlit.federation.seeding import (
     EVAL,
     INIT,
@@ -39,8 +53,46 @@ from fedlit.federation.store import ClientStateStore
 from fedlit.federation.trainers import TrainerTemplate
 from fedlit.methods.base import ClientUpdate, FederatedMethod
 
-RUN_MARKERS = ("metrics.csv", "checkpoints", "config.yaml")  # a directory holding one holds a run
-RUN_FILE = "run.json"  # who the run is: method, seed, rounds (and a comparison's setting)
+__all__ = ["RUN_FILE", "RUN_MARKERS", "Federation", "FederationConfig", "FederationResult"]
+
+#: Settings a resume may change without saying so: how long the run goes on, where it is
+#: written, what is logged or shown, how often it is evaluated and where the data is read from.
+#: A key also covers the keys under it (``trainer.logger`` covers ``trainer.logger.init_args.*``).
+RESUME_MAY_CHANGE = (
+    "config",
+    "federation.rounds",
+    "federation.resume",
+    "federation.resume_may_change",
+    "federation.eval_every",
+    "data.root",
+    "data.download",
+    "trainer.default_root_dir",
+    "trainer.logger",
+    "trainer.callbacks",
+    "trainer.enable_progress_bar",
+    "trainer.enable_model_summary",
+    "trainer.enable_checkpointing",
+    "trainer.log_every_n_steps",
+    "trainer.profiler",
+)
+
+
+def _covers(allowed: str, key: str) -> bool:
+    """Whether setting ``allowed`` is ``key`` or a group holding it."""
+    return key == allowed or key.startswith(allowed + ".")
+
+
+@contextmanager
+def loading_data(data: FederatedDataModule) -> Iterator[None]:
+    """Turn a data set that cannot be loaded (missing with ``data.download`` off, no network,
+    unreadable files) into a ValueError naming ``data.root`` and ``data.dataset``."""
+    try:
+        yield
+    except (RuntimeError, OSError) as err:
+        raise ValueError(
+            f"data.root: data.dataset={data.dataset!r} could not be loaded from {data.root} "
+            f"(data.download={data.download}): {err}"
+        ) from err
 
 
 @dataclass(frozen=True)
@@ -54,7 +106,12 @@ class FederationConfig:
         local_steps: if set, T local steps per round instead of epochs (paper 004's period T).
         server_epochs: E_s, epochs of the server's objective per round.
         eval_every: evaluate on the test set every this many rounds (and after the last).
-        resume: a checkpoint to continue from (``<run>/checkpoints/last.ckpt``).
+        resume: a checkpoint to continue from (``<run>/checkpoints/last.ckpt``), into its own
+            run directory or a new one. Every setting that changes results must equal the
+            checkpoint's.
+        resume_may_change: settings (dotted keys as in the config, e.g.
+            ``model.init_args.client_lr``) a resume may change besides rounds, eval_every,
+            the run directory, loggers and the data root.
         final_eval: protocols run on the global encoder after the last round, logged as
             ``eval/<protocol>_acc``: "finetune" (end to end) and/or "linear" (frozen encoder).
         eval_epochs: epochs of those protocols on the server's labeled set.
@@ -68,6 +125,7 @@ class FederationConfig:
     server_epochs: int = 1
     eval_every: int = 1
     resume: str | None = None
+    resume_may_change: tuple[str, ...] = ()
     final_eval: tuple[str, ...] = ()
     eval_epochs: int = 20
     eval_lr: float = 0.03
@@ -78,6 +136,8 @@ class FederationConfig:
             raise ValueError(
                 f"federation.final_eval: unknown protocol {unknown[0]!r}; choose from {PROTOCOLS}"
             )
+        if not (math.isfinite(self.eval_lr) and self.eval_lr > 0):
+            raise ValueError(f"federation.eval_lr must be finite and > 0, got {self.eval_lr}")
         if self.eval_epochs < 1:
             raise ValueError(f"federation.eval_epochs must be positive, got {self.eval_epochs}")
         for key in ("rounds", "clients_per_round", "local_epochs", "server_epochs", "eval_every"):
@@ -106,7 +166,9 @@ class Federation:
     """Runs ``method`` on ``data`` for ``config.rounds`` rounds.
 
     Call :meth:`prepare` (loads data, checks every setting, raises ValueError naming the key
-    before anything is written or trained), then :meth:`run`.
+    before anything is written or trained), then :meth:`run`. The run directory is locked
+    (:class:`~fedlit.federation.rundir.RunLock`) from :meth:`open_run_dir` to the end of
+    :meth:`run`.
     """
 
     method: FederatedMethod
@@ -126,20 +188,30 @@ class Federation:
         self.history: list[dict[str, float]] = []
         self.start_round = 1
         self._prepared = False
+        self._dead = False  # the directory holds a run that died before its first checkpoint
+        self._opened = False  # open_run_dir has run: the directory is locked and ready
+        self._lock = RunLock(self.run_dir)
 
     # --- checks and set-up ---------------------------------------------------------------
     def prepare(self) -> None:
-        """Validate everything and load the data; raises ValueError naming the offending key."""
+        """Validate everything and load the data; raises ValueError naming the offending key.
+
+        Nothing is written; a run directory another process is writing is refused first.
+        """
+        check_creatable(self.run_dir)
+        self._lock.acquire(create=False)  # only where a lock file exists: nothing is written
+        try:
+            self._prepare()
+        except BaseException:
+            self._lock.release()
+            raise
+
+    def _prepare(self) -> None:
         cfg = self.config
         ckpt = load_checkpoint(cfg.resume) if cfg.resume else None
-        if ckpt is None:
-            found = [m for m in RUN_MARKERS if (self.run_dir / m).exists()]
-            if found:
-                raise ValueError(
-                    f"trainer.default_root_dir: {self.run_dir} already holds a run "
-                    f"({', '.join(found)}); choose another directory, or continue it with "
-                    f"--federation.resume {self.run_dir / 'checkpoints' / 'last.ckpt'}"
-                )
+        self._check_run_dir()
+        if ckpt is not None:  # before the data are loaded
+            self._check_resume(ckpt)
         if self.method.uses_clients and cfg.clients_per_round > self.data.num_clients:
             raise ValueError(
                 f"federation.clients_per_round={cfg.clients_per_round} exceeds "
@@ -165,7 +237,8 @@ class Federation:
                 f"{self.data.dataset!r} ({self.data.num_classes} classes, "
                 f"{self.data.in_channels} channels)"
             )
-        self.data.setup_federation(self.seed)
+        with loading_data(self.data):
+            self.data.setup_federation(self.seed)
         self.method.validate_data(self.data)
         if ckpt is not None:
             self._restore(ckpt)
@@ -183,6 +256,61 @@ class Federation:
         )
         self._prepared = True
 
+    def _check_run_dir(self) -> None:
+        """Refuse a run directory that holds a run this one does not continue. A directory whose
+        run died before its first checkpoint is noted (:meth:`open_run_dir` clears it)."""
+        self._dead = is_dead_run(self.run_dir)
+        found = run_markers(self.run_dir)
+        if not found or self._dead:
+            return
+        resume = self.config.resume
+        if resume is None:
+            raise ValueError(
+                f"trainer.default_root_dir: {self.run_dir} already holds a run "
+                f"({', '.join(found)}); choose another directory, or continue it with "
+                f"--federation.resume {self.checkpoint_path}"
+            )
+        origin = checkpoint_run_dir(resume)
+        if not same_dir(origin, self.run_dir):
+            raise ValueError(
+                f"federation.resume: the checkpoint {resume} belongs to the run in {origin}, "
+                f"but trainer.default_root_dir {self.run_dir} holds a different run "
+                f"({', '.join(found)}); resume into {origin} or into a new directory"
+            )
+
+    def open_run_dir(self) -> None:
+        """Create and lock the run directory, then make it ready to write: a run that died there
+        before its first checkpoint is removed (with a note), and a resume drops the rows
+        ``metrics.csv`` holds after the checkpoint's round (logged by a run killed between
+        its metrics and its checkpoint). Raises ValueError if another process holds the lock
+        or wrote a run there since :meth:`prepare`."""
+        if not self._prepared:
+            self.prepare()
+        if self._opened:
+            return
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._lock.acquire()
+        try:
+            self._check_run_dir()  # again, under the lock
+            if self._dead:
+                removed = remove_dead_run(self.run_dir)
+                _note(
+                    f"{self.run_dir} held a run stopped before its first checkpoint; "
+                    f"removed its {', '.join(removed)} and started afresh"
+                )
+                self._dead = False
+            if self.start_round > 1:
+                dropped = drop_rounds_after(self.run_dir / "metrics.csv", self.start_round - 1)
+                if dropped:
+                    _note(
+                        f"{self.run_dir / 'metrics.csv'}: dropped {dropped} row(s) logged after "
+                        f"round {self.start_round - 1}, the checkpoint's; they are run again"
+                    )
+            self._opened = True
+        except BaseException:
+            self._lock.release()
+            raise
+
     def _meta(self) -> dict[str, Any]:
         return {
             "seed": self.seed,
@@ -191,7 +319,29 @@ class Federation:
             "dataset": self.data.dataset,
         }
 
-    def _restore(self, ckpt: dict[str, Any]) -> None:
+    def _check_settings(self, saved: dict[str, Any]) -> None:
+        """Refuse a resume whose settings differ from the checkpoint's (``saved``, its flat
+        config) in a key that changes results; :data:`RESUME_MAY_CHANGE` and
+        ``federation.resume_may_change`` may differ. Keys only one side has (settings added
+        by a newer version) are not compared."""
+        allowed = (*RESUME_MAY_CHANGE, *self.config.resume_may_change)
+        for name in self.config.resume_may_change:
+            if self.hparams and not any(_covers(name, key) for key in self.hparams):
+                raise ValueError(f"federation.resume_may_change: no setting named {name!r}")
+        if not saved or not self.hparams:
+            return
+        for key in sorted(saved.keys() & self.hparams.keys()):
+            if saved[key] != self.hparams[key] and not any(_covers(a, key) for a in allowed):
+                raise ValueError(
+                    f"federation.resume: {key}={self.hparams[key]!r} but the checkpoint was "
+                    f"made with {key}={saved[key]!r}; resume with the checkpoint's setting, or "
+                    f"allow the change with --federation.resume_may_change=[{key}]"
+                )
+
+    def _check_resume(self, ckpt: dict[str, Any]) -> None:
+        """Refuse a checkpoint made by another run (seed, method, clients, data set), with
+        other settings, or with no round left to run."""
+        self._check_settings(ckpt.get("hparams") or {})
         meta = self._meta()
         for key, value in ckpt["meta"].items():
             if meta.get(key) != value:
@@ -204,8 +354,17 @@ class Federation:
                 f"federation.resume: the checkpoint already completed round {ckpt['round']}; "
                 f"federation.rounds={self.config.rounds} leaves nothing to run"
             )
-        self.method.network.load_state_dict(ckpt["global_state"])
-        self.method.load_server_state_dict(ckpt["server_state"])
+
+    def _restore(self, ckpt: dict[str, Any]) -> None:
+        """Continue from ``ckpt``: global and server state, client states, history, RNGs."""
+        try:
+            self.method.network.load_state_dict(ckpt["global_state"])
+            self.method.load_server_state_dict(ckpt["server_state"])
+        except (RuntimeError, ValueError) as err:  # another architecture (size mismatch)
+            raise ValueError(
+                f"federation.resume: the checkpoint's network does not fit this model "
+                f"(model.backbone={self.method.hparams.backbone!r}): {_first_line(err)}"
+            ) from err
         self.store.load_state_dict(ckpt["client_states"])
         self.visits = dict(ckpt.get("visits", {}))
         self.history = list(ckpt["history"])
@@ -214,9 +373,20 @@ class Federation:
 
     # --- the run ---------------------------------------------------------------------------
     def run(self) -> FederationResult:
-        if not self._prepared:
-            self.prepare()
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        """Prepare (if not done), open and lock the run directory (if not done), run the
+        remaining rounds; the lock is released when the run ends, however it ends."""
+        self.open_run_dir()
+        try:
+            return self._run()
+        finally:
+            self.close_run_dir()
+
+    def close_run_dir(self) -> None:
+        """Release the run directory's lock (a no-op if not held)."""
+        self._lock.release()
+        self._opened = False
+
+    def _run(self) -> FederationResult:
         self._write_run_file()
         loggers = [RoundCSVLogger(self.run_dir), *self.loggers]
         if self.start_round == 1:
@@ -358,7 +528,7 @@ class Federation:
     # --- checkpoints and reporting -----------------------------------------------------------
     @property
     def checkpoint_path(self) -> Path:
-        return self.run_dir / "checkpoints" / "last.ckpt"
+        return self.run_dir / CHECKPOINT
 
     def _checkpoint(self, round_idx: int) -> None:
         save_checkpoint(
@@ -399,6 +569,17 @@ class Federation:
                 f"round {round_idx}/{self.config.rounds}  {text}  {metrics['time/round_s']:.1f} s",
                 flush=True,
             )
+
+
+def _note(text: str) -> None:
+    """A line for the person running fedlit (stderr: stdout carries the results)."""
+    print(f"note: {text}", file=sys.stderr, flush=True)
+
+
+def _first_line(err: BaseException) -> str:
+    """An error's message, its details (one line per mismatched tensor) cut to two lines."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return " ".join(lines[:2]) + (" ..." if len(lines) > 2 else "")
 
 
 def _mean_metrics(prefix: str, per_client: Sequence[dict[str, float]]) -> dict[str, float]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import os
+from pathlib import Path
 
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
@@ -34,3 +35,26 @@ class RoundCSVLogger(CSVLogger):
             os.makedirs(self.root_dir, exist_ok=True)
             self._experiment = _AppendingWriter(log_dir=self.log_dir)
         return self._experiment
+
+
+def drop_rounds_after(path: Path, last_round: int) -> int:
+    """Remove the rows of ``metrics.csv`` at ``path`` logged after round ``last_round`` (a
+    run killed between writing a round's row and its checkpoint logged that round once
+    already; its resume logs it again). The file is rewritten atomically; returns how many
+    rows were removed."""
+    if not path.is_file():
+        return 0
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        header = list(reader.fieldnames or [])
+        rows = list(reader)
+    kept = [r for r in rows if not r.get("round") or float(r["round"]) <= last_round]
+    if len(kept) == len(rows):
+        return 0
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=header)  # as Lightning writes it
+        writer.writeheader()
+        writer.writerows(kept)
+    os.replace(tmp, path)
+    return len(rows) - len(kept)

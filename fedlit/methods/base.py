@@ -9,6 +9,7 @@ logging and checkpoints; it never knows which method it runs.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -21,6 +22,7 @@ from fedlit.data.datamodule import FederatedDataModule
 from fedlit.data.loaders import ImageBatches
 from fedlit.models import build_classifier
 from fedlit.objectives import Objective, SupervisedCE, WarmupCosine
+from fedlit.objectives.base import OPTIMIZERS
 
 StateDict = dict[str, Tensor]
 LR_SCHEDULES = ("constant", "cosine")
@@ -48,8 +50,8 @@ class FederatedMethod(LightningModule):
         server_lr: learning rate of the server's objective.
         client_lr: learning rate of the clients' objective.
         optimizer: "sgd" or "adam", for server and clients.
-        momentum: SGD momentum.
-        weight_decay: L2 weight decay.
+        momentum: SGD momentum, in [0, 1).
+        weight_decay: L2 weight decay, >= 0.
         lr_decay: per-round factor on both learning rates (lr * lr_decay ** (round - 1); paper
             002's 0.995).
         lr_schedule: "cosine" (default): both learning rates follow a warm-up + cosine schedule
@@ -60,6 +62,9 @@ class FederatedMethod(LightningModule):
         cosine_c: the cosine's periodic coefficient: 0.5 decays to the floor at the end of the
             run; FixMatch's and paper 004's 7/16 to cos(7 pi / 16) ~ 0.2.
         cosine_eps: the schedule's floor (paper 004: 1e-4).
+
+    Every value is checked here, where it is declared (finite, in range, a known optimizer),
+    so a bad one stops the CLI before anything is written.
     """
 
     #: Clients take part (False for Server-SL, which trains on the server's labels only).
@@ -94,10 +99,16 @@ class FederatedMethod(LightningModule):
     ) -> None:
         super().__init__()
         for key, value in (("model.server_lr", server_lr), ("model.client_lr", client_lr)):
-            if value <= 0:
-                raise ValueError(f"{key} must be > 0, got {value}")
-        if not 0 < lr_decay <= 1:
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{key} must be finite and > 0, got {value}")
+        if not 0 < lr_decay <= 1:  # False for NaN too
             raise ValueError(f"model.lr_decay must be in (0, 1], got {lr_decay}")
+        if optimizer not in OPTIMIZERS:
+            raise ValueError(f"model.optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
+        if not 0 <= momentum < 1:
+            raise ValueError(f"model.momentum must be in [0, 1), got {momentum}")
+        if not (math.isfinite(weight_decay) and weight_decay >= 0):
+            raise ValueError(f"model.weight_decay must be finite and >= 0, got {weight_decay}")
         if lr_schedule not in LR_SCHEDULES:
             raise ValueError(
                 f"model.lr_schedule must be one of {LR_SCHEDULES}, got {lr_schedule!r}"

@@ -44,7 +44,7 @@ class WarmupCosine:
     def __post_init__(self) -> None:
         if not 0 <= self.warmup < 1:
             raise ValueError(f"warmup must be in [0, 1), got {self.warmup}")
-        if self.c <= 0 or not 0 <= self.eps <= 1:
+        if not (math.isfinite(self.c) and self.c > 0) or not 0 <= self.eps <= 1:
             raise ValueError(f"need c > 0 and eps in [0, 1], got c={self.c}, eps={self.eps}")
 
     def __call__(self, progress: float) -> float:

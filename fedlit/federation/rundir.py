@@ -1,0 +1,144 @@
+"""A run directory's state, its lock, and the clean-up of a run that died before its first
+checkpoint. Nothing here writes before the driver has checked every setting."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import IO
+
+try:  # POSIX; elsewhere runs are not locked
+    import fcntl
+except ImportError:  # pragma: no cover
+    fcntl = None  # type: ignore[assignment]
+
+RUN_MARKERS = ("metrics.csv", "checkpoints", "config.yaml")  # a directory holding one holds a run
+RUN_FILE = "run.json"  # who the run is: method, seed, rounds (and a comparison's setting)
+LOCK_FILE = ".lock"  # flock-ed by the process writing the run; holds its pid
+CHECKPOINT = Path("checkpoints") / "last.ckpt"
+#: What a run writes besides its markers (removed with a dead run; other files are kept).
+RUN_FILES = (RUN_FILE, "hparams.yaml", "partition.png")
+
+
+def run_markers(run_dir: Path) -> list[str]:
+    """The run markers ``run_dir`` holds (empty: no run there)."""
+    return [m for m in RUN_MARKERS if (run_dir / m).exists()]
+
+
+def is_dead_run(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds a run that stopped before its first checkpoint: run files but
+    no ``checkpoints/last.ckpt``, so nothing in it can be resumed."""
+    return bool(run_markers(run_dir)) and not (run_dir / CHECKPOINT).is_file()
+
+
+def checkpoint_run_dir(ckpt_path: str | Path) -> Path:
+    """The run directory a checkpoint belongs to (``<run>/checkpoints/last.ckpt`` -> ``<run>``)."""
+    return Path(ckpt_path).resolve().parent.parent
+
+
+def same_dir(a: Path, b: Path) -> bool:
+    """Whether two paths name the same directory (after resolving links and ``..``)."""
+    return a.resolve() == b.resolve()
+
+
+def check_creatable(run_dir: Path) -> None:
+    """Raise ValueError naming ``trainer.default_root_dir`` if ``run_dir`` is not a directory
+    this process can create or write into. Creates nothing."""
+    key = "trainer.default_root_dir"
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ValueError(f"{key}: {run_dir} exists and is not a directory")
+    existing = run_dir
+    while not existing.exists():
+        if existing.parent == existing:
+            break
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ValueError(f"{key}: cannot create {run_dir}: {existing} is not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"{key}: cannot write into {existing} (to make the run {run_dir})")
+
+
+def remove_dead_run(run_dir: Path) -> list[str]:
+    """Remove the files of a run that died before its first checkpoint (its markers, run.json,
+    hparams.yaml, partition.png, resume configs and an unfinished checkpoint), keeping any
+    other file; returns the names removed. Refuses a directory holding a checkpoint."""
+    if (run_dir / CHECKPOINT).is_file():
+        raise ValueError(f"{run_dir} holds a checkpoint; it is not removed")
+    removed = []
+    names = [*RUN_MARKERS, *RUN_FILES, *(p.name for p in sorted(run_dir.glob("config.resume*")))]
+    for name in names:
+        path = run_dir / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.exists() or path.is_symlink():
+            path.unlink()
+        else:
+            continue
+        removed.append(name)
+    return removed
+
+
+def free_config_name(run_dir: Path, start_round: int) -> str:
+    """The name the run's resolved config is saved under: ``config.yaml`` for a new run,
+    ``config.resume<round>.yaml`` for a resume, ``config.resume<round>.<n>.yaml`` when that
+    round was resumed before (a resume stopped before its first new checkpoint)."""
+    if start_round == 1:
+        return "config.yaml"
+    name, n = f"config.resume{start_round}.yaml", 1
+    while (run_dir / name).exists():
+        n += 1
+        name = f"config.resume{start_round}.{n}.yaml"
+    return name
+
+
+class RunLock:
+    """An exclusive ``flock`` on ``<run>/.lock``, held while a process writes the run.
+
+    The kernel drops it when the process ends, however it ends, so a killed run never leaves
+    a stale lock behind; the file itself stays (it holds the last writer's pid).
+    """
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self.path = run_dir / LOCK_FILE
+        self._file: IO[str] | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._file is not None
+
+    def acquire(self, create: bool = True) -> None:
+        """Take the lock (a no-op if held). With ``create=False`` only an existing lock file is
+        locked, so nothing is written into a directory that has none. A ValueError names the
+        directory if another process holds it."""
+        if self._file is not None or fcntl is None:
+            return
+        if not create and not self.path.is_file():
+            return
+        if create:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+        file = open(self.path, "a+")  # noqa: SIM115 (held open for the run's duration)
+        try:
+            fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            file.seek(0)
+            pid = file.read().strip()
+            file.close()
+            holder = f" (pid {pid})" if pid else ""
+            raise ValueError(
+                f"trainer.default_root_dir: {self.run_dir} is being written by another "
+                f"process{holder} holding {self.path}; wait for it to end or choose another "
+                "directory"
+            ) from None
+        file.seek(0)
+        file.truncate()
+        file.write(f"{os.getpid()}\n")
+        file.flush()
+        self._file = file
+
+    def release(self) -> None:
+        """Drop the lock (a no-op if not held)."""
+        if self._file is not None:
+            self._file.close()  # closing the file releases the flock
+            self._file = None

@@ -1,0 +1,358 @@
+"""Bad values refused before anything is written, and resumes that cannot lose a run: the real
+CLI on tiny Server-SL runs (one to three rounds of a few batches on the local Fashion-MNIST)."""
+
+from __future__ import annotations
+
+import csv
+import random
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from fedlit.cli import main
+from fedlit.federation import Federation, load_checkpoint
+from fedlit.federation.rundir import LOCK_FILE, RunLock
+
+RECIPES = Path(__file__).parents[1] / "recipes"
+SERVER_SL = RECIPES / "server_sl.yaml"
+
+
+def _fit(root: Path, run_dir: Path, *extra: str, recipe: Path = SERVER_SL) -> list[str]:
+    """``fedlit fit`` arguments for a tiny run of ``recipe`` (rounds: 1 unless overridden)."""
+    return [
+        "fit",
+        f"--config={recipe}",
+        f"--data.root={root}",
+        "--data.num_clients=2",
+        "--data.examples_per_client=32",
+        "--data.client_batch_size=16",
+        "--data.labeled_per_class=5",
+        "--data.val_per_class=2",
+        "--data.test_subset=100",
+        "--federation.rounds=1",
+        "--federation.clients_per_round=2",
+        "--federation.server_epochs=1",
+        "--federation.final_eval=[]",
+        f"--trainer.default_root_dir={run_dir}",
+        *extra,
+    ]
+
+
+def _resume(run_dir: Path) -> str:
+    return f"--federation.resume={run_dir / 'checkpoints' / 'last.ckpt'}"
+
+
+def _refused(args: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """Run ``args``, which must exit with status 2 and no traceback; returns stderr."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exc:
+        main(args)
+    err = capsys.readouterr().err
+    assert exc.value.code == 2, err
+    assert "Traceback" not in err
+    return err
+
+
+def _files(run_dir: Path) -> dict[Path, bytes]:
+    return {p: p.read_bytes() for p in sorted(run_dir.rglob("*")) if p.is_file()}
+
+
+def _rounds(run_dir: Path) -> list[float]:
+    with open(run_dir / "metrics.csv", newline="") as f:
+        return [float(row["round"]) for row in csv.DictReader(f)]
+
+
+@pytest.fixture(scope="module")
+def finished(fmnist_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished one-round run (only read, or copied, by the tests that use it)."""
+    run_dir = tmp_path_factory.mktemp("finished") / "run"
+    main(_fit(fmnist_root, run_dir))
+    return run_dir
+
+
+# --- every bad value refused before anything is written -----------------------------------
+BAD_VALUES = [
+    (["--model.init_args.momentum=-1"], "model.momentum", "-1"),
+    (["--model.init_args.momentum=1.5"], "model.momentum", "1.5"),
+    (["--model.init_args.weight_decay=-1"], "model.weight_decay", "-1"),
+    (["--model.init_args.optimizer=rmsprop"], "model.optimizer", "rmsprop"),
+    (["--model.init_args.server_lr=.nan"], "model.init_args.server_lr", "nan"),
+    (["--model.init_args.server_lr=.inf"], "model.init_args.server_lr", "inf"),
+    (["--federation.eval_lr=.inf"], "federation.eval_lr", "inf"),
+    (["--trainer.gradient_clip_val=.nan"], "trainer.gradient_clip_val", "nan"),
+]
+
+
+@pytest.mark.parametrize(("args", "key", "value"), BAD_VALUES, ids=[b[2] for b in BAD_VALUES])
+def test_bad_value_is_refused_naming_key_and_value(
+    args: list[str],
+    key: str,
+    value: str,
+    fmnist_root: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    run_dir = tmp_path / "run"
+    err = _refused(_fit(fmnist_root, run_dir, *args), capsys)
+    assert key in err and value in err, err
+    assert not run_dir.exists()
+
+
+def test_nan_in_a_yaml_file_is_refused(
+    fmnist_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    override = tmp_path / "nan.yaml"
+    override.write_text("model:\n  init_args:\n    client_lr: .nan\n")
+    run_dir = tmp_path / "run"
+    args = _fit(fmnist_root, run_dir, f"--config={override}", recipe=RECIPES / "fedavg_sl.yaml")
+    err = _refused(args, capsys)
+    assert "model.init_args.client_lr" in err and "nan" in err, err
+    assert not run_dir.exists()
+
+
+def test_uncreatable_run_directory_is_named(
+    fmnist_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory")
+    err = _refused(_fit(fmnist_root, blocker / "run"), capsys)
+    assert "trainer.default_root_dir" in err and str(blocker) in err, err
+
+
+def test_missing_data_without_download_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root, run_dir = tmp_path / "empty_root", tmp_path / "run"
+    args = _fit(root, run_dir, "--data.dataset=mnist", "--data.download=false")
+    err = _refused(args, capsys)
+    assert "data.root" in err and "'mnist'" in err and str(root) in err, err
+    assert not run_dir.exists()
+
+
+def test_test_subcommand_refuses_a_file_that_is_not_a_checkpoint(
+    fmnist_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    junk = tmp_path / "junk.ckpt"
+    junk.write_bytes(random.Random(0).randbytes(4096))
+    args = ["test", f"--config={SERVER_SL}", f"--data.root={fmnist_root}", f"--ckpt_path={junk}"]
+    err = _refused(args, capsys)
+    assert "ckpt_path" in err and str(junk) in err and "not a fedlit federation checkpoint" in err
+
+
+@pytest.mark.parametrize("command", ["fit", "compare"])
+def test_yaml_syntax_error_names_the_file_and_line(
+    command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model:\n  class_path: fedlit.methods.ServerSL\n  init_args: [\n")
+    err = _refused([command, f"--config={bad}"], capsys)
+    assert str(bad) in err and "line 4" in err, err
+
+
+@pytest.mark.parametrize("command", ["fit", "compare"])
+def test_empty_yaml_file_is_named(
+    command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("# nothing but a comment\n")
+    err = _refused([command, f"--config={empty}"], capsys)
+    assert str(empty) in err and "empty" in err and "Unexpected config" not in err, err
+
+
+# --- resume that cannot lose a run ------------------------------------------------------------
+def test_resume_into_a_directory_holding_another_run_is_refused(
+    finished: Path, fmnist_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    other = tmp_path / "other"
+    main(_fit(fmnist_root, other, "--seed_everything=1"))
+    before = _files(other)
+    args = _fit(fmnist_root, other, "--federation.rounds=2", _resume(finished))
+    err = _refused(args, capsys)
+    assert str(finished) in err and str(other) in err, err
+    assert _files(other) == before
+
+
+def test_resume_twice_from_one_checkpoint(
+    fmnist_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A resume stopped before its first new checkpoint leaves config.resume2.yaml; the next
+    resume from the same checkpoint saves its config beside it."""
+    run_dir = tmp_path / "run"
+    main(_fit(fmnist_root, run_dir))
+    original = Federation.run_round
+
+    def stopped(self: Federation, round_idx: int) -> dict[str, float]:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Federation, "run_round", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        main(_fit(fmnist_root, run_dir, "--federation.rounds=2", _resume(run_dir)))
+    monkeypatch.setattr(Federation, "run_round", original)
+    main(_fit(fmnist_root, run_dir, "--federation.rounds=2", _resume(run_dir)))
+    assert (run_dir / "config.resume2.yaml").is_file()
+    assert (run_dir / "config.resume2.2.yaml").is_file()
+    assert load_checkpoint(run_dir / "checkpoints" / "last.ckpt")["round"] == 2
+    assert _rounds(run_dir) == [0, 1, 2]
+
+
+def test_run_stopped_before_its_first_checkpoint_starts_again_in_place(
+    fmnist_root: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Killed after round 1's metrics row, before its checkpoint: config.yaml and metrics.csv
+    but nothing to resume from."""
+    run_dir = tmp_path / "run"
+    original = Federation._checkpoint
+
+    def killed(self: Federation, round_idx: int) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Federation, "_checkpoint", killed)
+    with pytest.raises(KeyboardInterrupt):
+        main(_fit(fmnist_root, run_dir))
+    monkeypatch.setattr(Federation, "_checkpoint", original)
+    assert (run_dir / "config.yaml").is_file() and _rounds(run_dir) == [0, 1]
+    assert not (run_dir / "checkpoints" / "last.ckpt").exists()
+    (run_dir / "notes.txt").write_text("mine")
+    capsys.readouterr()
+    main(_fit(fmnist_root, run_dir))
+    err = capsys.readouterr().err
+    assert "stopped before its first checkpoint" in err and str(run_dir) in err, err
+    assert load_checkpoint(run_dir / "checkpoints" / "last.ckpt")["round"] == 1
+    assert _rounds(run_dir) == [0, 1]
+    assert (run_dir / "notes.txt").read_text() == "mine"  # only the dead run's files go
+
+
+def test_resume_after_a_kill_between_metrics_and_checkpoint_logs_each_round_once(
+    fmnist_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Round 2's row is written, then the process dies before round 2's checkpoint: the
+    resume runs round 2 again and metrics.csv holds it once."""
+    run_dir = tmp_path / "run"
+    original = Federation._checkpoint
+
+    def killed_before_checkpoint(self: Federation, round_idx: int) -> None:
+        if round_idx == 2:
+            raise KeyboardInterrupt
+        original(self, round_idx)
+
+    monkeypatch.setattr(Federation, "_checkpoint", killed_before_checkpoint)
+    with pytest.raises(KeyboardInterrupt):
+        main(_fit(fmnist_root, run_dir, "--federation.rounds=3"))
+    monkeypatch.setattr(Federation, "_checkpoint", original)
+    assert _rounds(run_dir) == [0, 1, 2]
+    assert load_checkpoint(run_dir / "checkpoints" / "last.ckpt")["round"] == 1
+    main(_fit(fmnist_root, run_dir, "--federation.rounds=3", _resume(run_dir)))
+    assert _rounds(run_dir) == [0, 1, 2, 3]
+
+
+@pytest.fixture
+def locked_by_another_process(tmp_path: Path) -> Iterator[Path]:
+    """A run directory whose lock a second process holds (as a running fit would)."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    holder = (
+        "import fcntl, sys, time\n"
+        "f = open(sys.argv[1], 'a+')\n"
+        "fcntl.flock(f, fcntl.LOCK_EX)\n"
+        "print('locked', flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", holder, str(run_dir / LOCK_FILE)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "locked"
+        yield run_dir
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_second_writer_of_a_locked_run_directory_is_refused(
+    locked_by_another_process: Path, fmnist_root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = locked_by_another_process
+    err = _refused(_fit(fmnist_root, run_dir), capsys)
+    assert str(run_dir) in err and "another process" in err, err
+    assert sorted(p.name for p in run_dir.iterdir()) == [LOCK_FILE]  # nothing written
+
+
+def test_resume_while_the_run_is_being_written_is_refused(
+    finished: Path, fmnist_root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = _files(finished)
+    lock = RunLock(finished)  # the lock of a run still writing (a separate open: a 2nd writer)
+    lock.acquire()
+    try:
+        err = _refused(
+            _fit(fmnist_root, finished, "--federation.rounds=2", _resume(finished)), capsys
+        )
+    finally:
+        lock.release()
+    assert str(finished) in err and "another process" in err, err
+    assert {p: b for p, b in _files(finished).items() if p.name != LOCK_FILE} == {
+        p: b for p, b in before.items() if p.name != LOCK_FILE
+    }
+
+
+CHANGED = [
+    ("--model.init_args.server_lr=0.1", "model.init_args.server_lr"),
+    ("--model.init_args.momentum=0.5", "model.init_args.momentum"),
+    ("--data.examples_per_client=16", "data.examples_per_client"),
+    ("--data.partitioner=Dirichlet --data.partitioner.alpha=0.5", "data.partitioner.class_path"),
+    ("--federation.server_epochs=2", "federation.server_epochs"),
+    ("--model.init_args.backbone=fedcon_mnist_cnn", "model.init_args.backbone"),
+]
+
+
+@pytest.mark.parametrize(("arg", "key"), CHANGED, ids=[c[1] for c in CHANGED])
+def test_resume_with_a_changed_setting_is_refused_naming_it(
+    arg: str, key: str, finished: Path, fmnist_root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = _files(finished)
+    args = _fit(fmnist_root, finished, "--federation.rounds=2", *arg.split(), _resume(finished))
+    err = _refused(args, capsys)
+    assert key in err and "federation.resume_may_change" in err, err
+    assert _files(finished) == before
+
+
+def test_resume_may_change_allows_a_named_setting(
+    finished: Path, fmnist_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+
+    def args(fork: Path, may_change: str) -> list[str]:
+        changed = [
+            "--model.init_args.server_lr=0.1",
+            f"--federation.resume_may_change=[{may_change}]",
+        ]
+        return _fit(fmnist_root, fork, "--federation.rounds=2", *changed, _resume(finished))
+
+    err = _refused(args(tmp_path / "typo", "model.init_args.nope"), capsys)
+    assert "model.init_args.nope" in err, err
+    fork = tmp_path / "fork"  # resumed into a new directory: the finished run stays as it is
+    main(args(fork, "model.init_args.server_lr"))
+    assert load_checkpoint(fork / "checkpoints" / "last.ckpt")["round"] == 2
+    assert load_checkpoint(finished / "checkpoints" / "last.ckpt")["round"] == 1
+
+
+def test_resume_from_another_backbone_names_the_mismatch(
+    finished: Path, fmnist_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = _fit(
+        fmnist_root,
+        tmp_path / "fork",
+        "--federation.rounds=2",
+        "--model.init_args.backbone=fedcon_mnist_cnn",
+        "--federation.resume_may_change=[model.init_args.backbone]",
+        _resume(finished),
+    )
+    err = _refused(args, capsys)
+    assert "does not fit this model" in err and "fedcon_mnist_cnn" in err, err
