@@ -48,6 +48,10 @@ TEMPLATE_KEYS = (
 )
 
 
+#: Data settings that change neither the split ``fedlit test`` re-draws nor the scoring.
+SPLIT_FREE = ("data.root", "data.download", "data.batch_size", "data.client_batch_size")
+
+
 class FedlitCLI(LightningCLI):
     """LightningCLI whose ``fit`` runs a federation and whose ``test`` evaluates its checkpoint."""
 
@@ -185,6 +189,14 @@ class FedlitCLI(LightningCLI):
             self.parser.error(f"ckpt_path: {err}")
         # the run's own split (its seed): the scored network's BatchNorm statistics are
         # re-estimated on the server's clean images, as every round's test/acc is
+        saved, flat = ckpt.get("hparams") or {}, self._flat_config()
+        for key in sorted(k for k in saved if k == "seed_everything" or k.startswith("data.")):
+            if key not in SPLIT_FREE and key in flat and flat[key] != saved[key]:
+                self.parser.error(
+                    f"test: {key}={flat[key]!r}, the run had {saved[key]!r}; the scored model's "
+                    "statistics come from the run's own server split: give the run's config "
+                    "(--config <run>/config.yaml)"
+                )
         try:
             with loading_data(datamodule):
                 datamodule.setup_federation(int(self.config[self.subcommand].seed_everything))

@@ -187,17 +187,17 @@ def test_test_subcommand_evaluates_a_checkpoint(
     run_dir = tmp_path / "run"
     main(["fit", "--config=recipes/server_sl.yaml", *tiny(fmnist_root, run_dir)])
     fit_final = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    main(
-        [
-            "test",
-            "--config=recipes/server_sl.yaml",
-            f"--data.root={fmnist_root}",
-            f"--ckpt_path={run_dir / 'checkpoints' / 'last.ckpt'}",
-        ]
-    )
+    ckpt = f"--ckpt_path={run_dir / 'checkpoints' / 'last.ckpt'}"
+    main(["test", f"--config={run_dir / 'config.yaml'}", ckpt])
     tested = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert tested["test/acc"] == pytest.approx(fit_final["test/acc"])
     assert tested["round"] == 1
+    # another split than the run's (the recipe's own labels) is refused, naming the key
+    with pytest.raises(SystemExit) as exit_info:
+        main(["test", "--config=recipes/server_sl.yaml", f"--data.root={fmnist_root}", ckpt])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "test: data.examples_per_client=1200, the run had 32" in err
 
 
 def test_wandb_offline(fmnist_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

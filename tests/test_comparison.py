@@ -97,7 +97,7 @@ def test_compare_two_recipes_two_seeds(
     assert float(by_method["fedavg_fixmatch"]["delta_std"]) == pytest.approx(np.std(diffs, ddof=1))
     text = report.read_text()
     assert "fedlit compare" in text and "80.25" in text and "Tiny protocol." in text
-    assert "| vs server_sl (paired) |" in text and "| baseline |" in text
+    assert "| vs server_sl (paired, 95% CI) |" in text and "| baseline |" in text
     assert (report.parent / "tiny_curves.png").is_file()  # the report's plots travel with it
 
 

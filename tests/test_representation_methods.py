@@ -99,11 +99,22 @@ def test_fedcon_bytes_and_checkpointed_projectors(fmnist_root: Path, tmp_path: P
     assert "target" in ckpt["server_state"] and ckpt["server_state"]["steps"] > 0
 
 
-def test_fedcon_resume_equals_uninterrupted(fmnist_root: Path, tmp_path: Path) -> None:
+def test_fedcon_resume_equals_uninterrupted(
+    fmnist_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     full = _fed(fmnist_root, tmp_path / "full", FedCon, rounds=2)
     full.run()
-    first = _fed(fmnist_root, tmp_path / "cut", FedCon, rounds=1)
-    first.run()
+    original = Federation.run_round
+
+    def crash_in_round_2(self: Federation, round_idx: int) -> dict[str, float]:
+        if round_idx == 2:
+            raise KeyboardInterrupt
+        return original(self, round_idx)
+
+    monkeypatch.setattr(Federation, "run_round", crash_in_round_2)
+    with pytest.raises(KeyboardInterrupt):  # stopped after round 1 of the same 2-round run
+        _fed(fmnist_root, tmp_path / "cut", FedCon, rounds=2).run()
+    monkeypatch.setattr(Federation, "run_round", original)
     resumed = _fed(
         fmnist_root,
         tmp_path / "cut",
