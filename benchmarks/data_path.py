@@ -75,7 +75,7 @@ def views_rate(batches: Iterable[Any], device: str, n: int) -> float:
 
 def step_rate(batches: Iterable[Any], device: str, n: int, objective: FixMatch) -> float:
     """Images per second of FixMatch client steps on ``batches``."""
-    optimizer = objective.configure_optimizers()
+    optimizer, _ = objective.optimizer_and_scheduler(1)  # constructed without a schedule
     autocast = torch.autocast("cuda", torch.bfloat16, enabled=device.startswith("cuda"))
     sync(device)
     t0 = time.perf_counter()

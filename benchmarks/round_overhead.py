@@ -34,13 +34,15 @@ METHODS: dict[str, type[FederatedMethod]] = {"fixmatch": FedAvgFixMatch, "sl": F
 def plain_train(objective: Objective, loader: Iterable[Any], epochs: int) -> None:
     """The hand-written loop: the objective's own loss and optimiser, nothing else."""
     objective.train()
-    optimizer = objective.configure_optimizers()
+    optimizer, scheduler = objective.optimizer_and_scheduler(epochs * len(loader))  # type: ignore[arg-type]
     for _ in range(epochs):
         for i, batch in enumerate(loader):
             loss = objective.training_step(batch, i)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
+            if scheduler is not None:
+                scheduler.step()
 
 
 def plain_round(fed: Federation, round_idx: int) -> None:

@@ -97,24 +97,37 @@ class Objective(AugmentsOnDevice, LightningModule):
     def forward(self, x: Tensor) -> Tensor:
         return self.network(x)
 
-    def configure_optimizers(self) -> torch.optim.Optimizer | dict:
+    def optimizer_and_scheduler(
+        self, steps: int
+    ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR | None]:
+        """The optimiser, and the run-level schedule's per-step scheduler (None without a
+        schedule) for a fit of ``steps`` optimiser steps over the run's fraction ``progress``."""
         params = [p for p in self.parameters() if p.requires_grad]
         if self.optimizer_name == "adam":
-            optimizer = torch.optim.Adam(params, lr=self.lr, weight_decay=self.weight_decay)
+            optimizer: torch.optim.Optimizer = torch.optim.Adam(
+                params, lr=self.lr, weight_decay=self.weight_decay
+            )
         else:
             optimizer = torch.optim.SGD(
                 params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay
             )
         if self.schedule is None:
-            return optimizer
+            return optimizer, None
         start, end = self.progress
-        steps = max(int(self.trainer.estimated_stepping_batches), 1)
+        steps = max(steps, 1)
         schedule = self.schedule
 
         def factor(step: int) -> float:
             return schedule(start + (end - start) * min(step / steps, 1.0))
 
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+        return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer | dict:
+        optimizer, scheduler = self.optimizer_and_scheduler(
+            int(self.trainer.estimated_stepping_batches)
+        )
+        if scheduler is None:
+            return optimizer
         return {
             "optimizer": optimizer,
             "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
