@@ -33,6 +33,7 @@ from fedlit.data.datamodule import FederatedDataModule
 from fedlit.evaluation import Evaluator, scored
 from fedlit.federation import Federation, FederationConfig, TrainerTemplate, load_checkpoint
 from fedlit.federation.driver import loading_data
+from fedlit.federation.faults import ROUND_FAILED, RoundFailed
 from fedlit.federation.rundir import free_config_name
 from fedlit.federation.trainers import TERMINATED
 from fedlit.methods import FederatedMethod
@@ -168,6 +169,9 @@ class FedlitCLI(LightningCLI):
                 config, run_dir / name, skip_none=False, overwrite=False, multifile=False
             )
             result = federation.run()
+        except RoundFailed as err:  # a failed round, not a bad setting: its own status
+            print(f"fedlit fit: error: {err}", file=sys.stderr, flush=True)
+            raise SystemExit(ROUND_FAILED) from None
         finally:
             federation.close_run_dir()
         print(json.dumps({"run_dir": str(run_dir), **result.final}, indent=None))

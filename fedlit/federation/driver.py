@@ -2,7 +2,9 @@
 
 Each round: (server step) -> sample C of K clients -> broadcast -> client steps -> aggregate ->
 (server step) -> evaluate -> log -> checkpoint. Whether the server trains before broadcasting
-or after aggregating is the method's ``server_first``.
+or after aggregating is the method's ``server_first``. A client that raises or uploads a
+non-finite value is left out of its round (:mod:`fedlit.federation.faults`); too few clients
+left, or a global model that is no longer finite, stops the run before the round is written.
 """
 
 from __future__ import annotations
@@ -27,6 +29,15 @@ from fedlit.data.sampling import sample_clients
 from fedlit.evaluation import PROTOCOLS, Evaluator, evaluate_encoder, scored
 from fedlit.federation.checkpoint import load_checkpoint, save_checkpoint
 from fedlit.federation.client import ClientRunner
+from fedlit.federation.faults import (
+    ROUND_FAILED,
+    ClientFault,
+    RoundFailed,
+    fault_metrics,
+    name_list,
+    nonfinite_tensors,
+    upload_fault,
+)
 from fedlit.federation.loggers import RoundCSVLogger, drop_rounds_after
 from fedlit.federation.rundir import (
     CHECKPOINT,
@@ -64,6 +75,7 @@ RESUME_MAY_CHANGE = (
     "federation.resume",
     "federation.resume_may_change",
     "federation.eval_every",
+    "federation.min_clients",
     "data.root",
     "data.download",
     "trainer.default_root_dir",
@@ -116,6 +128,10 @@ class FederationConfig:
             ``eval/<protocol>_acc``: "finetune" (end to end) and/or "linear" (frozen encoder).
         eval_epochs: epochs of those protocols on the server's labeled set.
         eval_lr: their learning rate (SGD, momentum 0.9).
+        min_clients: the fewest clients a round may aggregate. A client whose work raises, or
+            whose upload holds NaN or an infinity, is left out of its round (logged as
+            ``fault/*``); a round left with fewer clients stops the run
+            (:class:`~fedlit.federation.faults.RoundFailed`), its last checkpoint kept.
     """
 
     rounds: int = 10
@@ -129,6 +145,7 @@ class FederationConfig:
     final_eval: tuple[str, ...] = ()
     eval_epochs: int = 20
     eval_lr: float = 0.03
+    min_clients: int = 1
 
     def __post_init__(self) -> None:
         unknown = [p for p in self.final_eval if p not in PROTOCOLS]
@@ -140,7 +157,14 @@ class FederationConfig:
             raise ValueError(f"federation.eval_lr must be finite and > 0, got {self.eval_lr}")
         if self.eval_epochs < 1:
             raise ValueError(f"federation.eval_epochs must be positive, got {self.eval_epochs}")
-        for key in ("rounds", "clients_per_round", "local_epochs", "server_epochs", "eval_every"):
+        for key in (
+            "rounds",
+            "clients_per_round",
+            "local_epochs",
+            "server_epochs",
+            "eval_every",
+            "min_clients",
+        ):
             value = getattr(self, key)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"federation.{key} must be a positive integer, got {value!r}")
@@ -216,6 +240,11 @@ class Federation:
             raise ValueError(
                 f"federation.clients_per_round={cfg.clients_per_round} exceeds "
                 f"data.num_clients={self.data.num_clients}"
+            )
+        if self.method.uses_clients and cfg.min_clients > cfg.clients_per_round:
+            raise ValueError(
+                f"federation.min_clients={cfg.min_clients} exceeds "
+                f"federation.clients_per_round={cfg.clients_per_round}"
             )
         if self.data.labels_at == "client":
             if not self.method.supports_labels_at_client:
@@ -396,11 +425,19 @@ class Federation:
                 logger.log_metrics(row, step=0)
             self._log_partition_image(loggers)
         bar = self._progress_bar()
-        for round_idx in range(self.start_round, self.config.rounds + 1):
-            metrics = self.run_and_record_round(round_idx, loggers)
-            self._report(bar, round_idx, metrics)
-        if bar is not None:
-            bar.close()
+        try:
+            for round_idx in range(self.start_round, self.config.rounds + 1):
+                metrics = self.run_and_record_round(round_idx, loggers)
+                self._report(bar, round_idx, metrics)
+        except RoundFailed:
+            for logger in loggers:
+                logger.finalize("failed")
+                if isinstance(logger, WandbLogger):
+                    logger.experiment.finish(exit_code=ROUND_FAILED)
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
         for logger in loggers:
             logger.finalize("success")
             if isinstance(logger, WandbLogger):  # end its W&B run: the next run starts its own
@@ -454,23 +491,40 @@ class Federation:
             payload = method.broadcast(round_idx)
             updates: list[ClientUpdate] = []
             received: list[dict] = []
+            faults: list[ClientFault] = []
             for cid in clients.tolist():
-                self.visits[cid] = self.visits.get(cid, 0) + 1
+                self.visits[cid] = self.visits.get(cid, 0) + 1  # a faulty visit counts too
                 sent = method.client_payload(payload, cid)
-                update = self.runner(sent, cid, round_idx, self.store.get(cid), self.visits[cid])
+                down += state_bytes(sent)
+                try:
+                    update = self.runner(
+                        sent, cid, round_idx, self.store.get(cid), self.visits[cid]
+                    )
+                except Exception as err:  # not KeyboardInterrupt, SIGTERM: those stop the run
+                    why = ": ".join(filter(None, (type(err).__name__, _first_line(err))))
+                    fault = ClientFault(cid, "raised", why)
+                else:
+                    up += state_bytes(update.upload)
+                    fault = upload_fault(cid, update.upload)
+                if fault is not None:  # left out; its persistent state stays as it was
+                    faults.append(fault)
+                    _warn(f"round {round_idx}: {fault.describe()}; left out of the round")
+                    continue
                 self.store.put(cid, update.state)
                 updates.append(update)
                 received.append(sent)
-                down += state_bytes(sent)
-                up += state_bytes(update.upload)
+            self._check_survivors(round_idx, len(clients), updates, faults)
+            metrics |= fault_metrics(faults)
             metrics["diag/weight_diversity"] = weight_diversity(
                 received, [u.upload for u in updates]
             )
             method.aggregate(updates, round_idx)
+            self._check_finite(round_idx, "aggregation")
             metrics |= _mean_metrics("client", [u.metrics for u in updates])
             if not method.server_first:
                 metrics |= self._server_step(round_idx)
         method.end_round(round_idx)
+        self._check_finite(round_idx, "the end of the round (end_round)")
         if round_idx % cfg.eval_every == 0 or round_idx == cfg.rounds:
             metrics |= self.evaluate()
         if round_idx == cfg.rounds:
@@ -479,6 +533,44 @@ class Federation:
         metrics["comm/bytes_up"] = float(up)
         metrics["time/round_s"] = time.perf_counter() - t0
         return metrics
+
+    def _check_survivors(
+        self,
+        round_idx: int,
+        sampled: int,
+        updates: Sequence[ClientUpdate],
+        faults: Sequence[ClientFault],
+    ) -> None:
+        """Stop the run (:class:`RoundFailed`) if fewer than ``federation.min_clients`` of the
+        round's ``sampled`` clients survived; the message names the round and the faults."""
+        if len(updates) >= self.config.min_clients:
+            return
+        raise RoundFailed(
+            f"round {round_idx}: {len(updates)} of {sampled} clients survived, fewer than "
+            f"federation.min_clients={self.config.min_clients} "
+            f"({'; '.join(f.describe() for f in faults)}); {self._kept(round_idx)}"
+        )
+
+    def _check_finite(self, round_idx: int, stage: str) -> None:
+        """Stop the run (:class:`RoundFailed`) if a floating-point tensor of the method's state
+        (its networks and buffers, and its server state) holds NaN or an infinity after
+        ``stage``: a model that is no longer finite is never evaluated or checkpointed."""
+        bad = nonfinite_tensors(self.method.state_dict())
+        bad += nonfinite_tensors(self.method.server_state_dict(), "server_state")
+        if bad:
+            raise RoundFailed(
+                f"round {round_idx}: the global model is not finite after {stage} "
+                f"({name_list(bad)}); {self._kept(round_idx)}"
+            )
+
+    def _kept(self, round_idx: int) -> str:
+        """What a run stopped in round ``round_idx`` leaves: its last good checkpoint."""
+        if round_idx > 1 and self.checkpoint_path.is_file():
+            return (
+                f"the run stops; nothing of round {round_idx} is written and its last "
+                f"checkpoint, round {round_idx - 1}, is kept: {self.checkpoint_path}"
+            )
+        return f"the run stops in round {round_idx}, before its first checkpoint"
 
     def _server_step(self, round_idx: int, epochs: int | None = None) -> dict[str, float]:
         if self.data.labels_at == "client":  # no labels at the server: nothing to train
@@ -490,6 +582,7 @@ class Federation:
         loader = self.method.server_loader(self.data)
         self.trainer.fit(objective, loader, epochs or self.config.server_epochs)
         self.method.server_step_done(objective, self.data)
+        self._check_finite(round_idx, "the server step")
         return {f"server/{k}": v for k, v in objective.epoch_metrics().items()}
 
     def _bootstrap(self) -> dict[str, float]:
@@ -574,6 +667,11 @@ class Federation:
 def _note(text: str) -> None:
     """A line for the person running fedlit (stderr: stdout carries the results)."""
     print(f"note: {text}", file=sys.stderr, flush=True)
+
+
+def _warn(text: str) -> None:
+    """A warning line on stderr (through tqdm, so that a progress bar stays intact)."""
+    tqdm.write(f"warning: {text}", file=sys.stderr)
 
 
 def _first_line(err: BaseException) -> str:

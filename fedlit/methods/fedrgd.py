@@ -3,6 +3,7 @@ server's model, grouping-based averaging, period T, warm-up + cosine learning ra
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -13,6 +14,10 @@ from fedlit.methods.base import ClientUpdate, FederatedMethod, StateDict
 from fedlit.objectives import FixMatch, Objective, SelfTraining, SupervisedCE
 
 LOSSES = ("crl", "self_training")
+
+
+class PeerUploadWarning(UserWarning):
+    """A group average from which a client can recover a peer's upload (FedRGD, groups of 2)."""
 
 
 class FedRGD(FederatedMethod):
@@ -30,6 +35,11 @@ class FedRGD(FederatedMethod):
       w_avg,i = (w_s + sum_{k in G_i} w_k) / (|G_i| + 1) and w_avg = mean_i w_avg,i (eq 7).
       The server trains on w_avg; a client of G_i starts its next round from w_avg,i (a client
       not in the last round's groups starts from the server's model).
+      A group of two gives its clients each other's upload: w_avg,i = (w_s + w_a + w_b) / 3,
+      so a client that knows the server's model w_s and its own w_a has
+      w_b = 3 w_avg,i - w_s - w_a. The first round that forms one warns
+      (:class:`PeerUploadWarning`); groups of three or more (``clients_per_round >=
+      3 * num_groups``) or ``num_groups: 1`` avoid it.
 
     Use ``norm: gn`` for the paper's GroupNorm and ``federation.local_steps`` for its
     communication period T. Eq 9's warm-up + cosine learning-rate schedule over the whole run
@@ -61,6 +71,7 @@ class FedRGD(FederatedMethod):
         super().__init__(*args, **kwargs)
         self.group_models: list[StateDict] = []
         self.client_group: dict[int, int] = {}
+        self.warned_pairs = False  # PeerUploadWarning is given once per run
 
     def initialize(self) -> None:
         super().initialize()
@@ -102,9 +113,27 @@ class FedRGD(FederatedMethod):
             self.group_models, self.client_group = [], {}
             return
         groups = split_into_groups(len(updates), min(self.hparams.num_groups, len(updates)))
+        self._warn_about_pairs(groups, round_idx)
         average, self.group_models = groupwise_average(server, uploads, groups)
         self.client_group = {updates[k].client_id: i for i, g in enumerate(groups) for k in g}
         self.network.load_state_dict(average, strict=False)
+
+    def _warn_about_pairs(self, groups: Sequence[Sequence[int]], round_idx: int) -> None:
+        """Warn (once) when a group has two clients: each can recover the other's upload from
+        the group average it receives and the server's model."""
+        pairs = sum(len(g) == 2 for g in groups)
+        if not pairs or self.warned_pairs:
+            return
+        self.warned_pairs = True
+        warnings.warn(
+            f"FedRGD, round {round_idx}: {pairs} of {len(groups)} groups hold two clients; a "
+            "client of such a group that knows the server's model w_s and its own upload w_a "
+            "recovers its peer's upload from the group average it receives, "
+            "w_b = 3 w_avg,i - w_s - w_a. Use groups of three or more "
+            "(federation.clients_per_round >= 3 * model.num_groups) or model.num_groups: 1",
+            PeerUploadWarning,
+            stacklevel=2,
+        )
 
     def server_state_dict(self) -> dict[str, Any]:
         return {"group_models": self.group_models, "client_group": self.client_group}
