@@ -123,9 +123,8 @@ class Objective(AugmentsOnDevice, LightningModule):
         return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
     def configure_optimizers(self) -> torch.optim.Optimizer | dict:
-        optimizer, scheduler = self.optimizer_and_scheduler(
-            int(self.trainer.estimated_stepping_batches)
-        )
+        steps = int(self.trainer.estimated_stepping_batches) if self.schedule is not None else 1
+        optimizer, scheduler = self.optimizer_and_scheduler(steps)
         if scheduler is None:
             return optimizer
         return {
