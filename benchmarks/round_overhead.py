@@ -57,7 +57,7 @@ def plain_round(fed: Federation, round_idx: int) -> None:
     for cid in sample_clients(data.num_clients, cfg.clients_per_round, fed.seed, round_idx):
         seed_all(derive_seed(fed.seed, round_idx, int(cid)))
         objective = method.client_objective(payload, round_idx, cfg.rounds, None)
-        loader = method.client_loader(data, int(cid))
+        loader = method.client_loader(data.client_data(int(cid)))
         plain_train(objective, loader, cfg.local_epochs)
         uploads.append({k: v.detach().clone() for k, v in objective.network.state_dict().items()})
         weights.append(loader.num_examples)

@@ -22,7 +22,7 @@ import torch
 
 from fedlit.aggregation import weighted_average
 from fedlit.cli import main
-from fedlit.data import FederatedDataModule
+from fedlit.data import ClientData, FederatedDataModule
 from fedlit.federation import (
     ROUND_FAILED,
     Federation,
@@ -59,10 +59,8 @@ class Faulty(FedAvgFixMatch):
         self.at = (round_idx, -1)
         return super().client_objective(payload, round_idx, total_rounds, state)
 
-    def client_setup(
-        self, objective: Objective, data: FederatedDataModule, client_id: int, visit: int
-    ) -> None:
-        self.at = (self.at[0], client_id)
+    def client_setup(self, objective: Objective, client: ClientData) -> None:
+        self.at = (self.at[0], client.client_id)
 
     def client_upload(self, objective: Objective) -> StateDict:
         upload = super().client_upload(objective)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import csv
 import os
 import signal
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 
 import pytest
@@ -15,7 +15,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch.utils.data import DataLoader, TensorDataset
 
 from fedlit.aggregation import state_bytes
-from fedlit.data import FederatedDataModule, ImageSplit
+from fedlit.data import ClientData, FederatedDataModule, ImageSplit
 from fedlit.federation import Federation, FederationConfig, load_checkpoint
 from fedlit.federation.trainers import TrainerTemplate
 from fedlit.methods import FedAvgFixMatch, FedAvgSL, FederatedMethod, ServerSL
@@ -146,7 +146,7 @@ def test_oracle_is_marked_and_uses_labels(fmnist_root: Path, tmp_path: Path) -> 
     assert FedAvgSL.oracle and not FedAvgFixMatch.oracle and not ServerSL.oracle
     fed = _federation(fmnist_root, tmp_path / "run", FedAvgSL)
     fed.prepare()
-    _, y = next(iter(fed.method.client_loader(fed.data, 0)))
+    _, y = next(iter(fed.method.client_loader(fed.data.client_data(0))))
     assert y.dtype == torch.long
 
 
@@ -228,3 +228,31 @@ def test_sigterm_caught_by_a_per_step_trainer_stops_the_run(step: str) -> None:
             template.fit(_SignalsItself(), loader, epochs=1)
         else:
             template.test(_SignalsItself(), loader)
+
+
+def test_client_hooks_get_only_the_clients_own_data(fmnist_root: Path, tmp_path: Path) -> None:
+    """Privacy by construction: a method's client-side hooks receive the client's own shard
+    (and loaders over it), never the data module with other clients' or the server's data."""
+    seen: list[ClientData] = []
+
+    class Recording(FedAvgFixMatch):
+        def client_loader(self, client: ClientData):  # type: ignore[no-untyped-def]
+            seen.append(client)
+            return super().client_loader(client)
+
+        def client_setup(self, objective, client: ClientData) -> None:  # type: ignore[no-untyped-def]
+            seen.append(client)
+
+    fed = _federation(fmnist_root, tmp_path / "run", Recording, rounds=1)
+    fed.run()
+    assert len(seen) == 4  # two clients, two hooks each
+    for client in seen:
+        assert isinstance(client, ClientData)
+        own = fed.data.client_shard(client.client_id, client.visit)
+        assert torch.equal(client.shard.images, own.images)
+        # every tensor reachable from it is the client's own: its shard, no labeled set
+        values = [getattr(client, f.name) for f in fields(client)]
+        assert not any(isinstance(v, FederatedDataModule) for v in values)
+        assert client.labeled is None and len(client) == len(own) == 128
+        images = torch.cat([x for x, _ in client.dataloader(("weak", "strong"))])
+        assert len(images) == 128

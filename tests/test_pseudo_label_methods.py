@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from fedlit.aggregation import state_bytes
-from fedlit.data import FederatedDataModule, visit_number
+from fedlit.data import ClientData, FederatedDataModule, visit_number
 from fedlit.federation import Federation, FederationConfig, load_checkpoint
 from fedlit.methods import (
     ClientUpdate,
@@ -208,7 +208,7 @@ def test_fedrgd_period_in_local_steps_and_self_training(fmnist_root: Path, tmp_p
         local_steps=3,
     )
     fed.prepare()
-    loader = fed.method.client_loader(fed.data, 0)
+    loader = fed.method.client_loader(fed.data.client_data(0))
     assert len(next(iter(loader))) == 1  # eq 3: one weak view
     payload = fed.method.broadcast(1)
     objective = fed.method.client_objective(payload, 1, 1, None)
@@ -222,9 +222,9 @@ def test_streaming_reveals_one_step_per_selection(fmnist_root: Path, tmp_path: P
     seen: list[tuple[int, int]] = []
 
     class Recording(FedAvgFixMatch):
-        def client_loader(self, data, client_id, visit=1):  # type: ignore[no-untyped-def]
-            seen.append((client_id, visit))
-            return super().client_loader(data, client_id, visit)
+        def client_loader(self, client: ClientData):  # type: ignore[no-untyped-def]
+            seen.append((client.client_id, client.visit))
+            return super().client_loader(client)
 
     fed = _fed(
         fmnist_root,

@@ -1,5 +1,6 @@
 """Data: data sets by name, augmentations, the server split, client partitions and sampling."""
 
+from fedlit.data.client import ClientData
 from fedlit.data.datamodule import FederatedDataModule
 from fedlit.data.datasets import SPECS, DatasetSpec, ImageSplit, dataset_spec, load_split
 from fedlit.data.loaders import ImageBatches
@@ -17,6 +18,7 @@ from fedlit.data.transforms import build_transform
 
 __all__ = [
     "IID",
+    "ClientData",
     "ImageBatches",
     "SPECS",
     "SSFL",

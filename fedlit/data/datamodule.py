@@ -8,6 +8,7 @@ from pathlib import Path
 import lightning as L
 import numpy as np
 
+from fedlit.data.client import ClientData
 from fedlit.data.datasets import DatasetSpec, ImageSplit, dataset_spec, load_split
 from fedlit.data.loaders import ImageBatches
 from fedlit.data.partition import IID, Partitioner, class_counts, non_iid_metric
@@ -361,6 +362,22 @@ class FederatedDataModule(L.LightningDataModule):
         unshuffled batches ``(x,)`` of ``eval_batch_size`` images, no labels."""
         shard = self.client_shard(client_id, visit)
         return self._batches(shard, ("plain",), self.eval_batch_size, shuffle=False)
+
+    def client_data(self, client_id: int, visit: int = 1) -> ClientData:
+        """What client ``client_id`` holds on its ``visit``-th selection, and nothing else: its
+        visible shard, its own labeled examples (labels at the clients), the loaders' sizes.
+        A method's client hooks get this, never the data module."""
+        shard = self.client_shard(client_id, visit)
+        return ClientData(
+            client_id=client_id,
+            visit=visit,
+            shard=shard,
+            labeled=self.client_labeled[client_id] if self.labels_at == "client" else None,
+            spec=self.spec,
+            batch_size=self.batch_size,
+            client_batch_size=self.client_batch_size,
+            eval_batch_size=self.eval_batch_size,
+        )
 
     def client_size(self, client_id: int, visit: int = 1) -> int:
         """The number of examples client ``client_id`` sees on its ``visit``-th selection."""

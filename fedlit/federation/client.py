@@ -38,13 +38,14 @@ class ClientRunner:
         seed_all(derive_seed(self.seed, round_idx, client_id))
         method = self.method
         objective = method.client_objective(payload, round_idx, self.total_rounds, state)
-        loader = method.client_loader(self.data, client_id, visit)
-        method.client_setup(objective, self.data, client_id, visit)
+        client = self.data.client_data(client_id, visit)  # its own data, nothing else
+        loader = method.client_loader(client)
+        method.client_setup(objective, client)
         self.trainer.fit(objective, loader, self.local_epochs, self.local_steps)
         return ClientUpdate(
             client_id=client_id,
             upload=method.client_upload(objective),
-            num_examples=self.data.client_size(client_id, visit),
+            num_examples=len(client),
             state=method.client_state(objective, state),
             metrics=objective.epoch_metrics(),
         )

@@ -18,6 +18,7 @@ from lightning import LightningModule
 from torch import Tensor, nn
 
 from fedlit.aggregation import weighted_average
+from fedlit.data.client import ClientData
 from fedlit.data.datamodule import FederatedDataModule
 from fedlit.data.loaders import ImageBatches
 from fedlit.models import build_classifier
@@ -182,15 +183,11 @@ class FederatedMethod(LightningModule):
         return payload
 
     # --- client ---------------------------------------------------------------------------
-    def client_loader(
-        self, data: FederatedDataModule, client_id: int, visit: int = 1
-    ) -> ImageBatches:
-        """Client ``client_id``'s training loader on its ``visit``-th selection."""
-        return data.client_dataloader(client_id, self.client_views, visit=visit)
+    def client_loader(self, client: ClientData) -> ImageBatches:
+        """The client's training loader this round, from its own data only."""
+        return client.dataloader(self.client_views)
 
-    def client_setup(
-        self, objective: Objective, data: FederatedDataModule, client_id: int, visit: int
-    ) -> None:
+    def client_setup(self, objective: Objective, client: ClientData) -> None:
         """Give a client's objective what it needs from the client's own data before training
         (FedSEAL: its images for the self-ensemble pass). Default: nothing."""
 

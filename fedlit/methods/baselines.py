@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedlit.data.datamodule import FederatedDataModule
+from fedlit.data.client import ClientData
 from fedlit.data.loaders import ImageBatches
 from fedlit.methods.base import FederatedMethod, StateDict
 from fedlit.objectives import Objective, SupervisedCE
@@ -30,10 +30,8 @@ class FedAvgSL(FederatedMethod):
     oracle = True
     server_first = False
 
-    def client_loader(
-        self, data: FederatedDataModule, client_id: int, visit: int = 1
-    ) -> ImageBatches:
-        return data.client_oracle_dataloader(client_id, "weak", visit=visit)
+    def client_loader(self, client: ClientData) -> ImageBatches:
+        return client.oracle_dataloader("weak")
 
     def client_objective(
         self, payload: StateDict, round_idx: int, total_rounds: int, state: Any

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from fedlit.aggregation import groupwise_average, mean_with_server, split_into_groups
-from fedlit.data.datamodule import FederatedDataModule
+from fedlit.data.client import ClientData
 from fedlit.data.loaders import ImageBatches
 from fedlit.methods.base import ClientUpdate, FederatedMethod, StateDict
 from fedlit.objectives import FixMatch, Objective, SelfTraining, SupervisedCE
@@ -88,11 +88,9 @@ class FedRGD(FederatedMethod):
         group = self.client_group.get(client_id)
         return payload if group is None else self.group_models[group]
 
-    def client_loader(
-        self, data: FederatedDataModule, client_id: int, visit: int = 1
-    ) -> ImageBatches:
+    def client_loader(self, client: ClientData) -> ImageBatches:
         views = ("weak", "strong") if self.hparams.loss == "crl" else ("weak",)
-        return data.client_dataloader(client_id, views, visit=visit)
+        return client.dataloader(views)
 
     def client_objective(
         self, payload: StateDict, round_idx: int, total_rounds: int, state: Any

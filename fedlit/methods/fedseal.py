@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from fedlit.aggregation import mean
+from fedlit.data.client import ClientData
 from fedlit.data.datamodule import FederatedDataModule
 from fedlit.data.loaders import ImageBatches
 from fedlit.evaluation import scored
@@ -108,10 +109,8 @@ class FedSEAL(FederatedMethod):
         self.network.load_state_dict(mean([u.upload for u in updates]), strict=False)
 
     # --- client -------------------------------------------------------------------------
-    def client_loader(
-        self, data: FederatedDataModule, client_id: int, visit: int = 1
-    ) -> ImageBatches:
-        return data.client_dataloader(client_id, self.client_views, visit=visit, with_index=True)
+    def client_loader(self, client: ClientData) -> ImageBatches:
+        return client.dataloader(self.client_views, with_index=True)
 
     def client_objective(
         self, payload: StateDict, round_idx: int, total_rounds: int, state: Any
@@ -128,11 +127,9 @@ class FedSEAL(FederatedMethod):
             **self.optimizer_kwargs(hp.client_lr, round_idx, total_rounds),
         )
 
-    def client_setup(
-        self, objective: Objective, data: FederatedDataModule, client_id: int, visit: int
-    ) -> None:
-        hidden = data.client_shard(client_id, visit).labels  # diagnostics only
-        objective.attach(data.client_plain_dataloader(client_id, visit), hidden)  # type: ignore[operator]
+    def client_setup(self, objective: Objective, client: ClientData) -> None:
+        # the hidden labels feed the pseudo/*_acc diagnostics only, computed on the client
+        objective.attach(client.plain_dataloader(), client.hidden_labels)  # type: ignore[operator]
 
     def client_state(self, objective: Objective, previous: Any) -> Any:
         pbar, count = objective.ensemble  # type: ignore[attr-defined]

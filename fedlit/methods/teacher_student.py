@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 from lightning.pytorch.utilities import CombinedLoader
 
 from fedlit.aggregation import mean, weighted_average
-from fedlit.data.datamodule import FederatedDataModule
+from fedlit.data.client import ClientData
 from fedlit.data.loaders import ImageBatches
 from fedlit.methods.base import ClientUpdate, FederatedMethod, StateDict
 from fedlit.objectives import Objective, TeacherStudentClient, ramped_decay
@@ -106,13 +106,11 @@ class TeacherStudentEMA(FederatedMethod):
         return upload
 
     # --- client ---------------------------------------------------------------------------
-    def client_loader(
-        self, data: FederatedDataModule, client_id: int, visit: int = 1
-    ) -> ImageBatches | CombinedLoader:
-        unlabeled = data.client_dataloader(client_id, self.client_views, visit=visit)
-        if data.labels_at != "client":
+    def client_loader(self, client: ClientData) -> ImageBatches | CombinedLoader:
+        unlabeled = client.dataloader(self.client_views)
+        if client.labeled is None:
             return unlabeled
-        labeled = data.client_labeled_dataloader(client_id, ("weak",))
+        labeled = client.labeled_dataloader(("weak",))
         return CombinedLoader({"unlabeled": unlabeled, "labeled": labeled}, "max_size_cycle")
 
     def client_objective(
