@@ -19,3 +19,20 @@ def fmnist_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "apt-get install dataset-fashion-mnist (.ci/run does this)"
         )
     return root
+
+
+def tiny_overrides(root: Path, rounds: int = 1, test_subset: int = 100) -> list[str]:
+    """Overrides that shrink a top-level recipe to a few seconds on the local Fashion-MNIST:
+    2 clients of 32 images (both sampled), 50 labels, 20 validation images, 1 server epoch."""
+    return [
+        f"--data.root={root}",
+        "--data.num_clients=2",
+        "--data.examples_per_client=32",
+        "--data.client_batch_size=16",
+        "--data.labeled_per_class=5",
+        "--data.val_per_class=2",
+        f"--data.test_subset={test_subset}",
+        f"--federation.rounds={rounds}",
+        "--federation.clients_per_round=2",
+        "--federation.server_epochs=1",
+    ]

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from conftest import tiny_overrides
 
 from fedlit.cli import main
 from fedlit.comparison import Comparison, execute, plan, run_state
@@ -20,18 +21,7 @@ REPO = Path(__file__).parents[1]
 
 
 def _tiny(root: Path) -> list[str]:
-    return [
-        f"--data.root={root}",
-        "--data.num_clients=2",
-        "--data.examples_per_client=32",
-        "--data.client_batch_size=16",
-        "--data.labeled_per_class=5",
-        "--data.val_per_class=2",
-        "--data.test_subset=200",
-        "--federation.rounds=2",
-        "--federation.clients_per_round=2",
-        "--federation.server_epochs=1",
-    ]
+    return tiny_overrides(root, rounds=2, test_subset=200)
 
 
 def _spec(tmp_path: Path, root: Path, **extra: object) -> Path:

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import tiny_overrides
 
 from fedlit.aggregation import weighted_average
 from fedlit.cli import main
@@ -235,16 +236,7 @@ def _fit(root: Path, run_dir: Path, *extra: str) -> list[str]:
     return [
         "fit",
         f"--config={FIXMATCH}",
-        f"--data.root={root}",
-        "--data.num_clients=2",
-        "--data.examples_per_client=32",
-        "--data.client_batch_size=16",
-        "--data.labeled_per_class=5",
-        "--data.val_per_class=2",
-        "--data.test_subset=100",
-        "--federation.rounds=2",
-        "--federation.clients_per_round=2",
-        "--federation.server_epochs=1",
+        *tiny_overrides(root, rounds=2),
         f"--trainer.default_root_dir={run_dir}",
         *extra,
     ]

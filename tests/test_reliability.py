@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from conftest import tiny_overrides
 
 from fedlit.cli import main
 from fedlit.federation import Federation, load_checkpoint
@@ -25,16 +26,7 @@ def _fit(root: Path, run_dir: Path, *extra: str, recipe: Path = SERVER_SL) -> li
     return [
         "fit",
         f"--config={recipe}",
-        f"--data.root={root}",
-        "--data.num_clients=2",
-        "--data.examples_per_client=32",
-        "--data.client_batch_size=16",
-        "--data.labeled_per_class=5",
-        "--data.val_per_class=2",
-        "--data.test_subset=100",
-        "--federation.rounds=1",
-        "--federation.clients_per_round=2",
-        "--federation.server_epochs=1",
+        *tiny_overrides(root),
         "--federation.final_eval=[]",
         f"--trainer.default_root_dir={run_dir}",
         *extra,
