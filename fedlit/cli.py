@@ -13,6 +13,7 @@ finished runs. ``fedlit partition --config recipe.yaml``: plot a recipe's partit
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import shlex
@@ -26,6 +27,7 @@ from typing import Any
 import numpy as np
 import yaml
 from jsonargparse import ActionConfigFile, ArgumentParser
+from lightning import Trainer
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
@@ -38,7 +40,7 @@ from fedlit.federation.rundir import free_config_name
 from fedlit.federation.trainers import TERMINATED
 from fedlit.methods import FederatedMethod
 
-#: Trainer settings passed on to every per-step Trainer (the rest are the driver's business).
+#: Trainer settings passed on to every per-step Trainer (with accelerator, devices, precision).
 TEMPLATE_KEYS = (
     "strategy",
     "gradient_clip_val",
@@ -46,6 +48,42 @@ TEMPLATE_KEYS = (
     "accumulate_grad_batches",
     "deterministic",
     "benchmark",
+    "limit_train_batches",
+    "detect_anomaly",
+)
+#: Trainer settings the federation itself reads: the run directory and the loggers.
+DRIVER_KEYS = ("default_root_dir", "logger")
+#: Trainer settings with a meaning in one Trainer's run that the federation does not take:
+#: lengths are ``federation.*``, checkpoints, progress and logging are the driver's own.
+REFUSED_KEYS = (
+    "max_epochs",
+    "min_epochs",
+    "max_steps",
+    "min_steps",
+    "max_time",
+    "fast_dev_run",
+    "callbacks",
+    "enable_checkpointing",
+    "enable_progress_bar",
+    "enable_model_summary",
+    "num_sanity_val_steps",
+    "limit_val_batches",
+    "limit_test_batches",
+    "limit_predict_batches",
+    "overfit_batches",
+    "val_check_interval",
+    "check_val_every_n_epoch",
+    "log_every_n_steps",
+    "reload_dataloaders_every_n_epochs",
+    "num_nodes",
+    "profiler",
+    "plugins",
+    "sync_batchnorm",
+    "use_distributed_sampler",
+    "barebones",
+    "inference_mode",
+    "model_registry",
+    "enable_autolog_hparams",
 )
 
 
@@ -106,11 +144,21 @@ class FedlitCLI(LightningCLI):
                 self.parser.error(f"ckpt_path: {err}")
 
     def before_instantiate_classes(self) -> None:
-        """Refuse a NaN or infinite value in any setting, naming its key."""
+        """Refuse a NaN or infinite value in any setting, and a ``trainer.*`` setting the
+        federation would not apply (:data:`REFUSED_KEYS`), naming its key."""
         config = (self.config[self.subcommand] if self.subcommand else self.config).as_dict()
         for key, value in _floats(config):
             if not math.isfinite(value):
                 self.parser.error(f"{key}: must be a finite number, got {value}")
+        defaults = inspect.signature(Trainer.__init__).parameters
+        for key, value in (config.get("trainer") or {}).items():
+            if key in REFUSED_KEYS and key in defaults and value != defaults[key].default:
+                self.parser.error(
+                    f"trainer.{key}={value!r}: fedlit builds a Trainer per server and client "
+                    "step and does not apply it (lengths are federation.rounds, "
+                    "federation.local_epochs, federation.server_epochs; logging and "
+                    f"checkpoints are the federation's); per-step settings: {TEMPLATE_KEYS}"
+                )
 
     def instantiate_classes(self) -> None:
         try:

@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from lightning import Trainer
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from fedlit.cli import COMMANDS, main
+from fedlit.federation import TrainerTemplate
 
 RECIPES = sorted(
     p
@@ -252,3 +254,35 @@ def test_a_run_stopped_by_sigterm_exits_with_143(monkeypatch: pytest.MonkeyPatch
     with pytest.raises(SystemExit) as exc:
         main(["report", "anything"])
     assert exc.value.code == 143
+
+
+def test_trainer_settings_reach_the_per_step_trainers_or_are_refused(
+    fmnist_root: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A per-step ``trainer.*`` setting reaches every server and client Trainer; one the
+    federation would not apply (a Trainer's own length, callbacks, ...) exits 2 naming it,
+    before anything is written."""
+    run_dir = tmp_path / "run"
+    base = ["fit", "--config=recipes/fedavg_fixmatch.yaml", *tiny(fmnist_root, run_dir)]
+    built: list[int] = []
+    original = TrainerTemplate.build
+
+    def build(self: TrainerTemplate, **overrides: object) -> Trainer:
+        trainer = original(self, **overrides)
+        built.append(trainer.limit_train_batches)  # type: ignore[arg-type]
+        return trainer
+
+    monkeypatch.setattr(TrainerTemplate, "build", build)
+    main([*base, "--trainer.limit_train_batches=1"])
+    assert built and set(built) == {1}  # every server, client and evaluation Trainer
+    for bad in ("--trainer.max_epochs=3", "--trainer.fast_dev_run=true", "--trainer.callbacks=[]"):
+        other = tmp_path / "refused"
+        with pytest.raises(SystemExit) as exit_info:
+            main([*base, f"--trainer.default_root_dir={other}", bad])
+        assert exit_info.value.code == 2
+        key = bad.split("=")[0].removeprefix("--")
+        assert key in capsys.readouterr().err
+        assert not other.exists()
