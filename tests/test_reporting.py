@@ -5,6 +5,8 @@ from __future__ import annotations
 import csv
 import json
 import math
+import subprocess
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -467,3 +469,15 @@ def test_plot_partition_rejects_bad_counts(tmp_path: Path) -> None:
         plot_partition(np.arange(10), tmp_path / "p.png")
     with pytest.raises(ValueError, match="non-negative"):
         plot_partition(-np.ones((2, 2)), tmp_path / "p.png")
+
+
+def test_reading_runs_needs_no_training_stack() -> None:
+    """Run-file names and metric keys come from ``fedlit.run_layout``: importing the reporting
+    package loads neither Lightning, torch nor the federation driver."""
+    code = (
+        "import sys, fedlit.reporting; "
+        "print(sorted(m for m in ('lightning', 'torch', 'fedlit.federation', 'fedlit.methods') "
+        "if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -19,8 +19,8 @@ import numpy as np
 
 from fedlit.comparison.report import log_to_wandb, write_report
 from fedlit.federation.checkpoint import load_checkpoint
-from fedlit.federation.driver import RUN_FILE, RUN_MARKERS
 from fedlit.reporting import FINAL_EVAL_KEYS, load_run
+from fedlit.run_layout import CHECKPOINT, RUN_FILE, RUN_MARKERS
 
 
 @dataclass(frozen=True)
@@ -150,7 +150,7 @@ def _wandb_args(
 def run_state(run: PlannedRun, rounds: int) -> str:
     """ "new" (nothing written), "finished", "resumable" (a checkpoint short of ``rounds``)
     or "broken" (files but no checkpoint: stopped inside its first round)."""
-    ckpt = run.run_dir / "checkpoints" / "last.ckpt"
+    ckpt = run.run_dir / CHECKPOINT
     if ckpt.is_file():
         return "finished" if load_checkpoint(ckpt)["round"] >= rounds else "resumable"
     return "broken" if any((run.run_dir / m).exists() for m in RUN_MARKERS) else "new"
@@ -186,7 +186,7 @@ def execute(
             continue
         args = list(run.args)
         if state == "resumable":
-            args.append(f"--federation.resume={run.run_dir / 'checkpoints' / 'last.ckpt'}")
+            args.append(f"--federation.resume={run.run_dir / CHECKPOINT}")
             counts["resumed"] += 1
             log(f"{head}: resuming")
         else:

@@ -40,9 +40,6 @@ from fedlit.federation.faults import (
 )
 from fedlit.federation.loggers import RoundCSVLogger, drop_rounds_after
 from fedlit.federation.rundir import (
-    CHECKPOINT,
-    RUN_FILE,
-    RUN_MARKERS,
     RunLock,
     check_creatable,
     checkpoint_run_dir,
@@ -63,6 +60,7 @@ from fedlit.federation.seeding import (
 from fedlit.federation.store import ClientStateStore
 from fedlit.federation.trainers import TrainerTemplate
 from fedlit.methods.base import ClientUpdate, FederatedMethod
+from fedlit.run_layout import CHECKPOINT, RUN_FILE, RUN_MARKERS
 
 __all__ = ["RUN_FILE", "RUN_MARKERS", "Federation", "FederationConfig", "FederationResult"]
 

@@ -13,12 +13,7 @@ try:  # POSIX; elsewhere runs are not locked
 except ImportError:  # pragma: no cover
     fcntl = None  # type: ignore[assignment]
 
-RUN_MARKERS = ("metrics.csv", "checkpoints", "config.yaml")  # a directory holding one holds a run
-RUN_FILE = "run.json"  # who the run is: method, seed, rounds (and a comparison's setting)
-LOCK_FILE = ".lock"  # flock-ed by the process writing the run; holds its pid
-CHECKPOINT = Path("checkpoints") / "last.ckpt"
-#: What a run writes besides its markers (removed with a dead run; other files are kept).
-RUN_FILES = (RUN_FILE, "hparams.yaml", "partition.png")
+from fedlit.run_layout import CHECKPOINT, LOCK_FILE, RUN_FILES, RUN_MARKERS
 
 
 def run_markers(run_dir: Path) -> list[str]:

@@ -18,10 +18,8 @@ from typing import Any
 import numpy as np
 import yaml
 
-from fedlit.federation.driver import RUN_FILE
+from fedlit.run_layout import CONFIG_FILE, METRICS_FILE, RUN_FILE
 
-CONFIG_FILE = "config.yaml"
-METRICS_FILE = "metrics.csv"
 DEFAULT_SETTING = "default"
 
 

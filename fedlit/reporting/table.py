@@ -11,10 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from fedlit.reporting.runs import RunRecord
-
-BYTES_KEYS = ("comm/bytes_down", "comm/bytes_up")
-#: the driver's final evaluations of the global encoder (``federation.final_eval``)
-FINAL_EVAL_KEYS = {"finetune": "eval/finetune_acc", "linear": "eval/linear_acc"}
+from fedlit.run_layout import BYTES_KEYS, FINAL_EVAL_KEYS
 
 
 @dataclass(frozen=True)
