@@ -254,7 +254,9 @@ class FedlitCLI(LightningCLI):
                 datamodule.setup_federation(int(self.config[self.subcommand].seed_everything))
         except ValueError as err:
             self.parser.error(str(err))
-        evaluator = Evaluator(scored(model.eval_network(), datamodule), datamodule.num_classes)
+        template = self._trainer_template()
+        network = scored(model.eval_network(), datamodule, template.device())
+        evaluator = Evaluator(network, datamodule.num_classes)
         self._trainer_template().test(evaluator, datamodule.test_dataloader())
         result = {"ckpt_path": str(ckpt_path), "round": ckpt["round"], **evaluator.metrics()}
         print(json.dumps(result))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -36,3 +37,19 @@ def tiny_overrides(root: Path, rounds: int = 1, test_subset: int = 100) -> list[
         "--federation.clients_per_round=2",
         "--federation.server_epochs=1",
     ]
+
+
+def stop_in_round(monkeypatch: pytest.MonkeyPatch, round_idx: int) -> Callable[[], None]:
+    """Make every federation raise KeyboardInterrupt as round ``round_idx`` starts (a run
+    stopped after round ``round_idx - 1``'s checkpoint); returns the undo."""
+    from fedlit.federation import Federation
+
+    original = Federation.run_round
+
+    def stopping(self: Federation, index: int) -> dict[str, float]:
+        if index == round_idx:
+            raise KeyboardInterrupt
+        return original(self, index)
+
+    monkeypatch.setattr(Federation, "run_round", stopping)
+    return lambda: monkeypatch.setattr(Federation, "run_round", original)

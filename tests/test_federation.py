@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import stop_in_round
 from lightning import LightningModule
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch.utils.data import DataLoader, TensorDataset
@@ -88,17 +89,10 @@ def test_resume_equals_uninterrupted_run(
 
     run_dir = tmp_path / "cut"
     cut = _federation(fmnist_root, run_dir, rounds=3)
-    original = Federation.run_round
-
-    def crash_in_round_3(self: Federation, round_idx: int) -> dict[str, float]:
-        if round_idx == 3:
-            raise KeyboardInterrupt
-        return original(self, round_idx)
-
-    monkeypatch.setattr(Federation, "run_round", crash_in_round_3)
+    undo = stop_in_round(monkeypatch, 3)
     with pytest.raises(KeyboardInterrupt):
         cut.run()
-    monkeypatch.setattr(Federation, "run_round", original)
+    undo()
     assert load_checkpoint(run_dir / "checkpoints" / "last.ckpt")["round"] == 2
 
     resumed = _federation(

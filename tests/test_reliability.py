@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import tiny_overrides
+from conftest import stop_in_round, tiny_overrides
 
 from fedlit.cli import main
 from fedlit.federation import Federation, load_checkpoint
@@ -174,15 +174,10 @@ def test_resume_twice_from_one_checkpoint(
     resume from the same checkpoint saves its config beside it."""
     run_dir = tmp_path / "run"
     main(_fit(fmnist_root, run_dir))
-    original = Federation.run_round
-
-    def stopped(self: Federation, round_idx: int) -> dict[str, float]:
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(Federation, "run_round", stopped)
+    undo = stop_in_round(monkeypatch, 2)  # the resume's first round
     with pytest.raises(KeyboardInterrupt):
         main(_fit(fmnist_root, run_dir, "--federation.rounds=2", _resume(run_dir)))
-    monkeypatch.setattr(Federation, "run_round", original)
+    undo()
     main(_fit(fmnist_root, run_dir, "--federation.rounds=2", _resume(run_dir)))
     assert (run_dir / "config.resume2.yaml").is_file()
     assert (run_dir / "config.resume2.2.yaml").is_file()

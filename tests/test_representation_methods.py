@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import stop_in_round
 
 from fedlit.aggregation import state_bytes
 from fedlit.data import FederatedDataModule
@@ -104,17 +105,10 @@ def test_fedcon_resume_equals_uninterrupted(
 ) -> None:
     full = _fed(fmnist_root, tmp_path / "full", FedCon, rounds=2)
     full.run()
-    original = Federation.run_round
-
-    def crash_in_round_2(self: Federation, round_idx: int) -> dict[str, float]:
-        if round_idx == 2:
-            raise KeyboardInterrupt
-        return original(self, round_idx)
-
-    monkeypatch.setattr(Federation, "run_round", crash_in_round_2)
+    undo = stop_in_round(monkeypatch, 2)
     with pytest.raises(KeyboardInterrupt):  # stopped after round 1 of the same 2-round run
         _fed(fmnist_root, tmp_path / "cut", FedCon, rounds=2).run()
-    monkeypatch.setattr(Federation, "run_round", original)
+    undo()
     resumed = _fed(
         fmnist_root,
         tmp_path / "cut",

@@ -24,9 +24,12 @@ def has_batchnorm(network: nn.Module) -> bool:
 
 
 @torch.no_grad()
-def recalibrated(network: nn.Module, images: Iterable[tuple[Tensor, ...]]) -> nn.Module:
+def recalibrated(
+    network: nn.Module, images: Iterable[tuple[Tensor, ...]], device: torch.device | None = None
+) -> nn.Module:
     """A copy of ``network`` whose BatchNorm running statistics are re-estimated on ``images``
-    (batches whose first element is the input); ``network`` itself is not changed.
+    (batches whose first element is the input) on ``device`` (default: the network's own);
+    the copy is returned on the network's device, ``network`` itself is not changed.
 
     torch's ``update_bn`` resets the statistics and averages every batch's statistics with equal
     weight (``momentum=None``): over one batch holding every image, exactly a full pass's mean
@@ -35,16 +38,20 @@ def recalibrated(network: nn.Module, images: Iterable[tuple[Tensor, ...]]) -> nn
     if not has_batchnorm(network):
         return network
     clone = copy.deepcopy(network)
-    device = next(clone.parameters()).device
-    torch.optim.swa_utils.update_bn(images, clone, device=device)
-    return clone.eval()
+    home = next(clone.parameters()).device
+    device = home if device is None else device
+    torch.optim.swa_utils.update_bn(images, clone.to(device), device=device)
+    return clone.to(home).eval()
 
 
-def scored(network: nn.Module, data: FederatedDataModule) -> nn.Module:
+def scored(
+    network: nn.Module, data: FederatedDataModule, device: torch.device | None = None
+) -> nn.Module:
     """The network that is scored for ``network``: a copy with its BatchNorm statistics
     re-estimated on the server's clean labeled images (:func:`recalibrated`), in one batch of
     ``data.eval_batch_size``; ``network`` itself where the server holds no images (labels at
-    the clients)."""
+    the clients). ``device``: where the pass runs (the training device: a ResNet-18's pass
+    over 500 images takes about 3 s on this project's 2-core CPU)."""
     if data.labels_at != "server" or len(data.server) == 0:
         return network
-    return recalibrated(network, data.server_plain_dataloader())
+    return recalibrated(network, data.server_plain_dataloader(), device)

@@ -51,7 +51,7 @@ def evaluate_encoder(
         objective = SupervisedCE(network, lr=lr, weight_decay=5e-4)
     trainer.fit(objective, data.server_dataloader(("weak",)), epochs)  # type: ignore[attr-defined]
     if protocol == "finetune":  # scored like every model; the linear probe's BN stays frozen
-        network = scored(network, data)  # type: ignore[assignment]
+        network = scored(network, data, trainer.device())  # type: ignore[assignment,attr-defined]
     evaluator = Evaluator(network, data.num_classes)
     trainer.test(evaluator, data.test_dataloader())  # type: ignore[attr-defined]
     return evaluator.metrics()["test/acc"]

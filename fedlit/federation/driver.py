@@ -597,7 +597,8 @@ class Federation:
         """Top-1 accuracy and loss of the method's evaluation network on the test set, its
         BatchNorm statistics re-estimated on the server's clean images (:func:`scored`)."""
         seed_all(derive_seed(self.seed, 0, EVAL))
-        evaluator = Evaluator(scored(self.method.eval_network(), self.data), self.data.num_classes)
+        network = scored(self.method.eval_network(), self.data, self.trainer.device())
+        evaluator = Evaluator(network, self.data.num_classes)
         self.trainer.test(evaluator, self.data.test_dataloader())
         return evaluator.metrics(prefix)
 

@@ -74,6 +74,12 @@ class TrainerTemplate:
     precision: str | None = None  # None: default_precision(accelerator)
     kwargs: dict[str, Any] = field(default_factory=dict)
 
+    def device(self) -> torch.device:
+        """The device the per-step Trainers train on (the first GPU where there is one and
+        the accelerator allows it), for work done outside a Trainer."""
+        gpu = self.accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available()
+        return torch.device("cuda") if gpu else torch.device("cpu")
+
     def build(self, **overrides: Any) -> Trainer:
         kwargs = copy.copy(self.kwargs)
         kwargs.update(
