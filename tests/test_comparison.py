@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 import yaml
 from conftest import tiny_overrides
 
@@ -112,6 +113,56 @@ def test_compare_skips_finished_and_resumes_interrupted(tmp_path: Path) -> None:
     assert (kept / "metrics.csv").read_text() == "round\n0\n"  # set aside, never deleted
 
 
+def test_compare_in_parallel_processes_matches_one_process(
+    fmnist_root: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """jobs: 2 runs each ``fedlit fit`` in its own process with cores // 2 torch threads, its
+    output in <out>/logs; each run's numbers are those of the in-process run (one thread)."""
+    recipe = [str(REPO / "recipes/server_sl.yaml")]
+    specs = {}
+    for name, jobs in (("a", 1), ("b", 2)):
+        (tmp_path / name).mkdir()
+        out = str(tmp_path / name / "out")
+        specs[name] = _spec(tmp_path / name, fmnist_root, recipes=recipe, out=out, jobs=jobs)
+    serial, parallel = specs["a"], specs["b"]
+    monkeypatch.setattr("fedlit.comparison.runner.os.cpu_count", lambda: 2)  # 1 thread a job
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as each of the parallel processes (a CPU's sums follow threads)
+    try:
+        main(["compare", f"--config={serial}"])
+    finally:
+        torch.set_num_threads(threads)
+    main(["compare", f"--config={parallel}"])
+    capsys.readouterr()
+    for seed in (0, 1):
+        rel = Path("default/server_sl") / f"seed{seed}" / "metrics.csv"
+        one, two = _csv(tmp_path / "a/out" / rel), _csv(tmp_path / "b/out" / rel)
+        assert [r["test/acc"] for r in one] == [r["test/acc"] for r in two]
+    logs = sorted((tmp_path / "b/out/logs").glob("*.log"))
+    assert len(logs) == 2 and all("round 2/2" in log.read_text() for log in logs)
+
+
+def test_compare_in_parallel_stops_on_a_failed_run(tmp_path: Path) -> None:
+    comparison = Comparison(
+        name="c", recipes=[str(REPO / "recipes/server_sl.yaml")], seeds=[0, 1, 2], out=str(tmp_path)
+    )
+    runs = plan(comparison)
+    started: list[str] = []
+
+    def fit(args: list[str]) -> None:
+        started.append(args[-1])
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="failed; the first: boom"):
+        execute(runs, dict.fromkeys(runs, 1), fit, log=lambda _: None, jobs=2)
+    assert len(started) < 3  # the third run never started
+    with pytest.raises(ValueError, match="jobs must be a positive integer"):
+        Comparison(name="c", recipes=comparison.recipes, jobs=0)
+
+
 def test_compare_rerun_runs_nothing(
     fmnist_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -178,7 +229,7 @@ def test_compare_logs_to_wandb_offline(
             if r["type"] == "config":
                 config |= r["config"].get("update", {})
         assert config["seed_everything"] == seed  # the full resolved config
-        assert config["model.init_args.tau"] == 0.95
+        assert config["model.init_args.tau"] == 0.9  # the recipe's
         assert config["data.examples_per_client"] == 32
         history = [r["history"]["item"] for r in records if r["type"] == "history"]
         assert any("partition/R" in h for h in history)  # the partition summary

@@ -45,6 +45,7 @@ class Faulty(FedAvgFixMatch):
     ``fault`` says ("raise": its upload raises; "nan" / "inf": a weight of its upload is NaN /
     inf), and which records every upload it makes, by (round, client)."""
 
+    server_finetunes = False  # the global model is the aggregate the tests check
     fault: str | None = None
     fault_client = 1
     fault_round = 1

@@ -23,6 +23,7 @@ from fedlit.methods import (
     TSServerEMA,
 )
 from fedlit.methods.fedseal import THRESHOLDS
+from fedlit.objectives.fedseal import predict_probabilities
 
 
 def _fed(
@@ -103,6 +104,55 @@ def test_fedseal_logs_its_sets_and_keeps_the_ensemble_on_the_client(
     model = state_bytes(fed.method.network.state_dict())
     assert float(rows[-1]["comm/bytes_down"]) == 2 * (model + 10 * 4)
     assert float(rows[-1]["comm/bytes_up"]) == 2 * model
+
+
+def test_fedseal_clients_not_sampled_still_receive_every_model(
+    fmnist_root: Path, tmp_path: Path
+) -> None:
+    """Paper 002 Algorithm 1, line 6: all clients download w^t each round; the ones not
+    sampled add its predictions to their self-ensemble (eq 8) without training."""
+    fed = _fed(
+        fmnist_root,
+        tmp_path / "run",
+        FedSEAL,
+        data_kw={"num_clients": 3},
+        method_kw={"server_lr": 0.03, "bootstrap_epochs": 1},
+        clients_per_round=1,
+        rounds=2,
+    )
+    fed.prepare()
+    payloads, sampled = [], []
+    original = fed.runner
+
+    class Spy:
+        def __call__(self, payload, cid, *args):  # type: ignore[no-untyped-def]
+            payloads.append({k: v.clone() for k, v in payload.items()})
+            sampled.append(cid)
+            return original(payload, cid, *args)
+
+        def receive(self, *args):  # type: ignore[no-untyped-def]
+            return original.receive(*args)
+
+    fed.runner = Spy()  # type: ignore[assignment]
+    result = fed.run()
+    ckpt = load_checkpoint(result.checkpoint)
+    assert len(payloads) == 2
+    for cid in range(3):  # every client's ensemble holds both rounds' models
+        assert ckpt["client_states"][cid]["count"] == 2
+    idle = next(c for c in range(3) if c not in sampled)
+    client = fed.data.client_data(idle)
+    expected = torch.stack(
+        [
+            predict_probabilities(
+                fed.method.client_network({k: v for k, v in p.items() if k != THRESHOLDS}),
+                client.plain_dataloader(),
+            )[0]
+            for p in payloads
+        ]
+    ).mean(0)
+    torch.testing.assert_close(ckpt["client_states"][idle]["mean"], expected)
+    model = state_bytes(fed.method.network.state_dict())
+    assert float(_rows(tmp_path / "run")[-1]["comm/bytes_down"]) == 3 * (model + 10 * 4)
 
 
 def test_fedseal_thresholds_travel_with_the_model() -> None:
@@ -197,6 +247,21 @@ def test_fedrgd_groups_start_from_their_own_average() -> None:
     single.network.load_state_dict(const(1.0))
     single.aggregate(updates, 1)  # eqs 4-5: (1 + 2 + 4 + 10) / 4
     assert float(single.network.state_dict()[w][0, 0]) == pytest.approx(4.25)
+
+
+def test_fedrgd_clients_start_from_the_model_the_server_started_from() -> None:
+    """Paper 004: server and clients train in parallel from w_avg; the server's trained w_s
+    only enters through the aggregation."""
+    method = FedRGD(num_classes=10, in_channels=1, num_groups=1)
+    before = {k: v.clone() for k, v in method.network.state_dict().items()}
+    objective = method.server_objective(1, 10)
+    with torch.no_grad():  # the server's step moves the network
+        for param in objective.network.parameters():
+            param.add_(1.0)
+    payload = method.broadcast(1)
+    torch.testing.assert_close(payload, before)
+    assert method.round_start is None  # taken once: a later broadcast sends the current model
+    torch.testing.assert_close(method.broadcast(2), method.network.state_dict())
 
 
 def test_fedrgd_period_in_local_steps_and_self_training(fmnist_root: Path, tmp_path: Path) -> None:

@@ -9,9 +9,13 @@ so re-running the same command continues a comparison where it stopped.
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -56,6 +60,10 @@ class Comparison:
         published: recipe stem -> setting -> a paper's accuracy (percent), shown beside ours.
         wandb: log every run to W&B (None: no W&B).
         description: Markdown lines that open the report (the protocol in words).
+        jobs: runs at a time. 1 runs them one after another in this process; more runs each in
+            its own ``fedlit fit`` process with torch limited to (CPU cores // jobs) threads
+            (``OMP_NUM_THREADS``: processes that each take every core slow each other down
+            many times over), its output in ``<out>/logs/``.
     """
 
     name: str
@@ -71,6 +79,7 @@ class Comparison:
     published: dict[str, dict[str, float]] = field(default_factory=dict)
     wandb: WandbSettings | None = None
     description: list[str] = field(default_factory=list)
+    jobs: int = 1
 
     def __post_init__(self) -> None:
         if not self.recipes:
@@ -89,8 +98,13 @@ class Comparison:
             raise ValueError(f"baseline: {self.baseline!r} is not one of the recipes {stems}")
         if isinstance(self.last_k, bool) or not isinstance(self.last_k, int) or self.last_k < 1:
             raise ValueError(f"last_k must be a positive integer, got {self.last_k!r}")
+        if isinstance(self.jobs, bool) or not isinstance(self.jobs, int) or self.jobs < 1:
+            raise ValueError(f"jobs must be a positive integer, got {self.jobs!r}")
         if self.target is not None and not 0 < self.target <= 1:
             raise ValueError(f"target must be in (0, 1], got {self.target}")
+
+
+ROOT_DIR_ARG = "--trainer.default_root_dir="
 
 
 @dataclass(frozen=True)
@@ -123,7 +137,7 @@ def plan(comparison: Comparison) -> list[PlannedRun]:
                     *comparison.overrides,
                     *setting_args,
                     f"--seed_everything={seed}",
-                    f"--trainer.default_root_dir={run_dir}",
+                    f"{ROOT_DIR_ARG}{run_dir}",
                     *_wandb_args(comparison, setting, recipe.stem, seed, run_dir),
                 ]
                 runs.append(PlannedRun(recipe, setting, seed, run_dir, tuple(args)))
@@ -169,14 +183,39 @@ def _set_aside(run_dir: Path) -> Path:
 FitFn = Callable[[Sequence[str]], None]
 
 
+def fit_in_subprocess(log_dir: Path, threads: int) -> FitFn:
+    """A ``fit`` that runs ``fedlit fit`` in its own Python process with ``threads`` torch
+    threads, its output appended to ``log_dir/<run>.log``; raises if the process fails."""
+
+    def fit(args: Sequence[str]) -> None:
+        run_dir = next(a.split("=", 1)[1] for a in args if a.startswith(ROOT_DIR_ARG))
+        log_dir.mkdir(parents=True, exist_ok=True)
+        name = Path(run_dir).as_posix().replace("/", "_")
+        env = os.environ | {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+        with open(log_dir / f"{name}.log", "a") as out:
+            done = subprocess.run(
+                [sys.executable, "-m", "fedlit.cli", *args], env=env, stdout=out, stderr=out
+            )
+        if done.returncode != 0:
+            raise RuntimeError(
+                f"{run_dir}: fedlit fit exited with {done.returncode}, see {out.name}"
+            )
+
+    return fit
+
+
 def execute(
     runs: Sequence[PlannedRun],
     rounds: Mapping[PlannedRun, int],
     fit: FitFn,
     log: Callable[[str], None] = print,
+    jobs: int = 1,
 ) -> dict[str, int]:
-    """Run what is not finished; returns how many runs were run, resumed and skipped."""
+    """Run what is not finished, ``jobs`` at a time; returns how many runs were run, resumed
+    and skipped. With ``jobs > 1`` a failed run stops new ones from starting, lets the running
+    ones finish, then raises."""
     counts = {"run": 0, "resumed": 0, "skipped": 0}
+    todo: list[list[str]] = []
     for i, run in enumerate(runs, start=1):
         state = run_state(run, rounds[run])
         head = f"[{i}/{len(runs)}] {run.setting} {run.method} seed {run.seed}"
@@ -197,8 +236,30 @@ def execute(
         run.run_dir.mkdir(parents=True, exist_ok=True)
         info = {"method": run.method, "setting": run.setting, "seed": run.seed}
         (run.run_dir / RUN_FILE).write_text(json.dumps(info | {"recipe": str(run.recipe)}))
-        fit(["fit", *args])
+        if jobs == 1:
+            fit(["fit", *args])
+        else:
+            todo.append(["fit", *args])
+    if todo:
+        _run_parallel(todo, fit, jobs)
     return counts
+
+
+def _run_parallel(todo: Sequence[list[str]], fit: FitFn, jobs: int) -> None:
+    failed: list[BaseException] = []
+
+    def one(args: list[str]) -> None:
+        if failed:  # a run failed: start no more
+            return
+        try:
+            fit(args)
+        except Exception as err:
+            failed.append(err)
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        list(pool.map(one, todo))
+    if failed:
+        raise RuntimeError(f"{len(failed)} run(s) failed; the first: {failed[0]}")
 
 
 def run_comparison(
@@ -235,7 +296,10 @@ def run_comparison(
             partitions[run.setting] = partition(run.args, run.seed)
     per_run = {run: configured[(run.setting, run.method)] for run in runs}
     start = time.perf_counter()
-    counts = execute(runs, per_run, fit, log)
+    if comparison.jobs > 1:
+        threads = max(1, (os.cpu_count() or 1) // comparison.jobs)
+        fit = fit_in_subprocess(Path(comparison.out) / "logs", threads)
+    counts = execute(runs, per_run, fit, log, comparison.jobs)
     minutes = (time.perf_counter() - start) / 60
     records = [load_run(run.run_dir) for run in runs]
     compute = sum(row.get("time/round_s", 0.0) for r in records for row in r.history) / 60

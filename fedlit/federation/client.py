@@ -49,3 +49,9 @@ class ClientRunner:
             state=method.client_state(objective, state),
             metrics=objective.epoch_metrics(),
         )
+
+    def receive(self, payload: StateDict, client_id: int, state: Any, visit: int = 1) -> Any:
+        """Client ``client_id`` receives ``payload`` without training (``all_clients_receive``):
+        its new persistent state."""
+        client = self.data.client_data(client_id, visit)
+        return self.method.client_receives(payload, client, state, self.trainer.device())

@@ -50,6 +50,7 @@ from fedlit.federation.rundir import (
 )
 from fedlit.federation.seeding import (
     EVAL,
+    FINETUNE,
     INIT,
     SERVER,
     derive_seed,
@@ -511,6 +512,13 @@ class Federation:
                 self.store.put(cid, update.state)
                 updates.append(update)
                 received.append(sent)
+            if method.all_clients_receive:  # the others receive the round's model too
+                for cid in sorted(set(range(self.data.num_clients)) - set(clients.tolist())):
+                    sent = method.client_payload(payload, cid)
+                    down += state_bytes(sent)
+                    visit = max(self.visits.get(cid, 0), 1)
+                    state = self.runner.receive(sent, cid, self.store.get(cid), visit)
+                    self.store.put(cid, state)
             self._check_survivors(round_idx, len(clients), updates, faults)
             metrics |= fault_metrics(faults)
             metrics["diag/weight_diversity"] = weight_diversity(
@@ -521,6 +529,8 @@ class Federation:
             metrics |= _mean_metrics("client", [u.metrics for u in updates])
             if not method.server_first:
                 metrics |= self._server_step(round_idx)
+            elif method.server_finetunes:  # paper 000's Algorithm 1: fine-tune the aggregate
+                metrics |= self._server_step(round_idx, stage="finetune")
         method.end_round(round_idx)
         self._check_finite(round_idx, "the end of the round (end_round)")
         if round_idx % cfg.eval_every == 0 or round_idx == cfg.rounds:
@@ -570,18 +580,22 @@ class Federation:
             )
         return f"the run stops in round {round_idx}, before its first checkpoint"
 
-    def _server_step(self, round_idx: int, epochs: int | None = None) -> dict[str, float]:
+    def _server_step(
+        self, round_idx: int, epochs: int | None = None, stage: str = "server"
+    ) -> dict[str, float]:
+        """The server's objective for ``epochs`` (``server_epochs``), logged as ``<stage>/*``
+        (``finetune``: a second step in the round, after aggregation, on its own seed)."""
         if self.data.labels_at == "client":  # no labels at the server: nothing to train
             return {}
         objective = self.method.server_objective(round_idx, self.config.rounds)
         if objective is None:
             return {}
-        seed_all(derive_seed(self.seed, round_idx, SERVER))
+        seed_all(derive_seed(self.seed, round_idx, FINETUNE if stage == "finetune" else SERVER))
         loader = self.method.server_loader(self.data)
         self.trainer.fit(objective, loader, epochs or self.config.server_epochs)
         self.method.server_step_done(objective, self.data)
-        self._check_finite(round_idx, "the server step")
-        return {f"server/{k}": v for k, v in objective.epoch_metrics().items()}
+        self._check_finite(round_idx, f"the {stage} step")
+        return {f"{stage}/{k}": v for k, v in objective.epoch_metrics().items()}
 
     def _bootstrap(self) -> dict[str, float]:
         """The method's bootstrap (FedSEAL): its server objective for ``bootstrap_epochs``

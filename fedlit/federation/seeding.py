@@ -11,11 +11,15 @@ import torch
 SERVER = -1  # the "client id" of the server's own steps
 EVAL = -2
 INIT = -3  # the global network's initialisation
+FINETUNE = -4  # a server step after aggregation (paper 000's Algorithm 1)
 
 
 def derive_seed(seed: int, round_idx: int, who: int) -> int:
-    """A 63-bit seed for the work of ``who`` (a client id, SERVER or EVAL) in ``round_idx``."""
-    ss = np.random.SeedSequence([seed, round_idx, who + 3])
+    """A 63-bit seed for the work of ``who`` (a client id, or SERVER, EVAL, INIT, FINETUNE) in
+    ``round_idx``."""
+    # -3..-1 keep the ids they always had; later tags go far above any client id
+    tag = who + 3 if who >= -3 else 2**40 - who
+    ss = np.random.SeedSequence([seed, round_idx, tag])
     return int(ss.generate_state(1, dtype=np.uint64)[0] >> np.uint64(1))
 
 

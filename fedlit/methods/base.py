@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+import torch
 from lightning import LightningModule
 from torch import Tensor, nn
 
@@ -72,8 +73,14 @@ class FederatedMethod(LightningModule):
     uses_clients: ClassVar[bool] = True
     #: The server trains before broadcasting (True) or after aggregation (False).
     server_first: ClassVar[bool] = True
+    #: A server-first method's server also fine-tunes the aggregate before it is scored
+    #: (paper 000's Algorithm 1 for its FixMatch and SSL baselines): a second server step.
+    server_finetunes: ClassVar[bool] = False
     #: Client loaders carry true labels: an oracle, not a semi-supervised method.
     oracle: ClassVar[bool] = False
+    #: Every client receives each round's broadcast, sampled or not (paper 002's Algorithm 1,
+    #: line 6); those that do not train update their state in :meth:`client_receives`.
+    all_clients_receive: ClassVar[bool] = False
     #: Augmented views of each unlabeled image a client's objective takes.
     client_views: ClassVar[tuple[str, ...]] = ("weak",)
     #: The method can run with the labels at the clients (``data.labels_at: client``).
@@ -217,6 +224,13 @@ class FederatedMethod(LightningModule):
     def client_state(self, objective: Objective, previous: Any) -> Any:
         """The client's persistent state after this round (stateless methods: None)."""
         return None
+
+    def client_receives(
+        self, payload: StateDict, client: ClientData, state: Any, device: torch.device
+    ) -> Any:
+        """The persistent state of a client that received ``payload`` this round but was not
+        sampled to train (only called where ``all_clients_receive``); work on ``device``."""
+        return state
 
     # --- aggregation ----------------------------------------------------------------------
     def aggregate(self, updates: Sequence[ClientUpdate], round_idx: int) -> None:

@@ -23,18 +23,19 @@ class PeerUploadWarning(UserWarning):
 class FedRGD(FederatedMethod):
     """FedRGD, the SSFL benchmark's method.
 
-    Each round the server trains its model on the labeled set (eq 2) and the sampled clients
-    train on their unlabeled data with the consistency-regularisation loss (CRL, eq 6:
+    Each round the server trains its model on the labeled set (eq 2) and, in parallel from the
+    same model w_avg (section 3.2), the sampled clients train on their unlabeled data with the
+    consistency-regularisation loss (CRL, eq 6:
     pseudo-label from the weak view, CE on the strong view, threshold tau) or, as the paper's
     weak baseline, traditional self-training (eq 3: one weak view for both). The uploads are
     averaged together with the server's model:
 
     * ``num_groups: 1``: w_avg = (w_s + sum_k w_k) / (C + 1) (eqs 4-5); every client starts
-      from the server's trained model.
+      from w_avg, the model the server's step started from (not the server's trained w_s).
     * ``num_groups: S >= 2``: the round's clients are split into S groups (consecutive ids);
       w_avg,i = (w_s + sum_{k in G_i} w_k) / (|G_i| + 1) and w_avg = mean_i w_avg,i (eq 7).
-      The server trains on w_avg; a client of G_i starts its next round from w_avg,i (a client
-      not in the last round's groups starts from the server's model).
+      The server trains from w_avg; a client of G_i starts its next round from w_avg,i (a
+      client not in the last round's groups starts from w_avg).
       A group of two gives its clients each other's upload: w_avg,i = (w_s + w_a + w_b) / 3,
       so a client that knows the server's model w_s and its own w_a has
       w_b = 3 w_avg,i - w_s - w_a. The first round that forms one warns
@@ -69,6 +70,8 @@ class FedRGD(FederatedMethod):
         if num_groups < 1:
             raise ValueError(f"model.num_groups must be positive, got {num_groups}")
         super().__init__(*args, **kwargs)
+        #: w_avg as the round's server step found it: what the clients start from.
+        self.round_start: StateDict | None = None
         self.group_models: list[StateDict] = []
         self.client_group: dict[int, int] = {}
         self.warned_pairs = False  # PeerUploadWarning is given once per run
@@ -79,11 +82,18 @@ class FedRGD(FederatedMethod):
 
     # --- server -------------------------------------------------------------------------
     def server_objective(self, round_idx: int, total_rounds: int) -> Objective:
+        self.round_start = super().broadcast(round_idx)  # before the server trains on it
         return SupervisedCE(
             self.network, **self.optimizer_kwargs(self.hparams.server_lr, round_idx, total_rounds)
         )
 
     # --- clients ------------------------------------------------------------------------
+    def broadcast(self, round_idx: int) -> StateDict:
+        """w_avg, untouched by this round's server step (server and clients train in
+        parallel); the current model where the server took no step (labels at the clients)."""
+        payload, self.round_start = self.round_start, None
+        return payload if payload is not None else super().broadcast(round_idx)
+
     def client_payload(self, payload: StateDict, client_id: int) -> StateDict:
         group = self.client_group.get(client_id)
         return payload if group is None else self.group_models[group]

@@ -14,7 +14,7 @@ from fedlit.data.loaders import ImageBatches
 from fedlit.evaluation import scored
 from fedlit.methods.base import ClientUpdate, FederatedMethod, StateDict
 from fedlit.objectives import FedSEALClient, Objective, class_thresholds, gaussian_rampup
-from fedlit.objectives.fedseal import predict_probabilities
+from fedlit.objectives.fedseal import predict_probabilities, self_ensemble
 
 THRESHOLDS = "fedseal.thresholds"  # payload key of the class-wise thresholds tau^t
 
@@ -26,8 +26,10 @@ class FedSEAL(FederatedMethod):
     Before round 1 the server trains w^0 on its labeled set alone (bootstrap, 4.1.3). Each
     round the server averages the client models (plain mean), trains E_s epochs of CE on the
     result, and computes the class-wise thresholds tau^t on its validation set (eq 5), sent
-    with the model. A client updates its running mean of the received models' predictions on
-    its data (eq 8, persistent client state, never uploaded), builds the positive set
+    with the model. Every client receives the model (Algorithm 1, line 6) and updates its
+    running mean of the received models' predictions on its data (eq 8, persistent client
+    state, never uploaded): the clients not sampled pay one un-augmented forward pass over
+    their data and receive the model's bytes. A sampled client then builds the positive set
     (pbar_{y+} >= tau_{y+}, eq 10) and the complementary set (eqs 11-12, theta), and trains
     lambda_t L+ + L- (eqs 13-15) with lambda_t = lambda_max x a Gaussian ramp-up over the
     first ``ramp`` of the run (round t of R is at t / R), so a shorter run ramps as far. The
@@ -48,6 +50,7 @@ class FedSEAL(FederatedMethod):
     """
 
     server_first = False
+    all_clients_receive = True
     client_views = ("plain", "strong")
 
     def __init__(
@@ -130,6 +133,19 @@ class FedSEAL(FederatedMethod):
     def client_setup(self, objective: Objective, client: ClientData) -> None:
         # the hidden labels feed the pseudo/*_acc diagnostics only, computed on the client
         objective.attach(client.plain_dataloader(), client.hidden_labels)  # type: ignore[operator]
+
+    def client_receives(
+        self, payload: StateDict, client: ClientData, state: Any, device: torch.device
+    ) -> Any:
+        """A client not sampled this round still adds w^t's predictions to its self-ensemble
+        (eq 8), as a sampled client does before training."""
+        if not self.hparams.self_ensemble:
+            return state
+        weights = {k: v for k, v in payload.items() if k != THRESHOLDS}
+        network = self.client_network(weights).to(device)
+        probs, _ = predict_probabilities(network, client.plain_dataloader())
+        previous, count = (state["mean"], state["count"]) if state else (None, 0)
+        return {"mean": self_ensemble(previous, probs, count + 1), "count": count + 1}
 
     def client_state(self, objective: Objective, previous: Any) -> Any:
         pbar, count = objective.ensemble  # type: ignore[attr-defined]

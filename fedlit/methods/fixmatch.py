@@ -13,7 +13,8 @@ class FedAvgFixMatch(FederatedMethod):
     each client minimises FixMatch's unlabeled loss on (weak, strong) views of its images,
     l_u = mean_b 1[max p(alpha(u_b)) >= tau] CE(argmax p(alpha(u_b)), f(A(u_b))),
     plus (mu/2)||w - w_global||^2 when ``mu > 0`` (FedProx-FixMatch); uploads are averaged
-    with FedAvg weights n_k.
+    with FedAvg weights n_k; the server fine-tunes the aggregate with CE before it is scored
+    (paper 000's Algorithm 1, ``server_finetunes``).
 
     Args:
         tau: confidence threshold (0.95 in FixMatch and paper 004).
@@ -22,6 +23,7 @@ class FedAvgFixMatch(FederatedMethod):
     """
 
     client_views = ("weak", "strong")
+    server_finetunes = True
 
     def __init__(self, *args: Any, tau: float = 0.95, mu: float = 0.0, **kwargs: Any) -> None:
         if not 0.0 <= tau <= 1.0:

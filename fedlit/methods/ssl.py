@@ -3,9 +3,10 @@
 The server trains the aggregated network (backbone + classifier head) with CE on its labeled set
 and broadcasts it; each client trains backbone + SSL heads on two strong views of its images with
 the SSL loss; backbones and heads are averaged with FedAvg weights n_k. The classifier head is
-trained, and stays, at the server. paper 000's Algorithm 1 also finetunes on the server right
-after aggregation; here that is the next round's server step (``server_first``), and the last
-round's model is judged by the finetune / linear protocols (``federation.final_eval``).
+trained, and stays, at the server. As in paper 000's Algorithm 1 the server trains before
+broadcasting and fine-tunes the aggregate right after aggregation (``server_finetunes``); the
+fine-tuned model is the one scored, and the last round's encoder is also judged by the finetune /
+linear protocols (``federation.final_eval``).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ class FedAvgSSL(FederatedMethod):
 
     ssl_kind: ClassVar[str]
     client_views = ("strong", "strong")
+    server_finetunes = True
 
     def __init__(self, *args: Any, proj_dim: int | None = None, **kwargs: Any) -> None:
         if proj_dim is not None and proj_dim < 1:

@@ -11,7 +11,8 @@ from fedlit.objectives import UDA, Objective
 class FedAvgUDA(FederatedMethod):
     """FedAvg-UDA: as FedAvg-FixMatch, with UDA's soft consistency on clients,
     KL(sharpen(p(alpha(u)), T) || p(A(u))) masked by confidence
-    (:func:`~fedlit.objectives.uda_loss`); ``mu > 0`` adds FedProx's term (FedProx-UDA).
+    (:func:`~fedlit.objectives.uda_loss`); ``mu > 0`` adds FedProx's term (FedProx-UDA). The
+    server fine-tunes the aggregate before it is scored, as FedAvg-FixMatch's.
 
     Args:
         temperature: sharpening temperature (UDA's 0.4).
@@ -21,6 +22,7 @@ class FedAvgUDA(FederatedMethod):
     """
 
     client_views = ("weak", "strong")
+    server_finetunes = True
 
     def __init__(
         self,
