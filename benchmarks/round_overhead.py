@@ -24,7 +24,7 @@ import torch
 from fedlit.aggregation import weighted_average
 from fedlit.data import FederatedDataModule, sample_clients
 from fedlit.federation import Federation, FederationConfig, RoundCSVLogger
-from fedlit.federation.seeding import SERVER, derive_seed, seed_all
+from fedlit.federation.seeding import FINETUNE, SERVER, derive_seed, seed_all
 from fedlit.methods import FedAvgFixMatch, FedAvgSL, FederatedMethod
 from fedlit.objectives import Objective
 
@@ -62,8 +62,8 @@ def plain_round(fed: Federation, round_idx: int) -> None:
         uploads.append({k: v.detach().clone() for k, v in objective.network.state_dict().items()})
         weights.append(loader.num_examples)
     method.network.load_state_dict(weighted_average(uploads, weights))
-    if not method.server_first:
-        seed_all(derive_seed(fed.seed, round_idx, SERVER))
+    if not method.server_first or method.server_finetunes:
+        seed_all(derive_seed(fed.seed, round_idx, SERVER if not method.server_first else FINETUNE))
         server = method.server_objective(round_idx, cfg.rounds)
         plain_train(server, method.server_loader(data), cfg.server_epochs)
 

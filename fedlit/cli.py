@@ -235,8 +235,7 @@ class FedlitCLI(LightningCLI):
             self.parser.error("test: --ckpt_path <run>/checkpoints/last.ckpt is required")
         try:
             ckpt = load_checkpoint(ckpt_path)
-            model.network.load_state_dict(ckpt["global_state"])
-            model.load_server_state_dict(ckpt["server_state"])
+            model.load_state_dict(ckpt["method_state"])
         except (ValueError, RuntimeError) as err:
             self.parser.error(f"ckpt_path: {err}")
         # the run's own split (its seed): the scored network's BatchNorm statistics are

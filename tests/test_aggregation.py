@@ -7,6 +7,10 @@ import pytest
 import torch
 
 from fedlit.aggregation import (
+    GroupwiseWithServer,
+    Mean,
+    MeanWithServer,
+    WeightedMean,
     groupwise_average,
     mean,
     mean_with_server,
@@ -111,3 +115,33 @@ def test_bad_weights() -> None:
 def test_state_bytes() -> None:
     state = {"a": torch.zeros(10), "b": torch.zeros(3, dtype=torch.float16), "n": torch.tensor(1)}
     assert state_bytes(state) == 10 * 4 + 3 * 2 + 8
+
+
+def test_aggregators_against_numpy() -> None:
+    uploads, server = _states(5), _states(1, seed=1)[0]
+    counts = [10, 20, 30, 15, 25]
+    w = np.stack([u["w"].numpy() for u in uploads])
+    fedavg = WeightedMean()(uploads, counts)
+    np.testing.assert_allclose(fedavg.state["w"], np.average(w, axis=0, weights=counts), 1e-6)
+    assert fedavg.group_states == [] and fedavg.groups == []
+    np.testing.assert_allclose(Mean()(uploads, counts).state["w"], w.mean(0), rtol=1e-6)
+    with_server = MeanWithServer()(uploads, counts, server)
+    expected = np.concatenate([server["w"].numpy()[None], w]).mean(0)
+    np.testing.assert_allclose(with_server.state["w"], expected, rtol=1e-6)
+    grouped = GroupwiseWithServer(2)(uploads, counts, server)
+    assert grouped.groups == [[0, 1], [2, 3, 4]]  # consecutive, near-equal
+    g0 = np.concatenate([server["w"].numpy()[None], w[:2]]).mean(0)
+    g1 = np.concatenate([server["w"].numpy()[None], w[2:]]).mean(0)
+    np.testing.assert_allclose(grouped.group_states[0]["w"], g0, rtol=1e-6)
+    np.testing.assert_allclose(grouped.group_states[1]["w"], g1, rtol=1e-6)
+    np.testing.assert_allclose(grouped.state["w"], (g0 + g1) / 2, rtol=1e-6)
+    assert len(GroupwiseWithServer(4)(uploads[:2], counts[:2], server).groups) == 2  # <= uploads
+
+
+def test_aggregators_that_average_the_server_in_need_it() -> None:
+    assert MeanWithServer.needs_server and GroupwiseWithServer.needs_server
+    assert not (WeightedMean.needs_server or Mean.needs_server)
+    with pytest.raises(ValueError, match="give server="):
+        GroupwiseWithServer(2)(_states(3), [1, 1, 1])
+    with pytest.raises(ValueError, match="num_groups must be positive"):
+        GroupwiseWithServer(0)

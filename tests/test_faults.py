@@ -22,6 +22,7 @@ import torch
 from conftest import tiny_overrides
 
 from fedlit.aggregation import weighted_average
+from fedlit.aggregation.payloads import Payload, state_part
 from fedlit.cli import main
 from fedlit.data import ClientData, FederatedDataModule
 from fedlit.federation import (
@@ -56,7 +57,7 @@ class Faulty(FedAvgFixMatch):
         self.at = (0, -1)  # (round, client) of the client at work
 
     def client_objective(
-        self, payload: StateDict, round_idx: int, total_rounds: int, state: Any
+        self, payload: Payload, round_idx: int, total_rounds: int, state: Any
     ) -> Objective:
         self.at = (round_idx, -1)
         return super().client_objective(payload, round_idx, total_rounds, state)
@@ -64,14 +65,14 @@ class Faulty(FedAvgFixMatch):
     def client_setup(self, objective: Objective, client: ClientData) -> None:
         self.at = (self.at[0], client.client_id)
 
-    def client_upload(self, objective: Objective) -> StateDict:
+    def client_upload(self, objective: Objective) -> Payload:
         upload = super().client_upload(objective)
         if self.at == (self.fault_round, self.fault_client):
             if self.fault == "raise":
                 raise ValueError("injected client failure")
             if self.fault in ("nan", "inf"):
-                upload["head.0.weight"][0, 0] = float(self.fault)
-        self.uploads[self.at] = {k: v.clone() for k, v in upload.items()}
+                upload["model"]["head.0.weight"][0, 0] = float(self.fault)  # type: ignore[index]
+        self.uploads[self.at] = {k: v.clone() for k, v in state_part(upload, "model").items()}
         return upload
 
 
@@ -228,7 +229,7 @@ def test_nonfinite_global_model_stops_the_run(
     assert (run_dir / "checkpoints" / "last.ckpt").read_bytes() == written[0]
     ckpt = load_checkpoint(run_dir / "checkpoints" / "last.ckpt")
     assert ckpt["round"] == 1
-    assert all(torch.isfinite(v).all() for v in ckpt["global_state"].values())
+    assert all(torch.isfinite(v).all() for v in ckpt["method_state"].values())
     assert [r["round"] for r in _rows(run_dir)] == ["0", "1.0"]
 
 
@@ -337,9 +338,9 @@ def test_fit_killed_at_random_moments_resumes_to_the_same_weights(
 
     want, got = load_checkpoint(reference / "checkpoints" / "last.ckpt"), load_checkpoint(ckpt)
     assert got["round"] == want["round"] == 4
-    assert got["global_state"].keys() == want["global_state"].keys()
-    for key, value in want["global_state"].items():
-        assert torch.equal(got["global_state"][key], value), key
+    assert got["method_state"].keys() == want["method_state"].keys()
+    for key, value in want["method_state"].items():
+        assert torch.equal(got["method_state"][key], value), key
     rows = _rows(run_dir)
     assert [float(r["round"]) for r in rows] == [0, 1, 2, 3, 4]
     assert [r["test/acc"] for r in rows] == [r["test/acc"] for r in reference_rows]
@@ -349,7 +350,8 @@ def test_fit_killed_at_random_moments_resumes_to_the_same_weights(
 def _rgd_updates(method: FedRGD, clients: int) -> list[ClientUpdate]:
     state = {k: v for k, v in method.network.state_dict().items() if method.is_shared(k)}
     return [
-        ClientUpdate(cid, {k: v.clone() for k, v in state.items()}, 10) for cid in range(clients)
+        ClientUpdate(cid, {"model": {k: v.clone() for k, v in state.items()}}, 10)
+        for cid in range(clients)
     ]
 
 

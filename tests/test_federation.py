@@ -19,7 +19,17 @@ from fedlit.aggregation import state_bytes
 from fedlit.data import ClientData, FederatedDataModule, ImageSplit
 from fedlit.federation import Federation, FederationConfig, load_checkpoint
 from fedlit.federation.trainers import TrainerTemplate
-from fedlit.methods import FedAvgFixMatch, FedAvgSL, FederatedMethod, ServerSL
+from fedlit.methods import (
+    FedAvgFixMatch,
+    FedAvgSL,
+    FedCon,
+    FederatedMethod,
+    FedRGD,
+    FedSEAL,
+    FedSup,
+    FedSwitch,
+    ServerSL,
+)
 
 
 def _federation(
@@ -106,6 +116,41 @@ def test_resume_equals_uninterrupted_run(
     assert rounds_logged == ["0", "1.0", "2.0", "3.0"]  # rows before the crash are kept
 
 
+@pytest.mark.parametrize("method_cls", [FedRGD, FedSEAL, FedSwitch, FedCon, FedSup])
+def test_resume_restores_the_whole_method_state(
+    method_cls: type[FederatedMethod],
+    fmnist_root: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What a method keeps across rounds (group models, thresholds, KL values, targets, step
+    counts, the server's own network) is module state: ``method.state_dict()`` is all the
+    checkpoint needs, and a resumed run ends where the uninterrupted one does."""
+    kw: dict = {"data_kw": {"val_per_class": 2, "test_subset": 100}, "server_epochs": 1}
+    if method_cls is FedSEAL:
+        kw["method_kw"] = {"bootstrap_epochs": 1}
+    full = _federation(fmnist_root, tmp_path / "full", method_cls, rounds=3, **kw)
+    full.run()
+    run_dir = tmp_path / "cut"
+    undo = stop_in_round(monkeypatch, 3)
+    with pytest.raises(KeyboardInterrupt):
+        _federation(fmnist_root, run_dir, method_cls, rounds=3, **kw).run()
+    undo()
+    resume = str(run_dir / "checkpoints/last.ckpt")
+    resumed = _federation(fmnist_root, run_dir, method_cls, rounds=3, resume=resume, **kw)
+    resumed.run()
+    want, got = full.method.state_dict(), resumed.method.state_dict()
+    extra = {k for k in want if k.endswith("_extra_state")}
+    _assert_same(
+        {k: v for k, v in want.items() if k not in extra},
+        {k: v for k, v in got.items() if k not in extra},
+    )
+    for key in extra:  # FedRGD's group averages and their members
+        assert want[key]["client_group"] == got[key]["client_group"]
+        for a, b in zip(want[key]["group_models"], got[key]["group_models"], strict=True):
+            _assert_same(a, b)
+
+
 def test_client_round_is_a_function_of_its_inputs(fmnist_root: Path, tmp_path: Path) -> None:
     fed = _federation(fmnist_root, tmp_path / "run", method_kw={"tau": 0.0})
     fed.prepare()
@@ -115,11 +160,11 @@ def test_client_round_is_a_function_of_its_inputs(fmnist_root: Path, tmp_path: P
         for p in fed.method.network.parameters():
             p.fill_(float("nan"))
     second = fed.runner(payload, 1, 1, None)
-    _assert_same(first.upload, second.upload)
+    _assert_same(first.model, second.model)
     assert first.num_examples == 128 and first.state is None
     assert set(first.metrics) == {"loss", "mask_rate"}
     other_round = fed.runner(payload, 1, 2, None)
-    assert not torch.equal(first.upload["head.0.weight"], other_round.upload["head.0.weight"])
+    assert not torch.equal(first.model["head.0.weight"], other_round.model["head.0.weight"])
 
 
 def test_client_labels_never_reach_the_client_loss(fmnist_root: Path, tmp_path: Path) -> None:
@@ -169,7 +214,7 @@ def test_logged_keys_and_checkpoint(fmnist_root: Path, tmp_path: Path) -> None:
         assert rows[-1][key] != "", key
     ckpt = load_checkpoint(result.checkpoint)
     assert ckpt["round"] == 2
-    assert {"global_state", "server_state", "client_states", "rng", "history"} <= set(ckpt)
+    assert {"method_state", "client_states", "rng", "history"} <= set(ckpt)
 
 
 def test_existing_run_directory_is_never_overwritten(fmnist_root: Path, tmp_path: Path) -> None:
@@ -250,3 +295,12 @@ def test_client_hooks_get_only_the_clients_own_data(fmnist_root: Path, tmp_path:
         assert client.labeled is None and len(client) == len(own) == 128
         images = torch.cat([x for x, _ in client.dataloader(("weak", "strong"))])
         assert len(images) == 128
+
+
+def test_checkpoint_of_the_earlier_format_is_refused_naming_it(tmp_path: Path) -> None:
+    old = tmp_path / "last.ckpt"
+    torch.save({"format": "fedlit-federation/1", "round": 3, "global_state": {}}, old)
+    with pytest.raises(
+        ValueError, match="earlier fedlit .fedlit-federation/1.*start the run again"
+    ):
+        load_checkpoint(old)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import csv
 from pathlib import Path
 
@@ -97,7 +98,7 @@ def test_fedseal_logs_its_sets_and_keeps_the_ensemble_on_the_client(
         state = ckpt["client_states"][cid]
         assert state["count"] == 3 and state["mean"].shape == (64, 10)
         torch.testing.assert_close(state["mean"].sum(1), torch.ones(64))
-    thresholds = ckpt["server_state"]["thresholds"]
+    thresholds = ckpt["method_state"]["thresholds"]
     assert thresholds.shape == (10,) and (thresholds >= 0).all() and thresholds.max() > 0.3
     assert (thresholds <= 1).all()  # paper 002 4.1.2: tau_m in [0, 1]
     # what travels: the model and 10 thresholds down, the model alone up
@@ -126,7 +127,7 @@ def test_fedseal_clients_not_sampled_still_receive_every_model(
 
     class Spy:
         def __call__(self, payload, cid, *args):  # type: ignore[no-untyped-def]
-            payloads.append({k: v.clone() for k, v in payload.items()})
+            payloads.append(copy.deepcopy(payload))
             sampled.append(cid)
             return original(payload, cid, *args)
 
@@ -144,7 +145,7 @@ def test_fedseal_clients_not_sampled_still_receive_every_model(
     expected = torch.stack(
         [
             predict_probabilities(
-                fed.method.client_network({k: v for k, v in p.items() if k != THRESHOLDS}),
+                fed.method.client_model(p),
                 client.plain_dataloader(),
             )[0]
             for p in payloads
@@ -233,15 +234,17 @@ def test_fedrgd_groups_start_from_their_own_average() -> None:
         return {k: torch.full_like(v, c) if v.is_floating_point() else v for k, v in shape.items()}
 
     method.network.load_state_dict(const(1.0))  # the server's model w_s
-    updates = [ClientUpdate(cid, const(c), 10) for cid, c in ((3, 2.0), (5, 4.0), (8, 10.0))]
+    updates = [
+        ClientUpdate(cid, {"model": const(c)}, 10) for cid, c in ((3, 2.0), (5, 4.0), (8, 10.0))
+    ]
     method.aggregate(updates, 1)
     w = "head.0.weight"
     # groups [3, 5], [8]: (1 + 2 + 4) / 3 = 7/3 and (1 + 10) / 2 = 5.5; w_avg is their mean
     assert float(method.network.state_dict()[w][0, 0]) == pytest.approx((7 / 3 + 5.5) / 2)
     payload = method.broadcast(2)
-    assert float(method.client_payload(payload, 3)[w][0, 0]) == pytest.approx(7 / 3)
-    assert float(method.client_payload(payload, 5)[w][0, 0]) == pytest.approx(7 / 3)
-    assert float(method.client_payload(payload, 8)[w][0, 0]) == pytest.approx(5.5)
+    assert float(method.client_payload(payload, 3)["model"][w][0, 0]) == pytest.approx(7 / 3)
+    assert float(method.client_payload(payload, 5)["model"][w][0, 0]) == pytest.approx(7 / 3)
+    assert float(method.client_payload(payload, 8)["model"][w][0, 0]) == pytest.approx(5.5)
     assert method.client_payload(payload, 0) is payload  # not in last round's groups
     single = FedRGD(num_classes=10, in_channels=1, num_groups=1)
     single.network.load_state_dict(const(1.0))
@@ -259,9 +262,9 @@ def test_fedrgd_clients_start_from_the_model_the_server_started_from() -> None:
         for param in objective.network.parameters():
             param.add_(1.0)
     payload = method.broadcast(1)
-    torch.testing.assert_close(payload, before)
+    torch.testing.assert_close(payload, {"model": before})
     assert method.round_start is None  # taken once: a later broadcast sends the current model
-    torch.testing.assert_close(method.broadcast(2), method.network.state_dict())
+    torch.testing.assert_close(method.broadcast(2), {"model": method.network.state_dict()})
 
 
 def test_fedrgd_period_in_local_steps_and_self_training(fmnist_root: Path, tmp_path: Path) -> None:

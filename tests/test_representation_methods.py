@@ -9,6 +9,7 @@ import torch
 from conftest import stop_in_round
 
 from fedlit.aggregation import state_bytes
+from fedlit.aggregation.payloads import payload_bytes, state_part
 from fedlit.data import FederatedDataModule
 from fedlit.federation import Federation, FederationConfig, load_checkpoint
 from fedlit.methods import (
@@ -69,10 +70,12 @@ def test_fedcon_projector_stays_with_each_client(fmnist_root: Path, tmp_path: Pa
     fed = _fed(fmnist_root, tmp_path / "run", FedCon)
     fed.prepare()
     payload = fed.method.broadcast(1)
-    assert payload and all(k.startswith("backbone.") for k in payload)
+    assert set(payload) == {"model"}
+    assert payload["model"] and all(k.startswith("backbone.") for k in payload["model"])
     updates = [fed.runner(payload, cid, 1, None) for cid in (0, 1)]
     for u in updates:
-        assert all(k.startswith("backbone.") for k in u.upload)  # never uploaded
+        assert set(u.upload) == {"model"}
+        assert all(k.startswith("backbone.") for k in u.model)  # the projector: never uploaded
         assert set(u.state) == {"projector"}
     p0, p1 = (u.state["projector"] for u in updates)
     assert any(not torch.equal(p0[k], p1[k]) for k in p0)
@@ -97,7 +100,8 @@ def test_fedcon_bytes_and_checkpointed_projectors(fmnist_root: Path, tmp_path: P
     for cid in (0, 1):
         for k, v in fed.store.get(cid)["projector"].items():
             assert torch.equal(ckpt["client_states"][cid]["projector"][k], v)
-    assert "target" in ckpt["server_state"] and ckpt["server_state"]["steps"] > 0
+    state = ckpt["method_state"]  # the target net and its step count are module state
+    assert any(k.startswith("target.") for k in state) and int(state["server_steps"]) > 0
 
 
 def test_fedcon_resume_equals_uninterrupted(
@@ -131,9 +135,10 @@ def test_fedsup_sends_both_networks_and_weights_the_feature_loss(
     fed.prepare()
     method = fed.method
     payload = method.broadcast(1)
-    online = {k: v for k, v in payload.items() if not k.startswith("target.")}
-    assert state_bytes(payload) == 2 * state_bytes(online)
-    assert not any(k.startswith("head.") for k in online)
+    assert set(payload) == {"model", "target"}  # the online network and f_Server
+    sizes = payload_bytes(payload)
+    assert sizes["model"] == sizes["target"] == state_bytes(state_part(payload, "model"))
+    assert not any(k.startswith("head.") for k in state_part(payload, "model"))
     for t in (1, 2, 4):
         objective = method.client_objective(payload, t, 4, None)
         assert objective.mse_weight == pytest.approx(1e-4 ** (t / 4))

@@ -20,7 +20,8 @@ from fedlit.objectives import (
     feature_map_mse,
     feature_map_weight,
 )
-from fedlit.objectives.fedcon import prob_consistency, projection_mse, ramped_decay
+from fedlit.objectives.fedcon import prob_consistency, projection_mse
+from fedlit.objectives.schedules import ramped_decay
 
 
 class Identity2(nn.Module):

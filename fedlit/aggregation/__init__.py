@@ -1,5 +1,13 @@
-"""Aggregation rules as pure functions on state_dicts."""
+"""Aggregation rules as pure functions on state_dicts, and the aggregators methods choose."""
 
+from fedlit.aggregation.aggregators import (
+    Aggregated,
+    Aggregator,
+    GroupwiseWithServer,
+    Mean,
+    MeanWithServer,
+    WeightedMean,
+)
 from fedlit.aggregation.rules import (
     check_compatible,
     groupwise_average,
@@ -12,6 +20,12 @@ from fedlit.aggregation.rules import (
 )
 
 __all__ = [
+    "Aggregated",
+    "Aggregator",
+    "GroupwiseWithServer",
+    "Mean",
+    "MeanWithServer",
+    "WeightedMean",
     "check_compatible",
     "groupwise_average",
     "mean",

@@ -8,7 +8,9 @@ from typing import Any
 
 import torch
 
-FORMAT = "fedlit-federation/1"
+#: Version 2: the method's whole state is ``method.state_dict()`` (networks, teachers, targets,
+#: buffers); version-1 files (a global network plus a hand-written server state) do not load.
+FORMAT = "fedlit-federation/2"
 
 
 def save_checkpoint(path: Path, payload: dict[str, Any]) -> None:
@@ -35,6 +37,12 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
             f"{path} is not a fedlit federation checkpoint (torch.load(weights_only=True) "
             f"failed: {type(err).__name__})"
         ) from err
+    if isinstance(ckpt, dict) and ckpt.get("format") == "fedlit-federation/1":
+        raise ValueError(
+            f"{path} was written by an earlier fedlit (fedlit-federation/1, before methods kept "
+            f"their state as module state) and cannot be loaded by this one ({FORMAT}); "
+            "start the run again"
+        )
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
         raise ValueError(f"{path} is not a fedlit federation checkpoint ({FORMAT})")
     return ckpt

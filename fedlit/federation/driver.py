@@ -1,4 +1,4 @@
-"""The federation driver: the round loop of METHODS.md, and nothing method-specific.
+"""The federation driver: the round loop shared by every method, and nothing method-specific.
 
 Each round: (server step) -> sample C of K clients -> broadcast -> client steps -> aggregate ->
 (server step) -> evaluate -> log -> checkpoint. Whether the server trains before broadcasting
@@ -13,6 +13,7 @@ import json
 import math
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -21,9 +22,11 @@ from typing import Any
 
 import numpy as np
 from lightning.pytorch.loggers import Logger, WandbLogger
+from torch import Tensor
 from tqdm.auto import tqdm
 
-from fedlit.aggregation import state_bytes, weight_diversity
+from fedlit.aggregation import weight_diversity
+from fedlit.aggregation.payloads import flatten_payload, payload_bytes
 from fedlit.data.datamodule import FederatedDataModule
 from fedlit.data.sampling import sample_clients
 from fedlit.evaluation import PROTOCOLS, Evaluator, evaluate_encoder, scored
@@ -386,8 +389,7 @@ class Federation:
     def _restore(self, ckpt: dict[str, Any]) -> None:
         """Continue from ``ckpt``: global and server state, client states, history, RNGs."""
         try:
-            self.method.network.load_state_dict(ckpt["global_state"])
-            self.method.load_server_state_dict(ckpt["server_state"])
+            self.method.load_state_dict(ckpt["method_state"])
         except (RuntimeError, ValueError) as err:  # another architecture (size mismatch)
             raise ValueError(
                 f"federation.resume: the checkpoint's network does not fit this model "
@@ -482,19 +484,20 @@ class Federation:
         metrics: dict[str, float] = {"round": float(round_idx)}
         if method.server_first or not method.uses_clients:
             metrics |= self._server_step(round_idx)
-        down = up = 0
+        down: Counter[str] = Counter()  # bytes sent down / up, by payload part
+        up: Counter[str] = Counter()
         if method.uses_clients:
             clients = sample_clients(
                 self.data.num_clients, cfg.clients_per_round, self.seed, round_idx
             )
             payload = method.broadcast(round_idx)
             updates: list[ClientUpdate] = []
-            received: list[dict] = []
+            received: list[dict[str, Tensor]] = []
             faults: list[ClientFault] = []
             for cid in clients.tolist():
                 self.visits[cid] = self.visits.get(cid, 0) + 1  # a faulty visit counts too
                 sent = method.client_payload(payload, cid)
-                down += state_bytes(sent)
+                down.update(payload_bytes(sent))
                 try:
                     update = self.runner(
                         sent, cid, round_idx, self.store.get(cid), self.visits[cid]
@@ -503,7 +506,7 @@ class Federation:
                     why = ": ".join(filter(None, (type(err).__name__, _first_line(err))))
                     fault = ClientFault(cid, "raised", why)
                 else:
-                    up += state_bytes(update.upload)
+                    up.update(payload_bytes(update.upload))
                     fault = upload_fault(cid, update.upload)
                 if fault is not None:  # left out; its persistent state stays as it was
                     faults.append(fault)
@@ -511,18 +514,18 @@ class Federation:
                     continue
                 self.store.put(cid, update.state)
                 updates.append(update)
-                received.append(sent)
+                received.append(flatten_payload(sent))
             if method.all_clients_receive:  # the others receive the round's model too
                 for cid in sorted(set(range(self.data.num_clients)) - set(clients.tolist())):
                     sent = method.client_payload(payload, cid)
-                    down += state_bytes(sent)
+                    down.update(payload_bytes(sent))
                     visit = max(self.visits.get(cid, 0), 1)
                     state = self.runner.receive(sent, cid, self.store.get(cid), visit)
                     self.store.put(cid, state)
             self._check_survivors(round_idx, len(clients), updates, faults)
             metrics |= fault_metrics(faults)
             metrics["diag/weight_diversity"] = weight_diversity(
-                received, [u.upload for u in updates]
+                received, [flatten_payload(u.upload) for u in updates]
             )
             method.aggregate(updates, round_idx)
             self._check_finite(round_idx, "aggregation")
@@ -537,8 +540,9 @@ class Federation:
             metrics |= self.evaluate()
         if round_idx == cfg.rounds:
             metrics |= self.evaluate_encoder()
-        metrics["comm/bytes_down"] = float(down)
-        metrics["comm/bytes_up"] = float(up)
+        for direction, counts in (("down", down), ("up", up)):  # in all, then by part
+            metrics[f"comm/bytes_{direction}"] = float(sum(counts.values()))
+            metrics |= {f"comm/bytes_{direction}/{part}": float(n) for part, n in counts.items()}
         metrics["time/round_s"] = time.perf_counter() - t0
         return metrics
 
@@ -561,10 +565,9 @@ class Federation:
 
     def _check_finite(self, round_idx: int, stage: str) -> None:
         """Stop the run (:class:`RoundFailed`) if a floating-point tensor of the method's state
-        (its networks and buffers, and its server state) holds NaN or an infinity after
+        (its networks, buffers and extra state) holds NaN or an infinity after
         ``stage``: a model that is no longer finite is never evaluated or checkpointed."""
         bad = nonfinite_tensors(self.method.state_dict())
-        bad += nonfinite_tensors(self.method.server_state_dict(), "server_state")
         if bad:
             raise RoundFailed(
                 f"round {round_idx}: the global model is not finite after {stage} "
@@ -641,8 +644,7 @@ class Federation:
             self.checkpoint_path,
             {
                 "round": round_idx,
-                "global_state": self.method.network.state_dict(),
-                "server_state": self.method.server_state_dict(),
+                "method_state": self.method.state_dict(),
                 "client_states": self.store.state_dict(),
                 "visits": dict(self.visits),
                 "history": self.history,

@@ -18,7 +18,8 @@ import torch
 from lightning import LightningModule
 from torch import Tensor, nn
 
-from fedlit.aggregation import weighted_average
+from fedlit.aggregation import Aggregated, Aggregator, WeightedMean
+from fedlit.aggregation.payloads import MODEL, Payload, StateDict, state_part
 from fedlit.data.client import ClientData
 from fedlit.data.datamodule import FederatedDataModule
 from fedlit.data.loaders import ImageBatches
@@ -26,7 +27,6 @@ from fedlit.models import build_classifier
 from fedlit.objectives import Objective, SupervisedCE, WarmupCosine
 from fedlit.objectives.base import OPTIMIZERS
 
-StateDict = dict[str, Tensor]
 LR_SCHEDULES = ("constant", "cosine")
 
 
@@ -35,10 +35,15 @@ class ClientUpdate:
     """What one client returns from a round."""
 
     client_id: int
-    upload: StateDict  # what is sent up (named tensors)
+    upload: Payload  # what is sent up: named parts, the network's shared weights as "model"
     num_examples: int  # n_k, the FedAvg weight
     state: Any = None  # the client's new persistent state (never uploaded)
     metrics: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def model(self) -> StateDict:
+        """The upload's model part: the client's shared weights."""
+        return state_part(self.upload, MODEL)
 
 
 class FederatedMethod(LightningModule):
@@ -129,6 +134,8 @@ class FederatedMethod(LightningModule):
         self.schedule = schedule if lr_schedule == "cosine" else None
         self.save_hyperparameters()
         self.network = self.new_network()
+        #: How the uploads become the global network: FedAvg by n_k unless the method says.
+        self.aggregator: Aggregator = WeightedMean()
 
     # --- the network ---------------------------------------------------------------------
     def new_network(self) -> nn.Module:
@@ -178,13 +185,18 @@ class FederatedMethod(LightningModule):
         """Whether state key ``key`` of the global network is sent to clients and averaged."""
         return True
 
-    def broadcast(self, round_idx: int) -> StateDict:
-        """What the server sends to every sampled client this round (named tensors)."""
+    def shared_state(self) -> StateDict:
+        """A copy of the global network's shared weights."""
         return {
             k: v.detach().clone() for k, v in self.network.state_dict().items() if self.is_shared(k)
         }
 
-    def client_payload(self, payload: StateDict, client_id: int) -> StateDict:
+    def broadcast(self, round_idx: int) -> Payload:
+        """What the server sends to every sampled client this round: named parts, the shared
+        weights as ``"model"`` (a method adds its own parts: a teacher, thresholds)."""
+        return {MODEL: self.shared_state()}
+
+    def client_payload(self, payload: Payload, client_id: int) -> Payload:
         """What client ``client_id`` receives: the round's ``payload`` unless the method sends
         different clients different models (FedRGD's group averages)."""
         return payload
@@ -198,45 +210,58 @@ class FederatedMethod(LightningModule):
         """Give a client's objective what it needs from the client's own data before training
         (FedSEAL: its images for the self-ensemble pass). Default: nothing."""
 
-    def client_network(self, payload: StateDict) -> nn.Module:
-        """A new network holding ``payload``. Client code never reads ``self.network``."""
+    def client_network(self, weights: StateDict) -> nn.Module:
+        """A new network holding ``weights`` (a payload's model part, or a teacher's). Client
+        code never reads ``self.network``."""
         network = self.new_network()
-        missing = [k for k in payload if k not in network.state_dict()]
+        missing = [k for k in weights if k not in network.state_dict()]
         if missing:
             raise ValueError(f"payload key {missing[0]!r} is not in the network")
-        network.load_state_dict(payload, strict=False)
+        network.load_state_dict(weights, strict=False)
         return network
 
+    def client_model(self, payload: Payload) -> nn.Module:
+        """A new network holding the payload's ``"model"`` part."""
+        return self.client_network(state_part(payload, MODEL))
+
     def client_objective(
-        self, payload: StateDict, round_idx: int, total_rounds: int, state: Any
+        self, payload: Payload, round_idx: int, total_rounds: int, state: Any
     ) -> Objective:
         """The objective a client trains this round, from what it received and its state."""
         raise NotImplementedError
 
-    def client_upload(self, objective: Objective) -> StateDict:
-        """What a client sends back after training: its shared weights."""
-        return {
-            k: v.detach().cpu().clone()
-            for k, v in objective.network.state_dict().items()
-            if self.is_shared(k)
-        }
+    def client_upload(self, objective: Objective) -> Payload:
+        """What a client sends back after training: its shared weights, as ``"model"``."""
+        weights = objective.network.state_dict()
+        shared = {k: v.detach().cpu().clone() for k, v in weights.items() if self.is_shared(k)}
+        return {MODEL: shared}
 
     def client_state(self, objective: Objective, previous: Any) -> Any:
         """The client's persistent state after this round (stateless methods: None)."""
         return None
 
     def client_receives(
-        self, payload: StateDict, client: ClientData, state: Any, device: torch.device
+        self, payload: Payload, client: ClientData, state: Any, device: torch.device
     ) -> Any:
         """The persistent state of a client that received ``payload`` this round but was not
         sampled to train (only called where ``all_clients_receive``); work on ``device``."""
         return state
 
     # --- aggregation ----------------------------------------------------------------------
-    def aggregate(self, updates: Sequence[ClientUpdate], round_idx: int) -> None:
-        """Replace the shared part of the global network by the uploads' FedAvg (weights n_k)."""
-        avg = weighted_average([u.upload for u in updates], [u.num_examples for u in updates])
-        self.network.load_state_dict(avg, strict=False)
+    def aggregate(self, updates: Sequence[ClientUpdate], round_idx: int) -> Aggregated:
+        """Replace the shared part of the global network by the uploads' aggregate
+        (:attr:`aggregator`, given :meth:`server_model` where the rule averages it in)."""
+        server = self.server_model() if self.aggregator.needs_server else None
+        result = self.aggregator(
+            [u.model for u in updates], [u.num_examples for u in updates], server
+        )
+        self.network.load_state_dict(result.state, strict=False)
+        return result
+
+    def server_model(self) -> StateDict:
+        """The server's model, as the rules that average it with the uploads take it: the
+        shared part of the global network."""
+        return {k: v for k, v in self.network.state_dict().items() if self.is_shared(k)}
 
     def end_round(self, round_idx: int) -> None:
         """Called once a round's aggregation and server step are done, before evaluation
@@ -246,13 +271,10 @@ class FederatedMethod(LightningModule):
         """Raise ValueError, naming the key, if ``data`` cannot serve this method (called by
         the driver before any work starts)."""
 
-    # --- server-side state (beyond the global network) ------------------------------------
-    def server_state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_server_state_dict(self, state: dict[str, Any]) -> None:
-        if state:
-            raise ValueError(f"{type(self).__name__} keeps no server state, got {sorted(state)}")
+    # --- state kept across rounds ------------------------------------------------------
+    # What a method keeps on the server between rounds (a teacher, a target, thresholds, step
+    # counts) is a submodule or a registered buffer (or, for what is not a tensor, the module's
+    # extra state), so ``method.state_dict()`` is the whole server side of a checkpoint.
 
     # --- evaluation ---------------------------------------------------------------------
     def eval_network(self) -> nn.Module:

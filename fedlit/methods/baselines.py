@@ -6,7 +6,7 @@ from typing import Any
 
 from fedlit.data.client import ClientData
 from fedlit.data.loaders import ImageBatches
-from fedlit.methods.base import FederatedMethod, StateDict
+from fedlit.methods.base import FederatedMethod, Payload
 from fedlit.objectives import Objective, SupervisedCE
 
 
@@ -34,9 +34,9 @@ class FedAvgSL(FederatedMethod):
         return client.oracle_dataloader("weak")
 
     def client_objective(
-        self, payload: StateDict, round_idx: int, total_rounds: int, state: Any
+        self, payload: Payload, round_idx: int, total_rounds: int, state: Any
     ) -> Objective:
-        network = self.client_network(payload)
+        network = self.client_model(payload)
         return SupervisedCE(
             network, **self.optimizer_kwargs(self.hparams.client_lr, round_idx, total_rounds)
         )

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
 from typing import Any
 
+import torch
 from lightly.models.modules.heads import ProjectionHead
 from torch import nn
 
-from fedlit.aggregation import mean
+from fedlit.aggregation import Mean
 from fedlit.data.datamodule import FederatedDataModule
 from fedlit.data.loaders import ImageBatches
-from fedlit.methods.base import ClientUpdate, FederatedMethod, StateDict
+from fedlit.methods.base import FederatedMethod, Payload
 from fedlit.objectives import FedConClient, FedConServer, Objective
 
 
@@ -49,13 +49,15 @@ class FedCon(FederatedMethod):
             if not 0 <= value <= 1:
                 raise ValueError(f"model.{key} must be in [0, 1], got {value}")
         super().__init__(*args, **kwargs)
+        self.aggregator = Mean()  # b_theta^G = 1/B sum_k b_theta^k (paper 001 III-B)
         self.target = copy.deepcopy(self.network)
-        self.server_steps = 0
+        self.server_steps: torch.Tensor
+        self.register_buffer("server_steps", torch.tensor(0))  # the target's ramp-up count
 
     def initialize(self) -> None:
         super().initialize()
         self.target.load_state_dict(self.network.state_dict())
-        self.server_steps = 0
+        self.server_steps.zero_()
 
     def is_shared(self, key: str) -> bool:
         return key.startswith("backbone.")
@@ -69,25 +71,18 @@ class FedCon(FederatedMethod):
             self.network,
             self.target,
             ema_decay=self.hparams.ema_decay,
-            start_step=self.server_steps,
+            start_step=int(self.server_steps),
             **self.optimizer_kwargs(self.hparams.server_lr, round_idx, total_rounds),
         )
 
     def server_step_done(self, objective: Objective, data: FederatedDataModule) -> None:
-        self.server_steps = objective.steps_done  # type: ignore[attr-defined]
-
-    def server_state_dict(self) -> dict[str, Any]:
-        return {"target": self.target.state_dict(), "steps": self.server_steps}
-
-    def load_server_state_dict(self, state: dict[str, Any]) -> None:
-        self.target.load_state_dict(state["target"])
-        self.server_steps = int(state["steps"])
+        self.server_steps.fill_(objective.steps_done)  # type: ignore[attr-defined]
 
     # --- client ---------------------------------------------------------------------------
     def client_objective(
-        self, payload: StateDict, round_idx: int, total_rounds: int, state: Any
+        self, payload: Payload, round_idx: int, total_rounds: int, state: Any
     ) -> Objective:
-        network = self.client_network(payload)
+        network = self.client_model(payload)
         network.projector = fedcon_projector(network.backbone.feature_dim)
         if state is not None:
             network.projector.load_state_dict(state["projector"])
@@ -97,7 +92,3 @@ class FedCon(FederatedMethod):
     def client_state(self, objective: Objective, previous: Any) -> Any:
         projector = objective.network.projector.state_dict()
         return {"projector": {k: v.detach().cpu().clone() for k, v in projector.items()}}
-
-    def aggregate(self, updates: Sequence[ClientUpdate], round_idx: int) -> None:
-        """b_theta^G = 1/B sum_k b_theta^k (the plain mean; paper 001 III-B)."""
-        self.network.load_state_dict(mean([u.upload for u in updates]), strict=False)

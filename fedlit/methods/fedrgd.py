@@ -7,10 +7,11 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
-from fedlit.aggregation import groupwise_average, mean_with_server, split_into_groups
+from fedlit.aggregation import Aggregated, GroupwiseWithServer, MeanWithServer
+from fedlit.aggregation.payloads import MODEL
 from fedlit.data.client import ClientData
 from fedlit.data.loaders import ImageBatches
-from fedlit.methods.base import ClientUpdate, FederatedMethod, StateDict
+from fedlit.methods.base import ClientUpdate, FederatedMethod, Payload, StateDict
 from fedlit.objectives import FixMatch, Objective, SelfTraining, SupervisedCE
 
 LOSSES = ("crl", "self_training")
@@ -70,6 +71,7 @@ class FedRGD(FederatedMethod):
         if num_groups < 1:
             raise ValueError(f"model.num_groups must be positive, got {num_groups}")
         super().__init__(*args, **kwargs)
+        self.aggregator = MeanWithServer() if num_groups == 1 else GroupwiseWithServer(num_groups)
         #: w_avg as the round's server step found it: what the clients start from.
         self.round_start: StateDict | None = None
         self.group_models: list[StateDict] = []
@@ -82,49 +84,47 @@ class FedRGD(FederatedMethod):
 
     # --- server -------------------------------------------------------------------------
     def server_objective(self, round_idx: int, total_rounds: int) -> Objective:
-        self.round_start = super().broadcast(round_idx)  # before the server trains on it
+        self.round_start = self.shared_state()  # before the server trains on it
         return SupervisedCE(
             self.network, **self.optimizer_kwargs(self.hparams.server_lr, round_idx, total_rounds)
         )
 
     # --- clients ------------------------------------------------------------------------
-    def broadcast(self, round_idx: int) -> StateDict:
+    def broadcast(self, round_idx: int) -> Payload:
         """w_avg, untouched by this round's server step (server and clients train in
         parallel); the current model where the server took no step (labels at the clients)."""
-        payload, self.round_start = self.round_start, None
-        return payload if payload is not None else super().broadcast(round_idx)
+        start, self.round_start = self.round_start, None
+        return {MODEL: start} if start is not None else super().broadcast(round_idx)
 
-    def client_payload(self, payload: StateDict, client_id: int) -> StateDict:
+    def client_payload(self, payload: Payload, client_id: int) -> Payload:
         group = self.client_group.get(client_id)
-        return payload if group is None else self.group_models[group]
+        return payload if group is None else {MODEL: self.group_models[group]}
 
     def client_loader(self, client: ClientData) -> ImageBatches:
         views = ("weak", "strong") if self.hparams.loss == "crl" else ("weak",)
         return client.dataloader(views)
 
     def client_objective(
-        self, payload: StateDict, round_idx: int, total_rounds: int, state: Any
+        self, payload: Payload, round_idx: int, total_rounds: int, state: Any
     ) -> Objective:
         hp = self.hparams
         kw = self.optimizer_kwargs(hp.client_lr, round_idx, total_rounds)
-        network = self.client_network(payload)
+        network = self.client_model(payload)
         if hp.loss == "crl":
             return FixMatch(network, tau=hp.tau, **kw)
         return SelfTraining(network, tau=hp.tau, **kw)
 
     # --- aggregation --------------------------------------------------------------------
-    def aggregate(self, updates: Sequence[ClientUpdate], round_idx: int) -> None:
-        server = {k: v for k, v in self.network.state_dict().items() if self.is_shared(k)}
-        uploads = [u.upload for u in updates]
-        if self.hparams.num_groups == 1:
-            self.network.load_state_dict(mean_with_server(server, uploads), strict=False)
-            self.group_models, self.client_group = [], {}
-            return
-        groups = split_into_groups(len(updates), min(self.hparams.num_groups, len(updates)))
-        self._warn_about_pairs(groups, round_idx)
-        average, self.group_models = groupwise_average(server, uploads, groups)
-        self.client_group = {updates[k].client_id: i for i, g in enumerate(groups) for k in g}
-        self.network.load_state_dict(average, strict=False)
+    def aggregate(self, updates: Sequence[ClientUpdate], round_idx: int) -> Aggregated:
+        """w_avg with the server's trained w_s (eqs 4-5 or 7); each group's w_avg,i is what its
+        clients start from next time."""
+        result = super().aggregate(updates, round_idx)
+        self._warn_about_pairs(result.groups, round_idx)
+        self.group_models = result.group_states
+        self.client_group = {
+            updates[k].client_id: i for i, group in enumerate(result.groups) for k in group
+        }
+        return result
 
     def _warn_about_pairs(self, groups: Sequence[Sequence[int]], round_idx: int) -> None:
         """Warn (once) when a group has two clients: each can recover the other's upload from
@@ -143,9 +143,11 @@ class FedRGD(FederatedMethod):
             stacklevel=2,
         )
 
-    def server_state_dict(self) -> dict[str, Any]:
+    # the group averages and who is in which group: not tensors of fixed shape, so the
+    # module's extra state (in ``state_dict()`` as ``_extra_state``)
+    def get_extra_state(self) -> dict[str, Any]:
         return {"group_models": self.group_models, "client_group": self.client_group}
 
-    def load_server_state_dict(self, state: dict[str, Any]) -> None:
+    def set_extra_state(self, state: dict[str, Any]) -> None:
         self.group_models = list(state["group_models"])
         self.client_group = dict(state["client_group"])

@@ -2,21 +2,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from fedlit.aggregation import mean
+from fedlit.aggregation import Mean
+from fedlit.aggregation.payloads import tensor_part
 from fedlit.data.client import ClientData
 from fedlit.data.datamodule import FederatedDataModule
 from fedlit.data.loaders import ImageBatches
 from fedlit.evaluation import scored
-from fedlit.methods.base import ClientUpdate, FederatedMethod, StateDict
+from fedlit.methods.base import FederatedMethod, Payload
 from fedlit.objectives import FedSEALClient, Objective, class_thresholds, gaussian_rampup
 from fedlit.objectives.fedseal import predict_probabilities, self_ensemble
 
-THRESHOLDS = "fedseal.thresholds"  # payload key of the class-wise thresholds tau^t
+THRESHOLDS = "thresholds"  # the payload part of the class-wise thresholds tau^t
 
 
 class FedSEAL(FederatedMethod):
@@ -72,9 +72,11 @@ class FedSEAL(FederatedMethod):
         if bootstrap_epochs < 0:
             raise ValueError(f"model.bootstrap_epochs must be >= 0, got {bootstrap_epochs}")
         super().__init__(*args, **kwargs)
+        self.aggregator = Mean()  # w_bar^t, the plain mean (paper 002 4.1.1)
         self.bootstrap_epochs = bootstrap_epochs
         # Until the server has measured the model, no example passes the filter (tau = 1).
-        self.thresholds = torch.ones(self.hparams.num_classes)
+        self.thresholds: torch.Tensor
+        self.register_buffer("thresholds", torch.ones(self.hparams.num_classes))
 
     def validate_data(self, data: FederatedDataModule) -> None:
         if data.val_per_class < 1:
@@ -97,33 +99,22 @@ class FedSEAL(FederatedMethod):
         probs, labels = predict_probabilities(network, data.val_dataloader())
         self.thresholds = class_thresholds(probs, labels).clamp(0.0, 1.0)  # type: ignore[arg-type]
 
-    def server_state_dict(self) -> dict[str, Any]:
-        return {"thresholds": self.thresholds.clone()}
-
-    def load_server_state_dict(self, state: dict[str, Any]) -> None:
-        self.thresholds = state["thresholds"].clone()
-
     # --- communication --------------------------------------------------------------------
-    def broadcast(self, round_idx: int) -> StateDict:
+    def broadcast(self, round_idx: int) -> Payload:
         return super().broadcast(round_idx) | {THRESHOLDS: self.thresholds.clone()}
-
-    def aggregate(self, updates: Sequence[ClientUpdate], round_idx: int) -> None:
-        """w_bar^t = the plain mean of the client models (paper 002 4.1.1)."""
-        self.network.load_state_dict(mean([u.upload for u in updates]), strict=False)
 
     # --- client -------------------------------------------------------------------------
     def client_loader(self, client: ClientData) -> ImageBatches:
         return client.dataloader(self.client_views, with_index=True)
 
     def client_objective(
-        self, payload: StateDict, round_idx: int, total_rounds: int, state: Any
+        self, payload: Payload, round_idx: int, total_rounds: int, state: Any
     ) -> Objective:
         hp = self.hparams
-        weights = {k: v for k, v in payload.items() if k != THRESHOLDS}
         ensemble = (state["mean"], state["count"]) if state and hp.self_ensemble else None
         return FedSEALClient(
-            self.client_network(weights),
-            thresholds=payload[THRESHOLDS],
+            self.client_model(payload),
+            thresholds=tensor_part(payload, THRESHOLDS),
             lam=hp.lambda_max * gaussian_rampup(round_idx / total_rounds, hp.ramp),
             theta=hp.theta,
             ensemble=ensemble,
@@ -135,14 +126,13 @@ class FedSEAL(FederatedMethod):
         objective.attach(client.plain_dataloader(), client.hidden_labels)  # type: ignore[operator]
 
     def client_receives(
-        self, payload: StateDict, client: ClientData, state: Any, device: torch.device
+        self, payload: Payload, client: ClientData, state: Any, device: torch.device
     ) -> Any:
         """A client not sampled this round still adds w^t's predictions to its self-ensemble
         (eq 8), as a sampled client does before training."""
         if not self.hparams.self_ensemble:
             return state
-        weights = {k: v for k, v in payload.items() if k != THRESHOLDS}
-        network = self.client_network(weights).to(device)
+        network = self.client_model(payload).to(device)
         probs, _ = predict_probabilities(network, client.plain_dataloader())
         previous, count = (state["mean"], state["count"]) if state else (None, 0)
         return {"mean": self_ensemble(previous, probs, count + 1), "count": count + 1}

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 from torch import nn
 
-from fedlit.aggregation import groupwise_average, split_into_groups
-from fedlit.methods.base import ClientUpdate, StateDict
+from fedlit.aggregation import GroupwiseWithServer
+from fedlit.aggregation.payloads import state_part
+from fedlit.methods.base import Payload, StateDict
 from fedlit.methods.ssl import FedAvgSSL
 from fedlit.objectives import FedSupClient, Objective, SupervisedCE, feature_map_weight
 
-TARGET = "target."  # payload prefix of the server network's tensors
+TARGET = "target"  # the payload part of the server's supervised network
 
 
 class FedSup(FedAvgSSL):
@@ -45,6 +45,7 @@ class FedSup(FedAvgSSL):
         if num_groups < 1:
             raise ValueError(f"model.num_groups must be positive, got {num_groups}")
         super().__init__(*args, **kwargs)
+        self.aggregator = GroupwiseWithServer(num_groups)  # paper 000 Algorithm 2
         self.server_network = self.new_network()
 
     def initialize(self) -> None:
@@ -59,35 +60,24 @@ class FedSup(FedAvgSSL):
     def eval_network(self) -> nn.Module:
         return self.server_network
 
-    def server_state_dict(self) -> dict[str, Any]:
-        return {"server_network": self.server_network.state_dict()}
-
-    def load_server_state_dict(self, state: dict[str, Any]) -> None:
-        self.server_network.load_state_dict(state["server_network"])
-
     # --- communication: the online network + f_Server down, the online network up -----------
-    def broadcast(self, round_idx: int) -> StateDict:
-        payload = super().broadcast(round_idx)
+    def broadcast(self, round_idx: int) -> Payload:
         server = self.server_network.state_dict()
-        payload |= {TARGET + k: v.detach().clone() for k, v in server.items() if self.is_shared(k)}
-        return payload
+        target = {k: v.detach().clone() for k, v in server.items() if self.is_shared(k)}
+        return super().broadcast(round_idx) | {TARGET: target}
 
     def client_objective(
-        self, payload: StateDict, round_idx: int, total_rounds: int, state: Any
+        self, payload: Payload, round_idx: int, total_rounds: int, state: Any
     ) -> Objective:
-        online = {k: v for k, v in payload.items() if not k.startswith(TARGET)}
-        target = {k[len(TARGET) :]: v for k, v in payload.items() if k.startswith(TARGET)}
         weight = feature_map_weight(self.hparams.lambda_s, round_idx, total_rounds)
         return FedSupClient(
-            self.client_network(online),
-            self.client_network(target),
+            self.client_model(payload),
+            self.client_network(state_part(payload, TARGET)),
             mse_weight=weight,
             **self.optimizer_kwargs(self.hparams.client_lr, round_idx, total_rounds),
         )
 
-    def aggregate(self, updates: Sequence[ClientUpdate], round_idx: int) -> None:
-        """Group-wise averaging with the server's model, paper 004 eq 7 (Algorithm 2)."""
-        server = {k: v for k, v in self.server_network.state_dict().items() if self.is_shared(k)}
-        groups = split_into_groups(len(updates), min(self.hparams.num_groups, len(updates)))
-        online, _ = groupwise_average(server, [u.upload for u in updates], groups)
-        self.network.load_state_dict(online, strict=False)
+    def server_model(self) -> StateDict:
+        """f_Server: the group-wise average (paper 004 eq 7, Algorithm 2) takes the server's
+        supervised network."""
+        return {k: v for k, v in self.server_network.state_dict().items() if self.is_shared(k)}

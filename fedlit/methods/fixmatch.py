@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedlit.methods.base import FederatedMethod, StateDict
+from fedlit.methods.base import FederatedMethod, Payload
 from fedlit.objectives import FixMatch, Objective
 
 
@@ -34,8 +34,8 @@ class FedAvgFixMatch(FederatedMethod):
         self.tau, self.mu = tau, mu
 
     def client_objective(
-        self, payload: StateDict, round_idx: int, total_rounds: int, state: Any
+        self, payload: Payload, round_idx: int, total_rounds: int, state: Any
     ) -> Objective:
-        network = self.client_network(payload)
+        network = self.client_model(payload)
         kw = self.optimizer_kwargs(self.hparams.client_lr, round_idx, total_rounds)
         return FixMatch(network, tau=self.tau, mu=self.mu, **kw)

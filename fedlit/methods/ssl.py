@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 
 from torch import nn
 
-from fedlit.methods.base import FederatedMethod, StateDict
+from fedlit.methods.base import FederatedMethod, Payload
 from fedlit.models import ssl_heads
 from fedlit.objectives import BYOL, Objective, SimCLR, SimSiam
 
@@ -59,9 +59,9 @@ class FedAvgSSL(FederatedMethod):
         raise NotImplementedError
 
     def client_objective(
-        self, payload: StateDict, round_idx: int, total_rounds: int, state: Any
+        self, payload: Payload, round_idx: int, total_rounds: int, state: Any
     ) -> Objective:
-        network = self.client_network(payload)
+        network = self.client_model(payload)
         return self.ssl_objective(
             network, self.optimizer_kwargs(self.hparams.client_lr, round_idx, total_rounds)
         )

@@ -2,26 +2,20 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
+import torch
 from lightning.pytorch.utilities import CombinedLoader
 
-from fedlit.aggregation import mean, weighted_average
+from fedlit.aggregation import Aggregated, Mean, weighted_average
+from fedlit.aggregation.payloads import state_part
 from fedlit.data.client import ClientData
 from fedlit.data.loaders import ImageBatches
-from fedlit.methods.base import ClientUpdate, FederatedMethod, StateDict
+from fedlit.methods.base import ClientUpdate, FederatedMethod, Payload
 from fedlit.objectives import Objective, TeacherStudentClient, ramped_decay
 
-TEACHER = "teacher."  # payload/upload prefix of the teacher's tensors
-
-
-def _split(state: StateDict) -> tuple[StateDict, StateDict]:
-    """(student part, teacher part without its prefix) of a payload or upload."""
-    student = {k: v for k, v in state.items() if not k.startswith(TEACHER)}
-    teacher = {k[len(TEACHER) :]: v for k, v in state.items() if k.startswith(TEACHER)}
-    return student, teacher
+TEACHER = "teacher"  # the payload / upload part of the teacher's weights
 
 
 class TeacherStudentEMA(FederatedMethod):
@@ -78,31 +72,33 @@ class TeacherStudentEMA(FederatedMethod):
             if not 0 <= value <= 1:
                 raise ValueError(f"{key} must be in [0, 1], got {value}")
         super().__init__(*args, **kwargs)
+        self.aggregator = Mean()  # the plain mean, as in the algorithms
         self.teacher = self.new_network()
-        self.teacher_steps = 0
+        self.teacher_steps: torch.Tensor
+        self.register_buffer("teacher_steps", torch.tensor(0))  # EMA steps taken (ramp-up)
 
     def initialize(self) -> None:
         super().initialize()
         self.teacher.load_state_dict(self.network.state_dict())  # T_0 = S_0
-        self.teacher_steps = 0
+        self.teacher_steps.zero_()
 
     # --- what travels ---------------------------------------------------------------------
     def send_teacher(self, round_idx: int) -> bool:
         """Whether this round's sampled clients receive the teacher."""
         return True
 
-    def broadcast(self, round_idx: int) -> StateDict:
+    def broadcast(self, round_idx: int) -> Payload:
         payload = super().broadcast(round_idx)
         if self.send_teacher(round_idx):
             teacher = self.teacher.state_dict()
-            payload |= {TEACHER + k: v.detach().clone() for k, v in teacher.items()}
+            payload[TEACHER] = {k: v.detach().clone() for k, v in teacher.items()}
         return payload
 
-    def client_upload(self, objective: Objective) -> StateDict:
+    def client_upload(self, objective: Objective) -> Payload:
         upload = super().client_upload(objective)
         if self.upload_teacher:
             teacher = objective.teacher.state_dict()  # type: ignore[union-attr]
-            upload |= {TEACHER + k: v.detach().cpu().clone() for k, v in teacher.items()}
+            upload[TEACHER] = {k: v.detach().cpu().clone() for k, v in teacher.items()}
         return upload
 
     # --- client ---------------------------------------------------------------------------
@@ -114,13 +110,13 @@ class TeacherStudentEMA(FederatedMethod):
         return CombinedLoader({"unlabeled": unlabeled, "labeled": labeled}, "max_size_cycle")
 
     def client_objective(
-        self, payload: StateDict, round_idx: int, total_rounds: int, state: Any
+        self, payload: Payload, round_idx: int, total_rounds: int, state: Any
     ) -> Objective:
         hp = self.hparams
-        student, teacher = _split(payload)
+        teacher = state_part(payload, TEACHER) if TEACHER in payload else None
         return TeacherStudentClient(
-            self.client_network(student),
-            teacher=self.client_network(teacher) if teacher else None,
+            self.client_model(payload),
+            teacher=self.client_network(teacher) if teacher is not None else None,
             num_classes=hp.num_classes,
             teacher_ema=hp.client_ema_decay if self.local_teacher_adaptation else None,
             lambda_u=hp.lambda_u,
@@ -130,28 +126,24 @@ class TeacherStudentEMA(FederatedMethod):
         )
 
     # --- server ---------------------------------------------------------------------------
-    def aggregate(self, updates: Sequence[ClientUpdate], round_idx: int) -> None:
+    def aggregate(self, updates: Sequence[ClientUpdate], round_idx: int) -> Aggregated:
         """S = the plain mean of the students; with uploaded teachers, T = their mean."""
-        parts = [_split(u.upload) for u in updates]
-        self.network.load_state_dict(mean([s for s, _ in parts]), strict=False)
+        counts = [u.num_examples for u in updates]
+        result = self.aggregator([u.model for u in updates], counts)
+        self.network.load_state_dict(result.state, strict=False)
         if self.upload_teacher:
-            self.teacher.load_state_dict(mean([t for _, t in parts]))
+            teachers = [state_part(u.upload, TEACHER) for u in updates]
+            self.teacher.load_state_dict(self.aggregator(teachers, counts).state)
+        return result
 
     def end_round(self, round_idx: int) -> None:
         """T <- a T + (1 - a) S (paper 003 eq 1), after aggregation and the server's step."""
-        decay = ramped_decay(self.teacher_steps, self.hparams.ema_decay)
+        decay = ramped_decay(int(self.teacher_steps), self.hparams.ema_decay)
         ema = weighted_average(
             [self.teacher.state_dict(), self.network.state_dict()], [decay, 1.0 - decay]
         )
         self.teacher.load_state_dict(ema)
         self.teacher_steps += 1
-
-    def server_state_dict(self) -> dict[str, Any]:
-        return {"teacher": self.teacher.state_dict(), "teacher_steps": self.teacher_steps}
-
-    def load_server_state_dict(self, state: dict[str, Any]) -> None:
-        self.teacher.load_state_dict(state["teacher"])
-        self.teacher_steps = int(state["teacher_steps"])
 
 
 class TSServerEMA(TeacherStudentEMA):
@@ -196,35 +188,31 @@ class FedSwitch(TeacherStudentEMA):
         if beta < 0:
             raise ValueError(f"model.beta must be >= 0, got {beta}")
         super().__init__(*args, **kwargs)
-        self.kl_teacher = math.nan
-        self.kl_student = math.nan
+        # the last round-mean D_KL^T and D_KL^S (float64, as Python's floats), and whether each
+        # has been measured yet
+        self.kl: torch.Tensor
+        self.kl_measured: torch.Tensor
+        self.register_buffer("kl", torch.zeros(2, dtype=torch.float64))
+        self.register_buffer("kl_measured", torch.zeros(2, dtype=torch.bool))
 
     def initialize(self) -> None:
         super().initialize()
-        self.kl_teacher = self.kl_student = math.nan
+        self.kl.zero_()
+        self.kl_measured.zero_()
 
     def send_teacher(self, round_idx: int) -> bool:
-        if math.isnan(self.kl_teacher) or math.isnan(self.kl_student):
+        if not self.kl_measured.all():
             return True
         beta = self.hparams.beta
-        return abs(self.kl_teacher - beta) < abs(self.kl_student - beta)
+        kl_teacher, kl_student = self.kl.tolist()
+        return abs(kl_teacher - beta) < abs(kl_student - beta)
 
-    def aggregate(self, updates: Sequence[ClientUpdate], round_idx: int) -> None:
-        super().aggregate(updates, round_idx)
+    def aggregate(self, updates: Sequence[ClientUpdate], round_idx: int) -> Aggregated:
+        result = super().aggregate(updates, round_idx)
         teacher = [u.metrics["kl/teacher"] for u in updates if "kl/teacher" in u.metrics]
         student = [u.metrics["kl/student"] for u in updates if "kl/student" in u.metrics]
-        if teacher:
-            self.kl_teacher = sum(teacher) / len(teacher)
-        if student:
-            self.kl_student = sum(student) / len(student)
-
-    def server_state_dict(self) -> dict[str, Any]:
-        return super().server_state_dict() | {
-            "kl_teacher": self.kl_teacher,
-            "kl_student": self.kl_student,
-        }
-
-    def load_server_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_server_state_dict(state)
-        self.kl_teacher = float(state["kl_teacher"])
-        self.kl_student = float(state["kl_student"])
+        for i, values in enumerate((teacher, student)):
+            if values:
+                self.kl[i] = sum(values) / len(values)
+                self.kl_measured[i] = True
+        return result

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedlit.methods.base import FederatedMethod, StateDict
+from fedlit.methods.base import FederatedMethod, Payload
 from fedlit.objectives import UDA, Objective
 
 
@@ -41,11 +41,11 @@ class FedAvgUDA(FederatedMethod):
         super().__init__(*args, **kwargs)
 
     def client_objective(
-        self, payload: StateDict, round_idx: int, total_rounds: int, state: Any
+        self, payload: Payload, round_idx: int, total_rounds: int, state: Any
     ) -> Objective:
         hp = self.hparams
         return UDA(
-            self.client_network(payload),
+            self.client_model(payload),
             temperature=hp.temperature,
             threshold=hp.threshold,
             mu=hp.mu,

@@ -1,18 +1,24 @@
 """Training objectives: every server and client loss is a LightningModule."""
 
-from fedlit.objectives.base import Objective, WarmupCosine
+from fedlit.objectives.base import Objective
 from fedlit.objectives.consistency import WeakStrongObjective, proximal_term
-from fedlit.objectives.fedcon import FedConClient, FedConServer, ramped_decay
+from fedlit.objectives.ema import copy_buffers, frozen_copy
+from fedlit.objectives.fedcon import FedConClient, FedConServer
 from fedlit.objectives.fedseal import (
     FedSEALClient,
     class_thresholds,
     complementary_loss,
-    gaussian_rampup,
     positive_negative_sets,
     self_ensemble,
 )
-from fedlit.objectives.fedsup import FedSupClient, feature_map_mse, feature_map_weight
+from fedlit.objectives.fedsup import FedSupClient, feature_map_mse
 from fedlit.objectives.fixmatch import FixMatch, SelfTraining, fixmatch_loss
+from fedlit.objectives.schedules import (
+    WarmupCosine,
+    feature_map_weight,
+    gaussian_rampup,
+    ramped_decay,
+)
 from fedlit.objectives.ssl import BYOL, SimCLR, SimSiam
 from fedlit.objectives.supervised import SupervisedCE
 from fedlit.objectives.teacher_student import TeacherStudentClient, kl_to_uniform
@@ -36,9 +42,11 @@ __all__ = [
     "WeakStrongObjective",
     "class_thresholds",
     "complementary_loss",
+    "copy_buffers",
     "feature_map_mse",
     "feature_map_weight",
     "fixmatch_loss",
+    "frozen_copy",
     "gaussian_rampup",
     "kl_to_uniform",
     "positive_negative_sets",

@@ -2,57 +2,14 @@
 
 from __future__ import annotations
 
-import copy
-import math
-from dataclasses import dataclass
-
 import torch
-from lightly.models.utils import deactivate_requires_grad
 from lightning import LightningModule
 from torch import Tensor, nn
 
 from fedlit.data.loaders import AugmentsOnDevice
+from fedlit.objectives.schedules import WarmupCosine
 
 OPTIMIZERS = ("sgd", "adam")
-
-
-def frozen_copy(module: nn.Module) -> nn.Module:
-    """A deep copy of ``module`` with every parameter's gradient switched off (a target net)."""
-    clone = copy.deepcopy(module)
-    deactivate_requires_grad(clone)
-    return clone
-
-
-@dataclass(frozen=True)
-class WarmupCosine:
-    """Linear warm-up, then cosine decay with a floor (paper 004 eq 9, as in FixMatch).
-
-    gamma(p) = gamma * p / warmup for p < warmup, else
-    gamma * max(cos(pi * c * (p - warmup) / (1 - warmup)), eps), with p in [0, 1] the fraction
-    of the whole run's iterations done (the paper's t / (E M / B); warm-up = e / E).
-
-    Args:
-        warmup: fraction of the run spent warming up (paper 004: 5 of 300 epochs).
-        c: the periodic coefficient (FixMatch's 7/16 decays once to cos(7 pi / 16) ~ 0.2).
-        eps: the floor of the factor (paper 004: 1e-4).
-    """
-
-    warmup: float = 0.0
-    c: float = 7 / 16
-    eps: float = 1e-4
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.warmup < 1:
-            raise ValueError(f"warmup must be in [0, 1), got {self.warmup}")
-        if not (math.isfinite(self.c) and self.c > 0) or not 0 <= self.eps <= 1:
-            raise ValueError(f"need c > 0 and eps in [0, 1], got c={self.c}, eps={self.eps}")
-
-    def __call__(self, progress: float) -> float:
-        p = min(max(progress, 0.0), 1.0)
-        if p < self.warmup:
-            return max(p / self.warmup, self.eps)
-        cos = math.cos(math.pi * self.c * (p - self.warmup) / (1.0 - self.warmup))
-        return max(cos, self.eps)
 
 
 class Objective(AugmentsOnDevice, LightningModule):

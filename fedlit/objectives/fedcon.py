@@ -7,13 +7,9 @@ import torch.nn.functional as F
 from lightly.models.utils import deactivate_requires_grad, update_momentum
 from torch import Tensor, nn
 
-from fedlit.objectives.base import Objective, frozen_copy
-
-
-def ramped_decay(step: int, upper: float) -> float:
-    """EMA decay with ramp-up: min(1 - 1/(step + 1), upper) (the "upper EMA decay" of paper
-    001 IV-E, as in Mean Teacher): the target forgets the early, inaccurate online weights fast."""
-    return min(1.0 - 1.0 / (step + 1), upper)
+from fedlit.objectives.base import Objective
+from fedlit.objectives.ema import frozen_copy
+from fedlit.objectives.schedules import ramped_decay
 
 
 def prob_consistency(logits_online: Tensor, logits_target: Tensor) -> Tensor:

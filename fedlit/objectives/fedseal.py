@@ -113,15 +113,6 @@ def complementary_loss(logits: Tensor, complementary: Tensor) -> Tensor:
     return torch.where(log_p < math.log(0.5), -torch.log1p(-log_p.exp()), confident)
 
 
-def gaussian_rampup(progress: float, ramp: float) -> float:
-    """exp(-5 (1 - min(p / p_r, 1))^2) (Laine & Aila 2017): small early, 1 from p_r on, with
-    p the fraction of the run done and p_r the fraction the ramp spans (0: 1 throughout)."""
-    if ramp <= 0:
-        return 1.0
-    x = min(max(progress, 0.0) / ramp, 1.0)
-    return math.exp(-5.0 * (1.0 - x) ** 2)
-
-
 class FedSEALClient(Objective):
     """FedSEAL's client objective, paper 002 eqs 13-15: L = lambda L+ + L-.
 

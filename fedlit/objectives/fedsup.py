@@ -19,11 +19,6 @@ def feature_map_mse(online: list[Tensor], target: list[Tensor]) -> Tensor:
     return torch.stack(losses).mean()
 
 
-def feature_map_weight(lambda_s: float, round_idx: int, total_rounds: int) -> float:
-    """lambda_s^(t/T): 1 in round 0, lambda_s after the last round (paper 000 4.1.1)."""
-    return float(lambda_s ** (round_idx / total_rounds))
-
-
 class FedSupClient(Objective):
     """L = L_Con + w * L_MSE (paper 000 4.1.1, Figure 4.1, Algorithm 2).
 

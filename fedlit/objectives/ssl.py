@@ -11,7 +11,8 @@ from lightly.models.utils import update_momentum
 from lightly.utils.scheduler import cosine_schedule
 from torch import Tensor, nn
 
-from fedlit.objectives.base import Objective, frozen_copy
+from fedlit.objectives.base import Objective
+from fedlit.objectives.ema import frozen_copy
 
 
 def project(network: nn.Module, x: Tensor) -> Tensor:

@@ -9,6 +9,7 @@ from lightly.models.utils import update_momentum
 from torch import Tensor, nn
 
 from fedlit.objectives.consistency import WeakStrongObjective, proximal_term
+from fedlit.objectives.ema import copy_buffers
 from fedlit.objectives.fixmatch import fixmatch_loss
 
 
@@ -26,12 +27,6 @@ def kl_to_uniform(predictions: Tensor, num_classes: int) -> Tensor:
     q = torch.bincount(predictions, minlength=num_classes).double() / len(predictions)
     terms = torch.where(q > 0, q * torch.log(q * num_classes), torch.zeros_like(q))
     return terms.sum()
-
-
-def copy_buffers(source: nn.Module, target: nn.Module) -> None:
-    """Copy ``source``'s buffers (BatchNorm statistics) into ``target`` in place."""
-    for t, s in zip(target.buffers(), source.buffers(), strict=True):
-        t.copy_(s)
 
 
 class TeacherStudentClient(WeakStrongObjective):
