@@ -34,6 +34,12 @@ class Identity2(nn.Module):
         self.predictor = nn.Identity()
         self.w = nn.Parameter(torch.zeros(1))  # something to optimise
 
+    def projection(self, features: torch.Tensor) -> torch.Tensor:
+        return self.projector(features)
+
+    def prediction(self, z: torch.Tensor) -> torch.Tensor:
+        return self.predictor(z)
+
 
 def nt_xent_numpy(z1: np.ndarray, z2: np.ndarray, tau: float) -> float:
     """NT-Xent (paper 000 eq 3.3) symmetrised over all 2B anchors, as a double loop."""
@@ -93,7 +99,7 @@ def test_byol_target_lives_only_during_local_training() -> None:
 
     def record(*args: object) -> None:
         assert objective.target is not None
-        seen.append(float(objective.target["backbone"].stages[0][0].weight.sum()))
+        seen.append(float(objective.target.backbone.stages[0][0].weight.sum()))
         original(*args)
 
     objective.on_train_batch_end = record  # type: ignore[method-assign]

@@ -118,7 +118,7 @@ def log_to_wandb(
         mode="offline" if offline else "online",
         config={"runs": len(runs)},
     )
-    media: dict[str, Any] = {"results": wandb.Table(columns=columns, data=data)}
+    media: dict[str, Any] = {"results": wandb.Table(columns=list[str | int](columns), data=data)}
     for name, path in written.items():
         if path.suffix == ".png":
             media[f"plots/{name}"] = wandb.Image(str(path))

@@ -116,8 +116,12 @@ def _fashion_raw(root: Path) -> Path:
 
 def _has_raw_fashion(root: Path) -> bool:
     raw = _fashion_raw(root)
-    names = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte")
-    names += ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+    names = (
+        "train-images-idx3-ubyte",
+        "train-labels-idx1-ubyte",
+        "t10k-images-idx3-ubyte",
+        "t10k-labels-idx1-ubyte",
+    )
     return all((raw / n).is_file() for n in names)
 
 

@@ -114,9 +114,9 @@ def _largest_remainder(values: np.ndarray, total: int, rng: np.random.Generator)
     if rem > 0:
         if rem > values.shape[0]:
             raise RuntimeError(f"cannot round {values.sum()} to {total}")
-        base[np.lexsort((tie, -frac))[:rem]] += 1
+        base[np.lexsort(np.stack([tie, -frac]))[:rem]] += 1
     elif rem < 0:  # only float noise can get here
-        cand = np.lexsort((tie, frac))
+        cand = np.lexsort(np.stack([tie, frac]))
         cand = cand[base[cand] > 0][:-rem]
         base[cand] -= 1
     return base.astype(np.int64)
@@ -140,7 +140,7 @@ def _round_matrix(
     if (col_need < 0).any() or (col_need > num_rows).any():
         raise RuntimeError("column totals are inconsistent with the target matrix")
     for c in np.flatnonzero(col_need):
-        order = np.lexsort((rng.random(num_rows), -frac[:, c], -row_need))
+        order = np.lexsort(np.stack([rng.random(num_rows), -frac[:, c], -row_need]))
         chosen = order[: col_need[c]]
         base[chosen, c] += 1
         row_need[chosen] -= 1
@@ -375,9 +375,10 @@ class ClassesPerClient(Partitioner):
         holders = held.sum(axis=0)
         short = np.flatnonzero(pool_counts < holders)
         if short.size:
-            c = int(short[0])
+            first = int(short[0])
             raise ValueError(
-                f"class {c} has {pool_counts[c]} examples but is held by {holders[c]} clients "
+                f"class {first} has {pool_counts[first]} examples but is held by "
+                f"{holders[first]} clients "
                 f"(data.partitioner.n={self.n}, data.num_clients={num_clients})"
             )
         counts = np.zeros((num_clients, num_classes), dtype=np.int64)
@@ -390,10 +391,10 @@ class ClassesPerClient(Partitioner):
             base, extra = divmod(examples_per_client, self.n)
             avail = pool_counts - base * holders
             if (avail < 0).any():
-                c = int(np.flatnonzero(avail < 0)[0])
+                low = int(np.flatnonzero(avail < 0)[0])
                 raise ValueError(
-                    f"class {c} has {pool_counts[c]} examples, fewer than the "
-                    f"{base * holders[c]} its {holders[c]} holders need; lower "
+                    f"class {low} has {pool_counts[low]} examples, fewer than the "
+                    f"{base * holders[low]} its {holders[low]} holders need; lower "
                     "data.examples_per_client or data.num_clients"
                 )
             counts[held] = base

@@ -8,7 +8,7 @@ from typing import Any
 from fedlit.data.datamodule import FederatedDataModule
 from fedlit.federation.seeding import derive_seed, seed_all
 from fedlit.federation.trainers import TrainerTemplate
-from fedlit.methods.base import ClientUpdate, FederatedMethod, StateDict
+from fedlit.methods.base import ClientUpdate, FederatedMethod, Payload
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,7 @@ class ClientRunner:
     local_steps: int | None = None
 
     def __call__(
-        self, payload: StateDict, client_id: int, round_idx: int, state: Any, visit: int = 1
+        self, payload: Payload, client_id: int, round_idx: int, state: Any, visit: int = 1
     ) -> ClientUpdate:
         """Train client ``client_id`` in round ``round_idx`` from ``payload`` and ``state``;
         ``visit`` counts the rounds it has been selected in, this one included (streaming data).
@@ -50,7 +50,7 @@ class ClientRunner:
             metrics=objective.epoch_metrics(),
         )
 
-    def receive(self, payload: StateDict, client_id: int, state: Any, visit: int = 1) -> Any:
+    def receive(self, payload: Payload, client_id: int, state: Any, visit: int = 1) -> Any:
         """Client ``client_id`` receives ``payload`` without training (``all_clients_receive``):
         its new persistent state."""
         client = self.data.client_data(client_id, visit)

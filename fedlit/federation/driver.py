@@ -259,7 +259,7 @@ class Federation:
                     "federation.final_eval needs the server's labeled set, which "
                     "data.labels_at='client' leaves empty"
                 )
-        if (self.method.hparams.num_classes, self.method.hparams.in_channels) != (
+        if (self.method.num_classes, self.method.in_channels) != (
             self.data.num_classes,
             self.data.in_channels,
         ):
@@ -393,7 +393,7 @@ class Federation:
         except (RuntimeError, ValueError) as err:  # another architecture (size mismatch)
             raise ValueError(
                 f"federation.resume: the checkpoint's network does not fit this model "
-                f"(model.backbone={self.method.hparams.backbone!r}): {_first_line(err)}"
+                f"(model.backbone={self.method.backbone_name!r}): {_first_line(err)}"
             ) from err
         self.store.load_state_dict(ckpt["client_states"])
         self.visits = dict(ckpt.get("visits", {}))
@@ -465,7 +465,7 @@ class Federation:
         title = f"{self.data.dataset}: R = {self.data.non_iid_R:.3f}"
         path = plot_partition(self.data.class_counts, self.run_dir / "partition.png", title)
         for logger in imaging:
-            logger.log_image(key="partition", images=[str(path)], step=0)  # type: ignore[attr-defined]
+            logger.log_image(key="partition", images=[str(path)], step=0)
 
     def run_and_record_round(self, round_idx: int, loggers: Sequence[Logger]) -> dict[str, float]:
         """One round, then its log rows and its checkpoint."""
@@ -504,7 +504,7 @@ class Federation:
                     )
                 except Exception as err:  # not KeyboardInterrupt, SIGTERM: those stop the run
                     why = ": ".join(filter(None, (type(err).__name__, _first_line(err))))
-                    fault = ClientFault(cid, "raised", why)
+                    fault: ClientFault | None = ClientFault(cid, "raised", why)
                 else:
                     up.update(payload_bytes(update.upload))
                     fault = upload_fault(cid, update.upload)

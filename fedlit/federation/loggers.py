@@ -27,13 +27,14 @@ class RoundCSVLogger(CSVLogger):
     """
 
     def __init__(self, save_dir: str | os.PathLike) -> None:
-        super().__init__(save_dir=save_dir, name="", version="")
+        super().__init__(save_dir=os.fspath(save_dir), name="", version="")
 
     @property
     def experiment(self) -> ExperimentWriter:
         if self._experiment is None:
             os.makedirs(self.root_dir, exist_ok=True)
             self._experiment = _AppendingWriter(log_dir=self.log_dir)
+        assert isinstance(self._experiment, ExperimentWriter)
         return self._experiment
 
 

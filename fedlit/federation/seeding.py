@@ -33,9 +33,10 @@ def seed_all(seed: int) -> None:
 def rng_states() -> dict[str, Any]:
     """The global generators' states, as tensors and plain values (``weights_only`` loadable)."""
     kind, keys, pos, has_gauss, cached = np.random.get_state()
+    key_tensor = torch.from_numpy(np.asarray(keys).astype(np.int64))
     states: dict[str, Any] = {
         "python": random.getstate(),
-        "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached),
+        "numpy": (kind, key_tensor, pos, has_gauss, cached),
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available():

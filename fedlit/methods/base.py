@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 
 import torch
 from lightning import LightningModule
+from lightning.pytorch.utilities import CombinedLoader
 from torch import Tensor, nn
 
 from fedlit.aggregation import Aggregated, Aggregator, WeightedMean
@@ -23,7 +24,7 @@ from fedlit.aggregation.payloads import MODEL, Payload, StateDict, state_part
 from fedlit.data.client import ClientData
 from fedlit.data.datamodule import FederatedDataModule
 from fedlit.data.loaders import ImageBatches
-from fedlit.models import build_classifier
+from fedlit.models import Backbone, Classifier, build_classifier
 from fedlit.objectives import Objective, SupervisedCE, WarmupCosine
 from fedlit.objectives.base import OPTIMIZERS
 
@@ -132,16 +133,20 @@ class FederatedMethod(LightningModule):
             raise ValueError(f"model.warmup / model.cosine_c / model.cosine_eps: {err}") from err
         #: The run-level learning-rate schedule (None: constant).
         self.schedule = schedule if lr_schedule == "cosine" else None
+        self.num_classes, self.in_channels = num_classes, in_channels
+        self.backbone_name, self.norm = backbone, norm
+        self.server_lr, self.client_lr = server_lr, client_lr
+        self.optimizer_name, self.momentum, self.weight_decay = optimizer, momentum, weight_decay
+        self.lr_decay = lr_decay
         self.save_hyperparameters()
-        self.network = self.new_network()
+        self.network: Classifier = self.new_network()
         #: How the uploads become the global network: FedAvg by n_k unless the method says.
         self.aggregator: Aggregator = WeightedMean()
 
     # --- the network ---------------------------------------------------------------------
-    def new_network(self) -> nn.Module:
+    def new_network(self) -> Classifier:
         """A freshly initialised network of this method's architecture."""
-        hp = self.hparams
-        return build_classifier(hp.backbone, hp.num_classes, hp.in_channels, norm=hp.norm)
+        return build_classifier(self.backbone_name, self.num_classes, self.in_channels, self.norm)
 
     def initialize(self) -> None:
         """Re-draw every network the method holds (the driver seeds this from the run seed)."""
@@ -154,12 +159,11 @@ class FederatedMethod(LightningModule):
         """An objective's optimiser settings in round ``round_idx`` of ``total_rounds``: the
         learning rate after ``lr_decay``, and the run-level schedule with the fraction of the
         run this round covers. Round 0 (a bootstrap before round 1) is not scheduled."""
-        hp = self.hparams
-        kw = {
-            "lr": lr * hp.lr_decay ** max(round_idx - 1, 0),
-            "optimizer": hp.optimizer,
-            "momentum": hp.momentum,
-            "weight_decay": hp.weight_decay,
+        kw: dict[str, Any] = {
+            "lr": lr * self.lr_decay ** max(round_idx - 1, 0),
+            "optimizer": self.optimizer_name,
+            "momentum": self.momentum,
+            "weight_decay": self.weight_decay,
         }
         if self.schedule is not None and round_idx >= 1:
             progress = ((round_idx - 1) / total_rounds, round_idx / total_rounds)
@@ -170,7 +174,7 @@ class FederatedMethod(LightningModule):
     def server_objective(self, round_idx: int, total_rounds: int) -> Objective | None:
         """The objective the server trains ``self.network`` with (in place); None: no step."""
         return SupervisedCE(
-            self.network, **self.optimizer_kwargs(self.hparams.server_lr, round_idx, total_rounds)
+            self.network, **self.optimizer_kwargs(self.server_lr, round_idx, total_rounds)
         )
 
     def server_step_done(self, objective: Objective, data: FederatedDataModule) -> None:
@@ -202,7 +206,7 @@ class FederatedMethod(LightningModule):
         return payload
 
     # --- client ---------------------------------------------------------------------------
-    def client_loader(self, client: ClientData) -> ImageBatches:
+    def client_loader(self, client: ClientData) -> ImageBatches | CombinedLoader:
         """The client's training loader this round, from its own data only."""
         return client.dataloader(self.client_views)
 
@@ -210,7 +214,7 @@ class FederatedMethod(LightningModule):
         """Give a client's objective what it needs from the client's own data before training
         (FedSEAL: its images for the self-ensemble pass). Default: nothing."""
 
-    def client_network(self, weights: StateDict) -> nn.Module:
+    def client_network(self, weights: StateDict) -> Classifier:
         """A new network holding ``weights`` (a payload's model part, or a teacher's). Client
         code never reads ``self.network``."""
         network = self.new_network()
@@ -220,7 +224,7 @@ class FederatedMethod(LightningModule):
         network.load_state_dict(weights, strict=False)
         return network
 
-    def client_model(self, payload: Payload) -> nn.Module:
+    def client_model(self, payload: Payload) -> Classifier:
         """A new network holding the payload's ``"model"`` part."""
         return self.client_network(state_part(payload, MODEL))
 
@@ -281,6 +285,6 @@ class FederatedMethod(LightningModule):
         """The network whose test accuracy is logged each round (images -> logits)."""
         return self.network
 
-    def encoder(self) -> nn.Module:
+    def encoder(self) -> Backbone:
         """The encoder the finetune / linear evaluation protocols start from."""
         return self.network.backbone

@@ -38,5 +38,5 @@ class FedAvgSL(FederatedMethod):
     ) -> Objective:
         network = self.client_model(payload)
         return SupervisedCE(
-            network, **self.optimizer_kwargs(self.hparams.client_lr, round_idx, total_rounds)
+            network, **self.optimizer_kwargs(self.client_lr, round_idx, total_rounds)
         )

@@ -49,6 +49,7 @@ class FedCon(FederatedMethod):
             if not 0 <= value <= 1:
                 raise ValueError(f"model.{key} must be in [0, 1], got {value}")
         super().__init__(*args, **kwargs)
+        self.ema_decay, self.client_ema_decay = ema_decay, client_ema_decay
         self.aggregator = Mean()  # b_theta^G = 1/B sum_k b_theta^k (paper 001 III-B)
         self.target = copy.deepcopy(self.network)
         self.server_steps: torch.Tensor
@@ -70,25 +71,28 @@ class FedCon(FederatedMethod):
         return FedConServer(
             self.network,
             self.target,
-            ema_decay=self.hparams.ema_decay,
+            ema_decay=self.ema_decay,
             start_step=int(self.server_steps),
-            **self.optimizer_kwargs(self.hparams.server_lr, round_idx, total_rounds),
+            **self.optimizer_kwargs(self.server_lr, round_idx, total_rounds),
         )
 
     def server_step_done(self, objective: Objective, data: FederatedDataModule) -> None:
-        self.server_steps.fill_(objective.steps_done)  # type: ignore[attr-defined]
+        assert isinstance(objective, FedConServer)
+        self.server_steps.fill_(objective.steps_done)
 
     # --- client ---------------------------------------------------------------------------
     def client_objective(
         self, payload: Payload, round_idx: int, total_rounds: int, state: Any
     ) -> Objective:
         network = self.client_model(payload)
-        network.projector = fedcon_projector(network.backbone.feature_dim)
+        projector = fedcon_projector(network.backbone.feature_dim)
         if state is not None:
-            network.projector.load_state_dict(state["projector"])
-        kw = self.optimizer_kwargs(self.hparams.client_lr, round_idx, total_rounds)
-        return FedConClient(network, ema_decay=self.hparams.client_ema_decay, **kw)
+            projector.load_state_dict(state["projector"])
+        network.projector = projector
+        kw = self.optimizer_kwargs(self.client_lr, round_idx, total_rounds)
+        return FedConClient(network, ema_decay=self.client_ema_decay, **kw)
 
     def client_state(self, objective: Objective, previous: Any) -> Any:
+        assert objective.network.projector is not None
         projector = objective.network.projector.state_dict()
         return {"projector": {k: v.detach().cpu().clone() for k, v in projector.items()}}

@@ -71,6 +71,7 @@ class FedRGD(FederatedMethod):
         if num_groups < 1:
             raise ValueError(f"model.num_groups must be positive, got {num_groups}")
         super().__init__(*args, **kwargs)
+        self.tau, self.loss_kind = tau, loss
         self.aggregator = MeanWithServer() if num_groups == 1 else GroupwiseWithServer(num_groups)
         #: w_avg as the round's server step found it: what the clients start from.
         self.round_start: StateDict | None = None
@@ -86,7 +87,7 @@ class FedRGD(FederatedMethod):
     def server_objective(self, round_idx: int, total_rounds: int) -> Objective:
         self.round_start = self.shared_state()  # before the server trains on it
         return SupervisedCE(
-            self.network, **self.optimizer_kwargs(self.hparams.server_lr, round_idx, total_rounds)
+            self.network, **self.optimizer_kwargs(self.server_lr, round_idx, total_rounds)
         )
 
     # --- clients ------------------------------------------------------------------------
@@ -101,18 +102,17 @@ class FedRGD(FederatedMethod):
         return payload if group is None else {MODEL: self.group_models[group]}
 
     def client_loader(self, client: ClientData) -> ImageBatches:
-        views = ("weak", "strong") if self.hparams.loss == "crl" else ("weak",)
+        views = ("weak", "strong") if self.loss_kind == "crl" else ("weak",)
         return client.dataloader(views)
 
     def client_objective(
         self, payload: Payload, round_idx: int, total_rounds: int, state: Any
     ) -> Objective:
-        hp = self.hparams
-        kw = self.optimizer_kwargs(hp.client_lr, round_idx, total_rounds)
+        kw = self.optimizer_kwargs(self.client_lr, round_idx, total_rounds)
         network = self.client_model(payload)
-        if hp.loss == "crl":
-            return FixMatch(network, tau=hp.tau, **kw)
-        return SelfTraining(network, tau=hp.tau, **kw)
+        if self.loss_kind == "crl":
+            return FixMatch(network, tau=self.tau, **kw)
+        return SelfTraining(network, tau=self.tau, **kw)
 
     # --- aggregation --------------------------------------------------------------------
     def aggregate(self, updates: Sequence[ClientUpdate], round_idx: int) -> Aggregated:

@@ -72,11 +72,13 @@ class FedSEAL(FederatedMethod):
         if bootstrap_epochs < 0:
             raise ValueError(f"model.bootstrap_epochs must be >= 0, got {bootstrap_epochs}")
         super().__init__(*args, **kwargs)
+        self.theta, self.lambda_max, self.ramp = theta, lambda_max, ramp
+        self.use_self_ensemble = self_ensemble
         self.aggregator = Mean()  # w_bar^t, the plain mean (paper 002 4.1.1)
         self.bootstrap_epochs = bootstrap_epochs
         # Until the server has measured the model, no example passes the filter (tau = 1).
         self.thresholds: torch.Tensor
-        self.register_buffer("thresholds", torch.ones(self.hparams.num_classes))
+        self.register_buffer("thresholds", torch.ones(self.num_classes))
 
     def validate_data(self, data: FederatedDataModule) -> None:
         if data.val_per_class < 1:
@@ -110,15 +112,14 @@ class FedSEAL(FederatedMethod):
     def client_objective(
         self, payload: Payload, round_idx: int, total_rounds: int, state: Any
     ) -> Objective:
-        hp = self.hparams
-        ensemble = (state["mean"], state["count"]) if state and hp.self_ensemble else None
+        ensemble = (state["mean"], state["count"]) if state and self.use_self_ensemble else None
         return FedSEALClient(
             self.client_model(payload),
             thresholds=tensor_part(payload, THRESHOLDS),
-            lam=hp.lambda_max * gaussian_rampup(round_idx / total_rounds, hp.ramp),
-            theta=hp.theta,
+            lam=self.lambda_max * gaussian_rampup(round_idx / total_rounds, self.ramp),
+            theta=self.theta,
             ensemble=ensemble,
-            **self.optimizer_kwargs(hp.client_lr, round_idx, total_rounds),
+            **self.optimizer_kwargs(self.client_lr, round_idx, total_rounds),
         )
 
     def client_setup(self, objective: Objective, client: ClientData) -> None:
@@ -130,7 +131,7 @@ class FedSEAL(FederatedMethod):
     ) -> Any:
         """A client not sampled this round still adds w^t's predictions to its self-ensemble
         (eq 8), as a sampled client does before training."""
-        if not self.hparams.self_ensemble:
+        if not self.use_self_ensemble:
             return state
         network = self.client_model(payload).to(device)
         probs, _ = predict_probabilities(network, client.plain_dataloader())
@@ -138,5 +139,6 @@ class FedSEAL(FederatedMethod):
         return {"mean": self_ensemble(previous, probs, count + 1), "count": count + 1}
 
     def client_state(self, objective: Objective, previous: Any) -> Any:
-        pbar, count = objective.ensemble  # type: ignore[attr-defined]
+        assert isinstance(objective, FedSEALClient) and objective.ensemble is not None
+        pbar, count = objective.ensemble
         return {"mean": pbar.detach().cpu().clone(), "count": int(count)}

@@ -45,6 +45,7 @@ class FedSup(FedAvgSSL):
         if num_groups < 1:
             raise ValueError(f"model.num_groups must be positive, got {num_groups}")
         super().__init__(*args, **kwargs)
+        self.lambda_s = lambda_s
         self.aggregator = GroupwiseWithServer(num_groups)  # paper 000 Algorithm 2
         self.server_network = self.new_network()
 
@@ -54,7 +55,7 @@ class FedSup(FedAvgSSL):
 
     # --- server: f_Server is trained, and evaluated each round ----------------------------
     def server_objective(self, round_idx: int, total_rounds: int) -> Objective:
-        kw = self.optimizer_kwargs(self.hparams.server_lr, round_idx, total_rounds)
+        kw = self.optimizer_kwargs(self.server_lr, round_idx, total_rounds)
         return SupervisedCE(self.server_network, **kw)
 
     def eval_network(self) -> nn.Module:
@@ -69,12 +70,12 @@ class FedSup(FedAvgSSL):
     def client_objective(
         self, payload: Payload, round_idx: int, total_rounds: int, state: Any
     ) -> Objective:
-        weight = feature_map_weight(self.hparams.lambda_s, round_idx, total_rounds)
+        weight = feature_map_weight(self.lambda_s, round_idx, total_rounds)
         return FedSupClient(
             self.client_model(payload),
             self.client_network(state_part(payload, TARGET)),
             mse_weight=weight,
-            **self.optimizer_kwargs(self.hparams.client_lr, round_idx, total_rounds),
+            **self.optimizer_kwargs(self.client_lr, round_idx, total_rounds),
         )
 
     def server_model(self) -> StateDict:

@@ -37,5 +37,5 @@ class FedAvgFixMatch(FederatedMethod):
         self, payload: Payload, round_idx: int, total_rounds: int, state: Any
     ) -> Objective:
         network = self.client_model(payload)
-        kw = self.optimizer_kwargs(self.hparams.client_lr, round_idx, total_rounds)
+        kw = self.optimizer_kwargs(self.client_lr, round_idx, total_rounds)
         return FixMatch(network, tau=self.tau, mu=self.mu, **kw)

@@ -13,10 +13,8 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from torch import nn
-
 from fedlit.methods.base import FederatedMethod, Payload
-from fedlit.models import ssl_heads
+from fedlit.models import Classifier, ssl_heads
 from fedlit.objectives import BYOL, Objective, SimCLR, SimSiam
 
 
@@ -40,12 +38,13 @@ class FedAvgSSL(FederatedMethod):
     def __init__(self, *args: Any, proj_dim: int | None = None, **kwargs: Any) -> None:
         if proj_dim is not None and proj_dim < 1:
             raise ValueError(f"model.proj_dim must be positive, got {proj_dim}")
+        self.proj_dim = proj_dim  # before the base class builds the network
         super().__init__(*args, **kwargs)
 
-    def new_network(self) -> nn.Module:
+    def new_network(self) -> Classifier:
         network = super().new_network()
         feature_dim = network.backbone.feature_dim
-        dim = self.hparams.proj_dim or default_proj_dim(self.hparams.backbone, feature_dim)
+        dim = self.proj_dim or default_proj_dim(self.backbone_name, feature_dim)
         projector, predictor = ssl_heads(self.ssl_kind, feature_dim, dim)
         network.projector = projector
         if predictor is not None:
@@ -55,7 +54,7 @@ class FedAvgSSL(FederatedMethod):
     def is_shared(self, key: str) -> bool:
         return not key.startswith("head.")
 
-    def ssl_objective(self, network: nn.Module, kw: dict[str, Any]) -> Objective:
+    def ssl_objective(self, network: Classifier, kw: dict[str, Any]) -> Objective:
         raise NotImplementedError
 
     def client_objective(
@@ -63,7 +62,7 @@ class FedAvgSSL(FederatedMethod):
     ) -> Objective:
         network = self.client_model(payload)
         return self.ssl_objective(
-            network, self.optimizer_kwargs(self.hparams.client_lr, round_idx, total_rounds)
+            network, self.optimizer_kwargs(self.client_lr, round_idx, total_rounds)
         )
 
 
@@ -80,9 +79,10 @@ class FedAvgSimCLR(FedAvgSSL):
         if temperature <= 0:
             raise ValueError(f"model.temperature must be > 0, got {temperature}")
         super().__init__(*args, **kwargs)
+        self.temperature = temperature
 
-    def ssl_objective(self, network: nn.Module, kw: dict[str, Any]) -> Objective:
-        return SimCLR(network, temperature=self.hparams.temperature, **kw)
+    def ssl_objective(self, network: Classifier, kw: dict[str, Any]) -> Objective:
+        return SimCLR(network, temperature=self.temperature, **kw)
 
 
 class FedAvgSimSiam(FedAvgSSL):
@@ -90,7 +90,7 @@ class FedAvgSimSiam(FedAvgSSL):
 
     ssl_kind = "simsiam"
 
-    def ssl_objective(self, network: nn.Module, kw: dict[str, Any]) -> Objective:
+    def ssl_objective(self, network: Classifier, kw: dict[str, Any]) -> Objective:
         return SimSiam(network, **kw)
 
 
@@ -107,6 +107,7 @@ class FedAvgBYOL(FedAvgSSL):
         if not 0 <= byol_momentum <= 1:
             raise ValueError(f"model.byol_momentum must be in [0, 1], got {byol_momentum}")
         super().__init__(*args, **kwargs)
+        self.byol_momentum = byol_momentum
 
-    def ssl_objective(self, network: nn.Module, kw: dict[str, Any]) -> Objective:
-        return BYOL(network, ema_momentum=self.hparams.byol_momentum, **kw)
+    def ssl_objective(self, network: Classifier, kw: dict[str, Any]) -> Objective:
+        return BYOL(network, ema_momentum=self.byol_momentum, **kw)

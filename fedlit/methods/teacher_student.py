@@ -72,6 +72,8 @@ class TeacherStudentEMA(FederatedMethod):
             if not 0 <= value <= 1:
                 raise ValueError(f"{key} must be in [0, 1], got {value}")
         super().__init__(*args, **kwargs)
+        self.tau, self.lambda_u, self.mu = tau, lambda_u, mu
+        self.ema_decay, self.client_ema_decay = ema_decay, client_ema_decay
         self.aggregator = Mean()  # the plain mean, as in the algorithms
         self.teacher = self.new_network()
         self.teacher_steps: torch.Tensor
@@ -112,17 +114,16 @@ class TeacherStudentEMA(FederatedMethod):
     def client_objective(
         self, payload: Payload, round_idx: int, total_rounds: int, state: Any
     ) -> Objective:
-        hp = self.hparams
         teacher = state_part(payload, TEACHER) if TEACHER in payload else None
         return TeacherStudentClient(
             self.client_model(payload),
             teacher=self.client_network(teacher) if teacher is not None else None,
-            num_classes=hp.num_classes,
-            teacher_ema=hp.client_ema_decay if self.local_teacher_adaptation else None,
-            lambda_u=hp.lambda_u,
-            tau=hp.tau,
-            mu=hp.mu,
-            **self.optimizer_kwargs(hp.client_lr, round_idx, total_rounds),
+            num_classes=self.num_classes,
+            teacher_ema=self.client_ema_decay if self.local_teacher_adaptation else None,
+            lambda_u=self.lambda_u,
+            tau=self.tau,
+            mu=self.mu,
+            **self.optimizer_kwargs(self.client_lr, round_idx, total_rounds),
         )
 
     # --- server ---------------------------------------------------------------------------
@@ -138,7 +139,7 @@ class TeacherStudentEMA(FederatedMethod):
 
     def end_round(self, round_idx: int) -> None:
         """T <- a T + (1 - a) S (paper 003 eq 1), after aggregation and the server's step."""
-        decay = ramped_decay(int(self.teacher_steps), self.hparams.ema_decay)
+        decay = ramped_decay(int(self.teacher_steps), self.ema_decay)
         ema = weighted_average(
             [self.teacher.state_dict(), self.network.state_dict()], [decay, 1.0 - decay]
         )
@@ -188,6 +189,7 @@ class FedSwitch(TeacherStudentEMA):
         if beta < 0:
             raise ValueError(f"model.beta must be >= 0, got {beta}")
         super().__init__(*args, **kwargs)
+        self.beta = beta
         # the last round-mean D_KL^T and D_KL^S (float64, as Python's floats), and whether each
         # has been measured yet
         self.kl: torch.Tensor
@@ -203,7 +205,7 @@ class FedSwitch(TeacherStudentEMA):
     def send_teacher(self, round_idx: int) -> bool:
         if not self.kl_measured.all():
             return True
-        beta = self.hparams.beta
+        beta = self.beta
         kl_teacher, kl_student = self.kl.tolist()
         return abs(kl_teacher - beta) < abs(kl_student - beta)
 

@@ -39,15 +39,15 @@ class FedAvgUDA(FederatedMethod):
         if mu < 0:
             raise ValueError(f"model.mu must be >= 0, got {mu}")
         super().__init__(*args, **kwargs)
+        self.temperature, self.threshold, self.mu = temperature, threshold, mu
 
     def client_objective(
         self, payload: Payload, round_idx: int, total_rounds: int, state: Any
     ) -> Objective:
-        hp = self.hparams
         return UDA(
             self.client_model(payload),
-            temperature=hp.temperature,
-            threshold=hp.threshold,
-            mu=hp.mu,
-            **self.optimizer_kwargs(hp.client_lr, round_idx, total_rounds),
+            temperature=self.temperature,
+            threshold=self.threshold,
+            mu=self.mu,
+            **self.optimizer_kwargs(self.client_lr, round_idx, total_rounds),
         )

@@ -56,7 +56,9 @@ class Backbone(nn.Module):
     def feature_maps(self, x: Tensor) -> list[Tensor]:
         """Stage outputs for ``x`` (N, C, H, W), each (N, C_i, H_i, W_i), in order."""
         maps = []
-        for stage in self.stages:  # type: ignore[attr-defined]
+        stages = self.stages  # every backbone has its ``stages`` (a ModuleList or Sequential)
+        assert isinstance(stages, nn.Module)
+        for stage in stages.children():
             x = stage(x)
             maps.append(x)
         return maps

@@ -38,11 +38,19 @@ def make_head(
 
 
 class Classifier(nn.Module):
-    """Backbone + head: images (N, C, H, W) -> logits (N, num_classes), no softmax.
+    """Backbone + head: images (N, C, H, W) -> logits (N, num_classes), no softmax; and, for
+    the representation objectives, optional projector and predictor heads on the features.
 
-    ``state_dict`` keys are ``backbone.*`` and ``head.*``, so methods can average the
-    backbone alone.
+    ``state_dict`` keys are ``backbone.*``, ``head.*`` and, where set, ``projector.*`` and
+    ``predictor.*``, so methods can average the backbone alone.
     """
+
+    backbone: Backbone
+    head: nn.Sequential
+    #: features (N, feature_dim) -> projections (N, dim); set by the methods that need one.
+    projector: nn.Module | None
+    #: projections (N, dim) -> predictions (N, dim) (SimSiam, BYOL, FedSup).
+    predictor: nn.Module | None
 
     def __init__(
         self,
@@ -55,10 +63,24 @@ class Classifier(nn.Module):
         self.backbone = backbone
         self.head = make_head(backbone.feature_dim, num_classes, hidden, dropout)
         self.num_classes = num_classes
+        self.projector = None
+        self.predictor = None
 
     def forward(self, x: Tensor) -> Tensor:
         """Images (N, C, H, W) -> logits (N, num_classes)."""
         return self.head(self.backbone(x))
+
+    def projection(self, features: Tensor) -> Tensor:
+        """Features (N, feature_dim) -> the projector's (N, dim)."""
+        if self.projector is None:
+            raise ValueError("this network has no projector head")
+        return self.projector(features)
+
+    def prediction(self, z: Tensor) -> Tensor:
+        """Projections (N, dim) -> the predictor's (N, dim)."""
+        if self.predictor is None:
+            raise ValueError("this network has no predictor head")
+        return self.predictor(z)
 
 
 def build_classifier(
@@ -91,4 +113,4 @@ def build_classifier(
     hidden = cls.default_head if head is None else tuple(head)
     dropout = cls.default_head_dropout if head_dropout is None else head_dropout
     network = Classifier(encoder, num_classes, hidden, dropout)
-    return network.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
+    return network.to(memory_format=torch.channels_last)

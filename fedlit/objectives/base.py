@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from lightning import LightningModule
-from torch import Tensor, nn
+from torch import Tensor
 
 from fedlit.data.loaders import AugmentsOnDevice
+from fedlit.models import Classifier
 from fedlit.objectives.schedules import WarmupCosine
 
 OPTIMIZERS = ("sgd", "adam")
@@ -30,7 +33,7 @@ class Objective(AugmentsOnDevice, LightningModule):
 
     def __init__(
         self,
-        network: nn.Module,
+        network: Classifier,
         lr: float,
         optimizer: str = "sgd",
         momentum: float = 0.9,
@@ -79,7 +82,7 @@ class Objective(AugmentsOnDevice, LightningModule):
 
         return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
-    def configure_optimizers(self) -> torch.optim.Optimizer | dict:
+    def configure_optimizers(self) -> Any:
         steps = int(self.trainer.estimated_stepping_batches) if self.schedule is not None else 1
         optimizer, scheduler = self.optimizer_and_scheduler(steps)
         if scheduler is None:

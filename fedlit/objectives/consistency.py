@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from fedlit.models import Classifier
 from fedlit.objectives.base import Objective
 
 
@@ -23,7 +24,7 @@ class WeakStrongObjective(Objective):
     Batches: (weak (B, C, H, W), strong (B, C, H, W)).
     """
 
-    def __init__(self, network: nn.Module, lr: float, mu: float = 0.0, **kw) -> None:
+    def __init__(self, network: Classifier, lr: float, mu: float = 0.0, **kw) -> None:
         super().__init__(network, lr, **kw)
         if mu < 0:
             raise ValueError(f"mu must be >= 0, got {mu}")

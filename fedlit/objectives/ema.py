@@ -8,12 +8,15 @@ clients copy the student's (:func:`copy_buffers`), the SSL and FedCon targets ke
 from __future__ import annotations
 
 import copy
+from typing import TypeVar
 
 from lightly.models.utils import deactivate_requires_grad
 from torch import nn
 
+ModuleT = TypeVar("ModuleT", bound=nn.Module)
 
-def frozen_copy(module: nn.Module) -> nn.Module:
+
+def frozen_copy(module: ModuleT) -> ModuleT:
     """A deep copy of ``module`` with every parameter's gradient switched off (a target net)."""
     clone = copy.deepcopy(module)
     deactivate_requires_grad(clone)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from lightly.models.utils import deactivate_requires_grad, update_momentum
-from torch import Tensor, nn
+from torch import Tensor
 
+from fedlit.models import Classifier
 from fedlit.objectives.base import Objective
 from fedlit.objectives.ema import frozen_copy
 from fedlit.objectives.schedules import ramped_decay
@@ -35,8 +36,8 @@ class FedConServer(Objective):
 
     def __init__(
         self,
-        network: nn.Module,
-        target: nn.Module,
+        network: Classifier,
+        target: Classifier,
         lr: float,
         ema_decay: float = 0.999,
         start_step: int = 0,
@@ -74,21 +75,19 @@ class FedConClient(Objective):
     Batches: (view_1, view_2 (B, C, H, W)).
     """
 
-    def __init__(self, network: nn.Module, lr: float, ema_decay: float = 0.999, **kw) -> None:
+    def __init__(self, network: Classifier, lr: float, ema_decay: float = 0.999, **kw) -> None:
         super().__init__(network, lr, **kw)
         self.ema_decay = ema_decay
-        target = nn.Module()
-        target.backbone = frozen_copy(network.backbone)
-        self.target = target
+        self.target_backbone = frozen_copy(network.backbone)
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         v1, v2 = batch
-        z1, z2 = self.network.projector(self.network.backbone(torch.cat([v1, v2]))).chunk(2)
+        z1, z2 = self.network.projection(self.network.backbone(torch.cat([v1, v2]))).chunk(2)
         with torch.no_grad():
-            t1, t2 = self.target.backbone(torch.cat([v1, v2])).chunk(2)
+            t1, t2 = self.target_backbone(torch.cat([v1, v2])).chunk(2)
         loss = (projection_mse(z1, t2) + projection_mse(z2, t1)) / 2
         self.accumulate(len(v1), loss=loss)
         return loss
 
     def on_train_batch_end(self, outputs: object, batch: object, batch_idx: int) -> None:
-        update_momentum(self.network.backbone, self.target.backbone, self.ema_decay)
+        update_momentum(self.network.backbone, self.target_backbone, self.ema_decay)

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from fedlit.models import Classifier
 from fedlit.objectives.base import Objective
 
 
@@ -134,7 +135,7 @@ class FedSEALClient(Objective):
 
     def __init__(
         self,
-        network: nn.Module,
+        network: Classifier,
         lr: float,
         thresholds: Tensor,
         lam: float,

@@ -6,8 +6,9 @@ import torch
 import torch.nn.functional as F
 from lightly.loss import NegativeCosineSimilarity
 from lightly.models.utils import deactivate_requires_grad
-from torch import Tensor, nn
+from torch import Tensor
 
+from fedlit.models import Classifier
 from fedlit.objectives.base import Objective
 
 
@@ -31,7 +32,7 @@ class FedSupClient(Objective):
     """
 
     def __init__(
-        self, network: nn.Module, target: nn.Module, lr: float, mse_weight: float, **kw
+        self, network: Classifier, target: Classifier, lr: float, mse_weight: float, **kw
     ) -> None:
         super().__init__(network, lr, **kw)
         deactivate_requires_grad(target)
@@ -46,12 +47,12 @@ class FedSupClient(Objective):
         aug, raw = batch
         net, target = self.network, self.target
         maps_raw = net.backbone.feature_maps(raw)
-        p_raw = net.predictor(net.projector(net.backbone.pool(maps_raw[-1])))
-        p_aug = net.predictor(net.projector(net.backbone(aug)))
+        p_raw = net.prediction(net.projection(net.backbone.pool(maps_raw[-1])))
+        p_aug = net.prediction(net.projection(net.backbone(aug)))
         with torch.no_grad():
             target_maps_raw = target.backbone.feature_maps(raw)
-            z_raw = target.projector(target.backbone.pool(target_maps_raw[-1]))
-            z_aug = target.projector(target.backbone(aug))
+            z_raw = target.projection(target.backbone.pool(target_maps_raw[-1]))
+            z_aug = target.projection(target.backbone(aug))
         consistency = 0.5 * (self.criterion(p_aug, z_raw) + self.criterion(p_raw, z_aug))
         mse = feature_map_mse(maps_raw, target_maps_raw)
         loss = consistency + self.mse_weight * mse

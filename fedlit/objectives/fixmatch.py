@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
+from fedlit.models import Classifier
 from fedlit.objectives.base import Objective
 from fedlit.objectives.consistency import WeakStrongObjective
 
@@ -33,7 +34,7 @@ class FixMatch(WeakStrongObjective):
     """Client objective of FedAvg-/FedProx-FixMatch: :func:`fixmatch_loss` (+ FedProx's term)."""
 
     def __init__(
-        self, network: nn.Module, lr: float, tau: float = 0.95, mu: float = 0.0, **kw
+        self, network: Classifier, lr: float, tau: float = 0.95, mu: float = 0.0, **kw
     ) -> None:
         super().__init__(network, lr, mu=mu, **kw)
         if not 0.0 <= tau <= 1.0:
@@ -53,7 +54,7 @@ class SelfTraining(Objective):
     Batches: (weak (B, C, H, W),).
     """
 
-    def __init__(self, network: nn.Module, lr: float, tau: float = 0.95, **kw) -> None:
+    def __init__(self, network: Classifier, lr: float, tau: float = 0.95, **kw) -> None:
         super().__init__(network, lr, **kw)
         if not 0.0 <= tau <= 1.0:
             raise ValueError(f"tau must be in [0, 1], got {tau}")

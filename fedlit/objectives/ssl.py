@@ -9,15 +9,16 @@ from __future__ import annotations
 from lightly.loss import NegativeCosineSimilarity, NTXentLoss
 from lightly.models.utils import update_momentum
 from lightly.utils.scheduler import cosine_schedule
-from torch import Tensor, nn
+from torch import Tensor
 
+from fedlit.models import Classifier
 from fedlit.objectives.base import Objective
 from fedlit.objectives.ema import frozen_copy
 
 
-def project(network: nn.Module, x: Tensor) -> Tensor:
+def project(network: Classifier, x: Tensor) -> Tensor:
     """z = projector(backbone(x)): (B, C, H, W) -> (B, dim)."""
-    return network.projector(network.backbone(x))
+    return network.projection(network.backbone(x))
 
 
 class SimCLR(Objective):
@@ -26,7 +27,7 @@ class SimCLR(Objective):
     Uses lightly's ``NTXentLoss`` with temperature ``temperature`` (0.5 in paper 000).
     """
 
-    def __init__(self, network: nn.Module, lr: float, temperature: float = 0.5, **kw) -> None:
+    def __init__(self, network: Classifier, lr: float, temperature: float = 0.5, **kw) -> None:
         super().__init__(network, lr, **kw)
         self.criterion = NTXentLoss(temperature=temperature)
 
@@ -41,14 +42,14 @@ class SimSiam(Objective):
     """L = 1/2 D(p_1, stopgrad(z_2)) + 1/2 D(p_2, stopgrad(z_1)), D the negative cosine
     (paper 000 eq 3.6; lightly's ``NegativeCosineSimilarity``)."""
 
-    def __init__(self, network: nn.Module, lr: float, **kw) -> None:
+    def __init__(self, network: Classifier, lr: float, **kw) -> None:
         super().__init__(network, lr, **kw)
         self.criterion = NegativeCosineSimilarity()
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         v1, v2 = batch
         z1, z2 = project(self.network, v1), project(self.network, v2)
-        p1, p2 = self.network.predictor(z1), self.network.predictor(z2)
+        p1, p2 = self.network.prediction(z1), self.network.prediction(z2)
         loss = 0.5 * (self.criterion(p1, z2.detach()) + self.criterion(p2, z1.detach()))
         self.accumulate(len(v1), loss=loss)
         return loss
@@ -63,20 +64,16 @@ class BYOL(Objective):
     received online network when training starts and discarded afterwards.
     """
 
-    def __init__(self, network: nn.Module, lr: float, ema_momentum: float = 0.99, **kw) -> None:
+    def __init__(self, network: Classifier, lr: float, ema_momentum: float = 0.99, **kw) -> None:
         super().__init__(network, lr, **kw)
         self.base_momentum = ema_momentum
-        self.target: nn.Module | None = None
+        self.target: Classifier | None = None
         self.criterion = NegativeCosineSimilarity()
 
     def on_fit_start(self) -> None:
-        target = nn.ModuleDict(
-            {
-                "backbone": frozen_copy(self.network.backbone),
-                "projector": frozen_copy(self.network.projector),
-            }
-        )
-        self.target = target.to(self.device)
+        # the target's backbone and projector follow the online network's (the rest of the
+        # copy is not used)
+        self.target = frozen_copy(self.network).to(self.device)
 
     def on_fit_end(self) -> None:
         self.target = None
@@ -84,8 +81,8 @@ class BYOL(Objective):
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         assert self.target is not None
         v1, v2 = batch
-        p1 = self.network.predictor(project(self.network, v1))
-        p2 = self.network.predictor(project(self.network, v2))
+        p1 = self.network.prediction(project(self.network, v1))
+        p2 = self.network.prediction(project(self.network, v2))
         t1, t2 = project(self.target, v1).detach(), project(self.target, v2).detach()
         loss = 0.5 * (self.criterion(p1, t2) + self.criterion(p2, t1))
         self.accumulate(len(v1), loss=loss)
@@ -96,5 +93,5 @@ class BYOL(Objective):
         # Lightning has already counted this step: the schedule's step index is global_step - 1.
         step, total = self.global_step - 1, int(self.trainer.estimated_stepping_batches)
         m = cosine_schedule(step, total, self.base_momentum, 1.0)
-        update_momentum(self.network.backbone, self.target["backbone"], m)
-        update_momentum(self.network.projector, self.target["projector"], m)
+        update_momentum(self.network.backbone, self.target.backbone, m)
+        update_momentum(self.network.projector, self.target.projector, m)

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from lightly.models.utils import update_momentum
 from torch import Tensor, nn
 
+from fedlit.models import Classifier
 from fedlit.objectives.consistency import WeakStrongObjective, proximal_term
 from fedlit.objectives.ema import copy_buffers
 from fedlit.objectives.fixmatch import fixmatch_loss
@@ -58,7 +59,7 @@ class TeacherStudentClient(WeakStrongObjective):
 
     def __init__(
         self,
-        network: nn.Module,
+        network: Classifier,
         lr: float,
         teacher: nn.Module | None,
         num_classes: int,

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from torch import Tensor, nn
+from torch import Tensor
 
+from fedlit.models import Classifier
 from fedlit.objectives.consistency import WeakStrongObjective
 
 
@@ -38,7 +39,7 @@ class UDA(WeakStrongObjective):
 
     def __init__(
         self,
-        network: nn.Module,
+        network: Classifier,
         lr: float,
         temperature: float = 0.4,
         threshold: float = 0.8,
