@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import os
 import signal
 from dataclasses import fields, replace
@@ -181,12 +182,19 @@ def test_client_labels_never_reach_the_client_loss(fmnist_root: Path, tmp_path: 
     _assert_same(run(False, "true"), run(True, "scrambled"))
 
 
-def test_oracle_is_marked_and_uses_labels(fmnist_root: Path, tmp_path: Path) -> None:
+def test_oracle_is_marked_and_uses_labels(
+    fmnist_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert FedAvgSL.oracle and not FedAvgFixMatch.oracle and not ServerSL.oracle
-    fed = _federation(fmnist_root, tmp_path / "run", FedAvgSL)
+    assert FedAvgSL.marks() == ("oracle",) and FedAvgFixMatch.marks() == ()
+    fed = _federation(fmnist_root, tmp_path / "run", FedAvgSL, rounds=1)
     fed.prepare()
     _, y = next(iter(fed.method.client_loader(fed.data.client_data(0))))
     assert y.dtype == torch.long
+    fed.run()
+    first = capsys.readouterr().err.strip().splitlines()[0]
+    assert "FedAvgSL is an oracle" in first  # announced as the run starts
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["marks"] == ["oracle"]
 
 
 def test_bytes_counted_per_direction(fmnist_root: Path, tmp_path: Path) -> None:

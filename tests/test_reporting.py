@@ -481,3 +481,20 @@ def test_reading_runs_needs_no_training_stack() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_marked_methods_are_marked_in_tables(tmp_path: Path) -> None:
+    """A run whose run.json carries marks (the FedAvg-SL oracle's "oracle") is named with
+    them in the Markdown table and listed in the CSV's marks column."""
+    for method, marks in (("fedavg_sl", ["oracle"]), ("server_sl", [])):
+        meta = {"method": method, "seed": 0, "rounds": 2, "marks": marks}
+        rows = synthetic_rows("FedAvg", [0.5, 0.6])
+        write_run(tmp_path / method, rows, rounds=2, run_json=meta)
+    runs = find_runs([tmp_path])
+    assert {r.method: r.marks for r in runs} == {"fedavg_sl": ("oracle",), "server_sl": ()}
+    rows = summarize(runs)
+    text = to_markdown(rows)
+    assert "| fedavg_sl (oracle) |" in text and "| server_sl |" in text
+    with open(write_csv(rows, tmp_path / "results.csv"), newline="") as f:
+        marks = {r["method"]: r["marks"] for r in csv.DictReader(f)}
+    assert marks == {"fedavg_sl": "oracle", "server_sl": ""}

@@ -417,6 +417,11 @@ class Federation:
         self._opened = False
 
     def _run(self) -> FederationResult:
+        if self.method.oracle:
+            _note(
+                f"{type(self.method).__name__} is an oracle: its clients train on their true "
+                "labels (an upper bound, not a semi-supervised method)"
+            )
         self._write_run_file()
         loggers = [RoundCSVLogger(self.run_dir), *self.loggers]
         if self.start_round == 1:
@@ -453,6 +458,7 @@ class Federation:
         info.setdefault("method", type(self.method).__name__)
         info.setdefault("seed", self.seed)
         info["rounds"] = self.config.rounds
+        info["marks"] = list(self.method.marks())
         path.write_text(json.dumps(info))
 
     def _log_partition_image(self, loggers: Sequence[Logger]) -> None:

@@ -82,7 +82,8 @@ class FederatedMethod(LightningModule):
     #: A server-first method's server also fine-tunes the aggregate before it is scored
     #: (paper 000's Algorithm 1 for its FixMatch and SSL baselines): a second server step.
     server_finetunes: ClassVar[bool] = False
-    #: Client loaders carry true labels: an oracle, not a semi-supervised method.
+    #: Client loaders carry true labels: an oracle, not a semi-supervised method (announced
+    #: when a run starts and marked in results tables, see :meth:`marks`).
     oracle: ClassVar[bool] = False
     #: Every client receives each round's broadcast, sampled or not (paper 002's Algorithm 1,
     #: line 6); those that do not train update their state in :meth:`client_receives`.
@@ -142,6 +143,11 @@ class FederatedMethod(LightningModule):
         self.network: Classifier = self.new_network()
         #: How the uploads become the global network: FedAvg by n_k unless the method says.
         self.aggregator: Aggregator = WeightedMean()
+
+    @classmethod
+    def marks(cls) -> tuple[str, ...]:
+        """What results tables write beside the method's name (``run.json``'s ``marks``)."""
+        return ("oracle",) if cls.oracle else ()
 
     # --- the network ---------------------------------------------------------------------
     def new_network(self) -> Classifier:

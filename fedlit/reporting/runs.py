@@ -37,6 +37,7 @@ class RunRecord:
             resumed run appends), sorted by round; every value a float, including ``round``;
             a metric not logged that round is an absent key.
         summary: the round-0 row (partition summary, bootstrap accuracy, ...).
+        marks: what tables write beside the method (run.json ``marks``: ``oracle``).
     """
 
     run_dir: Path
@@ -46,6 +47,7 @@ class RunRecord:
     rounds: int
     history: list[dict[str, float]]
     summary: dict[str, float]
+    marks: tuple[str, ...] = ()
 
     @property
     def finished(self) -> bool:
@@ -184,6 +186,7 @@ def load_run(run_dir: str | Path) -> RunRecord:
         rounds=rounds,
         history=history,
         summary=summary,
+        marks=tuple(str(m) for m in meta.get("marks", ())),
     )
 
 

@@ -42,6 +42,7 @@ class ResultRow:
         finetune_mean, finetune_std, linear_mean, linear_std: ``eval/finetune_acc`` and
             ``eval/linear_acc`` (the driver's ``federation.final_eval`` of the global encoder
             after the last round) over seeds; NaN where not logged.
+        marks: what the table writes beside the method (``oracle``), from its runs.
     """
 
     method: str
@@ -66,6 +67,7 @@ class ResultRow:
     finetune_std: float = math.nan
     linear_mean: float = math.nan
     linear_std: float = math.nan
+    marks: tuple[str, ...] = ()
 
 
 def _mean_std(values: Sequence[float]) -> tuple[float, float]:
@@ -157,6 +159,7 @@ def _summarize_group(
     linear = _mean_std([_final(run, FINAL_EVAL_KEYS["linear"]) for run in runs])
     return ResultRow(
         method=runs[0].method,
+        marks=runs[0].marks,
         setting=runs[0].setting,
         seeds=tuple(run.seed for run in runs),
         final_mean=final_mean,
@@ -253,6 +256,7 @@ def write_csv(
         for row in rows:
             cells: list[object] = list(astuple(row))
             cells[header.index("seeds")] = " ".join(str(s) for s in row.seeds)
+            cells[header.index("marks")] = " ".join(row.marks)
             if published is not None:
                 paper = _published(published, row)
                 cells.append("" if paper is None else paper)
@@ -341,7 +345,8 @@ def to_markdown(
             "|" + "|".join(["---"] * len(header)) + "|",
         ]
         for row in ordered:
-            cells = [row.method, _seeds(row), _pct(row.final_mean, row.final_std)]
+            name = f"{row.method} ({', '.join(row.marks)})" if row.marks else row.method
+            cells = [name, _seeds(row), _pct(row.final_mean, row.final_std)]
             if last_k > 1:
                 cells.append(_pct(row.score_mean, row.score_std))
             if baseline is not None:
