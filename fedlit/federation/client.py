@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,8 +51,14 @@ class ClientRunner:
             metrics=objective.epoch_metrics(),
         )
 
-    def receive(self, payload: Payload, client_id: int, state: Any, visit: int = 1) -> Any:
-        """Client ``client_id`` receives ``payload`` without training (``all_clients_receive``):
-        its new persistent state."""
-        client = self.data.client_data(client_id, visit)
-        return self.method.client_receives(payload, client, state, self.trainer.device())
+    def receive(
+        self,
+        payload: Payload,
+        client_ids: Sequence[int],
+        states: Sequence[Any],
+        visits: Sequence[int],
+    ) -> list[Any]:
+        """Clients ``client_ids`` receive ``payload`` without training
+        (``all_clients_receive``): their new persistent states, in order."""
+        clients = [self.data.client_data(c, v) for c, v in zip(client_ids, visits, strict=True)]
+        return self.method.clients_receive(payload, clients, states, self.trainer.device())

@@ -521,12 +521,17 @@ class Federation:
                 self.store.put(cid, update.state)
                 updates.append(update)
                 received.append(flatten_payload(sent))
-            if method.all_clients_receive:  # the others receive the round's model too
-                for cid in sorted(set(range(self.data.num_clients)) - set(clients.tolist())):
-                    sent = method.client_payload(payload, cid)
-                    down.update(payload_bytes(sent))
-                    visit = max(self.visits.get(cid, 0), 1)
-                    state = self.runner.receive(sent, cid, self.store.get(cid), visit)
+            if method.all_clients_receive:  # the others receive the round's broadcast too
+                idle = sorted(set(range(self.data.num_clients)) - set(clients.tolist()))
+                for part, n in payload_bytes(payload).items():
+                    down[part] += n * len(idle)
+                states = self.runner.receive(
+                    payload,
+                    idle,
+                    [self.store.get(cid) for cid in idle],
+                    [max(self.visits.get(cid, 0), 1) for cid in idle],
+                )
+                for cid, state in zip(idle, states, strict=True):
                     self.store.put(cid, state)
             self._check_survivors(round_idx, len(clients), updates, faults)
             metrics |= fault_metrics(faults)

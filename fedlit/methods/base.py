@@ -86,7 +86,7 @@ class FederatedMethod(LightningModule):
     #: when a run starts and marked in results tables, see :meth:`marks`).
     oracle: ClassVar[bool] = False
     #: Every client receives each round's broadcast, sampled or not (paper 002's Algorithm 1,
-    #: line 6); those that do not train update their state in :meth:`client_receives`.
+    #: line 6); those that do not train update their state in :meth:`clients_receive`.
     all_clients_receive: ClassVar[bool] = False
     #: Augmented views of each unlabeled image a client's objective takes.
     client_views: ClassVar[tuple[str, ...]] = ("weak",)
@@ -250,12 +250,17 @@ class FederatedMethod(LightningModule):
         """The client's persistent state after this round (stateless methods: None)."""
         return None
 
-    def client_receives(
-        self, payload: Payload, client: ClientData, state: Any, device: torch.device
-    ) -> Any:
-        """The persistent state of a client that received ``payload`` this round but was not
-        sampled to train (only called where ``all_clients_receive``); work on ``device``."""
-        return state
+    def clients_receive(
+        self,
+        payload: Payload,
+        clients: Sequence[ClientData],
+        states: Sequence[Any],
+        device: torch.device,
+    ) -> list[Any]:
+        """The persistent states of the clients that received the round's ``payload`` but were
+        not sampled to train (only called where ``all_clients_receive``), all at once so that
+        what they share (the received network) is built once; work on ``device``."""
+        return list(states)
 
     # --- aggregation ----------------------------------------------------------------------
     def aggregate(self, updates: Sequence[ClientUpdate], round_idx: int) -> Aggregated:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -126,17 +127,24 @@ class FedSEAL(FederatedMethod):
         # the hidden labels feed the pseudo/*_acc diagnostics only, computed on the client
         objective.attach(client.plain_dataloader(), client.hidden_labels)  # type: ignore[operator]
 
-    def client_receives(
-        self, payload: Payload, client: ClientData, state: Any, device: torch.device
-    ) -> Any:
-        """A client not sampled this round still adds w^t's predictions to its self-ensemble
-        (eq 8), as a sampled client does before training."""
-        if not self.use_self_ensemble:
-            return state
+    def clients_receive(
+        self,
+        payload: Payload,
+        clients: Sequence[ClientData],
+        states: Sequence[Any],
+        device: torch.device,
+    ) -> list[Any]:
+        """The clients not sampled this round still add w^t's predictions to their
+        self-ensembles (eq 8), as a sampled client does before training; w^t is built once."""
+        if not self.use_self_ensemble or not clients:
+            return list(states)
         network = self.client_model(payload).to(device)
-        probs, _ = predict_probabilities(network, client.plain_dataloader())
-        previous, count = (state["mean"], state["count"]) if state else (None, 0)
-        return {"mean": self_ensemble(previous, probs, count + 1), "count": count + 1}
+        updated = []
+        for client, state in zip(clients, states, strict=True):
+            probs, _ = predict_probabilities(network, client.plain_dataloader())
+            previous, count = (state["mean"], state["count"]) if state else (None, 0)
+            updated.append({"mean": self_ensemble(previous, probs, count + 1), "count": count + 1})
+        return updated
 
     def client_state(self, objective: Objective, previous: Any) -> Any:
         assert isinstance(objective, FedSEALClient) and objective.ensemble is not None
