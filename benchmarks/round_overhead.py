@@ -26,7 +26,7 @@ from fedlit.data import FederatedDataModule, sample_clients
 from fedlit.federation import Federation, FederationConfig, RoundCSVLogger
 from fedlit.federation.seeding import FINETUNE, SERVER, derive_seed, seed_all
 from fedlit.methods import FedAvgFixMatch, FedAvgSL, FederatedMethod
-from fedlit.objectives import Objective
+from fedlit.objectives import Objective, Optimization
 
 METHODS: dict[str, type[FederatedMethod]] = {"fixmatch": FedAvgFixMatch, "sl": FedAvgSL}
 
@@ -48,23 +48,25 @@ def plain_train(objective: Objective, loader: Iterable[Any], epochs: int) -> Non
 def plain_round(fed: Federation, round_idx: int) -> None:
     """One round of ``fed``'s method written directly in PyTorch (no Lightning, no logging)."""
     method, data, cfg = fed.method, fed.data, fed.config
+    method.on_round_start(round_idx, cfg.rounds)
     if method.server_first:
         seed_all(derive_seed(fed.seed, round_idx, SERVER))
-        server = method.server_objective(round_idx, cfg.rounds)
+        server = method.server_objective()
         plain_train(server, method.server_loader(data), cfg.server_epochs)
-    payload = method.broadcast(round_idx)
+    payload = method.broadcast()
     uploads, weights = [], []
     for cid in sample_clients(data.num_clients, cfg.clients_per_round, fed.seed, round_idx):
         seed_all(derive_seed(fed.seed, round_idx, int(cid)))
-        objective = method.client_objective(payload, round_idx, cfg.rounds, None)
-        loader = method.client_loader(data.client_data(int(cid)))
+        client = data.client_data(int(cid))
+        objective = method.client_objective(payload, client, None)
+        loader = method.client_loader(client)
         plain_train(objective, loader, cfg.local_epochs)
         uploads.append({k: v.detach().clone() for k, v in objective.network.state_dict().items()})
         weights.append(loader.num_examples)
     method.network.load_state_dict(weighted_average(uploads, weights))
     if not method.server_first or method.server_finetunes:
         seed_all(derive_seed(fed.seed, round_idx, SERVER if not method.server_first else FINETUNE))
-        server = method.server_objective(round_idx, cfg.rounds)
+        server = method.server_objective()
         plain_train(server, method.server_loader(data), cfg.server_epochs)
 
 
@@ -73,7 +75,7 @@ def measure(name: str, args: argparse.Namespace, workdir: Path) -> tuple[float, 
         data = FederatedDataModule(
             root=args.root, num_clients=args.clients, examples_per_client=args.examples
         )
-        method = METHODS[name](num_classes=10, in_channels=1, client_lr=0.003)
+        method = METHODS[name](num_classes=10, in_channels=1, optim=Optimization(client_lr=0.003))
         config = FederationConfig(
             rounds=10_000,
             clients_per_round=args.clients,

@@ -143,7 +143,7 @@ BAD = [
     (["--data.dataset=imagenet"], "data.dataset"),
     (["--data.partitioner=NoSuchPartitioner"], "data.partitioner"),
     (["--federation.rounds=0"], "federation.rounds"),
-    (["--model.init_args.client_lr=0"], "model.client_lr"),
+    (["--model.init_args.optim.client_lr=0"], "optim.client_lr"),
 ]
 
 

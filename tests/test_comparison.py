@@ -178,7 +178,9 @@ def test_compare_rerun_runs_nothing(
 def test_compare_bad_input_stops_before_any_run(
     fmnist_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    spec = _spec(tmp_path, fmnist_root, overrides=[*_tiny(fmnist_root), "--model.init_args.tau=7"])
+    spec = _spec(
+        tmp_path, fmnist_root, overrides=[*_tiny(fmnist_root), "--model.init_args.loss.tau=7"]
+    )
     with pytest.raises(SystemExit) as exc:
         main(["compare", f"--config={spec}"])
     assert exc.value.code == 2
@@ -229,7 +231,7 @@ def test_compare_logs_to_wandb_offline(
             if r["type"] == "config":
                 config |= r["config"].get("update", {})
         assert config["seed_everything"] == seed  # the full resolved config
-        assert config["model.init_args.tau"] == 0.9  # the recipe's
+        assert config["model.init_args.loss.tau"] == 0.9  # the recipe's
         assert config["data.examples_per_client"] == 32
         history = [r["history"]["item"] for r in records if r["type"] == "history"]
         assert any("partition/R" in h for h in history)  # the partition summary

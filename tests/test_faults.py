@@ -21,7 +21,7 @@ import pytest
 import torch
 from conftest import tiny_overrides
 
-from fedlit.aggregation import weighted_average
+from fedlit.aggregation import Aggregated, weighted_average
 from fedlit.aggregation.payloads import Payload, state_part
 from fedlit.cli import main
 from fedlit.data import ClientData, FederatedDataModule
@@ -35,7 +35,7 @@ from fedlit.federation import (
 from fedlit.methods import ClientUpdate, FedAvgFixMatch, FederatedMethod, FedRGD
 from fedlit.methods.base import StateDict
 from fedlit.methods.fedrgd import PeerUploadWarning
-from fedlit.objectives import Objective
+from fedlit.objectives import Objective, Optimization
 
 REPO = Path(__file__).parents[1]
 FIXMATCH = REPO / "recipes" / "fedavg_fixmatch.yaml"
@@ -56,14 +56,9 @@ class Faulty(FedAvgFixMatch):
         self.uploads: dict[tuple[int, int], StateDict] = {}
         self.at = (0, -1)  # (round, client) of the client at work
 
-    def client_objective(
-        self, payload: Payload, round_idx: int, total_rounds: int, state: Any
-    ) -> Objective:
-        self.at = (round_idx, -1)
-        return super().client_objective(payload, round_idx, total_rounds, state)
-
-    def client_setup(self, objective: Objective, client: ClientData) -> None:
-        self.at = (self.at[0], client.client_id)
+    def client_objective(self, payload: Payload, client: ClientData, state: Any) -> Objective:
+        self.at = (self.round_idx, client.client_id)
+        return super().client_objective(payload, client, state)
 
     def client_upload(self, objective: Objective) -> Payload:
         upload = super().client_upload(objective)
@@ -83,17 +78,14 @@ class NonFiniteGlobal(FedAvgFixMatch):
     stage = "aggregation"
     bad_round = 2
 
-    def aggregate(self, updates: Sequence[ClientUpdate], round_idx: int) -> None:
-        super().aggregate(updates, round_idx)
-        if self.stage == "aggregation" and round_idx == self.bad_round:
+    def aggregate(self, updates: Sequence[ClientUpdate]) -> Aggregated:
+        result = super().aggregate(updates)
+        if self.stage == "aggregation" and self.round_idx == self.bad_round:
             self._poison()
-
-    def server_objective(self, round_idx: int, total_rounds: int) -> Objective:
-        self.server_round = round_idx
-        return super().server_objective(round_idx, total_rounds)
+        return result
 
     def server_step_done(self, objective: Objective, data: FederatedDataModule) -> None:
-        if self.stage == "server" and self.server_round == self.bad_round:
+        if self.stage == "server" and self.round_idx == self.bad_round:
             self._poison()
 
     def _poison(self) -> None:
@@ -123,7 +115,7 @@ def _fed(
 
 
 def _method(cls: type[FederatedMethod], **attrs: Any) -> Any:
-    method = cls(num_classes=10, in_channels=1, client_lr=0.003)
+    method = cls(num_classes=10, in_channels=1, optim=Optimization(client_lr=0.003))
     for key, value in attrs.items():
         setattr(method, key, value)
     return method
@@ -252,11 +244,12 @@ def test_cli_stops_a_failed_round_with_its_own_status(
 ) -> None:
     original = FedAvgFixMatch.aggregate
 
-    def nan_in_round_2(self: FedAvgFixMatch, updates: Sequence[ClientUpdate], r: int) -> None:
-        original(self, updates, r)
-        if r == 2:
+    def nan_in_round_2(self: FedAvgFixMatch, updates: Sequence[ClientUpdate]) -> Aggregated:
+        result = original(self, updates)
+        if self.round_idx == 2:
             with torch.no_grad():
                 self.network.head[0].weight.fill_(float("nan"))
+        return result
 
     monkeypatch.setattr(FedAvgFixMatch, "aggregate", nan_in_round_2)
     run_dir = tmp_path / "run"
@@ -365,8 +358,8 @@ def test_fedrgd_warns_when_a_group_of_two_exposes_a_peer(
     method = FedRGD(num_classes=10, in_channels=1, num_groups=num_groups)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        method.aggregate(_rgd_updates(method, clients), 1)
-        method.aggregate(_rgd_updates(method, clients), 2)  # once per run, not every round
+        method.aggregate(_rgd_updates(method, clients))
+        method.aggregate(_rgd_updates(method, clients))  # once per run, not every round
     found = [w for w in caught if issubclass(w.category, PeerUploadWarning)]
     assert len(found) == int(warned), [str(w.message) for w in caught]
     if warned:

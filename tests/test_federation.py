@@ -31,6 +31,7 @@ from fedlit.methods import (
     FedSwitch,
     ServerSL,
 )
+from fedlit.objectives import FixMatchLoss
 
 
 def _federation(
@@ -153,9 +154,9 @@ def test_resume_restores_the_whole_method_state(
 
 
 def test_client_round_is_a_function_of_its_inputs(fmnist_root: Path, tmp_path: Path) -> None:
-    fed = _federation(fmnist_root, tmp_path / "run", method_kw={"tau": 0.0})
+    fed = _federation(fmnist_root, tmp_path / "run", method_kw={"loss": FixMatchLoss(tau=0.0)})
     fed.prepare()
-    payload = fed.method.broadcast(1)
+    payload = fed.method.broadcast()
     first = fed.runner(payload, 1, 1, None)
     with torch.no_grad():  # the server's own network must not leak into a client's work
         for p in fed.method.network.parameters():
@@ -187,6 +188,11 @@ def test_oracle_is_marked_and_uses_labels(
 ) -> None:
     assert FedAvgSL.oracle and not FedAvgFixMatch.oracle and not ServerSL.oracle
     assert FedAvgSL.marks() == ("oracle",) and FedAvgFixMatch.marks() == ()
+
+    class Sharing(FedAvgFixMatch):
+        private = False
+
+    assert Sharing.marks() == ("not private",)
     fed = _federation(fmnist_root, tmp_path / "run", FedAvgSL, rounds=1)
     fed.prepare()
     _, y = next(iter(fed.method.client_loader(fed.data.client_data(0))))
@@ -287,8 +293,9 @@ def test_client_hooks_get_only_the_clients_own_data(fmnist_root: Path, tmp_path:
             seen.append(client)
             return super().client_loader(client)
 
-        def client_setup(self, objective, client: ClientData) -> None:  # type: ignore[no-untyped-def]
+        def client_objective(self, payload, client: ClientData, state):  # type: ignore[no-untyped-def]
             seen.append(client)
+            return super().client_objective(payload, client, state)
 
     fed = _federation(fmnist_root, tmp_path / "run", Recording, rounds=1)
     fed.run()
@@ -305,10 +312,11 @@ def test_client_hooks_get_only_the_clients_own_data(fmnist_root: Path, tmp_path:
         assert len(images) == 128
 
 
-def test_checkpoint_of_the_earlier_format_is_refused_naming_it(tmp_path: Path) -> None:
+@pytest.mark.parametrize("version", [1, 2])
+def test_checkpoint_of_an_earlier_format_is_refused_naming_it(tmp_path: Path, version: int) -> None:
     old = tmp_path / "last.ckpt"
-    torch.save({"format": "fedlit-federation/1", "round": 3, "global_state": {}}, old)
+    torch.save({"format": f"fedlit-federation/{version}", "round": 3, "method_state": {}}, old)
     with pytest.raises(
-        ValueError, match="earlier fedlit .fedlit-federation/1.*start the run again"
+        ValueError, match=f"earlier fedlit .fedlit-federation/{version}.*start the run again"
     ):
         load_checkpoint(old)

@@ -8,7 +8,16 @@ import pytest
 import torch
 from torch import nn
 
-from fedlit.objectives import UDA, FixMatch, SupervisedCE, fixmatch_loss, proximal_term, uda_loss
+from fedlit.objectives import (
+    UDA,
+    FixMatch,
+    FixMatchLoss,
+    SupervisedCE,
+    UDALoss,
+    fixmatch_loss,
+    proximal_term,
+    uda_loss,
+)
 
 
 def test_fixmatch_loss_hand_computed() -> None:
@@ -48,7 +57,7 @@ def test_proximal_term() -> None:
 def test_fixmatch_objective_adds_prox_after_a_step() -> None:
     torch.manual_seed(0)
     net = nn.Sequential(nn.Flatten(), nn.Linear(4, 3))
-    obj = FixMatch(net, lr=0.1, tau=0.0, mu=1.0)
+    obj = FixMatch(net, lr=0.1, loss=FixMatchLoss(tau=0.0, mu=1.0))
     batch = (torch.randn(8, 1, 2, 2), torch.randn(8, 1, 2, 2))
     opt = obj.configure_optimizers()
     loss0 = obj.training_step(batch, 0)  # at the anchor: prox = 0
@@ -78,7 +87,11 @@ def test_supervised_ce_and_metrics() -> None:
 
 def test_objective_rejects_bad_settings() -> None:
     with pytest.raises(ValueError, match="tau"):
-        FixMatch(nn.Linear(1, 1), lr=0.1, tau=1.5)
+        FixMatchLoss(tau=1.5)
+    with pytest.raises(ValueError, match="mu"):
+        FixMatchLoss(mu=-0.1)
+    with pytest.raises(ValueError, match="temperature"):
+        UDALoss(temperature=0.0)
     with pytest.raises(ValueError, match="optimizer"):
         SupervisedCE(nn.Linear(1, 1), lr=0.1, optimizer="lbfgs")
 
@@ -98,7 +111,7 @@ def test_uda_loss_hand_computed() -> None:
 def test_uda_objective_with_prox_matches_its_parts() -> None:
     torch.manual_seed(0)
     net = nn.Sequential(nn.Flatten(), nn.Linear(4, 3))
-    obj = UDA(net, lr=0.1, temperature=0.4, threshold=0.0, mu=0.5)
+    obj = UDA(net, lr=0.1, loss=UDALoss(temperature=0.4, threshold=0.0, mu=0.5))
     batch = (torch.randn(6, 1, 2, 2), torch.randn(6, 1, 2, 2))
     with torch.no_grad():
         net[1].weight.add_(0.1)  # move away from the anchor

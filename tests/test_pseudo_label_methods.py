@@ -11,6 +11,7 @@ import torch
 
 from fedlit.aggregation import state_bytes
 from fedlit.data import ClientData, FederatedDataModule, visit_number
+from fedlit.data.datasets import SPECS, ImageSplit
 from fedlit.federation import Federation, FederationConfig, load_checkpoint
 from fedlit.methods import (
     ClientUpdate,
@@ -24,6 +25,7 @@ from fedlit.methods import (
     TSServerEMA,
 )
 from fedlit.methods.fedseal import THRESHOLDS
+from fedlit.objectives import FedSEALLoss, Optimization
 from fedlit.objectives.fedseal import predict_probabilities
 
 
@@ -33,6 +35,7 @@ def _fed(
     cls: type[FederatedMethod],
     data_kw: dict | None = None,
     method_kw: dict | None = None,
+    optim_kw: dict | None = None,
     **config: object,
 ) -> Federation:
     data_args = dict(
@@ -45,7 +48,8 @@ def _fed(
     )
     data_args.update(data_kw or {})
     data = FederatedDataModule(**data_args)  # type: ignore[arg-type]
-    method = cls(num_classes=10, in_channels=1, client_lr=0.003, **(method_kw or {}))
+    optim = Optimization(**{"client_lr": 0.003, **(optim_kw or {})})
+    method = cls(num_classes=10, in_channels=1, optim=optim, **(method_kw or {}))
     cfg = FederationConfig(**{"rounds": 1, "clients_per_round": 2, **config})  # type: ignore[arg-type]
     return Federation(method, data, cfg, run_dir=run_dir, seed=0, progress=False)
 
@@ -64,7 +68,7 @@ def test_method_learns_on_fashion_mnist(
         tmp_path / "run",
         cls,
         data_kw={"num_clients": 3, "examples_per_client": 240},
-        method_kw={"server_lr": 0.03},
+        optim_kw={"server_lr": 0.03},
         clients_per_round=3,
         rounds=2,
         server_epochs=5,
@@ -81,7 +85,8 @@ def test_fedseal_logs_its_sets_and_keeps_the_ensemble_on_the_client(
         fmnist_root,
         tmp_path / "run",
         FedSEAL,
-        method_kw={"server_lr": 0.03, "bootstrap_epochs": 5, "ramp": 0.67},
+        optim_kw={"server_lr": 0.03},
+        method_kw={"bootstrap_epochs": 5, "loss": FedSEALLoss(ramp=0.67)},
         rounds=3,
     )
     result = fed.run()
@@ -117,7 +122,8 @@ def test_fedseal_clients_not_sampled_still_receive_every_model(
         tmp_path / "run",
         FedSEAL,
         data_kw={"num_clients": 3},
-        method_kw={"server_lr": 0.03, "bootstrap_epochs": 1},
+        optim_kw={"server_lr": 0.03},
+        method_kw={"bootstrap_epochs": 1},
         clients_per_round=1,
         rounds=2,
     )
@@ -159,9 +165,12 @@ def test_fedseal_clients_not_sampled_still_receive_every_model(
 def test_fedseal_thresholds_travel_with_the_model() -> None:
     method = FedSEAL(num_classes=10, in_channels=1)
     method.thresholds = torch.linspace(0.1, 1.0, 10)
-    payload = method.broadcast(1)
+    method.on_round_start(1, 10)
+    payload = method.broadcast()
     torch.testing.assert_close(payload[THRESHOLDS], method.thresholds)
-    objective = method.client_objective(payload, 1, 10, None)
+    split = ImageSplit(torch.zeros(4, 1, 28, 28, dtype=torch.uint8), torch.zeros(4).long())
+    client = ClientData(0, 1, split, None, SPECS["fashion_mnist"], 4, 4, 4)
+    objective = method.client_objective(payload, client, None)
     torch.testing.assert_close(objective.thresholds, method.thresholds)
 
 
@@ -237,18 +246,19 @@ def test_fedrgd_groups_start_from_their_own_average() -> None:
     updates = [
         ClientUpdate(cid, {"model": const(c)}, 10) for cid, c in ((3, 2.0), (5, 4.0), (8, 10.0))
     ]
-    method.aggregate(updates, 1)
+    method.on_round_start(1, 10)
+    method.aggregate(updates)
     w = "head.0.weight"
     # groups [3, 5], [8]: (1 + 2 + 4) / 3 = 7/3 and (1 + 10) / 2 = 5.5; w_avg is their mean
     assert float(method.network.state_dict()[w][0, 0]) == pytest.approx((7 / 3 + 5.5) / 2)
-    payload = method.broadcast(2)
+    payload = method.broadcast()
     assert float(method.client_payload(payload, 3)["model"][w][0, 0]) == pytest.approx(7 / 3)
     assert float(method.client_payload(payload, 5)["model"][w][0, 0]) == pytest.approx(7 / 3)
     assert float(method.client_payload(payload, 8)["model"][w][0, 0]) == pytest.approx(5.5)
     assert method.client_payload(payload, 0) is payload  # not in last round's groups
     single = FedRGD(num_classes=10, in_channels=1, num_groups=1)
     single.network.load_state_dict(const(1.0))
-    single.aggregate(updates, 1)  # eqs 4-5: (1 + 2 + 4 + 10) / 4
+    single.aggregate(updates)  # eqs 4-5: (1 + 2 + 4 + 10) / 4
     assert float(single.network.state_dict()[w][0, 0]) == pytest.approx(4.25)
 
 
@@ -257,14 +267,15 @@ def test_fedrgd_clients_start_from_the_model_the_server_started_from() -> None:
     only enters through the aggregation."""
     method = FedRGD(num_classes=10, in_channels=1, num_groups=1)
     before = {k: v.clone() for k, v in method.network.state_dict().items()}
-    objective = method.server_objective(1, 10)
+    method.on_round_start(1, 10)
+    objective = method.server_objective()
     with torch.no_grad():  # the server's step moves the network
         for param in objective.network.parameters():
             param.add_(1.0)
-    payload = method.broadcast(1)
+    payload = method.broadcast()
     torch.testing.assert_close(payload, {"model": before})
     assert method.round_start is None  # taken once: a later broadcast sends the current model
-    torch.testing.assert_close(method.broadcast(2), {"model": method.network.state_dict()})
+    torch.testing.assert_close(method.broadcast(), {"model": method.network.state_dict()})
 
 
 def test_fedrgd_period_in_local_steps_and_self_training(fmnist_root: Path, tmp_path: Path) -> None:
@@ -272,14 +283,16 @@ def test_fedrgd_period_in_local_steps_and_self_training(fmnist_root: Path, tmp_p
         fmnist_root,
         tmp_path / "run",
         FedRGD,
-        method_kw={"loss": "self_training", "warmup": 0.1},
+        optim_kw={"warmup": 0.1},
+        method_kw={"self_training": True},
         local_steps=3,
     )
     fed.prepare()
     loader = fed.method.client_loader(fed.data.client_data(0))
     assert len(next(iter(loader))) == 1  # eq 3: one weak view
-    payload = fed.method.broadcast(1)
-    objective = fed.method.client_objective(payload, 1, 1, None)
+    fed.method.on_round_start(1, 1)
+    payload = fed.method.broadcast()
+    objective = fed.method.client_objective(payload, fed.data.client_data(0), None)
     fed.trainer.fit(objective, loader, 1, max_steps=3)
     assert objective.trainer.global_step == 3  # T local steps, not an epoch (2 batches)
     # eq 9 ran: the last step's rate is below the base rate

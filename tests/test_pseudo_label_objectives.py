@@ -12,8 +12,10 @@ from torch import nn
 from fedlit.aggregation import weight_diversity
 from fedlit.methods import FedSwitch
 from fedlit.objectives import (
+    FixMatchLoss,
     SelfTraining,
     TeacherStudentClient,
+    TeacherStudentLoss,
     WarmupCosine,
     class_thresholds,
     complementary_loss,
@@ -155,8 +157,8 @@ def test_fedswitch_switch_decision(
     values = torch.tensor([kl_teacher, kl_student], dtype=torch.float64)
     method.kl.copy_(values.nan_to_num())
     method.kl_measured.copy_(~values.isnan())  # NaN: not measured yet
-    assert method.send_teacher(2) is send
-    assert ("teacher" in method.broadcast(2)) is send
+    assert method.send_teacher() is send
+    assert ("teacher" in method.broadcast()) is send
 
 
 class _Fixed(nn.Module):
@@ -172,7 +174,7 @@ class _Fixed(nn.Module):
 
 def test_self_training_uses_one_weak_view() -> None:
     logits = torch.tensor([[4.0, 0.0], [0.1, 0.0]])  # confident, not confident (tau 0.9)
-    objective = SelfTraining(_Fixed(logits), lr=0.1, tau=0.9)
+    objective = SelfTraining(_Fixed(logits), lr=0.1, loss=FixMatchLoss(tau=0.9))
     loss = objective.training_step((torch.zeros(2, 1),), 0)
     expected = -torch.log_softmax(logits, -1)[0, 0] / 2  # masked mean over the batch
     assert float(loss.detach()) == pytest.approx(float(expected))
@@ -185,7 +187,8 @@ def test_teacher_pseudo_labels_and_local_adaptation() -> None:
         teacher.weight.zero_()
         teacher.bias.copy_(torch.tensor([5.0, 0.0]))  # the teacher says class 0, confidently
     x = torch.randn(4, 3)
-    fixed = TeacherStudentClient(student, 0.1, teacher=teacher, num_classes=2, tau=0.9)
+    loss = TeacherStudentLoss(tau=0.9)
+    fixed = TeacherStudentClient(student, 0.1, teacher=teacher, num_classes=2, loss=loss)
     loss = fixed.training_step((x, x), 0)
     with torch.no_grad():
         expected = torch.nn.functional.cross_entropy(student(x), torch.zeros(4, dtype=torch.long))

@@ -67,12 +67,13 @@ def finished(fmnist_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
 
 # --- every bad value refused before anything is written -----------------------------------
 BAD_VALUES = [
-    (["--model.init_args.momentum=-1"], "model.momentum", "-1"),
-    (["--model.init_args.momentum=1.5"], "model.momentum", "1.5"),
-    (["--model.init_args.weight_decay=-1"], "model.weight_decay", "-1"),
-    (["--model.init_args.optimizer=rmsprop"], "model.optimizer", "rmsprop"),
-    (["--model.init_args.server_lr=.nan"], "model.init_args.server_lr", "nan"),
-    (["--model.init_args.server_lr=.inf"], "model.init_args.server_lr", "inf"),
+    (["--model.init_args.optim.momentum=-1"], "optim.momentum", "-1"),
+    (["--model.init_args.optim.momentum=1.5"], "optim.momentum", "1.5"),
+    (["--model.init_args.optim.weight_decay=-1"], "optim.weight_decay", "-1"),
+    (["--model.init_args.optim.optimizer=rmsprop"], "optimizer", "rmsprop"),
+    (["--model.init_args.optim.server_lr=.nan"], "model.init_args.optim.server_lr", "nan"),
+    (["--model.init_args.optim.server_lr=.inf"], "model.init_args.optim.server_lr", "inf"),
+    (["--model.init_args.loss.tau=1.5"], "loss.tau", "1.5"),
     (["--federation.eval_lr=.inf"], "federation.eval_lr", "inf"),
     (["--trainer.gradient_clip_val=.nan"], "trainer.gradient_clip_val", "nan"),
 ]
@@ -97,11 +98,11 @@ def test_nan_in_a_yaml_file_is_refused(
     fmnist_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     override = tmp_path / "nan.yaml"
-    override.write_text("model:\n  init_args:\n    client_lr: .nan\n")
+    override.write_text("model:\n  init_args:\n    optim:\n      client_lr: .nan\n")
     run_dir = tmp_path / "run"
     args = _fit(fmnist_root, run_dir, f"--config={override}", recipe=RECIPES / "fedavg_sl.yaml")
     err = _refused(args, capsys)
-    assert "model.init_args.client_lr" in err and "nan" in err, err
+    assert "model.init_args.optim.client_lr" in err and "nan" in err, err
     assert not run_dir.exists()
 
 
@@ -291,8 +292,8 @@ def test_resume_while_the_run_is_being_written_is_refused(
 
 
 CHANGED = [
-    ("--model.init_args.server_lr=0.1", "model.init_args.server_lr"),
-    ("--model.init_args.momentum=0.5", "model.init_args.momentum"),
+    ("--model.init_args.optim.server_lr=0.1", "model.init_args.optim.server_lr"),
+    ("--model.init_args.optim.momentum=0.5", "model.init_args.optim.momentum"),
     ("--data.examples_per_client=16", "data.examples_per_client"),
     ("--data.partitioner=Dirichlet --data.partitioner.alpha=0.5", "data.partitioner.class_path"),
     ("--federation.server_epochs=2", "federation.server_epochs"),
@@ -317,7 +318,7 @@ def test_resume_may_change_allows_a_named_setting(
 
     def args(fork: Path, may_change: str) -> list[str]:
         changed = [
-            "--model.init_args.server_lr=0.1",
+            "--model.init_args.optim.server_lr=0.1",
             f"--federation.resume_may_change=[{may_change}]",
         ]
         return _fit(fmnist_root, fork, "--federation.rounds=2", *changed, _resume(finished))
@@ -325,7 +326,7 @@ def test_resume_may_change_allows_a_named_setting(
     err = _refused(args(tmp_path / "typo", "model.init_args.nope"), capsys)
     assert "model.init_args.nope" in err, err
     fork = tmp_path / "fork"  # resumed into a new directory: the finished run stays as it is
-    main(args(fork, "model.init_args.server_lr"))
+    main(args(fork, "model.init_args.optim.server_lr"))
     assert load_checkpoint(fork / "checkpoints" / "last.ckpt")["round"] == 2
     assert load_checkpoint(finished / "checkpoints" / "last.ckpt")["round"] == 1
 

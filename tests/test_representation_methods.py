@@ -20,7 +20,7 @@ from fedlit.methods import (
     FederatedMethod,
     FedSup,
 )
-from fedlit.objectives import feature_map_weight
+from fedlit.objectives import Optimization, feature_map_weight
 
 
 def _fed(
@@ -38,7 +38,7 @@ def _fed(
         client_batch_size=32,
         test_subset=2000,
     )
-    method = cls(num_classes=10, in_channels=1, client_lr=0.003)
+    method = cls(num_classes=10, in_channels=1, optim=Optimization(client_lr=0.003))
     cfg = FederationConfig(**{"rounds": 1, "clients_per_round": num_clients, **config})  # type: ignore[arg-type]
     return Federation(method, data, cfg, run_dir=run_dir, seed=0, progress=False)
 
@@ -69,7 +69,7 @@ def test_method_learns_on_fashion_mnist(
 def test_fedcon_projector_stays_with_each_client(fmnist_root: Path, tmp_path: Path) -> None:
     fed = _fed(fmnist_root, tmp_path / "run", FedCon)
     fed.prepare()
-    payload = fed.method.broadcast(1)
+    payload = fed.method.broadcast()
     assert set(payload) == {"model"}
     assert payload["model"] and all(k.startswith("backbone.") for k in payload["model"])
     updates = [fed.runner(payload, cid, 1, None) for cid in (0, 1)]
@@ -134,13 +134,14 @@ def test_fedsup_sends_both_networks_and_weights_the_feature_loss(
     fed = _fed(fmnist_root, tmp_path / "run", FedSup, rounds=4)
     fed.prepare()
     method = fed.method
-    payload = method.broadcast(1)
+    payload = method.broadcast()
     assert set(payload) == {"model", "target"}  # the online network and f_Server
     sizes = payload_bytes(payload)
     assert sizes["model"] == sizes["target"] == state_bytes(state_part(payload, "model"))
     assert not any(k.startswith("head.") for k in state_part(payload, "model"))
     for t in (1, 2, 4):
-        objective = method.client_objective(payload, t, 4, None)
+        method.on_round_start(t, 4)
+        objective = method.client_objective(payload, fed.data.client_data(0), None)
         assert objective.mse_weight == pytest.approx(1e-4 ** (t / 4))
         assert objective.mse_weight == feature_map_weight(1e-4, t, 4)
     assert method.eval_network() is method.server_network

@@ -12,9 +12,9 @@ from torch import nn
 from fedlit.data import FederatedDataModule
 from fedlit.evaluation import scored
 from fedlit.federation import TrainerTemplate
-from fedlit.methods import FedAvgFixMatch, ServerSL
+from fedlit.methods import ServerSL
 from fedlit.models import build_classifier
-from fedlit.objectives import SupervisedCE
+from fedlit.objectives import Optimization, SupervisedCE
 
 
 @pytest.fixture(scope="module")
@@ -74,8 +74,9 @@ def test_scored_statistics_are_a_full_pass_over_the_clean_images(
 def test_run_level_schedule_values_at_known_steps(data: FederatedDataModule) -> None:
     """Round 2 of 4 covers the run's fraction [0.25, 0.5): the server's learning rate at its
     k-th of S steps is lr * cos(pi / 2 * (0.25 + 0.25 k / S)) (cosine to 0, no warm-up)."""
-    method = ServerSL(num_classes=10, in_channels=1, server_lr=0.1)
-    kw = method.optimizer_kwargs(0.1, round_idx=2, total_rounds=4)
+    method = ServerSL(num_classes=10, in_channels=1, optim=Optimization(server_lr=0.1))
+    method.on_round_start(2, 4)
+    kw = method.server_kwargs()
     assert kw["progress"] == (0.25, 0.5)
     seen: list[float] = []
 
@@ -91,8 +92,9 @@ def test_run_level_schedule_values_at_known_steps(data: FederatedDataModule) -> 
     expected = [0.1 * math.cos(math.pi / 2 * (0.25 + 0.25 * k / steps)) for k in range(steps)]
     assert seen == pytest.approx(expected, rel=1e-6)
     # constant: no schedule; the bootstrap (round 0) is never scheduled
-    constant = FedAvgFixMatch(num_classes=10, in_channels=1, lr_schedule="constant")
-    assert "schedule" not in constant.optimizer_kwargs(0.1, 2, 4)
-    assert "schedule" not in method.optimizer_kwargs(0.1, 0, 4)
-    with pytest.raises(ValueError, match="model.lr_schedule"):
-        ServerSL(num_classes=10, in_channels=1, lr_schedule="step")
+    constant = Optimization(lr_schedule="constant")
+    assert "schedule" not in constant.objective_kwargs(0.1, 2, 4)
+    method.on_round_start(0, 4)
+    assert "schedule" not in method.server_kwargs()
+    with pytest.raises(ValueError, match="optim.lr_schedule"):
+        Optimization(lr_schedule="step")  # type: ignore[arg-type]

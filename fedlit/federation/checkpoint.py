@@ -10,7 +10,14 @@ import torch
 
 #: Version 2: the method's whole state is ``method.state_dict()`` (networks, teachers, targets,
 #: buffers); version-1 files (a global network plus a hand-written server state) do not load.
-FORMAT = "fedlit-federation/2"
+FORMAT = "fedlit-federation/3"
+#: Earlier formats, refused with what changed since.
+EARLIER = {
+    "fedlit-federation/1": "before methods kept their state as module state",
+    "fedlit-federation/2": "before a method's optimiser and loss settings became the config "
+    "groups model.init_args.optim and model.init_args.loss, so its stored settings would not "
+    "be compared",
+}
 
 
 def save_checkpoint(path: Path, payload: dict[str, Any]) -> None:
@@ -37,11 +44,11 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
             f"{path} is not a fedlit federation checkpoint (torch.load(weights_only=True) "
             f"failed: {type(err).__name__})"
         ) from err
-    if isinstance(ckpt, dict) and ckpt.get("format") == "fedlit-federation/1":
+    earlier = ckpt.get("format") if isinstance(ckpt, dict) else None
+    if earlier in EARLIER:
         raise ValueError(
-            f"{path} was written by an earlier fedlit (fedlit-federation/1, before methods kept "
-            f"their state as module state) and cannot be loaded by this one ({FORMAT}); "
-            "start the run again"
+            f"{path} was written by an earlier fedlit ({earlier}, {EARLIER[earlier]}) and "
+            f"cannot be loaded by this one ({FORMAT}); start the run again"
         )
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
         raise ValueError(f"{path} is not a fedlit federation checkpoint ({FORMAT})")

@@ -38,10 +38,10 @@ class ClientRunner:
         """
         seed_all(derive_seed(self.seed, round_idx, client_id))
         method = self.method
-        objective = method.client_objective(payload, round_idx, self.total_rounds, state)
+        method.on_round_start(round_idx, self.total_rounds)
         client = self.data.client_data(client_id, visit)  # its own data, nothing else
+        objective = method.client_objective(payload, client, state)
         loader = method.client_loader(client)
-        method.client_setup(objective, client)
         self.trainer.fit(objective, loader, self.local_epochs, self.local_steps)
         return ClientUpdate(
             client_id=client_id,

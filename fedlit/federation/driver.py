@@ -124,7 +124,7 @@ class FederationConfig:
             run directory or a new one. Every setting that changes results must equal the
             checkpoint's.
         resume_may_change: settings (dotted keys as in the config, e.g.
-            ``model.init_args.client_lr``) a resume may change besides rounds, eval_every,
+            ``model.init_args.optim.client_lr``) a resume may change besides rounds, eval_every,
             the run directory, loggers and the data root.
         final_eval: protocols run on the global encoder after the last round, logged as
             ``eval/<protocol>_acc``: "finetune" (end to end) and/or "linear" (frozen encoder).
@@ -422,6 +422,11 @@ class Federation:
                 f"{type(self.method).__name__} is an oracle: its clients train on their true "
                 "labels (an upper bound, not a semi-supervised method)"
             )
+        if not self.method.private:
+            _note(
+                f"{type(self.method).__name__} is not private: it sends clients other clients' "
+                "models, which standard federated learning does not allow"
+            )
         self._write_run_file()
         loggers = [RoundCSVLogger(self.run_dir), *self.loggers]
         if self.start_round == 1:
@@ -488,6 +493,7 @@ class Federation:
         t0 = time.perf_counter()
         method, cfg = self.method, self.config
         metrics: dict[str, float] = {"round": float(round_idx)}
+        method.on_round_start(round_idx, cfg.rounds)
         if method.server_first or not method.uses_clients:
             metrics |= self._server_step(round_idx)
         down: Counter[str] = Counter()  # bytes sent down / up, by payload part
@@ -496,7 +502,7 @@ class Federation:
             clients = sample_clients(
                 self.data.num_clients, cfg.clients_per_round, self.seed, round_idx
             )
-            payload = method.broadcast(round_idx)
+            payload = method.broadcast()
             updates: list[ClientUpdate] = []
             received: list[dict[str, Tensor]] = []
             faults: list[ClientFault] = []
@@ -538,14 +544,14 @@ class Federation:
             metrics["diag/weight_diversity"] = weight_diversity(
                 received, [flatten_payload(u.upload) for u in updates]
             )
-            method.aggregate(updates, round_idx)
+            method.aggregate(updates)
             self._check_finite(round_idx, "aggregation")
             metrics |= _mean_metrics("client", [u.metrics for u in updates])
             if not method.server_first:
                 metrics |= self._server_step(round_idx)
             elif method.server_finetunes:  # paper 000's Algorithm 1: fine-tune the aggregate
                 metrics |= self._server_step(round_idx, stage="finetune")
-        method.end_round(round_idx)
+        method.end_round()
         self._check_finite(round_idx, "the end of the round (end_round)")
         if round_idx % cfg.eval_every == 0 or round_idx == cfg.rounds:
             metrics |= self.evaluate()
@@ -601,7 +607,7 @@ class Federation:
         (``finetune``: a second step in the round, after aggregation, on its own seed)."""
         if self.data.labels_at == "client":  # no labels at the server: nothing to train
             return {}
-        objective = self.method.server_objective(round_idx, self.config.rounds)
+        objective = self.method.server_objective()
         if objective is None:
             return {}
         seed_all(derive_seed(self.seed, round_idx, FINETUNE if stage == "finetune" else SERVER))
@@ -617,6 +623,7 @@ class Federation:
         epochs = self.method.bootstrap_epochs
         if epochs == 0 or self.data.labels_at == "client":
             return {}
+        self.method.on_round_start(0, self.config.rounds)
         trained = self._server_step(0, epochs)
         metrics = {k.replace("server/", "bootstrap/", 1): v for k, v in trained.items()}
         return metrics | self.evaluate("bootstrap_test")

@@ -9,7 +9,6 @@ logging and checkpoints; it never knows which method it runs.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -25,10 +24,9 @@ from fedlit.data.client import ClientData
 from fedlit.data.datamodule import FederatedDataModule
 from fedlit.data.loaders import ImageBatches
 from fedlit.models import Backbone, Classifier, build_classifier
-from fedlit.objectives import Objective, SupervisedCE, WarmupCosine
-from fedlit.objectives.base import OPTIMIZERS
+from fedlit.objectives import Objective, Optimization, SupervisedCE
 
-LR_SCHEDULES = ("constant", "cosine")
+DEFAULT_OPTIMIZATION = Optimization()
 
 
 @dataclass(frozen=True)
@@ -50,29 +48,21 @@ class ClientUpdate:
 class FederatedMethod(LightningModule):
     """Base of all methods: the global network, its evaluation, and default FedAvg rules.
 
+    A method's ``__init__`` signature is its recipe schema (``model.init_args``): these five
+    arguments, then the method's own. Each hyperparameter has one home where it is validated:
+    the optimiser's in :class:`~fedlit.objectives.Optimization`, a client loss's in its
+    objective's dataclass (``loss``, e.g. :class:`~fedlit.objectives.FixMatchLoss`), the
+    method's own in the method.
+
     Args:
         num_classes: classes of the data set (linked from ``data.num_classes`` by the CLI).
         in_channels: image channels (linked from ``data.in_channels``).
         backbone: a name from :data:`fedlit.models.BACKBONES`.
         norm: "bn", "gn" or "none"; None keeps the backbone's own.
-        server_lr: learning rate of the server's objective.
-        client_lr: learning rate of the clients' objective.
-        optimizer: "sgd" or "adam", for server and clients.
-        momentum: SGD momentum, in [0, 1).
-        weight_decay: L2 weight decay, >= 0.
-        lr_decay: per-round factor on both learning rates (lr * lr_decay ** (round - 1); paper
-            002's 0.995).
-        lr_schedule: "cosine" (default): both learning rates follow a warm-up + cosine schedule
-            over the whole run (:class:`~fedlit.objectives.WarmupCosine`), stepped every
-            optimiser step, the server's and the clients' steps of round r covering the run's
-            fraction ((r - 1) / R, r / R); "constant": no schedule (``lr_decay`` only).
-        warmup: fraction of the run spent warming up linearly (cosine schedule).
-        cosine_c: the cosine's periodic coefficient: 0.5 decays to the floor at the end of the
-            run; FixMatch's and paper 004's 7/16 to cos(7 pi / 16) ~ 0.2.
-        cosine_eps: the schedule's floor (paper 004: 1e-4).
+        optim: learning rates, optimiser and run-level schedule of server and clients.
 
-    Every value is checked here, where it is declared (finite, in range, a known optimizer),
-    so a bad one stops the CLI before anything is written.
+    Round-dependent values (learning rates, ramps, loss weights) reach the objectives through
+    one hook, :meth:`on_round_start`, called before anything of a round is built.
     """
 
     #: Clients take part (False for Server-SL, which trains on the server's labels only).
@@ -85,6 +75,10 @@ class FederatedMethod(LightningModule):
     #: Client loaders carry true labels: an oracle, not a semi-supervised method (announced
     #: when a run starts and marked in results tables, see :meth:`marks`).
     oracle: ClassVar[bool] = False
+    #: A client receives the server's model and nothing of another client's. False for a
+    #: method that sends clients other clients' models (FedMatch's helpers), which breaks
+    #: standard FL's privacy (paper 003): announced and marked as the oracle is.
+    private: ClassVar[bool] = True
     #: Every client receives each round's broadcast, sampled or not (paper 002's Algorithm 1,
     #: line 6); those that do not train update their state in :meth:`clients_receive`.
     all_clients_receive: ClassVar[bool] = False
@@ -101,53 +95,23 @@ class FederatedMethod(LightningModule):
         in_channels: int,
         backbone: str = "small_cnn",
         norm: str | None = None,
-        server_lr: float = 0.03,
-        client_lr: float = 0.03,
-        optimizer: str = "sgd",
-        momentum: float = 0.9,
-        weight_decay: float = 5e-4,
-        lr_decay: float = 1.0,
-        lr_schedule: str = "cosine",
-        warmup: float = 0.0,
-        cosine_c: float = 0.5,
-        cosine_eps: float = 1e-4,
+        optim: Optimization = DEFAULT_OPTIMIZATION,
     ) -> None:
         super().__init__()
-        for key, value in (("model.server_lr", server_lr), ("model.client_lr", client_lr)):
-            if not (math.isfinite(value) and value > 0):
-                raise ValueError(f"{key} must be finite and > 0, got {value}")
-        if not 0 < lr_decay <= 1:  # False for NaN too
-            raise ValueError(f"model.lr_decay must be in (0, 1], got {lr_decay}")
-        if optimizer not in OPTIMIZERS:
-            raise ValueError(f"model.optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
-        if not 0 <= momentum < 1:
-            raise ValueError(f"model.momentum must be in [0, 1), got {momentum}")
-        if not (math.isfinite(weight_decay) and weight_decay >= 0):
-            raise ValueError(f"model.weight_decay must be finite and >= 0, got {weight_decay}")
-        if lr_schedule not in LR_SCHEDULES:
-            raise ValueError(
-                f"model.lr_schedule must be one of {LR_SCHEDULES}, got {lr_schedule!r}"
-            )
-        try:
-            schedule = WarmupCosine(warmup, cosine_c, cosine_eps)
-        except ValueError as err:
-            raise ValueError(f"model.warmup / model.cosine_c / model.cosine_eps: {err}") from err
-        #: The run-level learning-rate schedule (None: constant).
-        self.schedule = schedule if lr_schedule == "cosine" else None
         self.num_classes, self.in_channels = num_classes, in_channels
         self.backbone_name, self.norm = backbone, norm
-        self.server_lr, self.client_lr = server_lr, client_lr
-        self.optimizer_name, self.momentum, self.weight_decay = optimizer, momentum, weight_decay
-        self.lr_decay = lr_decay
+        self.optim = optim
         self.save_hyperparameters()
         self.network: Classifier = self.new_network()
         #: How the uploads become the global network: FedAvg by n_k unless the method says.
         self.aggregator: Aggregator = WeightedMean()
+        #: The round being run and the run's length, set by :meth:`on_round_start`.
+        self.round_idx, self.total_rounds = 0, 1
 
     @classmethod
     def marks(cls) -> tuple[str, ...]:
         """What results tables write beside the method's name (``run.json``'s ``marks``)."""
-        return ("oracle",) if cls.oracle else ()
+        return ("oracle",) * cls.oracle + ("not private",) * (not cls.private)
 
     # --- the network ---------------------------------------------------------------------
     def new_network(self) -> Classifier:
@@ -161,27 +125,25 @@ class FederatedMethod(LightningModule):
     def forward(self, x: Tensor) -> Tensor:
         return self.network(x)
 
-    def optimizer_kwargs(self, lr: float, round_idx: int, total_rounds: int) -> dict[str, Any]:
-        """An objective's optimiser settings in round ``round_idx`` of ``total_rounds``: the
-        learning rate after ``lr_decay``, and the run-level schedule with the fraction of the
-        run this round covers. Round 0 (a bootstrap before round 1) is not scheduled."""
-        kw: dict[str, Any] = {
-            "lr": lr * self.lr_decay ** max(round_idx - 1, 0),
-            "optimizer": self.optimizer_name,
-            "momentum": self.momentum,
-            "weight_decay": self.weight_decay,
-        }
-        if self.schedule is not None and round_idx >= 1:
-            progress = ((round_idx - 1) / total_rounds, round_idx / total_rounds)
-            kw |= {"schedule": self.schedule, "progress": progress}
-        return kw
+    def on_round_start(self, round_idx: int, total_rounds: int) -> None:
+        """Round ``round_idx`` of ``total_rounds`` starts (0: the bootstrap before round 1):
+        a method computes its round's schedule values here (ramps, loss weights). Called by
+        the driver and, for a client's work, by the client runner; it only sets values, so
+        calling it twice for one round changes nothing."""
+        self.round_idx, self.total_rounds = round_idx, total_rounds
+
+    def server_kwargs(self) -> dict[str, Any]:
+        """The server objective's optimiser settings this round."""
+        return self.optim.objective_kwargs(self.optim.server_lr, self.round_idx, self.total_rounds)
+
+    def client_kwargs(self) -> dict[str, Any]:
+        """A client objective's optimiser settings this round."""
+        return self.optim.objective_kwargs(self.optim.client_lr, self.round_idx, self.total_rounds)
 
     # --- server ---------------------------------------------------------------------------
-    def server_objective(self, round_idx: int, total_rounds: int) -> Objective | None:
+    def server_objective(self) -> Objective | None:
         """The objective the server trains ``self.network`` with (in place); None: no step."""
-        return SupervisedCE(
-            self.network, **self.optimizer_kwargs(self.server_lr, round_idx, total_rounds)
-        )
+        return SupervisedCE(self.network, **self.server_kwargs())
 
     def server_step_done(self, objective: Objective, data: FederatedDataModule) -> None:
         """Called after the server's objective has trained (e.g. to keep a step count, or to
@@ -201,7 +163,7 @@ class FederatedMethod(LightningModule):
             k: v.detach().clone() for k, v in self.network.state_dict().items() if self.is_shared(k)
         }
 
-    def broadcast(self, round_idx: int) -> Payload:
+    def broadcast(self) -> Payload:
         """What the server sends to every sampled client this round: named parts, the shared
         weights as ``"model"`` (a method adds its own parts: a teacher, thresholds)."""
         return {MODEL: self.shared_state()}
@@ -215,10 +177,6 @@ class FederatedMethod(LightningModule):
     def client_loader(self, client: ClientData) -> ImageBatches | CombinedLoader:
         """The client's training loader this round, from its own data only."""
         return client.dataloader(self.client_views)
-
-    def client_setup(self, objective: Objective, client: ClientData) -> None:
-        """Give a client's objective what it needs from the client's own data before training
-        (FedSEAL: its images for the self-ensemble pass). Default: nothing."""
 
     def client_network(self, weights: StateDict) -> Classifier:
         """A new network holding ``weights`` (a payload's model part, or a teacher's). Client
@@ -234,10 +192,9 @@ class FederatedMethod(LightningModule):
         """A new network holding the payload's ``"model"`` part."""
         return self.client_network(state_part(payload, MODEL))
 
-    def client_objective(
-        self, payload: Payload, round_idx: int, total_rounds: int, state: Any
-    ) -> Objective:
-        """The objective a client trains this round, from what it received and its state."""
+    def client_objective(self, payload: Payload, client: ClientData, state: Any) -> Objective:
+        """The objective ``client`` trains this round, from what it received and its state
+        (and, where the method needs it, the client's own data)."""
         raise NotImplementedError
 
     def client_upload(self, objective: Objective) -> Payload:
@@ -263,7 +220,7 @@ class FederatedMethod(LightningModule):
         return list(states)
 
     # --- aggregation ----------------------------------------------------------------------
-    def aggregate(self, updates: Sequence[ClientUpdate], round_idx: int) -> Aggregated:
+    def aggregate(self, updates: Sequence[ClientUpdate]) -> Aggregated:
         """Replace the shared part of the global network by the uploads' aggregate
         (:attr:`aggregator`, given :meth:`server_model` where the rule averages it in)."""
         server = self.server_model() if self.aggregator.needs_server else None
@@ -278,7 +235,7 @@ class FederatedMethod(LightningModule):
         shared part of the global network."""
         return {k: v for k, v in self.network.state_dict().items() if self.is_shared(k)}
 
-    def end_round(self, round_idx: int) -> None:
+    def end_round(self) -> None:
         """Called once a round's aggregation and server step are done, before evaluation
         (e.g. a teacher's EMA step)."""
 

@@ -33,10 +33,5 @@ class FedAvgSL(FederatedMethod):
     def client_loader(self, client: ClientData) -> ImageBatches:
         return client.oracle_dataloader("weak")
 
-    def client_objective(
-        self, payload: Payload, round_idx: int, total_rounds: int, state: Any
-    ) -> Objective:
-        network = self.client_model(payload)
-        return SupervisedCE(
-            network, **self.optimizer_kwargs(self.client_lr, round_idx, total_rounds)
-        )
+    def client_objective(self, payload: Payload, client: ClientData, state: Any) -> Objective:
+        return SupervisedCE(self.client_model(payload), **self.client_kwargs())

@@ -10,10 +10,11 @@ from lightly.models.modules.heads import ProjectionHead
 from torch import nn
 
 from fedlit.aggregation import Mean
+from fedlit.data.client import ClientData
 from fedlit.data.datamodule import FederatedDataModule
 from fedlit.data.loaders import ImageBatches
-from fedlit.methods.base import FederatedMethod, Payload
-from fedlit.objectives import FedConClient, FedConServer, Objective
+from fedlit.methods.base import DEFAULT_OPTIMIZATION, FederatedMethod, Payload
+from fedlit.objectives import FedConClient, FedConServer, Objective, Optimization
 
 
 def fedcon_projector(feature_dim: int) -> nn.Module:
@@ -37,18 +38,25 @@ class FedCon(FederatedMethod):
     Args:
         ema_decay: tau, the server target's upper EMA decay (0.999).
         client_ema_decay: mu, the client target's EMA decay (0.999).
-        **kwargs: see :class:`FederatedMethod`.
+        The others: see :class:`FederatedMethod`.
     """
 
     client_views = ("weak", "weak")
 
     def __init__(
-        self, *args: Any, ema_decay: float = 0.999, client_ema_decay: float = 0.999, **kwargs: Any
+        self,
+        num_classes: int,
+        in_channels: int,
+        backbone: str = "small_cnn",
+        norm: str | None = None,
+        optim: Optimization = DEFAULT_OPTIMIZATION,
+        ema_decay: float = 0.999,
+        client_ema_decay: float = 0.999,
     ) -> None:
         for key, value in (("ema_decay", ema_decay), ("client_ema_decay", client_ema_decay)):
             if not 0 <= value <= 1:
                 raise ValueError(f"model.{key} must be in [0, 1], got {value}")
-        super().__init__(*args, **kwargs)
+        super().__init__(num_classes, in_channels, backbone, norm, optim)
         self.ema_decay, self.client_ema_decay = ema_decay, client_ema_decay
         self.aggregator = Mean()  # b_theta^G = 1/B sum_k b_theta^k (paper 001 III-B)
         self.target = copy.deepcopy(self.network)
@@ -67,13 +75,13 @@ class FedCon(FederatedMethod):
     def server_loader(self, data: FederatedDataModule) -> ImageBatches:
         return data.server_dataloader(("weak", "weak"))
 
-    def server_objective(self, round_idx: int, total_rounds: int) -> Objective:
+    def server_objective(self) -> Objective:
         return FedConServer(
             self.network,
             self.target,
             ema_decay=self.ema_decay,
             start_step=int(self.server_steps),
-            **self.optimizer_kwargs(self.server_lr, round_idx, total_rounds),
+            **self.server_kwargs(),
         )
 
     def server_step_done(self, objective: Objective, data: FederatedDataModule) -> None:
@@ -81,16 +89,13 @@ class FedCon(FederatedMethod):
         self.server_steps.fill_(objective.steps_done)
 
     # --- client ---------------------------------------------------------------------------
-    def client_objective(
-        self, payload: Payload, round_idx: int, total_rounds: int, state: Any
-    ) -> Objective:
+    def client_objective(self, payload: Payload, client: ClientData, state: Any) -> Objective:
         network = self.client_model(payload)
         projector = fedcon_projector(network.backbone.feature_dim)
         if state is not None:
             projector.load_state_dict(state["projector"])
         network.projector = projector
-        kw = self.optimizer_kwargs(self.client_lr, round_idx, total_rounds)
-        return FedConClient(network, ema_decay=self.client_ema_decay, **kw)
+        return FedConClient(network, ema_decay=self.client_ema_decay, **self.client_kwargs())
 
     def client_state(self, objective: Objective, previous: Any) -> Any:
         assert objective.network.projector is not None

@@ -11,10 +11,21 @@ from fedlit.aggregation import Aggregated, GroupwiseWithServer, MeanWithServer
 from fedlit.aggregation.payloads import MODEL
 from fedlit.data.client import ClientData
 from fedlit.data.loaders import ImageBatches
-from fedlit.methods.base import ClientUpdate, FederatedMethod, Payload, StateDict
-from fedlit.objectives import FixMatch, Objective, SelfTraining, SupervisedCE
-
-LOSSES = ("crl", "self_training")
+from fedlit.methods.base import (
+    DEFAULT_OPTIMIZATION,
+    ClientUpdate,
+    FederatedMethod,
+    Payload,
+    StateDict,
+)
+from fedlit.objectives import (
+    FixMatch,
+    FixMatchLoss,
+    Objective,
+    Optimization,
+    SelfTraining,
+    SupervisedCE,
+)
 
 
 class PeerUploadWarning(UserWarning):
@@ -50,29 +61,28 @@ class FedRGD(FederatedMethod):
     client updates (eq 8) as ``diag/weight_diversity``.
 
     Args:
-        tau: the confidence threshold (0.95).
-        loss: "crl" (eq 6) or "self_training" (eq 3).
-        num_groups: S.
-        **kwargs: see :class:`FederatedMethod`.
+        loss: tau, the confidence threshold (0.95), and FedProx's mu (0 in the paper)
+            (:class:`~fedlit.objectives.FixMatchLoss`).
+        self_training: False: CRL (eq 6); True: traditional self-training (eq 3).
+        num_groups: S (validated by :class:`~fedlit.aggregation.GroupwiseWithServer`).
+        The others: see :class:`FederatedMethod`.
     """
 
     def __init__(
         self,
-        *args: Any,
-        tau: float = 0.95,
-        loss: str = "crl",
+        num_classes: int,
+        in_channels: int,
+        backbone: str = "small_cnn",
+        norm: str | None = None,
+        optim: Optimization = DEFAULT_OPTIMIZATION,
+        loss: FixMatchLoss = FixMatchLoss(),
+        self_training: bool = False,
         num_groups: int = 2,
-        **kwargs: Any,
     ) -> None:
-        if loss not in LOSSES:
-            raise ValueError(f"model.loss must be one of {LOSSES}, got {loss!r}")
-        if not 0 <= tau <= 1:
-            raise ValueError(f"model.tau must be in [0, 1], got {tau}")
-        if num_groups < 1:
-            raise ValueError(f"model.num_groups must be positive, got {num_groups}")
-        super().__init__(*args, **kwargs)
-        self.tau, self.loss_kind = tau, loss
-        self.aggregator = MeanWithServer() if num_groups == 1 else GroupwiseWithServer(num_groups)
+        aggregator = MeanWithServer() if num_groups == 1 else GroupwiseWithServer(num_groups)
+        super().__init__(num_classes, in_channels, backbone, norm, optim)
+        self.loss, self.self_training = loss, self_training
+        self.aggregator = aggregator
         #: w_avg as the round's server step found it: what the clients start from.
         self.round_start: StateDict | None = None
         self.group_models: list[StateDict] = []
@@ -84,42 +94,34 @@ class FedRGD(FederatedMethod):
         self.group_models, self.client_group = [], {}
 
     # --- server -------------------------------------------------------------------------
-    def server_objective(self, round_idx: int, total_rounds: int) -> Objective:
+    def server_objective(self) -> Objective:
         self.round_start = self.shared_state()  # before the server trains on it
-        return SupervisedCE(
-            self.network, **self.optimizer_kwargs(self.server_lr, round_idx, total_rounds)
-        )
+        return SupervisedCE(self.network, **self.server_kwargs())
 
     # --- clients ------------------------------------------------------------------------
-    def broadcast(self, round_idx: int) -> Payload:
+    def broadcast(self) -> Payload:
         """w_avg, untouched by this round's server step (server and clients train in
         parallel); the current model where the server took no step (labels at the clients)."""
         start, self.round_start = self.round_start, None
-        return {MODEL: start} if start is not None else super().broadcast(round_idx)
+        return {MODEL: start} if start is not None else super().broadcast()
 
     def client_payload(self, payload: Payload, client_id: int) -> Payload:
         group = self.client_group.get(client_id)
         return payload if group is None else {MODEL: self.group_models[group]}
 
     def client_loader(self, client: ClientData) -> ImageBatches:
-        views = ("weak", "strong") if self.loss_kind == "crl" else ("weak",)
-        return client.dataloader(views)
+        return client.dataloader(("weak",) if self.self_training else ("weak", "strong"))
 
-    def client_objective(
-        self, payload: Payload, round_idx: int, total_rounds: int, state: Any
-    ) -> Objective:
-        kw = self.optimizer_kwargs(self.client_lr, round_idx, total_rounds)
-        network = self.client_model(payload)
-        if self.loss_kind == "crl":
-            return FixMatch(network, tau=self.tau, **kw)
-        return SelfTraining(network, tau=self.tau, **kw)
+    def client_objective(self, payload: Payload, client: ClientData, state: Any) -> Objective:
+        objective = SelfTraining if self.self_training else FixMatch
+        return objective(self.client_model(payload), loss=self.loss, **self.client_kwargs())
 
     # --- aggregation --------------------------------------------------------------------
-    def aggregate(self, updates: Sequence[ClientUpdate], round_idx: int) -> Aggregated:
+    def aggregate(self, updates: Sequence[ClientUpdate]) -> Aggregated:
         """w_avg with the server's trained w_s (eqs 4-5 or 7); each group's w_avg,i is what its
         clients start from next time."""
-        result = super().aggregate(updates, round_idx)
-        self._warn_about_pairs(result.groups, round_idx)
+        result = super().aggregate(updates)
+        self._warn_about_pairs(result.groups, self.round_idx)
         self.group_models = result.group_states
         self.client_group = {
             updates[k].client_id: i for i, group in enumerate(result.groups) for k in group

@@ -13,8 +13,14 @@ from fedlit.data.client import ClientData
 from fedlit.data.datamodule import FederatedDataModule
 from fedlit.data.loaders import ImageBatches
 from fedlit.evaluation import scored
-from fedlit.methods.base import FederatedMethod, Payload
-from fedlit.objectives import FedSEALClient, Objective, class_thresholds, gaussian_rampup
+from fedlit.methods.base import DEFAULT_OPTIMIZATION, FederatedMethod, Payload
+from fedlit.objectives import (
+    FedSEALClient,
+    FedSEALLoss,
+    Objective,
+    Optimization,
+    class_thresholds,
+)
 from fedlit.objectives.fedseal import predict_probabilities, self_ensemble
 
 THRESHOLDS = "thresholds"  # the payload part of the class-wise thresholds tau^t
@@ -33,21 +39,21 @@ class FedSEAL(FederatedMethod):
     their data and receive the model's bytes. A sampled client then builds the positive set
     (pbar_{y+} >= tau_{y+}, eq 10) and the complementary set (eqs 11-12, theta), and trains
     lambda_t L+ + L- (eqs 13-15) with lambda_t = lambda_max x a Gaussian ramp-up over the
-    first ``ramp`` of the run (round t of R is at t / R), so a shorter run ramps as far. The
-    paper's schedule is ``lr_schedule: constant`` with ``lr_decay: 0.995`` per round.
+    first ``loss.ramp`` of the run (round t of R is at t / R), so a shorter run ramps as far. The
+    paper's schedule is ``optim: {lr_schedule: constant, lr_decay: 0.995}`` (0.995 per round).
 
     Logged per round (client means): ``pseudo/pos_frac``, ``pseudo/neg_frac`` and, against the
     clients' hidden true labels (diagnosis only; the loss never sees them), ``pseudo/pos_acc``
     (pseudo-labels right) and ``pseudo/neg_acc`` (complementary labels really wrong).
 
     Args:
-        theta: the complementary threshold (paper: 0.05).
-        lambda_max: the positive-loss weight once ramped up.
-        ramp: the fraction of the run lambda ramps up over (0: lambda_max from round 1).
+        loss: theta, the complementary threshold (paper: 0.05), lambda_max, the positive-loss
+            weight once ramped up, and ramp, the fraction of the run lambda ramps up over
+            (:class:`~fedlit.objectives.FedSEALLoss`).
         bootstrap_epochs: server epochs on the labeled set before round 1.
         self_ensemble: False uses the current model's predictions only (the paper's ablation
             "w/o self-ensemble learning", 5.2.5).
-        **kwargs: see :class:`FederatedMethod`.
+        The others: see :class:`FederatedMethod`.
     """
 
     server_first = False
@@ -56,24 +62,20 @@ class FedSEAL(FederatedMethod):
 
     def __init__(
         self,
-        *args: Any,
-        theta: float = 0.05,
-        lambda_max: float = 1.0,
-        ramp: float = 0.25,
+        num_classes: int,
+        in_channels: int,
+        backbone: str = "small_cnn",
+        norm: str | None = None,
+        optim: Optimization = DEFAULT_OPTIMIZATION,
+        loss: FedSEALLoss = FedSEALLoss(),
         bootstrap_epochs: int = 10,
         self_ensemble: bool = True,
-        **kwargs: Any,
     ) -> None:
-        if not 0 <= theta < 1:
-            raise ValueError(f"model.theta must be in [0, 1), got {theta}")
-        if lambda_max <= 0:
-            raise ValueError(f"model.lambda_max must be > 0, got {lambda_max}")
-        if not 0 <= ramp <= 1:
-            raise ValueError(f"model.ramp must be in [0, 1], got {ramp}")
         if bootstrap_epochs < 0:
             raise ValueError(f"model.bootstrap_epochs must be >= 0, got {bootstrap_epochs}")
-        super().__init__(*args, **kwargs)
-        self.theta, self.lambda_max, self.ramp = theta, lambda_max, ramp
+        super().__init__(num_classes, in_channels, backbone, norm, optim)
+        self.loss = loss
+        self.lam = loss.weight(0.0)  # lambda_t, set each round by on_round_start
         self.use_self_ensemble = self_ensemble
         self.aggregator = Mean()  # w_bar^t, the plain mean (paper 002 4.1.1)
         self.bootstrap_epochs = bootstrap_epochs
@@ -93,6 +95,10 @@ class FedSEAL(FederatedMethod):
                 "rounds, which streaming data does not keep"
             )
 
+    def on_round_start(self, round_idx: int, total_rounds: int) -> None:
+        super().on_round_start(round_idx, total_rounds)
+        self.lam = self.loss.weight(round_idx / total_rounds)
+
     # --- server -------------------------------------------------------------------------
     def server_step_done(self, objective: Objective, data: FederatedDataModule) -> None:
         """tau^t from the trained model's predictions on the validation set (eq 5), made by
@@ -103,29 +109,26 @@ class FedSEAL(FederatedMethod):
         self.thresholds = class_thresholds(probs, labels).clamp(0.0, 1.0)  # type: ignore[arg-type]
 
     # --- communication --------------------------------------------------------------------
-    def broadcast(self, round_idx: int) -> Payload:
-        return super().broadcast(round_idx) | {THRESHOLDS: self.thresholds.clone()}
+    def broadcast(self) -> Payload:
+        return super().broadcast() | {THRESHOLDS: self.thresholds.clone()}
 
     # --- client -------------------------------------------------------------------------
     def client_loader(self, client: ClientData) -> ImageBatches:
         return client.dataloader(self.client_views, with_index=True)
 
-    def client_objective(
-        self, payload: Payload, round_idx: int, total_rounds: int, state: Any
-    ) -> Objective:
+    def client_objective(self, payload: Payload, client: ClientData, state: Any) -> Objective:
         ensemble = (state["mean"], state["count"]) if state and self.use_self_ensemble else None
-        return FedSEALClient(
+        objective = FedSEALClient(
             self.client_model(payload),
             thresholds=tensor_part(payload, THRESHOLDS),
-            lam=self.lambda_max * gaussian_rampup(round_idx / total_rounds, self.ramp),
-            theta=self.theta,
+            lam=self.lam,
+            loss=self.loss,
             ensemble=ensemble,
-            **self.optimizer_kwargs(self.client_lr, round_idx, total_rounds),
+            **self.client_kwargs(),
         )
-
-    def client_setup(self, objective: Objective, client: ClientData) -> None:
         # the hidden labels feed the pseudo/*_acc diagnostics only, computed on the client
-        objective.attach(client.plain_dataloader(), client.hidden_labels)  # type: ignore[operator]
+        objective.attach(client.plain_dataloader(), client.hidden_labels)
+        return objective
 
     def clients_receive(
         self,

@@ -8,9 +8,16 @@ from torch import nn
 
 from fedlit.aggregation import GroupwiseWithServer
 from fedlit.aggregation.payloads import state_part
-from fedlit.methods.base import Payload, StateDict
+from fedlit.data.client import ClientData
+from fedlit.methods.base import DEFAULT_OPTIMIZATION, Payload, StateDict
 from fedlit.methods.ssl import FedAvgSSL
-from fedlit.objectives import FedSupClient, Objective, SupervisedCE, feature_map_weight
+from fedlit.objectives import (
+    FedSupClient,
+    Objective,
+    Optimization,
+    SupervisedCE,
+    feature_map_weight,
+)
 
 TARGET = "target"  # the payload part of the server's supervised network
 
@@ -30,23 +37,32 @@ class FedSup(FedAvgSSL):
 
     Args:
         lambda_s: base of the feature-map weight lambda_s^(t/T) (1e-4 in paper 000).
-        num_groups: S, groups for group-wise averaging (2: five clients as 2 + 3).
-        **kwargs: see :class:`FedAvgSSL` (``proj_dim``) and :class:`FederatedMethod`.
+        num_groups: S, groups for group-wise averaging (2: five clients as 2 + 3; validated by
+            :class:`~fedlit.aggregation.GroupwiseWithServer`).
+        The others: see :class:`FedAvgSSL` (``proj_dim``) and :class:`FederatedMethod`.
     """
 
     ssl_kind = "byol"
     client_views = ("strong", "plain")
 
     def __init__(
-        self, *args: Any, lambda_s: float = 1e-4, num_groups: int = 2, **kwargs: Any
+        self,
+        num_classes: int,
+        in_channels: int,
+        backbone: str = "small_cnn",
+        norm: str | None = None,
+        optim: Optimization = DEFAULT_OPTIMIZATION,
+        proj_dim: int | None = None,
+        lambda_s: float = 1e-4,
+        num_groups: int = 2,
     ) -> None:
         if not 0 < lambda_s <= 1:
             raise ValueError(f"model.lambda_s must be in (0, 1], got {lambda_s}")
-        if num_groups < 1:
-            raise ValueError(f"model.num_groups must be positive, got {num_groups}")
-        super().__init__(*args, **kwargs)
+        aggregator = GroupwiseWithServer(num_groups)  # paper 000 Algorithm 2
+        super().__init__(num_classes, in_channels, backbone, norm, optim, proj_dim)
         self.lambda_s = lambda_s
-        self.aggregator = GroupwiseWithServer(num_groups)  # paper 000 Algorithm 2
+        self.aggregator = aggregator
+        self.mse_weight = 1.0
         self.server_network = self.new_network()
 
     def initialize(self) -> None:
@@ -54,28 +70,28 @@ class FedSup(FedAvgSSL):
         self.server_network.load_state_dict(self.new_network().state_dict())
 
     # --- server: f_Server is trained, and evaluated each round ----------------------------
-    def server_objective(self, round_idx: int, total_rounds: int) -> Objective:
-        kw = self.optimizer_kwargs(self.server_lr, round_idx, total_rounds)
-        return SupervisedCE(self.server_network, **kw)
+    def on_round_start(self, round_idx: int, total_rounds: int) -> None:
+        super().on_round_start(round_idx, total_rounds)
+        self.mse_weight = feature_map_weight(self.lambda_s, round_idx, total_rounds)
+
+    def server_objective(self) -> Objective:
+        return SupervisedCE(self.server_network, **self.server_kwargs())
 
     def eval_network(self) -> nn.Module:
         return self.server_network
 
     # --- communication: the online network + f_Server down, the online network up -----------
-    def broadcast(self, round_idx: int) -> Payload:
+    def broadcast(self) -> Payload:
         server = self.server_network.state_dict()
         target = {k: v.detach().clone() for k, v in server.items() if self.is_shared(k)}
-        return super().broadcast(round_idx) | {TARGET: target}
+        return super().broadcast() | {TARGET: target}
 
-    def client_objective(
-        self, payload: Payload, round_idx: int, total_rounds: int, state: Any
-    ) -> Objective:
-        weight = feature_map_weight(self.lambda_s, round_idx, total_rounds)
+    def client_objective(self, payload: Payload, client: ClientData, state: Any) -> Objective:
         return FedSupClient(
             self.client_model(payload),
             self.client_network(state_part(payload, TARGET)),
-            mse_weight=weight,
-            **self.optimizer_kwargs(self.client_lr, round_idx, total_rounds),
+            mse_weight=self.mse_weight,
+            **self.client_kwargs(),
         )
 
     def server_model(self) -> StateDict:

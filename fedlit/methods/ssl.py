@@ -11,11 +11,13 @@ linear protocols (``federation.final_eval``).
 
 from __future__ import annotations
 
+import math
 from typing import Any, ClassVar
 
-from fedlit.methods.base import FederatedMethod, Payload
+from fedlit.data.client import ClientData
+from fedlit.methods.base import DEFAULT_OPTIMIZATION, FederatedMethod, Payload
 from fedlit.models import Classifier, ssl_heads
-from fedlit.objectives import BYOL, Objective, SimCLR, SimSiam
+from fedlit.objectives import BYOL, Objective, Optimization, SimCLR, SimSiam
 
 
 def default_proj_dim(backbone: str, feature_dim: int) -> int:
@@ -28,18 +30,26 @@ class FedAvgSSL(FederatedMethod):
 
     Args:
         proj_dim: projection (and prediction) width; None: :func:`default_proj_dim`.
-        **kwargs: see :class:`FederatedMethod`.
+        The others: see :class:`FederatedMethod`.
     """
 
     ssl_kind: ClassVar[str]
     client_views = ("strong", "strong")
     server_finetunes = True
 
-    def __init__(self, *args: Any, proj_dim: int | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        num_classes: int,
+        in_channels: int,
+        backbone: str = "small_cnn",
+        norm: str | None = None,
+        optim: Optimization = DEFAULT_OPTIMIZATION,
+        proj_dim: int | None = None,
+    ) -> None:
         if proj_dim is not None and proj_dim < 1:
             raise ValueError(f"model.proj_dim must be positive, got {proj_dim}")
         self.proj_dim = proj_dim  # before the base class builds the network
-        super().__init__(*args, **kwargs)
+        super().__init__(num_classes, in_channels, backbone, norm, optim)
 
     def new_network(self) -> Classifier:
         network = super().new_network()
@@ -57,13 +67,8 @@ class FedAvgSSL(FederatedMethod):
     def ssl_objective(self, network: Classifier, kw: dict[str, Any]) -> Objective:
         raise NotImplementedError
 
-    def client_objective(
-        self, payload: Payload, round_idx: int, total_rounds: int, state: Any
-    ) -> Objective:
-        network = self.client_model(payload)
-        return self.ssl_objective(
-            network, self.optimizer_kwargs(self.client_lr, round_idx, total_rounds)
-        )
+    def client_objective(self, payload: Payload, client: ClientData, state: Any) -> Objective:
+        return self.ssl_objective(self.client_model(payload), self.client_kwargs())
 
 
 class FedAvgSimCLR(FedAvgSSL):
@@ -71,14 +76,24 @@ class FedAvgSimCLR(FedAvgSSL):
 
     Args:
         temperature: NT-Xent temperature (0.5 in paper 000).
+        The others: see :class:`FedAvgSSL`.
     """
 
     ssl_kind = "simclr"
 
-    def __init__(self, *args: Any, temperature: float = 0.5, **kwargs: Any) -> None:
-        if temperature <= 0:
-            raise ValueError(f"model.temperature must be > 0, got {temperature}")
-        super().__init__(*args, **kwargs)
+    def __init__(
+        self,
+        num_classes: int,
+        in_channels: int,
+        backbone: str = "small_cnn",
+        norm: str | None = None,
+        optim: Optimization = DEFAULT_OPTIMIZATION,
+        proj_dim: int | None = None,
+        temperature: float = 0.5,
+    ) -> None:
+        if not (math.isfinite(temperature) and temperature > 0):
+            raise ValueError(f"model.temperature must be finite and > 0, got {temperature}")
+        super().__init__(num_classes, in_channels, backbone, norm, optim, proj_dim)
         self.temperature = temperature
 
     def ssl_objective(self, network: Classifier, kw: dict[str, Any]) -> Objective:
@@ -99,14 +114,24 @@ class FedAvgBYOL(FedAvgSSL):
 
     Args:
         byol_momentum: the EMA's starting momentum, raised to 1 by a cosine schedule.
+        The others: see :class:`FedAvgSSL`.
     """
 
     ssl_kind = "byol"
 
-    def __init__(self, *args: Any, byol_momentum: float = 0.99, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        num_classes: int,
+        in_channels: int,
+        backbone: str = "small_cnn",
+        norm: str | None = None,
+        optim: Optimization = DEFAULT_OPTIMIZATION,
+        proj_dim: int | None = None,
+        byol_momentum: float = 0.99,
+    ) -> None:
         if not 0 <= byol_momentum <= 1:
             raise ValueError(f"model.byol_momentum must be in [0, 1], got {byol_momentum}")
-        super().__init__(*args, **kwargs)
+        super().__init__(num_classes, in_channels, backbone, norm, optim, proj_dim)
         self.byol_momentum = byol_momentum
 
     def ssl_objective(self, network: Classifier, kw: dict[str, Any]) -> Objective:

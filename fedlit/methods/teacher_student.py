@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -12,8 +13,14 @@ from fedlit.aggregation import Aggregated, Mean, weighted_average
 from fedlit.aggregation.payloads import state_part
 from fedlit.data.client import ClientData
 from fedlit.data.loaders import ImageBatches
-from fedlit.methods.base import ClientUpdate, FederatedMethod, Payload
-from fedlit.objectives import Objective, TeacherStudentClient, ramped_decay
+from fedlit.methods.base import DEFAULT_OPTIMIZATION, ClientUpdate, FederatedMethod, Payload
+from fedlit.objectives import (
+    Objective,
+    Optimization,
+    TeacherStudentClient,
+    TeacherStudentLoss,
+    ramped_decay,
+)
 
 TEACHER = "teacher"  # the payload / upload part of the teacher's weights
 
@@ -35,12 +42,11 @@ class TeacherStudentEMA(FederatedMethod):
     EMA after every batch (``local_teacher_adaptation``) and uploaded (``upload_teacher``).
 
     Args:
-        tau: FixMatch's confidence threshold.
-        lambda_u: weight of the unlabeled loss.
-        mu: FedProx coefficient.
+        loss: the clients' lambda_u (weight of the unlabeled loss), tau (FixMatch's confidence
+            threshold) and mu (FedProx) (:class:`~fedlit.objectives.TeacherStudentLoss`).
         ema_decay: the server's EMA decay a per round (after the ramp-up).
         client_ema_decay: the per-batch EMA decay of a client's local teacher.
-        **kwargs: see :class:`FederatedMethod`.
+        The others: see :class:`FederatedMethod`.
     """
 
     server_first = False
@@ -51,28 +57,20 @@ class TeacherStudentEMA(FederatedMethod):
 
     def __init__(
         self,
-        *args: Any,
-        tau: float = 0.95,
-        lambda_u: float = 1.0,
-        mu: float = 0.0,
+        num_classes: int,
+        in_channels: int,
+        backbone: str = "small_cnn",
+        norm: str | None = None,
+        optim: Optimization = DEFAULT_OPTIMIZATION,
+        loss: TeacherStudentLoss = TeacherStudentLoss(),
         ema_decay: float = 0.9,
         client_ema_decay: float = 0.99,
-        **kwargs: Any,
     ) -> None:
-        if not 0 <= tau <= 1:
-            raise ValueError(f"model.tau must be in [0, 1], got {tau}")
-        if lambda_u < 0:
-            raise ValueError(f"model.lambda_u must be >= 0, got {lambda_u}")
-        if mu < 0:
-            raise ValueError(f"model.mu must be >= 0, got {mu}")
-        for key, value in (
-            ("model.ema_decay", ema_decay),
-            ("model.client_ema_decay", client_ema_decay),
-        ):
+        for key, value in (("ema_decay", ema_decay), ("client_ema_decay", client_ema_decay)):
             if not 0 <= value <= 1:
-                raise ValueError(f"{key} must be in [0, 1], got {value}")
-        super().__init__(*args, **kwargs)
-        self.tau, self.lambda_u, self.mu = tau, lambda_u, mu
+                raise ValueError(f"model.{key} must be in [0, 1], got {value}")
+        super().__init__(num_classes, in_channels, backbone, norm, optim)
+        self.loss = loss
         self.ema_decay, self.client_ema_decay = ema_decay, client_ema_decay
         self.aggregator = Mean()  # the plain mean, as in the algorithms
         self.teacher = self.new_network()
@@ -85,13 +83,13 @@ class TeacherStudentEMA(FederatedMethod):
         self.teacher_steps.zero_()
 
     # --- what travels ---------------------------------------------------------------------
-    def send_teacher(self, round_idx: int) -> bool:
+    def send_teacher(self) -> bool:
         """Whether this round's sampled clients receive the teacher."""
         return True
 
-    def broadcast(self, round_idx: int) -> Payload:
-        payload = super().broadcast(round_idx)
-        if self.send_teacher(round_idx):
+    def broadcast(self) -> Payload:
+        payload = super().broadcast()
+        if self.send_teacher():
             teacher = self.teacher.state_dict()
             payload[TEACHER] = {k: v.detach().clone() for k, v in teacher.items()}
         return payload
@@ -111,23 +109,19 @@ class TeacherStudentEMA(FederatedMethod):
         labeled = client.labeled_dataloader(("weak",))
         return CombinedLoader({"unlabeled": unlabeled, "labeled": labeled}, "max_size_cycle")
 
-    def client_objective(
-        self, payload: Payload, round_idx: int, total_rounds: int, state: Any
-    ) -> Objective:
+    def client_objective(self, payload: Payload, client: ClientData, state: Any) -> Objective:
         teacher = state_part(payload, TEACHER) if TEACHER in payload else None
         return TeacherStudentClient(
             self.client_model(payload),
             teacher=self.client_network(teacher) if teacher is not None else None,
             num_classes=self.num_classes,
             teacher_ema=self.client_ema_decay if self.local_teacher_adaptation else None,
-            lambda_u=self.lambda_u,
-            tau=self.tau,
-            mu=self.mu,
-            **self.optimizer_kwargs(self.client_lr, round_idx, total_rounds),
+            loss=self.loss,
+            **self.client_kwargs(),
         )
 
     # --- server ---------------------------------------------------------------------------
-    def aggregate(self, updates: Sequence[ClientUpdate], round_idx: int) -> Aggregated:
+    def aggregate(self, updates: Sequence[ClientUpdate]) -> Aggregated:
         """S = the plain mean of the students; with uploaded teachers, T = their mean."""
         counts = [u.num_examples for u in updates]
         result = self.aggregator([u.model for u in updates], counts)
@@ -137,7 +131,7 @@ class TeacherStudentEMA(FederatedMethod):
             self.teacher.load_state_dict(self.aggregator(teachers, counts).state)
         return result
 
-    def end_round(self, round_idx: int) -> None:
+    def end_round(self) -> None:
         """T <- a T + (1 - a) S (paper 003 eq 1), after aggregation and the server's step."""
         decay = ramped_decay(int(self.teacher_steps), self.ema_decay)
         ema = weighted_average(
@@ -180,15 +174,28 @@ class FedSwitch(TeacherStudentEMA):
     Args:
         beta: the IIDness prior, the expected D_KL of the clients' label distributions
             (0 for balanced clients, up to log(L) for single-class clients).
-        **kwargs: see :class:`TeacherStudentEMA`.
+        The others: see :class:`TeacherStudentEMA`.
     """
 
     local_teacher_adaptation = True
 
-    def __init__(self, *args: Any, beta: float = 0.0, **kwargs: Any) -> None:
-        if beta < 0:
-            raise ValueError(f"model.beta must be >= 0, got {beta}")
-        super().__init__(*args, **kwargs)
+    def __init__(
+        self,
+        num_classes: int,
+        in_channels: int,
+        backbone: str = "small_cnn",
+        norm: str | None = None,
+        optim: Optimization = DEFAULT_OPTIMIZATION,
+        loss: TeacherStudentLoss = TeacherStudentLoss(),
+        ema_decay: float = 0.9,
+        client_ema_decay: float = 0.99,
+        beta: float = 0.0,
+    ) -> None:
+        if not (math.isfinite(beta) and beta >= 0):
+            raise ValueError(f"model.beta must be finite and >= 0, got {beta}")
+        super().__init__(
+            num_classes, in_channels, backbone, norm, optim, loss, ema_decay, client_ema_decay
+        )
         self.beta = beta
         # the last round-mean D_KL^T and D_KL^S (float64, as Python's floats), and whether each
         # has been measured yet
@@ -202,15 +209,15 @@ class FedSwitch(TeacherStudentEMA):
         self.kl.zero_()
         self.kl_measured.zero_()
 
-    def send_teacher(self, round_idx: int) -> bool:
+    def send_teacher(self) -> bool:
         if not self.kl_measured.all():
             return True
         beta = self.beta
         kl_teacher, kl_student = self.kl.tolist()
         return abs(kl_teacher - beta) < abs(kl_student - beta)
 
-    def aggregate(self, updates: Sequence[ClientUpdate], round_idx: int) -> Aggregated:
-        result = super().aggregate(updates, round_idx)
+    def aggregate(self, updates: Sequence[ClientUpdate]) -> Aggregated:
+        result = super().aggregate(updates)
         teacher = [u.metrics["kl/teacher"] for u in updates if "kl/teacher" in u.metrics]
         student = [u.metrics["kl/student"] for u in updates if "kl/student" in u.metrics]
         for i, values in enumerate((teacher, student)):

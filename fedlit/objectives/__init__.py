@@ -1,18 +1,20 @@
 """Training objectives: every server and client loss is a LightningModule."""
 
 from fedlit.objectives.base import Objective
-from fedlit.objectives.consistency import WeakStrongObjective, proximal_term
+from fedlit.objectives.consistency import ConsistencyLoss, WeakStrongObjective, proximal_term
 from fedlit.objectives.ema import copy_buffers, frozen_copy
 from fedlit.objectives.fedcon import FedConClient, FedConServer
 from fedlit.objectives.fedseal import (
     FedSEALClient,
+    FedSEALLoss,
     class_thresholds,
     complementary_loss,
     positive_negative_sets,
     self_ensemble,
 )
 from fedlit.objectives.fedsup import FedSupClient, feature_map_mse
-from fedlit.objectives.fixmatch import FixMatch, SelfTraining, fixmatch_loss
+from fedlit.objectives.fixmatch import FixMatch, FixMatchLoss, SelfTraining, fixmatch_loss
+from fedlit.objectives.optimization import Optimization
 from fedlit.objectives.schedules import (
     WarmupCosine,
     feature_map_weight,
@@ -21,10 +23,20 @@ from fedlit.objectives.schedules import (
 )
 from fedlit.objectives.ssl import BYOL, SimCLR, SimSiam
 from fedlit.objectives.supervised import SupervisedCE
-from fedlit.objectives.teacher_student import TeacherStudentClient, kl_to_uniform
-from fedlit.objectives.uda import UDA, uda_loss
+from fedlit.objectives.teacher_student import (
+    TeacherStudentClient,
+    TeacherStudentLoss,
+    kl_to_uniform,
+)
+from fedlit.objectives.uda import UDA, UDALoss, uda_loss
 
 __all__ = [
+    "UDALoss",
+    "TeacherStudentLoss",
+    "Optimization",
+    "FixMatchLoss",
+    "FedSEALLoss",
+    "ConsistencyLoss",
     "BYOL",
     "FedConClient",
     "FedConServer",

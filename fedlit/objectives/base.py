@@ -10,9 +10,8 @@ from torch import Tensor
 
 from fedlit.data.loaders import AugmentsOnDevice
 from fedlit.models import Classifier
+from fedlit.objectives.optimization import OPTIMIZERS
 from fedlit.objectives.schedules import WarmupCosine
-
-OPTIMIZERS = ("sgd", "adam")
 
 
 class Objective(AugmentsOnDevice, LightningModule):

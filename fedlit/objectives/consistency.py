@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+from typing import Any
+
 import torch
 from torch import Tensor, nn
 
@@ -16,6 +20,21 @@ def proximal_term(network: nn.Module, anchor: list[Tensor], mu: float) -> Tensor
     return 0.5 * mu * sq  # type: ignore[return-value]
 
 
+@dataclass(frozen=True)
+class ConsistencyLoss:
+    """The hyperparameters every consistency objective shares, validated here once.
+
+    Args:
+        mu: FedProx's coefficient (Li et al. 2020); 0: no proximal term.
+    """
+
+    mu: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.mu) and self.mu >= 0):
+            raise ValueError(f"mu must be finite and >= 0, got {self.mu}")
+
+
 class WeakStrongObjective(Objective):
     """One forward pass over (weak, strong) views of unlabeled images, the subclass's
     :meth:`unlabeled_loss`, plus (mu/2)||w - w_global||^2 when ``mu > 0`` (FedProx), the anchor
@@ -24,13 +43,13 @@ class WeakStrongObjective(Objective):
     Batches: (weak (B, C, H, W), strong (B, C, H, W)).
     """
 
-    def __init__(self, network: Classifier, lr: float, mu: float = 0.0, **kw) -> None:
+    def __init__(self, network: Classifier, lr: float, loss: ConsistencyLoss, **kw: Any) -> None:
         super().__init__(network, lr, **kw)
-        if mu < 0:
-            raise ValueError(f"mu must be >= 0, got {mu}")
-        self.mu = mu
+        self.mu = loss.mu
         self.anchor = (
-            [p.detach().clone() for p in network.parameters() if p.requires_grad] if mu > 0 else []
+            [p.detach().clone() for p in network.parameters() if p.requires_grad]
+            if self.mu > 0
+            else []
         )
 
     def unlabeled_loss(self, logits_weak: Tensor, logits_strong: Tensor) -> tuple[Tensor, Tensor]:
@@ -40,11 +59,14 @@ class WeakStrongObjective(Objective):
     def on_fit_start(self) -> None:
         self.anchor = [a.to(self.device) for a in self.anchor]
 
+    def proximal(self, loss: Tensor) -> Tensor:
+        """``loss`` plus FedProx's term when ``mu > 0``."""
+        return loss + proximal_term(self.network, self.anchor, self.mu) if self.mu > 0 else loss
+
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         weak, strong = batch
         logits_weak, logits_strong = self.network(torch.cat([weak, strong])).chunk(2)
         loss, mask = self.unlabeled_loss(logits_weak, logits_strong)
-        if self.mu > 0:
-            loss = loss + proximal_term(self.network, self.anchor, self.mu)
+        loss = self.proximal(loss)
         self.accumulate(len(weak), loss=loss, mask_rate=mask.mean())
         return loss

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -12,6 +14,7 @@ from torch import Tensor, nn
 
 from fedlit.models import Classifier
 from fedlit.objectives.base import Objective
+from fedlit.objectives.schedules import gaussian_rampup
 
 
 @torch.no_grad()
@@ -114,6 +117,34 @@ def complementary_loss(logits: Tensor, complementary: Tensor) -> Tensor:
     return torch.where(log_p < math.log(0.5), -torch.log1p(-log_p.exp()), confident)
 
 
+@dataclass(frozen=True)
+class FedSEALLoss:
+    """FedSEAL's client-loss hyperparameters, validated here once.
+
+    Args:
+        theta: the complementary threshold (eq 12; paper: 0.05).
+        lambda_max: the positive-loss weight once ramped up (eq 13).
+        ramp: the fraction of the run lambda ramps up over (0: lambda_max from round 1).
+    """
+
+    theta: float = 0.05
+    lambda_max: float = 1.0
+    ramp: float = 0.25
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.theta < 1:
+            raise ValueError(f"loss.theta must be in [0, 1), got {self.theta}")
+        if not (math.isfinite(self.lambda_max) and self.lambda_max > 0):
+            raise ValueError(f"loss.lambda_max must be finite and > 0, got {self.lambda_max}")
+        if not 0 <= self.ramp <= 1:
+            raise ValueError(f"loss.ramp must be in [0, 1], got {self.ramp}")
+
+    def weight(self, progress: float) -> float:
+        """lambda_t = lambda_max x a Gaussian ramp-up over the first ``ramp`` of the run, at
+        the fraction ``progress`` of the run (round t of R: t / R)."""
+        return self.lambda_max * gaussian_rampup(progress, self.ramp)
+
+
 class FedSEALClient(Objective):
     """FedSEAL's client objective, paper 002 eqs 13-15: L = lambda L+ + L-.
 
@@ -128,8 +159,8 @@ class FedSEALClient(Objective):
 
     Args:
         thresholds: (M,) class-wise thresholds from the server (eq 5).
-        lam: the positive-loss weight lambda this round.
-        theta: the complementary threshold.
+        lam: the positive-loss weight lambda this round (:meth:`FedSEALLoss.weight`).
+        loss: theta (the complementary threshold), as :class:`FedSEALLoss`.
         ensemble: the client's (pbar (N, M), t) from earlier rounds, or None.
     """
 
@@ -139,16 +170,12 @@ class FedSEALClient(Objective):
         lr: float,
         thresholds: Tensor,
         lam: float,
-        theta: float = 0.05,
+        loss: FedSEALLoss = FedSEALLoss(),
         ensemble: tuple[Tensor, int] | None = None,
-        **kw,
+        **kw: Any,
     ) -> None:
         super().__init__(network, lr, **kw)
-        if not 0 <= theta < 1:
-            raise ValueError(f"theta must be in [0, 1), got {theta}")
-        if lam < 0:
-            raise ValueError(f"lambda must be >= 0, got {lam}")
-        self.thresholds, self.lam, self.theta = thresholds, lam, theta
+        self.thresholds, self.lam, self.theta = thresholds, lam, loss.theta
         self.previous = ensemble
         self.images: Iterable[tuple[Tensor, ...]] | None = None
         self.hidden_labels: Tensor | None = None

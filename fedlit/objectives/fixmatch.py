@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import torch.nn.functional as F
 from torch import Tensor
 
 from fedlit.models import Classifier
-from fedlit.objectives.base import Objective
-from fedlit.objectives.consistency import WeakStrongObjective
+from fedlit.objectives.consistency import ConsistencyLoss, WeakStrongObjective
 
 
 def fixmatch_loss(logits_weak: Tensor, logits_strong: Tensor, tau: float) -> tuple[Tensor, Tensor]:
@@ -30,39 +32,50 @@ def fixmatch_loss(logits_weak: Tensor, logits_strong: Tensor, tau: float) -> tup
     return (per_example * mask).mean(), mask
 
 
+@dataclass(frozen=True)
+class FixMatchLoss(ConsistencyLoss):
+    """FixMatch's hyperparameters (with FedProx's ``mu``), validated here once: every method
+    whose clients use a confidence-masked pseudo-label loss takes them as its ``loss``.
+
+    Args:
+        tau: the confidence threshold (FixMatch and paper 004: 0.95; paper 002 Table 1: 0.9).
+        mu: FedProx's coefficient; 0: none.
+    """
+
+    tau: float = 0.95
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 0.0 <= self.tau <= 1.0:  # False for NaN too
+            raise ValueError(f"tau must be in [0, 1], got {self.tau}")
+
+
 class FixMatch(WeakStrongObjective):
     """Client objective of FedAvg-/FedProx-FixMatch: :func:`fixmatch_loss` (+ FedProx's term)."""
 
     def __init__(
-        self, network: Classifier, lr: float, tau: float = 0.95, mu: float = 0.0, **kw
+        self, network: Classifier, lr: float, loss: FixMatchLoss = FixMatchLoss(), **kw: Any
     ) -> None:
-        super().__init__(network, lr, mu=mu, **kw)
-        if not 0.0 <= tau <= 1.0:
-            raise ValueError(f"tau must be in [0, 1], got {tau}")
-        self.tau = tau
+        super().__init__(network, lr, loss, **kw)
+        self.tau = loss.tau
 
     def unlabeled_loss(self, logits_weak: Tensor, logits_strong: Tensor) -> tuple[Tensor, Tensor]:
         return fixmatch_loss(logits_weak, logits_strong, self.tau)
 
 
-class SelfTraining(Objective):
+class SelfTraining(FixMatch):
     """ "Traditional self-training", paper 004 eq 3 (the weak baseline FedRGD's eq 6 replaces):
     the pseudo-label and the loss come from the same weak view,
     l = 1/B sum_b 1[max p(alpha(u_b)) >= tau] CE(argmax p(alpha(u_b)), f(alpha(u_b))),
-    with no gradient through the pseudo-label.
+    with no gradient through the pseudo-label (+ FedProx's term when ``mu > 0``).
 
     Batches: (weak (B, C, H, W),).
     """
 
-    def __init__(self, network: Classifier, lr: float, tau: float = 0.95, **kw) -> None:
-        super().__init__(network, lr, **kw)
-        if not 0.0 <= tau <= 1.0:
-            raise ValueError(f"tau must be in [0, 1], got {tau}")
-        self.tau = tau
-
-    def training_step(self, batch: tuple[Tensor], batch_idx: int) -> Tensor:
+    def training_step(self, batch: tuple[Tensor], batch_idx: int) -> Tensor:  # type: ignore[override]
         (weak,) = batch
         logits = self.network(weak)
         loss, mask = fixmatch_loss(logits, logits, self.tau)
+        loss = self.proximal(loss)
         self.accumulate(len(weak), loss=loss, mask_rate=mask.mean())
         return loss

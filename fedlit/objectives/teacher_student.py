@@ -3,15 +3,19 @@ FedSwitch), and the KL-to-uniform measure behind FedSwitch's switching (eq 2).""
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from lightly.models.utils import update_momentum
 from torch import Tensor, nn
 
 from fedlit.models import Classifier
-from fedlit.objectives.consistency import WeakStrongObjective, proximal_term
+from fedlit.objectives.consistency import WeakStrongObjective
 from fedlit.objectives.ema import copy_buffers
-from fedlit.objectives.fixmatch import fixmatch_loss
+from fedlit.objectives.fixmatch import FixMatchLoss, fixmatch_loss
 
 
 def kl_to_uniform(predictions: Tensor, num_classes: int) -> Tensor:
@@ -28,6 +32,25 @@ def kl_to_uniform(predictions: Tensor, num_classes: int) -> Tensor:
     q = torch.bincount(predictions, minlength=num_classes).double() / len(predictions)
     terms = torch.where(q > 0, q * torch.log(q * num_classes), torch.zeros_like(q))
     return terms.sum()
+
+
+@dataclass(frozen=True)
+class TeacherStudentLoss(FixMatchLoss):
+    """The teacher-student clients' hyperparameters: FixMatch's (``tau``, FedProx's ``mu``)
+    and the unlabeled loss's weight, validated here once.
+
+    Args:
+        lambda_u: weight of the unlabeled loss.
+        tau: FixMatch's confidence threshold.
+        mu: FedProx coefficient.
+    """
+
+    lambda_u: float = 1.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not (math.isfinite(self.lambda_u) and self.lambda_u >= 0):
+            raise ValueError(f"lambda_u must be finite and >= 0, got {self.lambda_u}")
 
 
 class TeacherStudentClient(WeakStrongObjective):
@@ -50,11 +73,10 @@ class TeacherStudentClient(WeakStrongObjective):
 
     Args:
         teacher: the teacher network, or None (pseudo-labels from the student).
-        teacher_ema: the per-batch EMA decay of the local teacher; None keeps it fixed.
-        lambda_u: weight of the unlabeled loss.
-        tau: FixMatch's confidence threshold.
-        mu: FedProx coefficient.
         num_classes: L, for eq 2.
+        teacher_ema: the per-batch EMA decay of the local teacher (the method's
+            ``client_ema_decay``); None keeps it fixed.
+        loss: lambda_u, tau and mu (:class:`TeacherStudentLoss`).
     """
 
     def __init__(
@@ -64,19 +86,15 @@ class TeacherStudentClient(WeakStrongObjective):
         teacher: nn.Module | None,
         num_classes: int,
         teacher_ema: float | None = None,
-        lambda_u: float = 1.0,
-        tau: float = 0.95,
-        mu: float = 0.0,
-        **kw,
+        loss: TeacherStudentLoss = TeacherStudentLoss(),
+        **kw: Any,
     ) -> None:
-        super().__init__(network, lr, mu=mu, **kw)
-        if teacher_ema is not None and not 0 <= teacher_ema <= 1:
-            raise ValueError(f"teacher_ema must be in [0, 1], got {teacher_ema}")
+        super().__init__(network, lr, loss, **kw)
         if teacher is not None:
             for p in teacher.parameters():
                 p.requires_grad_(False)
         self.teacher = teacher
-        self.teacher_ema, self.lambda_u, self.tau = teacher_ema, lambda_u, tau
+        self.teacher_ema, self.lambda_u, self.tau = teacher_ema, loss.lambda_u, loss.tau
         self.num_classes = num_classes
 
     def training_step(self, batch: tuple | dict, batch_idx: int) -> Tensor:
@@ -106,8 +124,7 @@ class TeacherStudentClient(WeakStrongObjective):
         if loss_s is not None:
             loss = loss + loss_s
             metrics["loss_s"] = loss_s
-        if self.mu > 0:
-            loss = loss + proximal_term(self.network, self.anchor, self.mu)
+        loss = self.proximal(loss)
         self.accumulate(1.0, **metrics)
         self.accumulate(len(weak), loss=loss, loss_u=loss_u, mask_rate=mask.mean())
         return loss

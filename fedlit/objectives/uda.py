@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+from typing import Any
+
 from torch import Tensor
 
 from fedlit.models import Classifier
-from fedlit.objectives.consistency import WeakStrongObjective
+from fedlit.objectives.consistency import ConsistencyLoss, WeakStrongObjective
 
 
 def uda_loss(
@@ -34,24 +38,35 @@ def uda_loss(
     return (kl * mask).mean(), mask
 
 
+@dataclass(frozen=True)
+class UDALoss(ConsistencyLoss):
+    """UDA's hyperparameters (with FedProx's ``mu``), validated here once.
+
+    Args:
+        temperature: the sharpening temperature (UDA: 0.4).
+        threshold: the confidence threshold (UDA: 0.8).
+        mu: FedProx's coefficient; 0: none (FedAvg-UDA).
+    """
+
+    temperature: float = 0.4
+    threshold: float = 0.8
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not (math.isfinite(self.temperature) and self.temperature > 0):
+            raise ValueError(f"temperature must be finite and > 0, got {self.temperature}")
+        if not 0.0 <= self.threshold <= 1.0:
+            raise ValueError(f"threshold must be in [0, 1], got {self.threshold}")
+
+
 class UDA(WeakStrongObjective):
     """Client objective of FedAvg-/FedProx-UDA: :func:`uda_loss` (+ FedProx's term)."""
 
     def __init__(
-        self,
-        network: Classifier,
-        lr: float,
-        temperature: float = 0.4,
-        threshold: float = 0.8,
-        mu: float = 0.0,
-        **kw,
+        self, network: Classifier, lr: float, loss: UDALoss = UDALoss(), **kw: Any
     ) -> None:
-        super().__init__(network, lr, mu=mu, **kw)
-        if temperature <= 0 or not 0 <= threshold <= 1:
-            raise ValueError(
-                f"need temperature > 0 and threshold in [0, 1], got {temperature}, {threshold}"
-            )
-        self.temperature, self.threshold = temperature, threshold
+        super().__init__(network, lr, loss, **kw)
+        self.temperature, self.threshold = loss.temperature, loss.threshold
 
     def unlabeled_loss(self, logits_weak: Tensor, logits_strong: Tensor) -> tuple[Tensor, Tensor]:
         return uda_loss(logits_weak, logits_strong, self.temperature, self.threshold)
