@@ -23,7 +23,7 @@ import torch
 
 from fedlit.aggregation import weighted_average
 from fedlit.data import FederatedDataModule, sample_clients
-from fedlit.federation import Federation, FederationConfig, RoundCSVLogger
+from fedlit.federation import Federation, FederationConfig
 from fedlit.federation.seeding import FINETUNE, SERVER, derive_seed, seed_all
 from fedlit.methods import FedAvgFixMatch, FedAvgSL, FederatedMethod
 from fedlit.objectives import Objective, Optimization
@@ -87,11 +87,12 @@ def measure(name: str, args: argparse.Namespace, workdir: Path) -> tuple[float, 
         return fed
 
     fedlit_fed, plain_fed = federation("fedlit"), federation("plain")
-    loggers = [RoundCSVLogger(fedlit_fed.run_dir)]
+    fedlit_fed.open_run_dir()
+    fedlit_fed.callbacks.run_start(fedlit_fed)  # its rows and checkpoints, as in a run
     fedlit_s, plain_s = [], []
     for r in range(1, args.rounds + 2):  # round 1 warms both paths up and is not counted
         t0 = time.perf_counter()
-        fedlit_fed.run_and_record_round(r, loggers)
+        fedlit_fed.run_and_record_round(r)
         t1 = time.perf_counter()
         plain_round(plain_fed, r)
         t2 = time.perf_counter()

@@ -57,6 +57,8 @@ def tiny(root: Path, run_dir: Path, recipe: Path | None = None) -> list[str]:
             args.append("--federation.local_steps=2")
         if "bootstrap_epochs" in config["model"]["init_args"]:
             args.append("--model.init_args.bootstrap_epochs=1")
+        if config["data"].get("server_unlabeled_fraction"):  # 60 images, not 3,000
+            args.append("--data.server_unlabeled_fraction=0.001")
         # ResNet-18 and ResNet-9 run here once each (FedSup and FedSEAL, CIFAR-10 IID);
         # elsewhere they are swapped to keep the suite fast
         kept = ("fedsup_cifar10_iid.yaml", "fedseal_cifar10_iid.yaml")
@@ -81,6 +83,12 @@ def test_recipes_exist() -> None:
         f"fedcon_{d}_{s}.yaml" for d in ("mnist", "cifar10", "svhn") for s in ("iid", "noniid")
     } <= papers
     assert {"fedseal_fmnist_iid.yaml", "fedseal_cifar10_noniid.yaml", "ssfl_cifar10.yaml"} <= papers
+    # paper 000 on CIFAR-100 and STL-10, paper 001 section IV-E, paper 004 on SVHN and EMNIST
+    ssl = ("fedsup", "fedavg_fixmatch", "fedavg_simclr", "fedavg_simsiam", "fedavg_byol")
+    assert {f"{m}_cifar100_iid.yaml" for m in (*ssl, "fedavg_sl")} <= papers
+    assert {f"{m}_stl10.yaml" for m in (*ssl, "server_sl")} | {"server_sl_cifar100.yaml"} <= papers
+    protocols = {"fedcon_mnist_iid_server_unlabeled.yaml", "ssfl_svhn.yaml", "ssfl_emnist.yaml"}
+    assert protocols <= papers
     assert {
         f"fedswitch_cifar10_{s}_labels_at_{w}.yaml"
         for s in ("batch_iid", "batch_noniid")

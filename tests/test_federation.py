@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from fedlit.aggregation import state_bytes
 from fedlit.data import ClientData, FederatedDataModule, ImageSplit
-from fedlit.federation import Federation, FederationConfig, load_checkpoint
+from fedlit.federation import Callback, Federation, FederationConfig, load_checkpoint
 from fedlit.federation.trainers import TrainerTemplate
 from fedlit.methods import (
     FedAvgFixMatch,
@@ -312,7 +312,7 @@ def test_client_hooks_get_only_the_clients_own_data(fmnist_root: Path, tmp_path:
         assert len(images) == 128
 
 
-@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("version", [1, 2, 3])
 def test_checkpoint_of_an_earlier_format_is_refused_naming_it(tmp_path: Path, version: int) -> None:
     old = tmp_path / "last.ckpt"
     torch.save({"format": f"fedlit-federation/{version}", "round": 3, "method_state": {}}, old)
@@ -320,3 +320,43 @@ def test_checkpoint_of_an_earlier_format_is_refused_naming_it(tmp_path: Path, ve
         ValueError, match=f"earlier fedlit .fedlit-federation/{version}.*start the run again"
     ):
         load_checkpoint(old)
+
+
+def test_extra_callbacks_see_every_round_and_the_ending(fmnist_root: Path, tmp_path: Path) -> None:
+    seen: list[tuple[str, object]] = []
+
+    class Recording(Callback):
+        def on_run_start(self, fed: Federation) -> None:
+            seen.append(("start", fed.start_round))
+
+        def on_round_end(self, fed: Federation, round_idx: int, metrics: dict[str, float]) -> None:
+            assert fed.checkpoint_path.is_file()  # after the default callbacks: checkpointed
+            seen.append(("round", (round_idx, metrics["test/acc"])))
+
+        def on_run_end(self, fed: Federation, ending: str) -> None:
+            seen.append(("end", ending))
+
+    fed = _federation(fmnist_root, tmp_path / "run")
+    fed.extra_callbacks = [Recording()]
+    fed.callbacks.items.extend(fed.extra_callbacks)
+    result = fed.run()
+    accs = [h["test/acc"] for h in result.history]
+    assert seen == [
+        ("start", 1),
+        ("round", (1, accs[0])),
+        ("round", (2, accs[1])),
+        ("end", "success"),
+    ]
+
+
+def test_the_round_of_a_checkpoint_of_any_format_is_read(tmp_path: Path) -> None:
+    """A comparison tells a finished run of an earlier fedlit from one to resume."""
+    from fedlit.federation.checkpoint import checkpoint_round
+
+    old = tmp_path / "old.ckpt"
+    torch.save({"format": "fedlit-federation/2", "round": 12, "method_state": {}}, old)
+    assert checkpoint_round(old) == 12
+    other = tmp_path / "other.ckpt"
+    torch.save({"epoch": 3}, other)
+    with pytest.raises(ValueError, match="not a fedlit federation checkpoint"):
+        checkpoint_round(other)

@@ -12,7 +12,7 @@ import torch
 from fedlit.aggregation import state_bytes
 from fedlit.data import ClientData, FederatedDataModule, visit_number
 from fedlit.data.datasets import SPECS, ImageSplit
-from fedlit.federation import Federation, FederationConfig, load_checkpoint
+from fedlit.federation import Federation, FederationConfig, load_checkpoint, load_client_states
 from fedlit.methods import (
     ClientUpdate,
     FedAvgFixMatch,
@@ -99,8 +99,9 @@ def test_fedseal_logs_its_sets_and_keeps_the_ensemble_on_the_client(
     assert float(rows[-1]["pseudo/neg_acc"]) > 0.9
     assert float(rows[-1]["pseudo/pos_acc"]) > 0.3
     ckpt = load_checkpoint(result.checkpoint)
+    states = load_client_states(result.checkpoint)
     for cid in (0, 1):
-        state = ckpt["client_states"][cid]
+        state = states[cid]
         assert state["count"] == 3 and state["mean"].shape == (64, 10)
         torch.testing.assert_close(state["mean"].sum(1), torch.ones(64))
     thresholds = ckpt["method_state"]["thresholds"]
@@ -142,10 +143,10 @@ def test_fedseal_clients_not_sampled_still_receive_every_model(
 
     fed.runner = Spy()  # type: ignore[assignment]
     result = fed.run()
-    ckpt = load_checkpoint(result.checkpoint)
+    states = load_client_states(result.checkpoint)
     assert len(payloads) == 2
     for cid in range(3):  # every client's ensemble holds both rounds' models
-        assert ckpt["client_states"][cid]["count"] == 2
+        assert states[cid]["count"] == 2
     idle = next(c for c in range(3) if c not in sampled)
     client = fed.data.client_data(idle)
     expected = torch.stack(
@@ -157,7 +158,7 @@ def test_fedseal_clients_not_sampled_still_receive_every_model(
             for p in payloads
         ]
     ).mean(0)
-    torch.testing.assert_close(ckpt["client_states"][idle]["mean"], expected)
+    torch.testing.assert_close(states[idle]["mean"], expected)
     model = state_bytes(fed.method.network.state_dict())
     assert float(_rows(tmp_path / "run")[-1]["comm/bytes_down"]) == 3 * (model + 10 * 4)
 

@@ -11,7 +11,7 @@ from conftest import stop_in_round
 from fedlit.aggregation import state_bytes
 from fedlit.aggregation.payloads import payload_bytes, state_part
 from fedlit.data import FederatedDataModule
-from fedlit.federation import Federation, FederationConfig, load_checkpoint
+from fedlit.federation import Federation, FederationConfig, load_checkpoint, load_client_states
 from fedlit.methods import (
     FedAvgBYOL,
     FedAvgSimCLR,
@@ -96,23 +96,40 @@ def test_fedcon_bytes_and_checkpointed_projectors(fmnist_root: Path, tmp_path: P
     assert result.final["comm/bytes_up"] == 2 * state_bytes(backbone)
     assert result.final["comm/bytes_down"] == 2 * state_bytes(backbone)
     ckpt = load_checkpoint(result.checkpoint)
-    assert set(ckpt["client_states"]) == {0, 1}
+    states = load_client_states(result.checkpoint)
+    assert set(states) == {0, 1}
     for cid in (0, 1):
         for k, v in fed.store.get(cid)["projector"].items():
-            assert torch.equal(ckpt["client_states"][cid]["projector"][k], v)
+            assert torch.equal(states[cid]["projector"][k], v)
     state = ckpt["method_state"]  # the target net and its step count are module state
     assert any(k.startswith("target.") for k in state) and int(state["server_steps"]) > 0
 
 
+@pytest.mark.parametrize("kill", ["before the round", "between its states and its checkpoint"])
 def test_fedcon_resume_equals_uninterrupted(
-    fmnist_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    kill: str, fmnist_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Resume after a kill in round 2, before it starts or after its clients' states were
+    written but before its checkpoint: the run continues as if never stopped."""
     full = _fed(fmnist_root, tmp_path / "full", FedCon, rounds=2)
     full.run()
-    undo = stop_in_round(monkeypatch, 2)
-    with pytest.raises(KeyboardInterrupt):  # stopped after round 1 of the same 2-round run
+    if kill == "before the round":
+        undo = stop_in_round(monkeypatch, 2)
+    else:
+        original = Federation._checkpoint
+
+        def killed(self: Federation, round_idx: int) -> None:
+            if round_idx == 2:
+                raise KeyboardInterrupt
+            original(self, round_idx)
+
+        monkeypatch.setattr(Federation, "_checkpoint", killed)
+        undo = monkeypatch.undo
+    with pytest.raises(KeyboardInterrupt):  # stopped in round 2 of the same 2-round run
         _fed(fmnist_root, tmp_path / "cut", FedCon, rounds=2).run()
     undo()
+    clients = tmp_path / "cut" / "checkpoints" / "clients"
+    written = sorted(p.name for p in clients.iterdir())
     resumed = _fed(
         fmnist_root,
         tmp_path / "cut",
@@ -121,6 +138,9 @@ def test_fedcon_resume_equals_uninterrupted(
         resume=str(tmp_path / "cut" / "checkpoints" / "last.ckpt"),
     )
     resumed.run()
+    if kill != "before the round":  # round 2's files were written, not yet checkpointed
+        assert {"0.r2.pt", "1.r2.pt"} <= set(written)
+    assert sorted(p.name for p in clients.iterdir()) == ["0.r2.pt", "1.r2.pt"]
     for k, v in full.method.network.state_dict().items():
         assert torch.equal(v, resumed.method.network.state_dict()[k]), k
     for cid in (0, 1):

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from fedlit.comparison.report import log_to_wandb, write_report
-from fedlit.federation.checkpoint import load_checkpoint
+from fedlit.federation.checkpoint import checkpoint_round
 from fedlit.reporting import FINAL_EVAL_KEYS, load_run
 from fedlit.run_layout import CHECKPOINT, RUN_FILE, RUN_MARKERS
 
@@ -166,7 +166,9 @@ def run_state(run: PlannedRun, rounds: int) -> str:
     or "broken" (files but no checkpoint: stopped inside its first round)."""
     ckpt = run.run_dir / CHECKPOINT
     if ckpt.is_file():
-        return "finished" if load_checkpoint(ckpt)["round"] >= rounds else "resumable"
+        # the round alone, from a checkpoint of any format: a finished run written by an
+        # earlier fedlit is finished; one to resume needs today's format (the resume says so)
+        return "finished" if checkpoint_round(ckpt) >= rounds else "resumable"
     return "broken" if any((run.run_dir / m).exists() for m in RUN_MARKERS) else "new"
 
 

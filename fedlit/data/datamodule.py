@@ -9,7 +9,14 @@ import lightning as L
 import numpy as np
 
 from fedlit.data.client import ClientData
-from fedlit.data.datasets import DatasetSpec, ImageSplit, dataset_spec, load_split
+from fedlit.data.datasets import (
+    SPECS,
+    DatasetSpec,
+    ImageSplit,
+    dataset_spec,
+    load_split,
+    load_unlabeled_split,
+)
 from fedlit.data.loaders import ImageBatches
 from fedlit.data.partition import IID, Partitioner, class_counts, non_iid_metric
 
@@ -18,6 +25,7 @@ TEST_SUBSET_SEED = 0x7E57
 
 
 LABELS_AT = ("server", "client")
+CLIENT_POOLS = ("train", "unlabeled")
 
 
 def _positive(name: str, value: int | None) -> None:
@@ -38,6 +46,19 @@ class FederatedDataModule(L.LightningDataModule):
     The labeled set is the server's (``labels_at="server"``) or, labels-at-client, is dealt
     out to the clients class by class (``labels_at="client"``): ``server`` is then empty and
     ``client_labeled[k]`` holds client k's labeled examples, on top of its unlabeled shard.
+
+    Server-held unlabeled images (``server_unlabeled_fraction``, paper 001 section IV-E's beta):
+    that fraction of each class is set aside, after the validation set and before the client
+    pool, as ``server_unlabeled``; only a method that asks for them reads them (FedCon's
+    ``server_unlabeled``), through :meth:`server_unlabeled_dataloader`.
+
+    Client pool from an unlabeled split (``client_pool="unlabeled"``, the default for a data
+    set that has one: STL-10's 100,000 ``unlabeled`` images): the training split gives the
+    server's sets only (what is left of it is unused) and ``partitioner``, which must be
+    :class:`~fedlit.data.partition.IID`, deals the unlabeled split out at random. Those images
+    have no labels: reading the shards' labels (the FedAvg-SL oracle, ``hidden_labels``
+    diagnostics) raises ValueError naming ``data.client_pool``; ``class_counts`` has a single
+    column, the shard sizes, and ``non_iid_R`` is NaN.
 
     Streaming non-IID (``stream_steps=S``): each unlabeled shard is cut, in shard order, into
     S near-equal consecutive chunks; on its n-th selection (``visit=n``) a client sees only
@@ -63,6 +84,12 @@ class FederatedDataModule(L.LightningDataModule):
             visit sees the whole shard).
         labels_at: ``"server"`` (the labeled set stays at the server) or ``"client"``
             (labels-at-client: the labeled set is split among the clients, class by class).
+        server_unlabeled_fraction: the fraction of each class the server also holds without
+            labels, in [0, 1) (0: none).
+        client_pool: where the clients' images come from: ``"train"`` (the training split,
+            after the server's sets) or ``"unlabeled"`` (the data set's unlabeled split, see
+            :attr:`DatasetSpec.unlabeled_split`); None: ``"unlabeled"`` if the data set has
+            one (STL-10), else ``"train"``.
     """
 
     def __init__(
@@ -82,6 +109,8 @@ class FederatedDataModule(L.LightningDataModule):
         download: bool = True,
         stream_steps: int | None = None,
         labels_at: str = "server",
+        server_unlabeled_fraction: float = 0.0,
+        client_pool: str | None = None,
     ) -> None:
         super().__init__()
         self.spec: DatasetSpec = dataset_spec(dataset)
@@ -104,6 +133,11 @@ class FederatedDataModule(L.LightningDataModule):
         _positive("data.stream_steps", stream_steps)
         if labels_at not in LABELS_AT:
             raise ValueError(f"data.labels_at must be one of {LABELS_AT}, got {labels_at!r}")
+        if not 0 <= server_unlabeled_fraction < 1:  # False for NaN too
+            raise ValueError(
+                f"data.server_unlabeled_fraction must be in [0, 1), got {server_unlabeled_fraction}"
+            )
+        self.client_pool = self._check_client_pool(client_pool, partitioner)
         self.dataset = dataset
         self.root = Path(root)
         self.num_clients = num_clients
@@ -119,6 +153,7 @@ class FederatedDataModule(L.LightningDataModule):
         self.download = download
         self.stream_steps = stream_steps
         self.labels_at = labels_at
+        self.server_unlabeled_fraction = server_unlabeled_fraction
         self.seed: int | None = None
         self.client_labeled: list[ImageSplit] = []
         self._chunks: list[list[tuple[int, int]]] = []
@@ -132,10 +167,47 @@ class FederatedDataModule(L.LightningDataModule):
     def in_channels(self) -> int:
         return self.spec.channels
 
+    def _check_client_pool(self, client_pool: str | None, partitioner: Partitioner | None) -> str:
+        """``client_pool`` resolved (None: the data set's unlabeled split if it has one);
+        ValueError naming the key if the data set or the partitioner cannot serve it."""
+        if client_pool is not None and client_pool not in CLIENT_POOLS:
+            raise ValueError(
+                f"data.client_pool must be one of {CLIENT_POOLS} or null, got {client_pool!r}"
+            )
+        split = self.spec.unlabeled_split
+        if client_pool == "unlabeled" and split is None:
+            having = sorted(s.name for s in SPECS.values() if s.unlabeled_split is not None)
+            raise ValueError(
+                f"data.client_pool='unlabeled': data.dataset={self.spec.name!r} has no "
+                f"unlabeled split (data sets with one: {having})"
+            )
+        pool = client_pool or ("train" if split is None else "unlabeled")
+        if pool == "unlabeled" and partitioner is not None and type(partitioner) is not IID:
+            raise ValueError(
+                f"data.partitioner={partitioner!r} divides the client pool by its labels, but "
+                f"data.client_pool='unlabeled' draws it from {self.spec.name}'s {split!r} split, "
+                "which has none: use fedlit.data.partition.IID (a random split there) or "
+                "data.client_pool='train'"
+            )
+        return pool
+
+    def _load_unlabeled_pool(self) -> ImageSplit:
+        """The data set's unlabeled split, whose labels raise naming ``data.client_pool``."""
+        pool = load_unlabeled_split(self.dataset, self.root, download=self.download)
+        why = (
+            f"data.client_pool='unlabeled': the clients' images come from {self.dataset}'s "
+            f"{self.spec.unlabeled_split!r} split, which has no labels, so there are none for "
+            "the FedAvg-SL oracle or label-based diagnostics (hidden_labels); set "
+            "data.client_pool='train' to draw the clients' images from the labeled training split"
+        )
+        return ImageSplit(pool.images, None, why)
+
     # --- loading and splitting ------------------------------------------------------------
     def prepare_data(self) -> None:
         load_split(self.dataset, self.root, train=True, download=self.download)
         load_split(self.dataset, self.root, train=False, download=self.download)
+        if self.client_pool == "unlabeled":
+            load_unlabeled_split(self.dataset, self.root, download=self.download)
 
     def setup_test(self) -> None:
         """Load only the test split (for evaluating a saved model)."""
@@ -162,23 +234,28 @@ class FederatedDataModule(L.LightningDataModule):
         self.test = self._load_test()
         labels = train.labels.numpy()
         rng = np.random.default_rng([seed, SPLIT_TAG])
-        labeled_idx, val_idx, pool_idx = self._split_server(labels, rng)
+        labeled_idx, val_idx, unlabeled_idx, pool_idx = self._split_server(labels, rng)
         self.val = ImageSplit(train.images[val_idx], train.labels[val_idx])
-        pool_labels = labels[pool_idx]
+        self.server_unlabeled = ImageSplit(train.images[unlabeled_idx], train.labels[unlabeled_idx])
+        pool, pool_labels, pool_classes = train, labels[pool_idx], self.num_classes
+        where = "left after the server's split"
+        if self.client_pool == "unlabeled":  # no labels: IID over one class, a random split
+            pool = self._load_unlabeled_pool()
+            pool_idx = np.arange(len(pool))
+            pool_labels, pool_classes = np.zeros(len(pool), dtype=np.int64), 1
+            where = f"of {self.dataset}'s {self.spec.unlabeled_split!r} split (data.client_pool)"
         if self.examples_per_client is not None:
             need = self.num_clients * self.examples_per_client
             if need > len(pool_idx):
                 raise ValueError(
                     f"data.examples_per_client={self.examples_per_client} x data.num_clients="
                     f"{self.num_clients} = {need} exceeds the {len(pool_idx)} unlabeled examples "
-                    "left after the server's split"
+                    f"{where}"
                 )
         parts = self.partitioner(
-            pool_labels, self.num_clients, self.num_classes, rng, self.examples_per_client
+            pool_labels, self.num_clients, pool_classes, rng, self.examples_per_client
         )
-        self.clients = [
-            ImageSplit(train.images[pool_idx[p]], train.labels[pool_idx[p]]) for p in parts
-        ]
+        self.clients = [pool.take(pool_idx[p]) for p in parts]
         empty = [k for k, c in enumerate(self.clients) if len(c) == 0]
         if empty:
             raise ValueError(f"data.partitioner left clients {empty} without data")
@@ -193,8 +270,11 @@ class FederatedDataModule(L.LightningDataModule):
         else:
             self.client_labeled = []
             self.server = ImageSplit(train.images[labeled_idx], train.labels[labeled_idx])
-        self.class_counts = class_counts(pool_labels, parts, self.num_classes)
-        self.non_iid_R = non_iid_metric(pool_labels, parts, self.num_classes)
+        # an unlabeled pool: one column, the shard sizes (the classes are unknown), and no R
+        self.class_counts = class_counts(pool_labels, parts, pool_classes)
+        self.non_iid_R = (
+            non_iid_metric(pool_labels, parts, pool_classes) if pool.has_labels else float("nan")
+        )
         self.seed = seed
 
     def _stream_chunks(self) -> list[list[tuple[int, int]]]:
@@ -239,8 +319,9 @@ class FederatedDataModule(L.LightningDataModule):
 
     def _split_server(
         self, labels: np.ndarray, rng: np.random.Generator
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        labeled, val, pool = [], [], []
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Per class, in a random order: labeled, validation, server-unlabeled, client pool."""
+        labeled, val, unlabeled, pool = [], [], [], []
         for c in range(self.num_classes):
             idx = rng.permutation(np.flatnonzero(labels == c))
             if self.labeled_per_class is not None:
@@ -249,15 +330,20 @@ class FederatedDataModule(L.LightningDataModule):
             else:
                 n_lab = max(1, int(self.labeled_fraction * len(idx)))  # type: ignore[operator]
                 key = f"data.labeled_fraction={self.labeled_fraction}"
-            if n_lab + self.val_per_class > len(idx):
+            n_unl = int(self.server_unlabeled_fraction * len(idx))
+            if n_lab + self.val_per_class + n_unl > len(idx):
                 raise ValueError(
-                    f"{key} (+ data.val_per_class={self.val_per_class}) asks for more examples "
-                    f"than class {c} of {self.dataset} has ({len(idx)})"
+                    f"{key} (+ data.val_per_class={self.val_per_class}, + data.server_unlabeled_"
+                    f"fraction={self.server_unlabeled_fraction}) asks for more examples than "
+                    f"class {c} of {self.dataset} has ({len(idx)})"
                 )
-            labeled.append(idx[:n_lab])
-            val.append(idx[n_lab : n_lab + self.val_per_class])
-            pool.append(idx[n_lab + self.val_per_class :])
-        return tuple(np.sort(np.concatenate(part)) for part in (labeled, val, pool))  # type: ignore[return-value]
+            cuts = np.cumsum([n_lab, self.val_per_class, n_unl])
+            labeled.append(idx[: cuts[0]])
+            val.append(idx[cuts[0] : cuts[1]])
+            unlabeled.append(idx[cuts[1] : cuts[2]])
+            pool.append(idx[cuts[2] :])
+        parts = (labeled, val, unlabeled, pool)
+        return tuple(np.sort(np.concatenate(part)) for part in parts)  # type: ignore[return-value]
 
     # --- loaders --------------------------------------------------------------------------
     # Every loader is an :class:`ImageBatches`: index draws from the split's uint8 tensor, the
@@ -292,6 +378,12 @@ class FederatedDataModule(L.LightningDataModule):
                 "(use client_labeled_dataloader)"
             )
         return self._batches(self.server, views, self.batch_size, shuffle=True, labels=True)
+
+    def server_unlabeled_dataloader(self, views: Sequence[str] = ("weak",)) -> ImageBatches:
+        """The server's unlabeled images (``server_unlabeled_fraction``): shuffled batches
+        ``(x_1, ..., x_n)`` of ``client_batch_size``, the unlabeled batch size, no labels."""
+        split = self.server_unlabeled
+        return self._batches(split, views, self.client_batch_size, shuffle=True)
 
     def server_plain_dataloader(self) -> ImageBatches:
         """The server's labeled images, un-augmented, in order, without labels: batches
@@ -334,7 +426,7 @@ class FederatedDataModule(L.LightningDataModule):
         if self.stream_steps is None:
             return shard
         lo, hi = self._chunks[client_id][(visit - 1) % self.stream_steps]
-        return ImageSplit(shard.images[lo:hi], shard.labels[lo:hi])
+        return shard.take(slice(lo, hi))
 
     def client_dataloader(
         self, client_id: int, views: Sequence[str], visit: int = 1, with_index: bool = False
@@ -400,6 +492,7 @@ class FederatedDataModule(L.LightningDataModule):
             "partition/max_client_size": float(sizes.max()),
             "data/server_labeled": float(len(self.server)),
             "data/server_val": float(len(self.val)),
+            "data/server_unlabeled": float(len(self.server_unlabeled)),
             "data/client_labeled": float(sum(len(c) for c in self.client_labeled)),
             "data/stream_steps": float(self.stream_steps or 0),
         }

@@ -1,16 +1,17 @@
 """Image classification data sets by name, loaded as uint8 tensors.
 
 Every data set is held in memory as ``images`` (N, C, H, W) uint8 and ``labels`` (N,) int64, so
-that splits, partitions and augmentations index plain tensors. Loading goes through torchvision
-(with its real download path); Fashion-MNIST is also read offline from Debian's
-``dataset-fashion-mnist`` package when it is installed.
+that splits, partitions and augmentations index plain tensors. A data set's unlabeled split
+(STL-10's ``unlabeled``, :func:`load_unlabeled_split`) holds images only: its ``labels`` raise.
+Loading goes through torchvision (with its real download path); Fashion-MNIST is also read
+offline from Debian's ``dataset-fashion-mnist`` package when it is installed.
 """
 
 from __future__ import annotations
 
 import gzip
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -32,17 +33,50 @@ class DatasetSpec:
     mean: tuple[float, ...]
     std: tuple[float, ...]
     hflip: bool  # horizontal flips keep the label (not for digits or letters)
+    #: torchvision's name of a split of images without labels (STL-10's ``unlabeled``), which
+    #: ``data.client_pool: unlabeled`` makes the client pool; None: the data set has none.
+    unlabeled_split: str | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class ImageSplit:
-    """One split of a data set: ``images`` (N, C, H, W) uint8 and ``labels`` (N,) int64."""
+    """One split of a data set: ``images`` (N, C, H, W) uint8 and ``labels`` (N,) int64.
+
+    A split without labels (``labels=None``: STL-10's unlabeled split, where torchvision gives
+    -1) keeps ``no_labels``, a message saying why; reading its :attr:`labels` raises ValueError
+    with it, so that no oracle, diagnostic or partitioner works from labels that do not exist.
+    """
 
     images: Tensor
-    labels: Tensor
+    _labels: Tensor | None
+    no_labels: str = field(default="", compare=False)
+
+    def __init__(self, images: Tensor, labels: Tensor | None, no_labels: str = "") -> None:
+        if labels is not None and len(labels) != len(images):
+            raise ValueError(f"{len(images)} images but {len(labels)} labels")
+        object.__setattr__(self, "images", images)
+        object.__setattr__(self, "_labels", labels)
+        object.__setattr__(self, "no_labels", no_labels or "these images have no labels")
 
     def __len__(self) -> int:
-        return len(self.labels)
+        return len(self.images)
+
+    @property
+    def has_labels(self) -> bool:
+        """Whether the images have labels (False for an unlabeled split)."""
+        return self._labels is not None
+
+    @property
+    def labels(self) -> Tensor:
+        """(N,) int64 class ids; ValueError (``no_labels``) for a split without labels."""
+        if self._labels is None:
+            raise ValueError(self.no_labels)
+        return self._labels
+
+    def take(self, index: Tensor | np.ndarray | slice) -> ImageSplit:
+        """The examples at ``index``, with their labels if the split has any."""
+        labels = None if self._labels is None else self._labels[index]
+        return ImageSplit(self.images[index], labels, self.no_labels)
 
 
 SPECS: dict[str, DatasetSpec] = {
@@ -56,7 +90,16 @@ SPECS: dict[str, DatasetSpec] = {
             "cifar100", 100, 3, 32, (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762), True
         ),
         DatasetSpec("svhn", 10, 3, 32, (0.4377, 0.4438, 0.4728), (0.1980, 0.2010, 0.1970), False),
-        DatasetSpec("stl10", 10, 3, 96, (0.4467, 0.4398, 0.4066), (0.2603, 0.2566, 0.2713), True),
+        DatasetSpec(
+            "stl10",
+            10,
+            3,
+            96,
+            (0.4467, 0.4398, 0.4066),
+            (0.2603, 0.2566, 0.2713),
+            hflip=True,
+            unlabeled_split="unlabeled",
+        ),
     )
 }
 
@@ -87,14 +130,31 @@ def load_split(name: str, root: str | Path, train: bool, download: bool = True) 
         ds = tvd.CIFAR100(root, train=train, download=download)
     elif name == "svhn":
         ds = tvd.SVHN(root, split=split, download=download)
-    else:  # stl10: the labeled train/test splits (the unlabeled split is not used)
+    else:  # stl10: the labeled train/test splits (the unlabeled one: load_unlabeled_split)
         ds = tvd.STL10(root, split=split, download=download)
     images, labels = _to_tensors(ds)
     if name == "emnist_balanced":  # EMNIST is stored transposed
         images = images.transpose(2, 3).contiguous()
-    if images.shape[1:] != (spec.channels, spec.size, spec.size):
-        raise RuntimeError(f"{name}: unexpected image shape {tuple(images.shape[1:])}")
+    _check_shape(spec, images)
     return ImageSplit(images, labels)
+
+
+def load_unlabeled_split(name: str, root: str | Path, download: bool = True) -> ImageSplit:
+    """Load data set ``name``'s split of unlabeled images (its spec's ``unlabeled_split``,
+    STL-10's 100,000 ``unlabeled`` images) under ``root``: an :class:`ImageSplit` without
+    labels (torchvision's -1s are dropped). ValueError if the data set has no such split."""
+    spec = dataset_spec(name)
+    if spec.unlabeled_split is None:
+        raise ValueError(f"data.dataset: {name!r} has no unlabeled split")
+    ds = tvd.STL10(Path(root), split=spec.unlabeled_split, download=download)  # only STL-10
+    images, _ = _to_tensors(ds)
+    _check_shape(spec, images)
+    return ImageSplit(images, None, f"{name}'s {spec.unlabeled_split!r} split has no labels")
+
+
+def _check_shape(spec: DatasetSpec, images: Tensor) -> None:
+    if images.shape[1:] != (spec.channels, spec.size, spec.size):
+        raise RuntimeError(f"{spec.name}: unexpected image shape {tuple(images.shape[1:])}")
 
 
 def _to_tensors(ds: object) -> tuple[Tensor, Tensor]:

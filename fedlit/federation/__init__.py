@@ -1,14 +1,21 @@
 """The federation driver: rounds, clients, Trainers, logging, checkpoints."""
 
+from fedlit.federation.callbacks import Callback
 from fedlit.federation.checkpoint import load_checkpoint, save_checkpoint
 from fedlit.federation.client import ClientRunner
-from fedlit.federation.driver import Federation, FederationConfig, FederationResult
+from fedlit.federation.config import FederationConfig, FederationResult
+from fedlit.federation.driver import Federation
+from fedlit.federation.executors import InProcess, RayPool, RaySettings
 from fedlit.federation.faults import ROUND_FAILED, ClientFault, RoundFailed
 from fedlit.federation.loggers import RoundCSVLogger
-from fedlit.federation.store import ClientStateStore
+from fedlit.federation.store import ClientStateStore, load_client_states
 from fedlit.federation.trainers import TrainerTemplate
 
 __all__ = [
+    "Callback",
+    "InProcess",
+    "RayPool",
+    "RaySettings",
     "ROUND_FAILED",
     "ClientFault",
     "ClientRunner",
@@ -20,5 +27,6 @@ __all__ = [
     "RoundFailed",
     "TrainerTemplate",
     "load_checkpoint",
+    "load_client_states",
     "save_checkpoint",
 ]

@@ -8,15 +8,18 @@ from typing import Any
 
 import torch
 
-#: Version 2: the method's whole state is ``method.state_dict()`` (networks, teachers, targets,
-#: buffers); version-1 files (a global network plus a hand-written server state) do not load.
-FORMAT = "fedlit-federation/3"
+#: The method's whole state is ``method.state_dict()`` (networks, teachers, targets, buffers);
+#: ``client_states`` is the manifest of the client-state files in ``clients/`` beside the file
+#: (:mod:`fedlit.federation.store`).
+FORMAT = "fedlit-federation/4"
 #: Earlier formats, refused with what changed since.
 EARLIER = {
     "fedlit-federation/1": "before methods kept their state as module state",
     "fedlit-federation/2": "before a method's optimiser and loss settings became the config "
     "groups model.init_args.optim and model.init_args.loss, so its stored settings would not "
     "be compared",
+    "fedlit-federation/3": "before client states moved out of the checkpoint into one file "
+    "per client beside it",
 }
 
 
@@ -53,3 +56,16 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
         raise ValueError(f"{path} is not a fedlit federation checkpoint ({FORMAT})")
     return ckpt
+
+
+def checkpoint_round(path: Path) -> int:
+    """The last round a federation checkpoint of any format finished (enough to tell a
+    finished run from one to resume, also for runs written by an earlier fedlit)."""
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:
+        raise ValueError(f"{path} is not a fedlit federation checkpoint: {err}") from err
+    fmt = ckpt.get("format") if isinstance(ckpt, dict) else None
+    if not (isinstance(fmt, str) and fmt.startswith("fedlit-federation/")):
+        raise ValueError(f"{path} is not a fedlit federation checkpoint")
+    return int(ckpt["round"])

@@ -1,47 +1,33 @@
-"""The federation driver: the round loop shared by every method, and nothing method-specific.
+"""The federation driver: checks and set-up, the run directory, resume, and the run: the
+rounds of :mod:`fedlit.federation.rounds` between the callbacks of
+:mod:`fedlit.federation.callbacks`; the server's steps and the evaluations the rounds call.
 
-Each round: (server step) -> sample C of K clients -> broadcast -> client steps -> aggregate ->
-(server step) -> evaluate -> log -> checkpoint. Whether the server trains before broadcasting
-or after aggregating is the method's ``server_first``. A client that raises or uploads a
-non-finite value is left out of its round (:mod:`fedlit.federation.faults`); too few clients
-left, or a global model that is no longer finite, stops the run before the round is written.
+A client that raises or uploads a non-finite value is left out of its round
+(:mod:`fedlit.federation.faults`); too few clients left, or a global model that is no longer
+finite, stops the run before the round is written.
 """
 
 from __future__ import annotations
 
-import json
-import math
-import sys
-import time
-from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-from lightning.pytorch.loggers import Logger, WandbLogger
-from torch import Tensor
-from tqdm.auto import tqdm
+from lightning.pytorch.loggers import Logger
 
-from fedlit.aggregation import weight_diversity
-from fedlit.aggregation.payloads import flatten_payload, payload_bytes
 from fedlit.data.datamodule import FederatedDataModule
-from fedlit.data.sampling import sample_clients
-from fedlit.evaluation import PROTOCOLS, Evaluator, evaluate_encoder, scored
+from fedlit.evaluation import Evaluator, evaluate_encoder, scored
+from fedlit.federation.callbacks import Callback, Callbacks, Ending, default_callbacks
 from fedlit.federation.checkpoint import load_checkpoint, save_checkpoint
 from fedlit.federation.client import ClientRunner
-from fedlit.federation.faults import (
-    ROUND_FAILED,
-    ClientFault,
-    RoundFailed,
-    fault_metrics,
-    name_list,
-    nonfinite_tensors,
-    upload_fault,
-)
-from fedlit.federation.loggers import RoundCSVLogger, drop_rounds_after
+from fedlit.federation.config import RESUME_MAY_CHANGE, FederationConfig, FederationResult
+from fedlit.federation.console import first_line, note
+from fedlit.federation.executors import ClientExecutor, make_executor
+from fedlit.federation.faults import ClientFault, RoundFailed, name_list, nonfinite_tensors
+from fedlit.federation.loggers import drop_rounds_after
+from fedlit.federation.rounds import run_round
 from fedlit.federation.rundir import (
     RunLock,
     check_creatable,
@@ -61,34 +47,12 @@ from fedlit.federation.seeding import (
     seed_all,
     set_rng_states,
 )
-from fedlit.federation.store import ClientStateStore
+from fedlit.federation.store import CLIENT_DIR, ClientStateStore
 from fedlit.federation.trainers import TrainerTemplate
 from fedlit.methods.base import ClientUpdate, FederatedMethod
 from fedlit.run_layout import CHECKPOINT, RUN_FILE, RUN_MARKERS
 
 __all__ = ["RUN_FILE", "RUN_MARKERS", "Federation", "FederationConfig", "FederationResult"]
-
-#: Settings a resume may change without saying so: how long the run goes on, where it is
-#: written, what is logged or shown, how often it is evaluated and where the data is read from.
-#: A key also covers the keys under it (``trainer.logger`` covers ``trainer.logger.init_args.*``).
-RESUME_MAY_CHANGE = (
-    "config",
-    "federation.rounds",
-    "federation.resume",
-    "federation.resume_may_change",
-    "federation.eval_every",
-    "federation.min_clients",
-    "data.root",
-    "data.download",
-    "trainer.default_root_dir",
-    "trainer.logger",
-    "trainer.callbacks",
-    "trainer.enable_progress_bar",
-    "trainer.enable_model_summary",
-    "trainer.enable_checkpointing",
-    "trainer.log_every_n_steps",
-    "trainer.profiler",
-)
 
 
 def _covers(allowed: str, key: str) -> bool:
@@ -107,84 +71,6 @@ def loading_data(data: FederatedDataModule) -> Iterator[None]:
             f"data.root: data.dataset={data.dataset!r} could not be loaded from {data.root} "
             f"(data.download={data.download}): {err}"
         ) from err
-
-
-@dataclass(frozen=True)
-class FederationConfig:
-    """How the federation runs (the ``federation`` group of a recipe).
-
-    Args:
-        rounds: communication rounds.
-        clients_per_round: C, clients sampled per round (without replacement).
-        local_epochs: E, epochs of each client's objective per round.
-        local_steps: if set, T local steps per round instead of epochs (paper 004's period T).
-        server_epochs: E_s, epochs of the server's objective per round.
-        eval_every: evaluate on the test set every this many rounds (and after the last).
-        resume: a checkpoint to continue from (``<run>/checkpoints/last.ckpt``), into its own
-            run directory or a new one. Every setting that changes results must equal the
-            checkpoint's.
-        resume_may_change: settings (dotted keys as in the config, e.g.
-            ``model.init_args.optim.client_lr``) a resume may change besides rounds, eval_every,
-            the run directory, loggers and the data root.
-        final_eval: protocols run on the global encoder after the last round, logged as
-            ``eval/<protocol>_acc``: "finetune" (end to end) and/or "linear" (frozen encoder).
-        eval_epochs: epochs of those protocols on the server's labeled set.
-        eval_lr: their learning rate (SGD, momentum 0.9).
-        min_clients: the fewest clients a round may aggregate. A client whose work raises, or
-            whose upload holds NaN or an infinity, is left out of its round (logged as
-            ``fault/*``); a round left with fewer clients stops the run
-            (:class:`~fedlit.federation.faults.RoundFailed`), its last checkpoint kept.
-    """
-
-    rounds: int = 10
-    clients_per_round: int = 10
-    local_epochs: int = 1
-    local_steps: int | None = None
-    server_epochs: int = 1
-    eval_every: int = 1
-    resume: str | None = None
-    resume_may_change: tuple[str, ...] = ()
-    final_eval: tuple[str, ...] = ()
-    eval_epochs: int = 20
-    eval_lr: float = 0.03
-    min_clients: int = 1
-
-    def __post_init__(self) -> None:
-        unknown = [p for p in self.final_eval if p not in PROTOCOLS]
-        if unknown:
-            raise ValueError(
-                f"federation.final_eval: unknown protocol {unknown[0]!r}; choose from {PROTOCOLS}"
-            )
-        if not (math.isfinite(self.eval_lr) and self.eval_lr > 0):
-            raise ValueError(f"federation.eval_lr must be finite and > 0, got {self.eval_lr}")
-        if self.eval_epochs < 1:
-            raise ValueError(f"federation.eval_epochs must be positive, got {self.eval_epochs}")
-        for key in (
-            "rounds",
-            "clients_per_round",
-            "local_epochs",
-            "server_epochs",
-            "eval_every",
-            "min_clients",
-        ):
-            value = getattr(self, key)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"federation.{key} must be a positive integer, got {value!r}")
-        if self.local_steps is not None and self.local_steps < 1:
-            raise ValueError(f"federation.local_steps must be positive, got {self.local_steps}")
-
-
-@dataclass(frozen=True)
-class FederationResult:
-    """What a run returns: every round's logged metrics and where it wrote."""
-
-    history: list[dict[str, float]]
-    run_dir: Path
-    checkpoint: Path
-
-    @property
-    def final(self) -> dict[str, float]:
-        return self.history[-1] if self.history else {}
 
 
 @dataclass
@@ -206,10 +92,13 @@ class Federation:
     loggers: Sequence[Logger] = ()
     hparams: dict[str, Any] = field(default_factory=dict)
     progress: bool | None = None  # None: a bar on a terminal, plain lines otherwise
+    #: What happens around the rounds; None: :func:`~fedlit.federation.callbacks.default_callbacks`
+    #: with ``loggers``.
+    extra_callbacks: Sequence[Callback] = ()
 
     def __post_init__(self) -> None:
         self.run_dir = Path(self.run_dir)
-        self.store = ClientStateStore()
+        self.store = ClientStateStore(self.checkpoint_path.parent / CLIENT_DIR)
         self.visits: dict[int, int] = {}  # client id -> rounds it has been selected in
         self.history: list[dict[str, float]] = []
         self.start_round = 1
@@ -217,6 +106,7 @@ class Federation:
         self._dead = False  # the directory holds a run that died before its first checkpoint
         self._opened = False  # open_run_dir has run: the directory is locked and ready
         self._lock = RunLock(self.run_dir)
+        self.callbacks = Callbacks([*default_callbacks(self.loggers), *self.extra_callbacks])
 
     # --- checks and set-up ---------------------------------------------------------------
     def prepare(self) -> None:
@@ -285,7 +175,19 @@ class Federation:
             local_epochs=cfg.local_epochs,
             local_steps=cfg.local_steps,
         )
+        self._executor: ClientExecutor | None = None
         self._prepared = True
+
+    @property
+    def executor(self) -> ClientExecutor:
+        """Where the clients' work runs (``federation.executor``), started on first use and
+        stopped when the run ends."""
+        if self._executor is None:
+            cfg = self.config
+            self._executor = make_executor(
+                cfg.executor, self.runner, cfg.ray, cfg.clients_per_round
+            )
+        return self._executor
 
     def _check_run_dir(self) -> None:
         """Refuse a run directory that holds a run this one does not continue. A directory whose
@@ -325,15 +227,16 @@ class Federation:
             self._check_run_dir()  # again, under the lock
             if self._dead:
                 removed = remove_dead_run(self.run_dir)
-                _note(
+                note(
                     f"{self.run_dir} held a run stopped before its first checkpoint; "
                     f"removed its {', '.join(removed)} and started afresh"
                 )
                 self._dead = False
+            self.store.open()  # the resumed run's client states here, nothing else
             if self.start_round > 1:
                 dropped = drop_rounds_after(self.run_dir / "metrics.csv", self.start_round - 1)
                 if dropped:
-                    _note(
+                    note(
                         f"{self.run_dir / 'metrics.csv'}: dropped {dropped} row(s) logged after "
                         f"round {self.start_round - 1}, the checkpoint's; they are run again"
                     )
@@ -393,9 +296,11 @@ class Federation:
         except (RuntimeError, ValueError) as err:  # another architecture (size mismatch)
             raise ValueError(
                 f"federation.resume: the checkpoint's network does not fit this model "
-                f"(model.backbone={self.method.backbone_name!r}): {_first_line(err)}"
+                f"(model.backbone={self.method.backbone_name!r}): {first_line(err)}"
             ) from err
-        self.store.load_state_dict(ckpt["client_states"])
+        assert self.config.resume is not None
+        source = Path(self.config.resume).parent / CLIENT_DIR
+        self.store.load_state_dict(ckpt["client_states"], source)
         self.visits = dict(ckpt.get("visits", {}))
         self.history = list(ckpt["history"])
         set_rng_states(ckpt["rng"])
@@ -409,6 +314,9 @@ class Federation:
         try:
             return self._run()
         finally:
+            if self._executor is not None:
+                self._executor.close()
+                self._executor = None
             self.close_run_dir()
 
     def close_run_dir(self) -> None:
@@ -417,153 +325,34 @@ class Federation:
         self._opened = False
 
     def _run(self) -> FederationResult:
-        if self.method.oracle:
-            _note(
-                f"{type(self.method).__name__} is an oracle: its clients train on their true "
-                "labels (an upper bound, not a semi-supervised method)"
-            )
-        if not self.method.private:
-            _note(
-                f"{type(self.method).__name__} is not private: it sends clients other clients' "
-                "models, which standard federated learning does not allow"
-            )
-        self._write_run_file()
-        loggers = [RoundCSVLogger(self.run_dir), *self.loggers]
-        if self.start_round == 1:
-            row = {"round": 0, **self.data.partition_summary(), **self._bootstrap()}
-            for logger in loggers:
-                logger.log_hyperparams(self.hparams)
-                logger.log_metrics(row, step=0)
-            self._log_partition_image(loggers)
-        bar = self._progress_bar()
+        self.callbacks.run_start(self)
+        ending: Ending = "stopped"
         try:
+            if self.start_round == 1:
+                row0 = {"round": 0, **self.data.partition_summary(), **self._bootstrap()}
+                self.callbacks.first_row(self, row0)
             for round_idx in range(self.start_round, self.config.rounds + 1):
-                metrics = self.run_and_record_round(round_idx, loggers)
-                self._report(bar, round_idx, metrics)
+                self.run_and_record_round(round_idx)
+            ending = "success"
         except RoundFailed:
-            for logger in loggers:
-                logger.finalize("failed")
-                if isinstance(logger, WandbLogger):
-                    logger.experiment.finish(exit_code=ROUND_FAILED)
+            ending = "failed"
             raise
         finally:
-            if bar is not None:
-                bar.close()
-        for logger in loggers:
-            logger.finalize("success")
-            if isinstance(logger, WandbLogger):  # end its W&B run: the next run starts its own
-                logger.experiment.finish()
+            self.callbacks.run_end(self, ending)
         return FederationResult(list(self.history), self.run_dir, self.checkpoint_path)
 
-    def _write_run_file(self) -> None:
-        """``run.json``: who this run is (kept where a comparison already named it) and how
-        many rounds it is configured for, so reports can read runs without their config."""
-        path = self.run_dir / RUN_FILE
-        info = json.loads(path.read_text()) if path.is_file() else {}
-        info.setdefault("method", type(self.method).__name__)
-        info.setdefault("seed", self.seed)
-        info["rounds"] = self.config.rounds
-        info["marks"] = list(self.method.marks())
-        path.write_text(json.dumps(info))
+    def run_round(self, round_idx: int) -> dict[str, float]:
+        """Round ``round_idx`` (:func:`fedlit.federation.rounds.run_round`); its metrics."""
+        return run_round(self, round_idx)
 
-    def _log_partition_image(self, loggers: Sequence[Logger]) -> None:
-        """The clients' class counts as a heat map, for loggers that take images (W&B)."""
-        imaging = [logger for logger in loggers if hasattr(logger, "log_image")]
-        if not imaging:
-            return
-        from fedlit.reporting import plot_partition  # matplotlib only when it is needed
-
-        title = f"{self.data.dataset}: R = {self.data.non_iid_R:.3f}"
-        path = plot_partition(self.data.class_counts, self.run_dir / "partition.png", title)
-        for logger in imaging:
-            logger.log_image(key="partition", images=[str(path)], step=0)
-
-    def run_and_record_round(self, round_idx: int, loggers: Sequence[Logger]) -> dict[str, float]:
-        """One round, then its log rows and its checkpoint."""
+    def run_and_record_round(self, round_idx: int) -> dict[str, float]:
+        """Round ``round_idx``, then its callbacks (rows, checkpoint, progress)."""
         metrics = self.run_round(round_idx)
         self.history.append(metrics)
-        for logger in loggers:
-            logger.log_metrics(metrics, step=round_idx)
-            logger.save()
-        self._checkpoint(round_idx)
+        self.callbacks.round_end(self, round_idx, metrics)
         return metrics
 
-    def run_round(self, round_idx: int) -> dict[str, float]:
-        """One round; returns its metrics."""
-        t0 = time.perf_counter()
-        method, cfg = self.method, self.config
-        metrics: dict[str, float] = {"round": float(round_idx)}
-        method.on_round_start(round_idx, cfg.rounds)
-        if method.server_first or not method.uses_clients:
-            metrics |= self._server_step(round_idx)
-        down: Counter[str] = Counter()  # bytes sent down / up, by payload part
-        up: Counter[str] = Counter()
-        if method.uses_clients:
-            clients = sample_clients(
-                self.data.num_clients, cfg.clients_per_round, self.seed, round_idx
-            )
-            payload = method.broadcast()
-            updates: list[ClientUpdate] = []
-            received: list[dict[str, Tensor]] = []
-            faults: list[ClientFault] = []
-            for cid in clients.tolist():
-                self.visits[cid] = self.visits.get(cid, 0) + 1  # a faulty visit counts too
-                sent = method.client_payload(payload, cid)
-                down.update(payload_bytes(sent))
-                try:
-                    update = self.runner(
-                        sent, cid, round_idx, self.store.get(cid), self.visits[cid]
-                    )
-                except Exception as err:  # not KeyboardInterrupt, SIGTERM: those stop the run
-                    why = ": ".join(filter(None, (type(err).__name__, _first_line(err))))
-                    fault: ClientFault | None = ClientFault(cid, "raised", why)
-                else:
-                    up.update(payload_bytes(update.upload))
-                    fault = upload_fault(cid, update.upload)
-                if fault is not None:  # left out; its persistent state stays as it was
-                    faults.append(fault)
-                    _warn(f"round {round_idx}: {fault.describe()}; left out of the round")
-                    continue
-                self.store.put(cid, update.state)
-                updates.append(update)
-                received.append(flatten_payload(sent))
-            if method.all_clients_receive:  # the others receive the round's broadcast too
-                idle = sorted(set(range(self.data.num_clients)) - set(clients.tolist()))
-                for part, n in payload_bytes(payload).items():
-                    down[part] += n * len(idle)
-                states = self.runner.receive(
-                    payload,
-                    idle,
-                    [self.store.get(cid) for cid in idle],
-                    [max(self.visits.get(cid, 0), 1) for cid in idle],
-                )
-                for cid, state in zip(idle, states, strict=True):
-                    self.store.put(cid, state)
-            self._check_survivors(round_idx, len(clients), updates, faults)
-            metrics |= fault_metrics(faults)
-            metrics["diag/weight_diversity"] = weight_diversity(
-                received, [flatten_payload(u.upload) for u in updates]
-            )
-            method.aggregate(updates)
-            self._check_finite(round_idx, "aggregation")
-            metrics |= _mean_metrics("client", [u.metrics for u in updates])
-            if not method.server_first:
-                metrics |= self._server_step(round_idx)
-            elif method.server_finetunes:  # paper 000's Algorithm 1: fine-tune the aggregate
-                metrics |= self._server_step(round_idx, stage="finetune")
-        method.end_round()
-        self._check_finite(round_idx, "the end of the round (end_round)")
-        if round_idx % cfg.eval_every == 0 or round_idx == cfg.rounds:
-            metrics |= self.evaluate()
-        if round_idx == cfg.rounds:
-            metrics |= self.evaluate_encoder()
-        for direction, counts in (("down", down), ("up", up)):  # in all, then by part
-            metrics[f"comm/bytes_{direction}"] = float(sum(counts.values()))
-            metrics |= {f"comm/bytes_{direction}/{part}": float(n) for part, n in counts.items()}
-        metrics["time/round_s"] = time.perf_counter() - t0
-        return metrics
-
-    def _check_survivors(
+    def check_survivors(
         self,
         round_idx: int,
         sampled: int,
@@ -580,7 +369,7 @@ class Federation:
             f"({'; '.join(f.describe() for f in faults)}); {self._kept(round_idx)}"
         )
 
-    def _check_finite(self, round_idx: int, stage: str) -> None:
+    def check_finite(self, round_idx: int, stage: str) -> None:
         """Stop the run (:class:`RoundFailed`) if a floating-point tensor of the method's state
         (its networks, buffers and extra state) holds NaN or an infinity after
         ``stage``: a model that is no longer finite is never evaluated or checkpointed."""
@@ -600,7 +389,7 @@ class Federation:
             )
         return f"the run stops in round {round_idx}, before its first checkpoint"
 
-    def _server_step(
+    def server_step(
         self, round_idx: int, epochs: int | None = None, stage: str = "server"
     ) -> dict[str, float]:
         """The server's objective for ``epochs`` (``server_epochs``), logged as ``<stage>/*``
@@ -614,7 +403,7 @@ class Federation:
         loader = self.method.server_loader(self.data)
         self.trainer.fit(objective, loader, epochs or self.config.server_epochs)
         self.method.server_step_done(objective, self.data)
-        self._check_finite(round_idx, f"the {stage} step")
+        self.check_finite(round_idx, f"the {stage} step")
         return {f"{stage}/{k}": v for k, v in objective.epoch_metrics().items()}
 
     def _bootstrap(self) -> dict[str, float]:
@@ -624,7 +413,7 @@ class Federation:
         if epochs == 0 or self.data.labels_at == "client":
             return {}
         self.method.on_round_start(0, self.config.rounds)
-        trained = self._server_step(0, epochs)
+        trained = self.server_step(0, epochs)
         metrics = {k.replace("server/", "bootstrap/", 1): v for k, v in trained.items()}
         return metrics | self.evaluate("bootstrap_test")
 
@@ -671,53 +460,4 @@ class Federation:
                 "hparams": self.hparams,
             },
         )
-
-    def _progress_bar(self) -> tqdm | None:
-        show = sys.stderr.isatty() if self.progress is None else self.progress
-        if not show:
-            return None
-        return tqdm(
-            total=self.config.rounds,
-            initial=self.start_round - 1,
-            desc="rounds",
-            unit="round",
-            dynamic_ncols=True,
-        )
-
-    def _report(self, bar: tqdm | None, round_idx: int, metrics: dict[str, float]) -> None:
-        acc = metrics.get("test/acc")
-        text = f"acc {acc:.4f}" if acc is not None else "acc -"
-        if bar is not None:
-            bar.set_postfix_str(f"{text}, {metrics['time/round_s']:.1f} s/round")
-            bar.update(1)
-        elif self.progress is None:
-            print(
-                f"round {round_idx}/{self.config.rounds}  {text}  {metrics['time/round_s']:.1f} s",
-                flush=True,
-            )
-
-
-def _note(text: str) -> None:
-    """A line for the person running fedlit (stderr: stdout carries the results)."""
-    print(f"note: {text}", file=sys.stderr, flush=True)
-
-
-def _warn(text: str) -> None:
-    """A warning line on stderr (through tqdm, so that a progress bar stays intact)."""
-    tqdm.write(f"warning: {text}", file=sys.stderr)
-
-
-def _first_line(err: BaseException) -> str:
-    """An error's message, its details (one line per mismatched tensor) cut to two lines."""
-    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-    return " ".join(lines[:2]) + (" ..." if len(lines) > 2 else "")
-
-
-def _mean_metrics(prefix: str, per_client: Sequence[dict[str, float]]) -> dict[str, float]:
-    """Each metric's mean over the clients that report it, as ``<prefix>/<name>``; names that
-    carry their own namespace (``pseudo/pos_acc``, ``kl/teacher``) are kept as they are."""
-    keys = sorted({k for m in per_client for k in m})
-    return {
-        (k if "/" in k else f"{prefix}/{k}"): float(np.mean([m[k] for m in per_client if k in m]))
-        for k in keys
-    }
+        self.store.checkpointed()  # the files the checkpoint no longer names go

@@ -3,6 +3,7 @@
 from fedlit.methods.base import ClientUpdate, FederatedMethod
 from fedlit.methods.baselines import FedAvgSL, ServerSL
 from fedlit.methods.fedcon import FedCon
+from fedlit.methods.fedmatch import FedMatch
 from fedlit.methods.fedrgd import FedRGD
 from fedlit.methods.fedseal import FedSEAL
 from fedlit.methods.fedsup import FedSup
@@ -21,6 +22,7 @@ __all__ = [
     "FedAvgSimSiam",
     "FedAvgUDA",
     "FedCon",
+    "FedMatch",
     "FedRGD",
     "FedSEAL",
     "FedSup",

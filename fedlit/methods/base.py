@@ -149,7 +149,9 @@ class FederatedMethod(LightningModule):
         """Called after the server's objective has trained (e.g. to keep a step count, or to
         measure the new model on the server's validation set)."""
 
-    def server_loader(self, data: FederatedDataModule) -> ImageBatches:
+    def server_loader(self, data: FederatedDataModule) -> ImageBatches | CombinedLoader:
+        """The server step's loader (FedCon with unlabeled images at the server: a labeled
+        and an unlabeled batch together)."""
         return data.server_dataloader(("weak",))
 
     # --- communication --------------------------------------------------------------------
@@ -242,6 +244,12 @@ class FederatedMethod(LightningModule):
     def validate_data(self, data: FederatedDataModule) -> None:
         """Raise ValueError, naming the key, if ``data`` cannot serve this method (called by
         the driver before any work starts)."""
+        if self.oracle and data.client_pool == "unlabeled":
+            raise ValueError(
+                f"data.client_pool='unlabeled': {type(self).__name__} is an oracle whose clients "
+                f"train on their true labels, and {data.dataset}'s unlabeled split has none; use "
+                "data.client_pool='train'"
+            )
 
     # --- state kept across rounds ------------------------------------------------------
     # What a method keeps on the server between rounds (a teacher, a target, thresholds, step

@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 from lightly.models.modules.heads import ProjectionHead
+from lightning.pytorch.utilities import CombinedLoader
 from torch import nn
 
 from fedlit.aggregation import Mean
@@ -34,10 +35,15 @@ class FedCon(FederatedMethod):
     received backbone; loss ||p(b_theta(x + eta)) - b_xi(x + eta')||^2 symmetrised, with b_xi an
     EMA (``client_ema_decay``) of the backbone.
     Aggregation: the plain mean of the uploaded backbones, stitched with the server's f.
+    With ``server_unlabeled`` (section IV-E) the server's step also draws a batch of its
+    unlabeled images (``data.server_unlabeled_fraction``) with every labeled batch, and J
+    covers both (eq 3's 1/(n + m) sum); an epoch is one pass over the larger of the two sets,
+    the smaller one cycled.
 
     Args:
         ema_decay: tau, the server target's upper EMA decay (0.999).
         client_ema_decay: mu, the client target's EMA decay (0.999).
+        server_unlabeled: apply J to the server's unlabeled images too (paper 001 IV-E).
         The others: see :class:`FederatedMethod`.
     """
 
@@ -52,12 +58,14 @@ class FedCon(FederatedMethod):
         optim: Optimization = DEFAULT_OPTIMIZATION,
         ema_decay: float = 0.999,
         client_ema_decay: float = 0.999,
+        server_unlabeled: bool = False,
     ) -> None:
         for key, value in (("ema_decay", ema_decay), ("client_ema_decay", client_ema_decay)):
             if not 0 <= value <= 1:
                 raise ValueError(f"model.{key} must be in [0, 1], got {value}")
         super().__init__(num_classes, in_channels, backbone, norm, optim)
         self.ema_decay, self.client_ema_decay = ema_decay, client_ema_decay
+        self.server_unlabeled = server_unlabeled
         self.aggregator = Mean()  # b_theta^G = 1/B sum_k b_theta^k (paper 001 III-B)
         self.target = copy.deepcopy(self.network)
         self.server_steps: torch.Tensor
@@ -72,8 +80,21 @@ class FedCon(FederatedMethod):
         return key.startswith("backbone.")
 
     # --- server ---------------------------------------------------------------------------
-    def server_loader(self, data: FederatedDataModule) -> ImageBatches:
-        return data.server_dataloader(("weak", "weak"))
+    def server_loader(self, data: FederatedDataModule) -> ImageBatches | CombinedLoader:
+        labeled = data.server_dataloader(("weak", "weak"))
+        if not self.server_unlabeled:
+            return labeled
+        unlabeled = data.server_unlabeled_dataloader(("weak", "weak"))
+        return CombinedLoader({"labeled": labeled, "unlabeled": unlabeled}, "max_size_cycle")
+
+    def validate_data(self, data: FederatedDataModule) -> None:
+        super().validate_data(data)
+        if self.server_unlabeled and len(data.server_unlabeled_dataloader()) == 0:
+            raise ValueError(
+                "model.server_unlabeled needs unlabeled images at the server: "
+                f"data.server_unlabeled_fraction={data.server_unlabeled_fraction} leaves it "
+                f"{len(data.server_unlabeled)} (set it > 0 so that at least 2 are held)"
+            )
 
     def server_objective(self) -> Objective:
         return FedConServer(

@@ -84,6 +84,7 @@ class FedSEAL(FederatedMethod):
         self.register_buffer("thresholds", torch.ones(self.num_classes))
 
     def validate_data(self, data: FederatedDataModule) -> None:
+        super().validate_data(data)
         if data.val_per_class < 1:
             raise ValueError(
                 "data.val_per_class must be >= 1 for FedSEAL: its thresholds (eq 5) are "
@@ -127,7 +128,9 @@ class FedSEAL(FederatedMethod):
             **self.client_kwargs(),
         )
         # the hidden labels feed the pseudo/*_acc diagnostics only, computed on the client
-        objective.attach(client.plain_dataloader(), client.hidden_labels)
+        # (none where the clients' images come from an unlabeled split)
+        hidden = client.hidden_labels if client.shard.has_labels else None
+        objective.attach(client.plain_dataloader(), hidden)
         return objective
 
     def clients_receive(

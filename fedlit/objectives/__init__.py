@@ -4,6 +4,7 @@ from fedlit.objectives.base import Objective
 from fedlit.objectives.consistency import ConsistencyLoss, WeakStrongObjective, proximal_term
 from fedlit.objectives.ema import copy_buffers, frozen_copy
 from fedlit.objectives.fedcon import FedConClient, FedConServer
+from fedlit.objectives.fedmatch import FedMatchClient, FedMatchLoss, FedMatchServer
 from fedlit.objectives.fedseal import (
     FedSEALClient,
     FedSEALLoss,
@@ -36,10 +37,13 @@ __all__ = [
     "Optimization",
     "FixMatchLoss",
     "FedSEALLoss",
+    "FedMatchLoss",
     "ConsistencyLoss",
     "BYOL",
     "FedConClient",
     "FedConServer",
+    "FedMatchClient",
+    "FedMatchServer",
     "FedSEALClient",
     "FedSupClient",
     "FixMatch",

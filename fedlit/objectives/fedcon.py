@@ -19,6 +19,23 @@ def prob_consistency(logits_online: Tensor, logits_target: Tensor) -> Tensor:
     return diff.pow(2).sum(-1).mean()
 
 
+def server_loss(
+    online_1: Tensor, online_2: Tensor, target_1: Tensor, target_2: Tensor, labels: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """L_S = (L_theta + J + L~ + J~) / 2 (paper 001 eqs 2-4), with its CE and J halves.
+
+    The logits (n + m, K) of the online and target nets on view 1 and on view 2 of the same
+    images: the first n = len(labels) rows labeled, the other m the server's unlabeled images
+    (section IV-E; m = 0 without them). CE on the n labeled rows of each view; J (eq 3) over all
+    n + m rows, online on one view against target on the other; both symmetrised.
+    Returns (L_S, (L_theta + L~) / 2, (J + J~) / 2).
+    """
+    n = len(labels)
+    ce = F.cross_entropy(online_1[:n], labels) + F.cross_entropy(online_2[:n], labels)
+    consistency = prob_consistency(online_1, target_2) + prob_consistency(online_2, target_1)
+    return (ce + consistency) / 2, ce / 2, consistency / 2
+
+
 def projection_mse(z_online: Tensor, z_target: Tensor) -> Tensor:
     """L = 1/B sum_b ||z_theta - z'_xi||_2^2 (paper 001 eq 5); (B, D) -> scalar."""
     return (z_online.float() - z_target.detach().float()).pow(2).sum(-1).mean()
@@ -31,7 +48,9 @@ class FedConServer(Objective):
     net's probabilities on one view and the target net's on the other, both symmetrised. After
     every step, xi <- tau xi + (1 - tau) theta with ``tau = ramped_decay(step, ema_decay)``;
     ``start_step`` continues the step count across rounds (the driver keeps it).
-    Batches: (view_1, view_2 (B, C, H, W), y (B,)).
+    Batches: (view_1, view_2 (B, C, H, W), y (B,)); with the server's unlabeled images (paper
+    001 section IV-E) a dict {"labeled": (view_1, view_2, y), "unlabeled": (view_1, view_2)},
+    whose unlabeled images get J only (:func:`server_loss`).
     """
 
     def __init__(
@@ -49,15 +68,22 @@ class FedConServer(Objective):
         self.ema_decay = ema_decay
         self.steps_done = start_step
 
-    def training_step(self, batch: tuple[Tensor, Tensor, Tensor], batch_idx: int) -> Tensor:
-        v1, v2, y = batch
+    def training_step(
+        self,
+        batch: tuple[Tensor, Tensor, Tensor] | dict[str, tuple[Tensor, ...]],
+        batch_idx: int,
+    ) -> Tensor:
+        labeled, unlabeled = (
+            (batch["labeled"], batch["unlabeled"]) if isinstance(batch, dict) else (batch, ())
+        )
+        v1, v2, y = labeled
+        if unlabeled:  # labeled rows first: server_loss takes CE on them only
+            v1, v2 = torch.cat([v1, unlabeled[0]]), torch.cat([v2, unlabeled[1]])
         c1, c2 = self.network(torch.cat([v1, v2])).chunk(2)
         with torch.no_grad():
             t1, t2 = self.target(torch.cat([v1, v2])).chunk(2)
-        ce = F.cross_entropy(c1, y) + F.cross_entropy(c2, y)
-        consistency = prob_consistency(c1, t2) + prob_consistency(c2, t1)
-        loss = (ce + consistency) / 2
-        self.accumulate(len(y), loss=loss, ce=ce / 2, consistency=consistency / 2)
+        loss, ce, consistency = server_loss(c1, c2, t1, t2, y)
+        self.accumulate(len(y), loss=loss, ce=ce, consistency=consistency)
         return loss
 
     def on_train_batch_end(self, outputs: object, batch: object, batch_idx: int) -> None:

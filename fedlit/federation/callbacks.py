@@ -1,0 +1,272 @@
+"""What happens around the rounds, one callback each: the start-of-run notes, ``run.json``,
+the rows of ``metrics.csv`` and the other loggers (W&B), the partition image, the weight
+diversity of the updates, the final encoder evaluation, checkpoints and progress.
+
+The round loop (:mod:`fedlit.federation.rounds`) calls :class:`Callbacks`, which calls each
+callback in order; a callback that adds metrics comes before those that write them.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Literal
+
+from lightning.pytorch.loggers import Logger, WandbLogger
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from fedlit.aggregation import weight_diversity
+from fedlit.aggregation.payloads import Payload, flatten_payload
+from fedlit.federation.console import note, warn
+from fedlit.federation.faults import ROUND_FAILED, ClientFault
+from fedlit.federation.loggers import RoundCSVLogger
+from fedlit.methods.base import ClientUpdate
+from fedlit.run_layout import RUN_FILE
+
+if TYPE_CHECKING:
+    from fedlit.federation.driver import Federation
+
+#: How a run ended: all rounds done, stopped by a failed round, or stopped otherwise
+#: (interrupted, SIGTERM, an error).
+Ending = Literal["success", "failed", "stopped"]
+
+
+class Callback:
+    """A no-op at every point of the run; subclasses override what they need."""
+
+    def on_run_start(self, fed: Federation) -> None:
+        """The run starts (or resumes): before anything is trained."""
+
+    def on_first_row(self, fed: Federation, row0: dict[str, float]) -> None:
+        """A run that starts afresh has its round-0 row: the partition summary and the
+        bootstrap's metrics."""
+
+    def on_client_fault(self, fed: Federation, round_idx: int, fault: ClientFault) -> None:
+        """A client left out of its round."""
+
+    def on_updates(
+        self,
+        fed: Federation,
+        round_idx: int,
+        received: Sequence[Payload],
+        updates: Sequence[ClientUpdate],
+        metrics: dict[str, float],
+    ) -> None:
+        """The surviving clients' updates and what each received, before aggregation; may
+        add to the round's ``metrics``."""
+
+    def on_round_end(self, fed: Federation, round_idx: int, metrics: dict[str, float]) -> None:
+        """After the round (its metrics in ``fed.history``); may add to ``metrics`` when it
+        comes before the callbacks that write them."""
+
+    def on_run_end(self, fed: Federation, ending: Ending) -> None:
+        """The run ends, however it ends."""
+
+
+class Callbacks:
+    """The run's callbacks, called in order."""
+
+    def __init__(self, callbacks: Sequence[Callback]) -> None:
+        self.items = list(callbacks)
+
+    def run_start(self, fed: Federation) -> None:
+        for cb in self.items:
+            cb.on_run_start(fed)
+
+    def first_row(self, fed: Federation, row0: dict[str, float]) -> None:
+        for cb in self.items:
+            cb.on_first_row(fed, row0)
+
+    def client_fault(self, fed: Federation, round_idx: int, fault: ClientFault) -> None:
+        for cb in self.items:
+            cb.on_client_fault(fed, round_idx, fault)
+
+    def updates(
+        self,
+        fed: Federation,
+        round_idx: int,
+        received: Sequence[Payload],
+        updates: Sequence[ClientUpdate],
+        metrics: dict[str, float],
+    ) -> None:
+        for cb in self.items:
+            cb.on_updates(fed, round_idx, received, updates, metrics)
+
+    def round_end(self, fed: Federation, round_idx: int, metrics: dict[str, float]) -> None:
+        for cb in self.items:
+            cb.on_round_end(fed, round_idx, metrics)
+
+    def run_end(self, fed: Federation, ending: Ending) -> None:
+        for cb in self.items:
+            cb.on_run_end(fed, ending)
+
+
+class Announce(Callback):
+    """Say what the method is when it is not an ordinary semi-supervised method (an oracle,
+    not private), and each client left out of its round."""
+
+    def on_run_start(self, fed: Federation) -> None:
+        name = type(fed.method).__name__
+        if fed.method.oracle:
+            note(
+                f"{name} is an oracle: its clients train on their true labels (an upper "
+                "bound, not a semi-supervised method)"
+            )
+        if not fed.method.private:
+            note(
+                f"{name} is not private: it sends clients other clients' models, which "
+                "standard federated learning does not allow"
+            )
+
+    def on_client_fault(self, fed: Federation, round_idx: int, fault: ClientFault) -> None:
+        warn(f"round {round_idx}: {fault.describe()}; left out of the round")
+
+
+class RunFile(Callback):
+    """``run.json``: who this run is (kept where a comparison already named it), how many
+    rounds it is configured for and its marks, so reports can read runs without their config."""
+
+    def on_run_start(self, fed: Federation) -> None:
+        path = fed.run_dir / RUN_FILE
+        info = json.loads(path.read_text()) if path.is_file() else {}
+        info.setdefault("method", type(fed.method).__name__)
+        info.setdefault("seed", fed.seed)
+        info["rounds"] = fed.config.rounds
+        info["marks"] = list(fed.method.marks())
+        path.write_text(json.dumps(info))
+
+
+class WeightDiversity(Callback):
+    """``diag/weight_diversity``: the weight diversity of the round's updates (paper 004
+    eq 8), each against what its client received."""
+
+    def on_updates(
+        self,
+        fed: Federation,
+        round_idx: int,
+        received: Sequence[Payload],
+        updates: Sequence[ClientUpdate],
+        metrics: dict[str, float],
+    ) -> None:
+        start: list[dict[str, Tensor]] = [flatten_payload(p) for p in received]
+        metrics["diag/weight_diversity"] = weight_diversity(
+            start, [flatten_payload(u.upload) for u in updates]
+        )
+
+
+class FinalEncoderEval(Callback):
+    """``eval/<protocol>_acc`` after the last round: the global encoder under each of
+    ``federation.final_eval``'s protocols (finetune, linear)."""
+
+    def on_round_end(self, fed: Federation, round_idx: int, metrics: dict[str, float]) -> None:
+        if round_idx == fed.config.rounds:
+            metrics |= fed.evaluate_encoder()
+
+
+class Rows(Callback):
+    """The rows of ``metrics.csv`` and of the run's other loggers (W&B): the hyperparameters
+    and row 0 at the start, one row per round, finalized (and a W&B run finished, so the next
+    run starts its own) at the end."""
+
+    def __init__(self, loggers: Sequence[Logger]) -> None:
+        self.loggers = list(loggers)
+
+    def on_run_start(self, fed: Federation) -> None:
+        self.loggers = [RoundCSVLogger(fed.run_dir), *self.loggers]
+
+    def on_first_row(self, fed: Federation, row0: dict[str, float]) -> None:
+        for logger in self.loggers:
+            logger.log_hyperparams(fed.hparams)
+            logger.log_metrics(row0, step=0)
+
+    def on_round_end(self, fed: Federation, round_idx: int, metrics: dict[str, float]) -> None:
+        for logger in self.loggers:
+            logger.log_metrics(metrics, step=round_idx)
+            logger.save()  # on disk before the round's checkpoint
+
+    def on_run_end(self, fed: Federation, ending: Ending) -> None:
+        if ending == "stopped":
+            return
+        for logger in self.loggers:
+            logger.finalize(ending)
+            if isinstance(logger, WandbLogger):
+                if ending == "failed":
+                    logger.experiment.finish(exit_code=ROUND_FAILED)
+                else:
+                    logger.experiment.finish()
+
+
+class PartitionImage(Callback):
+    """The clients' class counts as a heat map, for loggers that take images (W&B)."""
+
+    def __init__(self, loggers: Sequence[Logger]) -> None:
+        self.imaging = [logger for logger in loggers if hasattr(logger, "log_image")]
+
+    def on_first_row(self, fed: Federation, row0: dict[str, float]) -> None:
+        if not self.imaging:
+            return
+        from fedlit.reporting import plot_partition  # matplotlib only when it is needed
+
+        data = fed.data
+        title = f"{data.dataset}: R = {data.non_iid_R:.3f}"
+        path = plot_partition(data.class_counts, fed.run_dir / "partition.png", title)
+        for logger in self.imaging:
+            logger.log_image(key="partition", images=[str(path)], step=0)
+
+
+class Checkpoints(Callback):
+    """``checkpoints/last.ckpt`` after every round, written after the round's rows."""
+
+    def on_round_end(self, fed: Federation, round_idx: int, metrics: dict[str, float]) -> None:
+        fed._checkpoint(round_idx)
+
+
+class Progress(Callback):
+    """A progress bar on a terminal (``fed.progress`` None) or when asked (True), a line per
+    round otherwise (None), nothing when False."""
+
+    def __init__(self) -> None:
+        self.bar: Any = None
+
+    def on_run_start(self, fed: Federation) -> None:
+        show = sys.stderr.isatty() if fed.progress is None else fed.progress
+        if show:
+            self.bar = tqdm(
+                total=fed.config.rounds,
+                initial=fed.start_round - 1,
+                desc="rounds",
+                unit="round",
+                dynamic_ncols=True,
+            )
+
+    def on_round_end(self, fed: Federation, round_idx: int, metrics: dict[str, float]) -> None:
+        acc = metrics.get("test/acc")
+        text = f"acc {acc:.4f}" if acc is not None else "acc -"
+        if self.bar is not None:
+            self.bar.set_postfix_str(f"{text}, {metrics['time/round_s']:.1f} s/round")
+            self.bar.update(1)
+        elif fed.progress is None:
+            seconds = metrics["time/round_s"]
+            print(f"round {round_idx}/{fed.config.rounds}  {text}  {seconds:.1f} s", flush=True)
+
+    def on_run_end(self, fed: Federation, ending: Ending) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+def default_callbacks(loggers: Sequence[Logger]) -> list[Callback]:
+    """The callbacks of every run, in order: notes, ``run.json``, the weight diversity, the
+    final encoder evaluation, the rows, the partition image, the checkpoint, the progress."""
+    return [
+        Announce(),
+        RunFile(),
+        WeightDiversity(),
+        FinalEncoderEval(),
+        Rows(loggers),
+        PartitionImage(loggers),
+        Checkpoints(),
+        Progress(),
+    ]

@@ -1,0 +1,127 @@
+"""How a federation runs (a recipe's ``federation`` group) and what a run returns."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from fedlit.evaluation import PROTOCOLS
+from fedlit.federation.executors import EXECUTORS, RaySettings
+
+#: Settings a resume may change without saying so: how long the run goes on, where it is
+#: written, what is logged or shown, how often it is evaluated and where the data is read from.
+#: A key also covers the keys under it (``trainer.logger`` covers ``trainer.logger.init_args.*``).
+RESUME_MAY_CHANGE = (
+    "config",
+    "federation.rounds",
+    "federation.resume",
+    "federation.resume_may_change",
+    "federation.eval_every",
+    "federation.min_clients",
+    "federation.executor",
+    "federation.ray",
+    "data.root",
+    "data.download",
+    "trainer.default_root_dir",
+    "trainer.logger",
+    "trainer.callbacks",
+    "trainer.enable_progress_bar",
+    "trainer.enable_model_summary",
+    "trainer.enable_checkpointing",
+    "trainer.log_every_n_steps",
+    "trainer.profiler",
+)
+
+
+DEFAULT_RAY = RaySettings()
+
+
+@dataclass(frozen=True)
+class FederationConfig:
+    """How the federation runs (the ``federation`` group of a recipe).
+
+    Args:
+        rounds: communication rounds.
+        clients_per_round: C, clients sampled per round (without replacement).
+        local_epochs: E, epochs of each client's objective per round.
+        local_steps: if set, T local steps per round instead of epochs (paper 004's period T).
+        server_epochs: E_s, epochs of the server's objective per round.
+        eval_every: evaluate on the test set every this many rounds (and after the last).
+        resume: a checkpoint to continue from (``<run>/checkpoints/last.ckpt``), into its own
+            run directory or a new one. Every setting that changes results must equal the
+            checkpoint's.
+        resume_may_change: settings (dotted keys as in the config, e.g.
+            ``model.init_args.optim.client_lr``) a resume may change besides rounds, eval_every,
+            the run directory, loggers and the data root.
+        final_eval: protocols run on the global encoder after the last round, logged as
+            ``eval/<protocol>_acc``: "finetune" (end to end) and/or "linear" (frozen encoder).
+        eval_epochs: epochs of those protocols on the server's labeled set.
+        eval_lr: their learning rate (SGD, momentum 0.9).
+        min_clients: the fewest clients a round may aggregate. A client whose work raises, or
+            whose upload holds NaN or an infinity, is left out of its round (logged as
+            ``fault/*``); a round left with fewer clients stops the run
+            (:class:`~fedlit.federation.faults.RoundFailed`), its last checkpoint kept.
+        executor: where the clients' work runs: "local" (in this process, one client after
+            another) or "ray" (Ray actors in parallel, on this machine or a cluster; same
+            results). Either may be changed on resume.
+        ray: the Ray executor's settings (:class:`~fedlit.federation.executors.RaySettings`:
+            ``address``, ``workers``, ``cpus`` and ``gpus`` per client, ``max_retries``).
+    """
+
+    rounds: int = 10
+    clients_per_round: int = 10
+    local_epochs: int = 1
+    local_steps: int | None = None
+    server_epochs: int = 1
+    eval_every: int = 1
+    resume: str | None = None
+    resume_may_change: tuple[str, ...] = ()
+    final_eval: tuple[str, ...] = ()
+    eval_epochs: int = 20
+    eval_lr: float = 0.03
+    min_clients: int = 1
+    executor: Literal["local", "ray"] = "local"
+    ray: RaySettings = DEFAULT_RAY
+
+    def __post_init__(self) -> None:
+        if self.executor not in EXECUTORS:
+            raise ValueError(
+                f"federation.executor must be one of {EXECUTORS}, got {self.executor!r}"
+            )
+        unknown = [p for p in self.final_eval if p not in PROTOCOLS]
+        if unknown:
+            raise ValueError(
+                f"federation.final_eval: unknown protocol {unknown[0]!r}; choose from {PROTOCOLS}"
+            )
+        if not (math.isfinite(self.eval_lr) and self.eval_lr > 0):
+            raise ValueError(f"federation.eval_lr must be finite and > 0, got {self.eval_lr}")
+        if self.eval_epochs < 1:
+            raise ValueError(f"federation.eval_epochs must be positive, got {self.eval_epochs}")
+        for key in (
+            "rounds",
+            "clients_per_round",
+            "local_epochs",
+            "server_epochs",
+            "eval_every",
+            "min_clients",
+        ):
+            value = getattr(self, key)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"federation.{key} must be a positive integer, got {value!r}")
+        if self.local_steps is not None and self.local_steps < 1:
+            raise ValueError(f"federation.local_steps must be positive, got {self.local_steps}")
+
+
+@dataclass(frozen=True)
+class FederationResult:
+    """What a run returns: every round's logged metrics and where it wrote."""
+
+    history: list[dict[str, float]]
+    run_dir: Path
+    checkpoint: Path
+
+    @property
+    def final(self) -> dict[str, float]:
+        return self.history[-1] if self.history else {}

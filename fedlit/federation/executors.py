@@ -1,0 +1,279 @@
+"""Client executors: where a round's client work runs.
+
+The driver hands an executor the round's jobs (who trains, on what payload, from which state)
+and gets back, in the same order, each client's :class:`~fedlit.methods.ClientUpdate` or the
+exception its work raised. A client's work is a function of its inputs (it is seeded from the
+run seed, the round and the client id), so every executor gives the same results:
+:class:`InProcess` runs the jobs one after another in the driver's process; :class:`RayPool`
+runs them on long-lived Ray actors, in parallel, on one machine or a cluster.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from fedlit.federation.client import ClientRunner
+from fedlit.methods.base import ClientUpdate, Payload
+
+EXECUTORS = ("local", "ray")
+
+
+@dataclass(frozen=True)
+class ClientJob:
+    """One client's work in one round: what it received and what it kept."""
+
+    client_id: int
+    payload: Payload
+    state: Any
+    visit: int
+
+
+class ClientExecutor(Protocol):
+    def run(self, jobs: Sequence[ClientJob], round_idx: int) -> list[ClientUpdate | Exception]:
+        """Each job's update, or the exception its work raised, in the jobs' order."""
+        ...
+
+    def receive(
+        self,
+        payload: Payload,
+        client_ids: Sequence[int],
+        states: Sequence[Any],
+        visits: Sequence[int],
+    ) -> list[Any]:
+        """The new persistent states of clients that receive ``payload`` without training."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class InProcess:
+    """The clients' work in the driver's process, one client after another (the default).
+    Torch keeps its own thread count."""
+
+    def __init__(self, runner: ClientRunner) -> None:
+        self.runner = runner
+
+    def run(self, jobs: Sequence[ClientJob], round_idx: int) -> list[ClientUpdate | Exception]:
+        results: list[ClientUpdate | Exception] = []
+        for job in jobs:
+            try:
+                results.append(
+                    self.runner(job.payload, job.client_id, round_idx, job.state, job.visit)
+                )
+            except Exception as err:  # not KeyboardInterrupt, SIGTERM: those stop the run
+                results.append(err)
+        return results
+
+    def receive(
+        self,
+        payload: Payload,
+        client_ids: Sequence[int],
+        states: Sequence[Any],
+        visits: Sequence[int],
+    ) -> list[Any]:
+        return self.runner.receive(payload, client_ids, states, visits)
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class RaySettings:
+    """Where and how :class:`RayPool` runs (the ``federation.ray_*`` settings).
+
+    Args:
+        address: an existing cluster's address ("auto": the one this machine belongs to);
+            None starts a local Ray instance for the run and stops it after.
+        workers: actors, each running one client at a time; None: as many as the cluster's
+            resources allow for ``cpus`` and ``gpus`` each, at most ``clients_per_round``.
+        cpus: CPUs per client (torch's thread count in each worker).
+        gpus: GPUs per client; fractions share a GPU (0.25: four clients on one GPU).
+        max_retries: times a client's work is retried when its worker process dies.
+    """
+
+    address: str | None = None
+    workers: int | None = None
+    cpus: float = 1.0
+    gpus: float = 0.0
+    max_retries: int = 3
+
+    def __post_init__(self) -> None:
+        if self.workers is not None and self.workers < 1:
+            raise ValueError(f"federation.ray.workers must be positive, got {self.workers}")
+        if not self.cpus > 0:
+            raise ValueError(f"federation.ray.cpus must be > 0, got {self.cpus}")
+        if not self.gpus >= 0:
+            raise ValueError(f"federation.ray.gpus must be >= 0, got {self.gpus}")
+        if self.max_retries < 0:
+            raise ValueError(f"federation.ray.max_retries must be >= 0, got {self.max_retries}")
+
+
+def _worker_class() -> Any:
+    """The Ray actor class (built on first use, so that Ray is imported only when used)."""
+    import ray
+
+    @ray.remote
+    class ClientWorker:
+        """A long-lived worker: holds the run's :class:`ClientRunner` (the method's
+        configuration, the data, the Trainer template), received once, and runs clients."""
+
+        def __init__(self, runner: ClientRunner, threads: int) -> None:
+            import torch
+
+            torch.set_num_threads(threads)  # the CPUs it was given, not every core
+            self.runner = runner
+
+        def run(
+            self, payload: Payload, client_id: int, round_idx: int, state: Any, visit: int
+        ) -> ClientUpdate:
+            return self.runner(payload, client_id, round_idx, state, visit)
+
+        def receive(
+            self,
+            payload: Payload,
+            client_ids: Sequence[int],
+            states: Sequence[Any],
+            visits: Sequence[int],
+        ) -> list[Any]:
+            return self.runner.receive(payload, client_ids, states, visits)
+
+        def where(self) -> tuple[str, int]:
+            """(node id, process id): where this worker runs."""
+            return ray.get_runtime_context().get_node_id(), os.getpid()
+
+    return ClientWorker
+
+
+class RayPool:
+    """The clients' work on a pool of Ray actors (``federation.executor: ray``).
+
+    The actors are started once per run: each receives the runner (and so the data) once,
+    through the object store, and sets torch's thread count to its CPUs. Each round's payload
+    is put into the object store once; Ray's :class:`~ray.util.ActorPool` hands the jobs to
+    free actors and returns the results in the jobs' order. A worker process that dies is
+    restarted by Ray and its client's work retried (``max_restarts``, ``max_task_retries``);
+    an exception raised by the client's own work is not retried: it comes back as that
+    client's fault, as in-process.
+    """
+
+    def __init__(self, runner: ClientRunner, settings: RaySettings, clients_per_round: int):
+        import ray
+        from ray.util import ActorPool
+
+        self._started = False
+        if not ray.is_initialized():
+            with _own_signal_handlers():  # a SIGTERM stops the run as without Ray (status 143)
+                ray.init(
+                    address=settings.address,
+                    include_dashboard=False,
+                    log_to_driver=False,
+                    configure_logging=False,
+                )
+            self._started = settings.address is None
+        workers = settings.workers or self._fitting_workers(settings, clients_per_round)
+        options = {
+            "num_cpus": settings.cpus,
+            "num_gpus": settings.gpus,
+            "max_restarts": -1,
+            "max_task_retries": settings.max_retries,
+        }
+        shared = ray.put(runner)
+        worker = _worker_class()
+        threads = max(1, int(settings.cpus))
+        self.actors = [worker.options(**options).remote(shared, threads) for _ in range(workers)]
+        self.pool = ActorPool(self.actors)
+        self._ray = ray
+
+    @staticmethod
+    def _fitting_workers(settings: RaySettings, clients_per_round: int) -> int:
+        import ray
+
+        resources = ray.cluster_resources()
+        fits = int(resources.get("CPU", 1) // max(settings.cpus, 1e-9))
+        if settings.gpus > 0:
+            fits = min(fits, int(resources.get("GPU", 0) // settings.gpus))
+        return max(1, min(fits, clients_per_round))
+
+    def run(self, jobs: Sequence[ClientJob], round_idx: int) -> list[ClientUpdate | Exception]:
+        refs: dict[int, Any] = {}  # one object-store copy of each distinct payload
+        for job in jobs:
+            if id(job.payload) not in refs:
+                refs[id(job.payload)] = self._ray.put(job.payload)
+        for job in jobs:
+            self.pool.submit(
+                lambda actor, j: actor.run.remote(
+                    refs[id(j.payload)], j.client_id, round_idx, j.state, j.visit
+                ),
+                job,
+            )
+        results: list[ClientUpdate | Exception] = []
+        for _ in jobs:
+            try:
+                results.append(self.pool.get_next())  # in submission order
+            except Exception as err:
+                results.append(_cause(err))
+        return results
+
+    def receive(
+        self,
+        payload: Payload,
+        client_ids: Sequence[int],
+        states: Sequence[Any],
+        visits: Sequence[int],
+    ) -> list[Any]:
+        if not client_ids:
+            return []
+        ref = self._ray.put(payload)
+        n = len(self.actors)
+        chunks = [slice(i, len(client_ids), n) for i in range(n)]
+        futures = [
+            actor.receive.remote(ref, client_ids[c], states[c], visits[c])
+            for actor, c in zip(self.actors, chunks, strict=True)
+        ]
+        out: list[Any] = [None] * len(client_ids)
+        for c, states_c in zip(chunks, self._ray.get(futures), strict=True):
+            out[c] = states_c
+        return out
+
+    def where(self) -> list[tuple[str, int]]:
+        """(node id, process id) of every worker."""
+        return list(self._ray.get([actor.where.remote() for actor in self.actors]))
+
+    def close(self) -> None:
+        for actor in self.actors:
+            self._ray.kill(actor)
+        self.actors = []
+        if self._started:
+            self._ray.shutdown()
+
+
+@contextmanager
+def _own_signal_handlers() -> Iterator[None]:
+    """Keep this process's SIGTERM and SIGINT handlers: ``ray.init`` replaces them with its
+    own (SIGTERM would exit with status 15, not stop the run at a step's end)."""
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+
+def _cause(err: Exception) -> Exception:
+    """The client's own exception inside Ray's wrapper (a RayTaskError), else ``err``."""
+    cause = getattr(err, "cause", None)
+    return cause if isinstance(cause, Exception) else err
+
+
+def make_executor(
+    name: str, runner: ClientRunner, settings: RaySettings, clients_per_round: int
+) -> ClientExecutor:
+    """The executor ``federation.executor`` names."""
+    if name == "ray":
+        return RayPool(runner, settings, clients_per_round)
+    return InProcess(runner)

@@ -1,0 +1,123 @@
+"""The round loop every method shares: no files, no printing; what a round produces is its
+metrics, and what happens around it (logging, checkpoints, progress) is a callback's
+(:mod:`fedlit.federation.callbacks`).
+
+Each round: (server step) -> sample C of K clients -> broadcast -> clients' work (through the
+run's executor) -> aggregate -> (server step) -> end of round -> evaluate. Whether the server
+trains before broadcasting or after aggregating is the method's ``server_first``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from fedlit.aggregation.payloads import payload_bytes
+from fedlit.data.sampling import sample_clients
+from fedlit.federation.console import first_line
+from fedlit.federation.executors import ClientJob
+from fedlit.federation.faults import ClientFault, fault_metrics, upload_fault
+from fedlit.methods.base import ClientUpdate
+
+if TYPE_CHECKING:
+    from fedlit.federation.driver import Federation
+
+
+def run_round(fed: Federation, round_idx: int) -> dict[str, float]:
+    """Round ``round_idx`` of ``fed``; returns its metrics."""
+    t0 = time.perf_counter()
+    method, cfg = fed.method, fed.config
+    metrics: dict[str, float] = {"round": float(round_idx)}
+    method.on_round_start(round_idx, cfg.rounds)
+    fed.store.begin_round(round_idx)
+    if method.server_first or not method.uses_clients:
+        metrics |= fed.server_step(round_idx)
+    down: Counter[str] = Counter()  # bytes sent down / up, by payload part
+    up: Counter[str] = Counter()
+    if method.uses_clients:
+        updates = _clients(fed, round_idx, metrics, down, up)
+        method.aggregate(updates)
+        fed.check_finite(round_idx, "aggregation")
+        metrics |= mean_metrics("client", [u.metrics for u in updates])
+        if not method.server_first:
+            metrics |= fed.server_step(round_idx)
+        elif method.server_finetunes:  # paper 000's Algorithm 1: fine-tune the aggregate
+            metrics |= fed.server_step(round_idx, stage="finetune")
+    method.end_round()
+    fed.check_finite(round_idx, "the end of the round (end_round)")
+    if round_idx % cfg.eval_every == 0 or round_idx == cfg.rounds:
+        metrics |= fed.evaluate()
+    for direction, counts in (("down", down), ("up", up)):  # in all, then by part
+        metrics[f"comm/bytes_{direction}"] = float(sum(counts.values()))
+        metrics |= {f"comm/bytes_{direction}/{part}": float(n) for part, n in counts.items()}
+    if fed.store.bytes_written:  # the client states this round wrote
+        metrics["state/bytes_written"] = float(fed.store.bytes_written)
+    metrics["time/round_s"] = time.perf_counter() - t0
+    return metrics
+
+
+def _clients(
+    fed: Federation,
+    round_idx: int,
+    metrics: dict[str, float],
+    down: Counter[str],
+    up: Counter[str],
+) -> list[ClientUpdate]:
+    """Sample, broadcast, run the clients, keep their states; the survivors' updates. A client
+    that raises or uploads a non-finite value is left out of the round (``fault/*``)."""
+    method, cfg = fed.method, fed.config
+    clients = sample_clients(fed.data.num_clients, cfg.clients_per_round, fed.seed, round_idx)
+    payload = method.broadcast()
+    jobs = []
+    for cid in clients.tolist():
+        fed.visits[cid] = fed.visits.get(cid, 0) + 1  # a faulty visit counts too
+        sent = method.client_payload(payload, cid)
+        down.update(payload_bytes(sent))
+        jobs.append(ClientJob(cid, sent, fed.store.get(cid), fed.visits[cid]))
+    kept: list[tuple[ClientJob, ClientUpdate]] = []
+    faults: list[ClientFault] = []
+    for job, result in zip(jobs, fed.executor.run(jobs, round_idx), strict=True):
+        if isinstance(result, Exception):
+            why = ": ".join(filter(None, (type(result).__name__, first_line(result))))
+            fault: ClientFault | None = ClientFault(job.client_id, "raised", why)
+        else:
+            up.update(payload_bytes(result.upload))
+            fault = upload_fault(job.client_id, result.upload)
+        if fault is not None:  # left out; its persistent state stays as it was
+            faults.append(fault)
+            fed.callbacks.client_fault(fed, round_idx, fault)
+            continue
+        assert isinstance(result, ClientUpdate)
+        fed.store.put(job.client_id, result.state)
+        kept.append((job, result))
+    if method.all_clients_receive:  # the others receive the round's broadcast too
+        idle = sorted(set(range(fed.data.num_clients)) - set(clients.tolist()))
+        for part, n in payload_bytes(payload).items():
+            down[part] += n * len(idle)
+        states = fed.executor.receive(
+            payload,
+            idle,
+            [fed.store.get(cid) for cid in idle],
+            [max(fed.visits.get(cid, 0), 1) for cid in idle],
+        )
+        for cid, state in zip(idle, states, strict=True):
+            fed.store.put(cid, state)
+    updates = [update for _, update in kept]
+    fed.check_survivors(round_idx, len(clients), updates, faults)
+    metrics |= fault_metrics(faults)
+    fed.callbacks.updates(fed, round_idx, [job.payload for job, _ in kept], updates, metrics)
+    return updates
+
+
+def mean_metrics(prefix: str, per_client: Sequence[dict[str, float]]) -> dict[str, float]:
+    """Each metric's mean over the clients that report it, as ``<prefix>/<name>``; names that
+    carry their own namespace (``pseudo/pos_acc``, ``kl/teacher``) are kept as they are."""
+    keys = sorted({k for m in per_client for k in m})
+    return {
+        (k if "/" in k else f"{prefix}/{k}"): float(np.mean([m[k] for m in per_client if k in m]))
+        for k in keys
+    }
