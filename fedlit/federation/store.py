@@ -81,9 +81,6 @@ class ClientStateStore:
         self.bytes_written += path.stat().st_size
         self.pending[client_id] = self.round_idx
 
-    def __len__(self) -> int:
-        return sum(self._file(c) is not None for c in {*self.manifest, *self.pending})
-
     def client_ids(self) -> list[int]:
         """The clients that hold a state, in order."""
         return sorted(c for c in {*self.manifest, *self.pending} if self._file(c) is not None)
