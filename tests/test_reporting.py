@@ -27,7 +27,7 @@ from fedlit.reporting import (
     to_markdown,
     write_csv,
 )
-from fedlit.reporting.table import t975
+from fedlit.reporting.table import summary, t975
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 ROUNDS = 4
@@ -498,3 +498,32 @@ def test_marked_methods_are_marked_in_tables(tmp_path: Path) -> None:
     with open(write_csv(rows, tmp_path / "results.csv"), newline="") as f:
         marks = {r["method"]: r["marks"] for r in csv.DictReader(f)}
     assert marks == {"fedavg_sl": "oracle", "server_sl": ""}
+
+
+def test_summary_names_what_the_intervals_separate(tmp_path: Path) -> None:
+    """Under each table, the baseline's score against the target, the oracle's paired
+    difference, and the methods whose 95% interval lies above, below or across 0."""
+    base = [0.700, 0.710, 0.690]
+    offsets = {
+        "up": [0.020, 0.030, 0.025],  # clearly above
+        "down": [-0.050, -0.040, -0.060],  # clearly below
+        "noisy": [0.050, -0.040, 0.010],  # the interval spans 0
+        "oracle_m": [0.100, 0.110, 0.090],
+    }
+    curves = {("B", s): a for s, a in enumerate(base)}
+    curves |= {(m, s): base[s] + d for m, ds in offsets.items() for s, d in enumerate(ds)}
+    for (method, seed), acc in curves.items():
+        marks = ["oracle"] if method == "oracle_m" else []
+        meta = {"method": method, "seed": seed, "setting": "s", "marks": marks}
+        rows = [{"round": 0.0}, {"round": 1.0, "test/acc": acc}]
+        write_run(tmp_path / f"{method}{seed}", rows, rounds=1, run_json=meta)
+    rows = summarize(find_runs([tmp_path]), baseline="B")
+    text = summary(rows, "B", target=0.695)
+    assert "- B: 70.00 ± 1.00 over 3 seeds; its mean reaches 69.5%." in text
+    assert "- oracle_m (oracle) vs B: +10.00 ± 1.00 [+7.52, +12.48] *." in text
+    assert "- Above B (paired 95% CI): up (+2.50)." in text
+    assert "- Below B (paired 95% CI): down (-5.00)." in text
+    assert "- Not separated from B (paired 95% CI): noisy (+0.67)." in text
+    assert "does not reach 71%" in summary(rows, "B", target=0.71)
+    assert text.strip() in to_markdown(rows, target=0.695, baseline="B")
+    assert "Above" not in to_markdown(rows)  # no baseline, no summary

@@ -294,6 +294,48 @@ def _points(row: ResultRow, baseline: str) -> str:
     return f"{100 * row.delta_mean:+.2f}{std} [{low:+.2f}, {high:+.2f}]{star}"
 
 
+def _significance(row: ResultRow) -> int:
+    """+1 / -1 where the paired difference's 95% interval lies above / below 0, else 0."""
+    if not (row.delta_seeds >= 2 and math.isfinite(row.delta_ci95)):
+        return 0
+    if row.delta_mean - row.delta_ci95 > 0:
+        return 1
+    return -1 if row.delta_mean + row.delta_ci95 < 0 else 0
+
+
+def summary(rows: Sequence[ResultRow], baseline: str, target: float | None = None) -> str:
+    """What one setting's rows show against ``baseline``, in words, from the rows alone: the
+    baseline's score (mean ± std over seeds) and whether its mean reaches ``target``; each
+    oracle's paired difference; and which methods the 95% interval puts above the baseline,
+    below it, or does not separate from it (each group by descending difference)."""
+    base = [row for row in rows if row.method == baseline]
+    others = sorted(
+        (row for row in rows if row.method != baseline and row.delta_seeds),
+        key=lambda r: -r.delta_mean,
+    )
+    lines = []
+    if base:
+        row = base[0]
+        text = f"- {baseline}: {_pct(row.score_mean, row.score_std)} over {len(row.seeds)} seeds"
+        if target is not None and math.isfinite(row.score_mean):
+            met = "reaches" if row.score_mean >= target else "does not reach"
+            text += f"; its mean {met} {100 * target:g}%"
+        lines.append(text + ".")
+    for row in others:
+        if "oracle" in row.marks:
+            lines.append(f"- {row.method} (oracle) vs {baseline}: {_points(row, baseline)}.")
+    groups = {1: "above", -1: "below", 0: "not separated from"}
+    for sign, words in groups.items():
+        names = [
+            f"{row.method} ({100 * row.delta_mean:+.2f})"
+            for row in others
+            if _significance(row) == sign and "oracle" not in row.marks
+        ]
+        lines.append(f"- {words.capitalize()} {baseline} (paired 95% CI): "
+                     + (", ".join(names) if names else "none") + ".")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
 def _seeds(row: ResultRow) -> str:
     """The number of seeds, noting unfinished runs."""
     unfinished = len(row.seeds) - row.finished
@@ -313,7 +355,8 @@ def to_markdown(
     summarize, and the same ``baseline`` for its column of paired differences (points, with
     their 95% interval, ``*`` where it excludes 0). A
     "paper" column is added when ``published`` is given; "finetune" and "linear" columns when
-    some row has those final evaluations."""
+    some row has those final evaluations. With ``baseline``, each table is followed by its
+    ``summary``."""
     target_label = f"rounds to {100 * target:g}%" if target is not None else "rounds to target"
     last_k = rows[0].last_k if rows else 1
     header = ["method", "seeds", "final test/acc"]
@@ -363,5 +406,7 @@ def to_markdown(
                 paper = _published(published, row)
                 cells.append("" if paper is None else f"{paper:.2f}")
             lines.append("| " + " | ".join(cells) + " |")
+        if baseline is not None:
+            lines += ["", summary(group, baseline, target).rstrip()]
         blocks.append("\n".join(lines))
     return "\n\n".join(blocks) + "\n"
