@@ -290,7 +290,7 @@ def _points(row: ResultRow, baseline: str) -> str:
     if not math.isfinite(row.delta_ci95):
         return f"{100 * row.delta_mean:+.2f}{std}"
     low, high = 100 * (row.delta_mean - row.delta_ci95), 100 * (row.delta_mean + row.delta_ci95)
-    star = " *" if low > 0 or high < 0 else ""
+    star = " *" if _significance(row) else ""
     return f"{100 * row.delta_mean:+.2f}{std} [{low:+.2f}, {high:+.2f}]{star}"
 
 
