@@ -25,6 +25,7 @@ from functools import cache
 import torch
 from torch import Tensor
 from torchvision.transforms import v2
+from torchvision.transforms.v2.functional import _color
 from torchvision.transforms.v2.functional._geometry import (
     _affine_grid,
     _apply_grid_transform,
@@ -43,12 +44,15 @@ class BatchRandAugment:
     """torchvision's ``RandAugment(num_ops, magnitude)`` on a uint8 batch, drawn per image.
 
     For each of ``num_ops`` slots every image draws one of torchvision's 14 ops uniformly and,
-    for the signed ops, a sign. The magnitude is fixed, so the images that drew the same
-    (op, sign) share every parameter: the geometric ops (shears, translations, rotation) of a
-    slot run as one ``grid_sample`` with each image's own torchvision grid, and each other
-    (op, sign) runs torchvision's own op once on its images. The result equals applying
-    torchvision's op per image with the same draws (tested), with at most 13 op calls per
-    slot whatever the batch size.
+    for the signed ops, a sign (:meth:`draw`, on torch's CPU generator). A slot is then at most
+    seven passes, each over the images that drew one of its ops (:data:`PASSES`), with each
+    image's own parameters as tensors: one ``grid_sample`` for the five geometric ops (each
+    image's torchvision grid), one blend for Brightness, Color and Contrast (a per-image ratio
+    and degenerate image), one for Sharpness (a per-image factor), and one call of
+    torchvision's own op for each of Posterize, Solarize, AutoContrast and Equalize. Which
+    images go to which pass is worked out on the CPU draws and sent to the device at once, so
+    nothing waits on the device. The result equals applying torchvision's op per image with
+    the same draws (tested).
 
     Args:
         num_ops: ops applied one after another to each image.
@@ -57,6 +61,20 @@ class BatchRandAugment:
     """
 
     GEOMETRIC = ("ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate")
+    BLEND = ("Brightness", "Color", "Contrast")  # blended with black, grey image, grey mean
+    # columns of the per-code parameter table (:meth:`parameters`)
+    # the passes of a slot, in order; each op belongs to one (Identity and, on one channel,
+    # Color to none)
+    PASSES = (
+        "geometric",
+        "blend",
+        "Sharpness",
+        "Posterize",
+        "Solarize",
+        "AutoContrast",
+        "Equalize",
+    )
+    COLUMNS = ("blend", "degenerate", "sharpness")  # of the per-code parameters
 
     def __init__(
         self,
@@ -67,14 +85,7 @@ class BatchRandAugment:
         self.reference = v2.RandAugment(num_ops, magnitude, num_magnitude_bins)
         self.names = list(self.reference._AUGMENTATION_SPACE)
         self._grids: dict[tuple[int, int, str], Tensor] = {}
-        signed = [self.reference._AUGMENTATION_SPACE[name][1] for name in self.names]
-        # per code: its group (unsigned ops drop the sign bit) and whether it is geometric
-        self._codes = (
-            torch.tensor(
-                [2 * k + (s if signed[k] else 0) for k in range(len(signed)) for s in (0, 1)]
-            ),
-            torch.tensor([name in self.GEOMETRIC for name in self.names for _ in (0, 1)]),
-        )
+        self._parameters: dict[tuple[int, int, int, str], Tensor] = {}
 
     @functools.lru_cache(maxsize=8)  # noqa: B019 (one instance per view, kept for the run)
     def magnitudes(self, height: int, width: int) -> list[tuple[str, float, bool]]:
@@ -103,6 +114,11 @@ class BatchRandAugment:
         ops = torch.randint(len(self.names), (batch_size, self.reference.num_ops))
         negative = torch.randint(2, (batch_size, self.reference.num_ops))
         return 2 * ops + negative
+
+    def signed_magnitude(self, code: int, height: int, width: int) -> tuple[str, float]:
+        """(op name, the magnitude torchvision passes to it) of ``code`` for this size."""
+        name, magnitude, signed = self.magnitudes(height, width)[code // 2]
+        return name, -magnitude if signed and code % 2 else magnitude
 
     def _geometric_grid(self, name: str, magnitude: float, height: int, width: int) -> Tensor:
         """torchvision's sampling grid (1, H, W, 2) for geometric op ``name`` (the arguments
@@ -134,45 +150,132 @@ class BatchRandAugment:
                 torch.tensor([[[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]]]), width, height, width, height
             )
             table = []
-            for name, magnitude, _ in self.magnitudes(height, width):
-                for sign in (1.0, -1.0):
-                    geometric = name in self.GEOMETRIC
-                    table.append(
-                        self._geometric_grid(name, sign * magnitude, height, width)
-                        if geometric
-                        else identity
-                    )
+            for code in range(2 * len(self.names)):
+                name, magnitude = self.signed_magnitude(code, height, width)
+                geometric = name in self.GEOMETRIC
+                table.append(
+                    self._geometric_grid(name, magnitude, height, width) if geometric else identity
+                )
             self._grids[key] = torch.cat(table).to(device)
         return self._grids[key]
 
+    def parameters(self, channels: int, height: int, width: int, device: torch.device) -> Tensor:
+        """Each code's op parameters, (2 * 14, len(COLUMNS)) float64, cached per size and device.
+
+        Columns (:data:`COLUMNS`): ``blend`` (the factor torchvision's Brightness, Color or
+        Contrast blends with), ``degenerate`` (what it blends with: 0 black, 1 the grey image,
+        2 the grey image's mean), ``sharpness`` (Sharpness's factor); 1, 0 and 1 for codes of
+        other ops. Float64 holds each value exactly as torchvision's Python float; the passes
+        cast them as torchvision casts its scalars.
+        """
+        key = (channels, height, width, str(device))
+        if key not in self._parameters:
+            rows = []
+            for code in range(2 * len(self.names)):
+                name, magnitude = self.signed_magnitude(code, height, width)
+                row = {"blend": 1.0, "degenerate": 0.0, "sharpness": 1.0}
+                if name in self.BLEND:
+                    row["blend"] = 1.0 + magnitude
+                    row["degenerate"] = float(self.BLEND.index(name))
+                elif name == "Sharpness":
+                    row["sharpness"] = 1.0 + magnitude
+                rows.append([row[c] for c in self.COLUMNS])
+            self._parameters[key] = torch.tensor(rows, dtype=torch.float64, device=device)
+        return self._parameters[key]
+
+    def pass_of(self, channels: int) -> Tensor:
+        """Each code's pass, an index into :data:`PASSES`, or -1 (none): (2 * 14,) int64."""
+        out = []
+        for name in self.names:
+            if name == "Identity" or (name == "Color" and channels == 1):  # as torchvision
+                index = -1
+            elif name in self.GEOMETRIC:
+                index = self.PASSES.index("geometric")
+            elif name in self.BLEND:
+                index = self.PASSES.index("blend")
+            else:
+                index = self.PASSES.index(name)
+            out += [index, index]
+        return torch.tensor(out)
+
+    @staticmethod
+    def _column(params: Tensor, column: str, dtype: torch.dtype) -> Tensor:
+        """One column of per-image parameters (B, len(COLUMNS)) as (B, 1, 1, 1) ``dtype``."""
+        values = params[:, BatchRandAugment.COLUMNS.index(column)]
+        return values.to(dtype).view(-1, 1, 1, 1)
+
     def __call__(self, images: Tensor, codes: Tensor | None = None) -> Tensor:
         """Augment uint8 ``images`` (B, C, H, W); ``codes`` (B, num_ops) fixes :meth:`draw`."""
-        codes = self.draw(len(images)) if codes is None else codes
-        height, width = images.shape[-2:]
-        table = self.magnitudes(height, width)
-        group_of, geometric = self._codes
-        grids = self.grids(height, width, images.device)
+        codes = self.draw(len(images)) if codes is None else codes.cpu()
+        channels, height, width = images.shape[-3:]
+        device = images.device
+        table = self.parameters(channels, height, width, device)
+        pass_of = self.pass_of(channels)
         out = images.clone()
         for slot in range(codes.shape[1]):
             code = codes[:, slot]
-            is_geo = geometric[code]
-            idx = is_geo.nonzero().flatten()
-            if len(idx):
-                grid = grids[code[idx].to(images.device)]
-                out[idx] = _apply_grid_transform(out[idx], grid, "nearest", fill=None)
-            rest = (~is_geo).nonzero().flatten()
-            group = group_of[code[rest]]
-            order = torch.argsort(group, stable=True)
-            rest, group = rest[order], group[order]
-            values, counts = torch.unique_consecutive(group, return_counts=True)
-            for value, chunk in zip(values.tolist(), rest.split(counts.tolist()), strict=True):
-                name, magnitude, _ = table[value // 2]
-                if name == "Identity":
+            group = pass_of[code]
+            order = torch.argsort(group, stable=True)  # the images, pass by pass
+            counts = torch.bincount(group + 1, minlength=len(self.PASSES) + 1).tolist()
+            # one transfer a slot: the images' order and their codes in that order
+            moved = torch.stack([order, code[order]]).to(device, non_blocking=True)
+            start = counts[0]  # no pass
+            for name, count in zip(self.PASSES, counts[1:], strict=True):
+                if not count:
                     continue
-                chunk = chunk.to(images.device)
-                sign = -1.0 if value % 2 else 1.0
-                out[chunk] = self.apply_op(out[chunk], name, sign * magnitude)
+                index, chosen = moved[0, start : start + count], moved[1, start : start + count]
+                start += count
+                x = out[index]
+                if name == "geometric":
+                    grid = self.grids(height, width, device)[chosen]
+                    x = _apply_grid_transform(x, grid, "nearest", fill=None)
+                elif name == "blend":
+                    x = self._blend(x, table[chosen])
+                elif name == "Sharpness":
+                    weight = 1.0 - self._column(table[chosen], "sharpness", torch.float64)
+                    x = self._sharpness(x, weight.to(torch.float32))
+                else:  # an unsigned op: one magnitude for all
+                    x = self.apply_op(
+                        x, name, self.magnitudes(height, width)[self.names.index(name)][1]
+                    )
+                out[index] = x
         return out
+
+    def _blend(self, images: Tensor, params: Tensor) -> Tensor:
+        """torchvision's ``_blend(image, degenerate, ratio)`` with a per-image ratio and
+        degenerate (black, the grey image or its mean), ``params`` (B, len(COLUMNS))."""
+        ratio = self._column(params, "blend", torch.float32)
+        weight = (1.0 - self._column(params, "blend", torch.float64)).to(torch.float32)
+        kind = self._column(params, "degenerate", torch.float32)
+        if images.shape[-3] == 3:
+            grey = _color._rgb_to_grayscale_image(images, 1, preserve_dtype=False).floor_()
+        else:
+            grey = images.to(torch.float32)
+        mean = grey.mean(dim=(-3, -2, -1), keepdim=True)
+        degenerate = torch.where(kind == 1, grey, torch.where(kind == 2, mean, 0.0))
+        # torchvision: image.mul(ratio).add_(degenerate, alpha=1 - ratio), a fused multiply-add
+        out = torch.addcmul(images * ratio, degenerate, weight)
+        return out.clamp_(0, 255).to(torch.uint8)
+
+    def _sharpness(self, images: Tensor, weight: Tensor) -> Tensor:
+        """torchvision's ``adjust_sharpness`` with a per-image weight 1 - factor (B, 1, 1, 1):
+        the interior blended with its rounded 3x3 smoothing (weights 1/13, 5/13 in the centre),
+        the border kept.
+
+        torchvision convolves in float and rounds; here the integer sum k of the 3x3
+        neighbourhood plus 4 times the centre is rounded as k / 13, which is never within 1/26
+        of a half, so both round to the same integer (and the box sums are cheaper than a
+        depthwise convolution on a CPU)."""
+        height, width = images.shape[-2:]
+        if height <= 2 or width <= 2:
+            return images
+        out = images.to(torch.float32)
+        rows = out[..., :, :-2] + out[..., :, 1:-1] + out[..., :, 2:]  # (B, C, H, W - 2)
+        box = rows[..., :-2, :] + rows[..., 1:-1, :] + rows[..., 2:, :]  # (B, C, H - 2, W - 2)
+        interior = out[..., 1:-1, 1:-1]
+        blurred = box.add_(interior, alpha=4.0).div_(13.0).round_()
+        interior.copy_(torch.addcmul(interior, blurred.sub_(interior), weight))
+        return out.clamp_(0, 255).to(torch.uint8)
 
 
 class BatchView:
