@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torchvision.transforms.v2 import functional as F
 
 from fedlit.data import build_transform, dataset_spec, load_split
 from fedlit.data.augment import CUTOUT_SCALE, BatchRandAugment, BatchView
@@ -39,6 +40,33 @@ def test_randaugment_equals_torchvision_per_image_with_the_same_draws(
                 name, magnitude, signed = table[code // 2]
                 x = ra.apply_op(x, name, -magnitude if signed and code % 2 else magnitude)
             assert torch.equal(out[b], x), (b, [table[c // 2][0] for c in codes[b].tolist()])
+
+
+def test_randaugment_equals_torchvision_per_image_on_random_draws(images: torch.Tensor) -> None:
+    """Whole batches with their own draws: many images in each pass, mixed signs and slots."""
+    ra = BatchRandAugment()
+    torch.manual_seed(8)
+    rgb = torch.randint(0, 256, (150, 3, 32, 32), dtype=torch.uint8)
+    for batch in (images[:300], rgb):
+        codes = ra.draw(len(batch))
+        out = ra(batch, codes)
+        for b in range(len(batch)):
+            x = batch[b]
+            for code in codes[b].tolist():
+                x = ra.apply_op(x, *ra.signed_magnitude(code, *batch.shape[-2:]))
+            assert torch.equal(out[b], x), (b, codes[b].tolist())
+
+
+def test_sharpness_by_integer_box_sums_equals_torchvision() -> None:
+    """The rounded 3x3 smoothing from integer sums (k / 13 is never near a half) gives
+    torchvision's convolved and rounded one, for both factors, on one and three channels."""
+    ra = BatchRandAugment()
+    torch.manual_seed(9)
+    for channels in (1, 3):
+        x = torch.randint(0, 256, (400, channels, 32, 32), dtype=torch.uint8)
+        for factor in (0.7, 1.3, 0.0, 2.0):
+            weight = torch.full((400, 1, 1, 1), 1.0 - factor)
+            assert torch.equal(ra._sharpness(x, weight), F.adjust_sharpness(x, factor))
 
 
 def test_randaugment_draws_each_op_and_sign_uniformly() -> None:

@@ -74,7 +74,7 @@ class BatchRandAugment:
         "AutoContrast",
         "Equalize",
     )
-    COLUMNS = ("blend", "degenerate", "sharpness")  # of the per-code parameters
+    COLUMNS = ("ratio", "weight", "grey", "mean", "sharpness")  # of the per-code parameters
 
     def __init__(
         self,
@@ -160,27 +160,27 @@ class BatchRandAugment:
         return self._grids[key]
 
     def parameters(self, channels: int, height: int, width: int, device: torch.device) -> Tensor:
-        """Each code's op parameters, (2 * 14, len(COLUMNS)) float64, cached per size and device.
+        """Each code's op parameters, (2 * 14, len(COLUMNS)) float32, cached per size and device.
 
-        Columns (:data:`COLUMNS`): ``blend`` (the factor torchvision's Brightness, Color or
-        Contrast blends with), ``degenerate`` (what it blends with: 0 black, 1 the grey image,
-        2 the grey image's mean), ``sharpness`` (Sharpness's factor); 1, 0 and 1 for codes of
-        other ops. Float64 holds each value exactly as torchvision's Python float; the passes
-        cast them as torchvision casts its scalars.
+        Columns (:data:`COLUMNS`): ``ratio``, the factor r that torchvision's Brightness, Color
+        or Contrast blends the image with, and ``weight``, 1 - r (each cast from the Python
+        float, as torchvision casts its scalars); ``grey`` and ``mean``, 1 where the image is
+        blended with its grey image (Color) or that image's mean (Contrast), black otherwise
+        (Brightness); ``sharpness``, 1 - Sharpness's factor. Codes of other ops: 1, 0, 0, 0, 0.
         """
         key = (channels, height, width, str(device))
         if key not in self._parameters:
             rows = []
             for code in range(2 * len(self.names)):
                 name, magnitude = self.signed_magnitude(code, height, width)
-                row = {"blend": 1.0, "degenerate": 0.0, "sharpness": 1.0}
+                row = dict.fromkeys(self.COLUMNS, 0.0) | {"ratio": 1.0}
                 if name in self.BLEND:
-                    row["blend"] = 1.0 + magnitude
-                    row["degenerate"] = float(self.BLEND.index(name))
+                    row.update(ratio=1.0 + magnitude, weight=1.0 - (1.0 + magnitude))
+                    row.update(grey=float(name == "Color"), mean=float(name == "Contrast"))
                 elif name == "Sharpness":
-                    row["sharpness"] = 1.0 + magnitude
+                    row["sharpness"] = 1.0 - (1.0 + magnitude)
                 rows.append([row[c] for c in self.COLUMNS])
-            self._parameters[key] = torch.tensor(rows, dtype=torch.float64, device=device)
+            self._parameters[key] = torch.tensor(rows, dtype=torch.float32, device=device)
         return self._parameters[key]
 
     def pass_of(self, channels: int) -> Tensor:
@@ -199,10 +199,9 @@ class BatchRandAugment:
         return torch.tensor(out)
 
     @staticmethod
-    def _column(params: Tensor, column: str, dtype: torch.dtype) -> Tensor:
-        """One column of per-image parameters (B, len(COLUMNS)) as (B, 1, 1, 1) ``dtype``."""
-        values = params[:, BatchRandAugment.COLUMNS.index(column)]
-        return values.to(dtype).view(-1, 1, 1, 1)
+    def _column(params: Tensor, column: str) -> Tensor:
+        """One column of per-image parameters (B, len(COLUMNS)) as (B, 1, 1, 1)."""
+        return params[:, BatchRandAugment.COLUMNS.index(column), None, None, None]
 
     def __call__(self, images: Tensor, codes: Tensor | None = None) -> Tensor:
         """Augment uint8 ``images`` (B, C, H, W); ``codes`` (B, num_ops) fixes :meth:`draw`."""
@@ -232,8 +231,7 @@ class BatchRandAugment:
                 elif name == "blend":
                     x = self._blend(x, table[chosen])
                 elif name == "Sharpness":
-                    weight = 1.0 - self._column(table[chosen], "sharpness", torch.float64)
-                    x = self._sharpness(x, weight.to(torch.float32))
+                    x = self._sharpness(x, self._column(table[chosen], "sharpness"))
                 else:  # an unsigned op: one magnitude for all
                     x = self.apply_op(
                         x, name, self.magnitudes(height, width)[self.names.index(name)][1]
@@ -244,15 +242,16 @@ class BatchRandAugment:
     def _blend(self, images: Tensor, params: Tensor) -> Tensor:
         """torchvision's ``_blend(image, degenerate, ratio)`` with a per-image ratio and
         degenerate (black, the grey image or its mean), ``params`` (B, len(COLUMNS))."""
-        ratio = self._column(params, "blend", torch.float32)
-        weight = (1.0 - self._column(params, "blend", torch.float64)).to(torch.float32)
-        kind = self._column(params, "degenerate", torch.float32)
+        ratio, weight = self._column(params, "ratio"), self._column(params, "weight")
         if images.shape[-3] == 3:
             grey = _color._rgb_to_grayscale_image(images, 1, preserve_dtype=False).floor_()
         else:
             grey = images.to(torch.float32)
         mean = grey.mean(dim=(-3, -2, -1), keepdim=True)
-        degenerate = torch.where(kind == 1, grey, torch.where(kind == 2, mean, 0.0))
+        # grey * 1 + mean * 0, grey * 0 + mean * 1 or 0 + 0: exactly one of them, or black
+        degenerate = torch.addcmul(
+            grey * self._column(params, "grey"), mean, self._column(params, "mean")
+        )
         # torchvision: image.mul(ratio).add_(degenerate, alpha=1 - ratio), a fused multiply-add
         out = torch.addcmul(images * ratio, degenerate, weight)
         return out.clamp_(0, 255).to(torch.uint8)
