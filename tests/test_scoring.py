@@ -71,6 +71,25 @@ def test_scored_statistics_are_a_full_pass_over_the_clean_images(
             assert torch.equal(copy.state_dict()[k], v), k
 
 
+def test_scored_statistics_do_not_depend_on_the_batch_size_while_one_batch_holds_the_server(
+    fmnist_root: Path,
+) -> None:
+    """500 server images: eval batches of 500 and 1,000 give the same statistics (one batch,
+    the full pass); batches of 100 give another estimate (the mean of five batches')."""
+    torch.manual_seed(0)
+    network = build_classifier("small_cnn", 10, 1)
+    running = {}
+    for size in (1000, 500, 100):
+        dm = FederatedDataModule(
+            root=str(fmnist_root), num_clients=2, examples_per_client=64, eval_batch_size=size
+        )
+        dm.setup_federation(seed=0)
+        state = scored(network, dm).state_dict()
+        running[size] = torch.cat([v.flatten() for k, v in state.items() if "running" in k])
+    assert torch.equal(running[1000], running[500])
+    assert (running[100] - running[1000]).abs().max() > 1e-3
+
+
 def test_run_level_schedule_values_at_known_steps(data: FederatedDataModule) -> None:
     """Round 2 of 4 covers the run's fraction [0.25, 0.5): the server's learning rate at its
     k-th of S steps is lr * cos(pi / 2 * (0.25 + 0.25 k / S)) (cosine to 0, no warm-up)."""

@@ -76,7 +76,10 @@ class FederatedDataModule(L.LightningDataModule):
         partitioner: how the pool is divided (default IID).
         batch_size: server (labeled) batch size.
         client_batch_size: client (unlabeled) batch size.
-        eval_batch_size: batch size for validation and test.
+        eval_batch_size: the batch size of every inference pass: validation, test, the
+            BatchNorm re-estimation of the scored model (one batch holds the common
+            protocol's 500 server images: a full pass's statistics) and the clients'
+            un-augmented prediction passes (FedSEAL's). No gradients are kept, so it is large.
         test_subset: evaluate on this many test images (a fixed, class-balanced draw) instead
             of the whole test split; for quick experiments and tests.
         download: download data sets that are not under ``root``.
