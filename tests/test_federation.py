@@ -360,3 +360,44 @@ def test_the_round_of_a_checkpoint_of_any_format_is_read(tmp_path: Path) -> None
     torch.save({"epoch": 3}, other)
     with pytest.raises(ValueError, match="not a fedlit federation checkpoint"):
         checkpoint_round(other)
+
+
+def test_compile_setting_compiles_every_training_step_and_trains_as_eager(
+    fmnist_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``federation.compile`` compiles the network of every client and server step and only
+    while it trains. Here torch.compile traces with its "eager" backend (the graphs torch
+    captures, run by torch's own kernels: seconds instead of inductor's minutes of C++), so
+    the weights must equal an eager run's exactly."""
+    small = {"examples_per_client": 64, "test_subset": 100}
+    eager = _federation(fmnist_root, tmp_path / "eager", data_kw=small, rounds=1)
+    eager.run()
+    original, modes = torch.nn.Module.compile, []
+
+    def traced(self: torch.nn.Module, mode: str | None = None) -> None:
+        modes.append(mode)
+        original(self, backend="eager")
+
+    monkeypatch.setattr(torch.nn.Module, "compile", traced)
+    torch._dynamo.reset()
+    fed = _federation(
+        fmnist_root, tmp_path / "compiled", data_kw=small, rounds=1, compile="reduce-overhead"
+    )
+    fed.run()
+    # 2 clients + the server's step + its fine-tuning step after aggregation
+    assert modes == ["reduce-overhead"] * 4
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > 0  # dynamo did trace
+    _assert_same(_weights(eager), _weights(fed))
+    assert fed.method.network._compiled_call_impl is None  # eager again after the steps
+
+
+def test_compile_setting_refused_with_a_clear_error(
+    fmnist_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with pytest.raises(ValueError, match=r"federation\.compile.*'fast'"):
+        FederationConfig(compile="fast")  # type: ignore[arg-type]
+    monkeypatch.setattr("fedlit.federation.trainers.shutil.which", lambda name: None)
+    fed = _federation(fmnist_root, tmp_path / "r", compile="default")
+    with pytest.raises(ValueError, match=r"federation\.compile='default'.*C\+\+ compiler"):
+        fed.prepare()
+    assert not (tmp_path / "r").exists()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +48,7 @@ from fedlit.federation.seeding import (
     set_rng_states,
 )
 from fedlit.federation.store import CLIENT_DIR, ClientStateStore
-from fedlit.federation.trainers import TrainerTemplate
+from fedlit.federation.trainers import TrainerTemplate, compile_toolchain_missing
 from fedlit.methods.base import ClientUpdate, FederatedMethod
 from fedlit.run_layout import CHECKPOINT, RUN_FILE, RUN_MARKERS
 
@@ -124,6 +124,15 @@ class Federation:
 
     def _prepare(self) -> None:
         cfg = self.config
+        if cfg.compile is not None:
+            device = self.trainer.device()
+            missing = compile_toolchain_missing(device)
+            if missing:
+                raise ValueError(
+                    f"federation.compile={cfg.compile!r}: torch.compile cannot build kernels "
+                    f"for {device.type} here ({missing}); leave federation.compile null"
+                )
+            self.trainer = replace(self.trainer, compile=cfg.compile)
         ckpt = load_checkpoint(cfg.resume) if cfg.resume else None
         self._check_run_dir()
         if ckpt is not None:  # before the data are loaded

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import copy
 import functools
+import importlib.util
 import logging
+import shutil
 import signal
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any
@@ -17,6 +20,7 @@ from lightning import LightningModule, Trainer
 from lightning.pytorch.trainer.connectors import callback_connector as _callback_connector
 from lightning.pytorch.utilities.combined_loader import CombinedLoader
 from lightning.pytorch.utilities.exceptions import SIGTERMException
+from torch import nn
 
 from fedlit.data.loaders import AugmentsOnDevice, ImageBatches
 
@@ -52,6 +56,38 @@ _discover_callback_factories_once()
 
 TERMINATED = 128 + signal.SIGTERM  # the exit status of a run stopped by SIGTERM
 
+#: ``federation.compile``: torch.compile's modes for the training steps' network (None: eager).
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
+
+
+def compile_toolchain_missing(device: torch.device) -> str | None:
+    """Why ``torch.compile``'s default backend (inductor) cannot build kernels for ``device``
+    here, or None: it compiles C++ on a CPU and Triton kernels on a GPU."""
+    if device.type == "cuda":
+        return None if importlib.util.find_spec("triton") else "the triton package is missing"
+    compilers = ("c++", "g++", "clang++")
+    if any(shutil.which(c) for c in compilers):
+        return None
+    return f"no C++ compiler ({', '.join(compilers)}) on the PATH"
+
+
+@contextmanager
+def compiled_network(module: LightningModule, mode: str | None) -> Iterator[None]:
+    """``module.network`` compiled with ``torch.compile(mode=mode)`` (``nn.Module.compile``:
+    in place, its parameters, buffers and state-dict keys unchanged) while the block runs, and
+    eager again after it, so evaluation and aggregation see the plain network. Graphs are
+    cached by torch for the process: every client's copy of the same architecture reuses them.
+    Nothing happens for ``mode`` None or a module without a ``network``."""
+    network = getattr(module, "network", None)
+    if mode is None or not isinstance(network, nn.Module):
+        yield
+        return
+    network.compile(mode=mode)
+    try:
+        yield
+    finally:
+        network._compiled_call_impl = None  # what nn.Module.compile set: back to eager
+
 
 def default_precision(accelerator: str = "auto") -> str:
     """Mixed precision on a GPU (bf16 where supported), full fp32 on a CPU."""
@@ -73,6 +109,7 @@ class TrainerTemplate:
     devices: int | str = 1
     precision: str | None = None  # None: default_precision(accelerator)
     kwargs: dict[str, Any] = field(default_factory=dict)
+    compile: str | None = None  # the training steps' network compiled (federation.compile)
 
     def device(self) -> torch.device:
         """The device the per-step Trainers train on (the first GPU where there is one and
@@ -98,12 +135,14 @@ class TrainerTemplate:
         epochs: int,
         max_steps: int | None = None,
     ) -> None:
-        """Train ``module`` on ``loader`` for ``epochs`` epochs (or ``max_steps`` steps)."""
+        """Train ``module`` on ``loader`` for ``epochs`` epochs (or ``max_steps`` steps),
+        its ``network`` compiled meanwhile where ``compile`` says so (:func:`compiled_network`)."""
         if max_steps is not None:
             trainer = self.build(max_epochs=-1, max_steps=max_steps, limit_val_batches=0)
         else:
             trainer = self.build(max_epochs=epochs, limit_val_batches=0)
-        trainer.fit(module, train_dataloaders=on_device(module, loader))
+        with compiled_network(module, self.compile):
+            trainer.fit(module, train_dataloaders=on_device(module, loader))
         _stop_if_terminated(trainer)
 
     def test(self, module: LightningModule, loader: Iterable[Any]) -> None:
