@@ -62,7 +62,6 @@ class BatchRandAugment:
 
     GEOMETRIC = ("ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate")
     BLEND = ("Brightness", "Color", "Contrast")  # blended with black, grey image, grey mean
-    # columns of the per-code parameter table (:meth:`parameters`)
     # the passes of a slot, in order; each op belongs to one (Identity and, on one channel,
     # Color to none)
     PASSES = (
