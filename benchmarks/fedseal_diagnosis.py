@@ -53,10 +53,9 @@ def _scaled(config: Mapping[str, Any], key: str, factor: float, kind: type = int
     node: Any = config
     for part in key.split("."):
         node = node[part]
-    value = kind(node * factor)
     if kind is int:
-        value = max(1, value)
-    return f"--{key}={value}"
+        return f"--{key}={max(1, int(node * factor))}"
+    return f"--{key}={node * factor:.6g}"
 
 
 #: name -> (what it changes, its overrides given the FedSEAL run's resolved config)
@@ -84,9 +83,9 @@ ABLATIONS: dict[str, tuple[str, Callable[[Mapping[str, Any]], list[str]]]] = {
         "three times the recipe's local epochs",
         lambda c: [_scaled(c, "federation.local_epochs", 3)],
     ),
-    "server_epochs_div3": (
-        "a third of the recipe's server epochs a round",
-        lambda c: [_scaled(c, "federation.server_epochs", 1 / 3)],
+    "server_epochs_1": (
+        "one server epoch a round",
+        lambda c: ["--federation.server_epochs=1"],
     ),
     "client_lr_x3": (
         "three times the recipe's client learning rate",

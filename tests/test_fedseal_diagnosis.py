@@ -111,3 +111,21 @@ def test_diagnosis_refuses_bad_input_before_any_run(
     assert exc.value.code == 2
     assert message in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_ablation_overrides_follow_the_recipe() -> None:
+    """The relative ablations scale the recipe's own values: 3 x 2 local epochs, 0.03 / 3 and
+    0.03 x 3 for the client learning rate, 2 x 12 rounds; the others are fixed values."""
+    script = _script()
+    config = {
+        "federation": {"local_epochs": 2, "server_epochs": 10, "rounds": 12},
+        "model": {"init_args": {"optim": {"client_lr": 0.03}}},
+    }
+    made = {name: make(config) for name, (_, make) in script.ABLATIONS.items()}
+    assert made["local_epochs_x3"] == ["--federation.local_epochs=6"]
+    assert made["client_lr_div3"] == ["--model.init_args.optim.client_lr=0.01"]
+    assert made["client_lr_x3"] == ["--model.init_args.optim.client_lr=0.09"]
+    assert made["rounds_x2"] == ["--federation.rounds=24"]
+    assert made["server_epochs_1"] == ["--federation.server_epochs=1"]
+    assert made["full"] == []
+    assert made["no_self_ensemble"] == ["--model.init_args.self_ensemble=false"]
