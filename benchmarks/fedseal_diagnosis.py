@@ -77,6 +77,11 @@ ABLATIONS: dict[str, tuple[str, Callable[[Mapping[str, Any]], list[str]]]] = {
         "one threshold 0.5 for every class (5.2.4)",
         lambda c: [f"{MODEL}loss.fixed_tau=0.5"],
     ),
+    "no_bootstrap": (
+        "no bootstrap: the server trains Server-SL's epochs exactly (round 1's clients, "
+        "with tau = 1, get no positive set)",
+        lambda c: [f"{MODEL}bootstrap_epochs=0"],
+    ),
     "no_ramp": ("lambda = lambda_max from round 1", lambda c: [f"{MODEL}loss.ramp=0"]),
     "ramp_whole_run": ("lambda ramps up over the whole run", lambda c: [f"{MODEL}loss.ramp=1"]),
     "local_epochs_x3": (

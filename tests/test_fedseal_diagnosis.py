@@ -128,4 +128,5 @@ def test_ablation_overrides_follow_the_recipe() -> None:
     assert made["rounds_x2"] == ["--federation.rounds=24"]
     assert made["server_epochs_1"] == ["--federation.server_epochs=1"]
     assert made["full"] == []
+    assert made["no_bootstrap"] == ["--model.init_args.bootstrap_epochs=0"]
     assert made["no_self_ensemble"] == ["--model.init_args.self_ensemble=false"]
