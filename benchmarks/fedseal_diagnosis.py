@@ -79,7 +79,7 @@ ABLATIONS: dict[str, tuple[str, Callable[[Mapping[str, Any]], list[str]]]] = {
     ),
     "no_bootstrap": (
         "no bootstrap: the server trains Server-SL's epochs exactly (round 1's clients, "
-        "with tau = 1, get no positive set)",
+        "with tau = 1, get no positive set; their self-ensembles hold w^0's predictions)",
         lambda c: [f"{MODEL}bootstrap_epochs=0"],
     ),
     "no_ramp": ("lambda = lambda_max from round 1", lambda c: [f"{MODEL}loss.ramp=0"]),
