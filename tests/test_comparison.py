@@ -269,3 +269,39 @@ def test_report_and_partition_commands(
         main(["report", *bad])  # r0 is fedavg_fixmatch: there is no server_sl run
     assert exc.value.code == 2 and "baseline" in capsys.readouterr().err
     assert not (tmp_path / "bad").exists()
+
+
+@pytest.mark.parametrize("spec", ["paper002_fmnist.yaml", "paper002_fmnist_cnn.yaml"])
+def test_paper002_specs_run_one_protocol(spec: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Paper 002's Table 1 specs: the five methods on one protocol (only the method's block
+    differs between the recipes), IID and RandomProportions, the paper's numbers beside."""
+    from fedlit.cli import resolve
+
+    monkeypatch.chdir(REPO)
+    values = yaml.safe_load((REPO / "recipes/comparisons" / spec).read_text())
+    comparison = Comparison(**values)
+    methods = ["server_sl", "fedavg_sl", "fedavg_fixmatch", "fedavg_uda", "fedseal"]
+    assert [Path(r).stem for r in comparison.recipes] == methods
+    assert comparison.baseline == "server_sl" and len(comparison.seeds) == 3
+    assert set(comparison.published) == set(methods)
+    assert comparison.published["fedseal"] == {"iid": 84.28, "noniid": 84.18}
+    protocols = {}
+    for run in plan(comparison):
+        if run.seed != comparison.seeds[0]:
+            continue
+        config = resolve(run.args).config.as_dict()
+        partitioner = config["data"]["partitioner"]["class_path"]
+        expected = "IID" if run.setting == "iid" else "RandomProportions"
+        assert partitioner == f"fedlit.data.partition.{expected}"
+        init = config["model"]["init_args"]
+        common = {
+            "data": {k: v for k, v in config["data"].items() if k != "partitioner"},
+            "federation": config["federation"] | {"resume": None},
+            "optim": init["optim"],
+            "backbone": init["backbone"],
+        }
+        protocols.setdefault(run.setting, []).append(json.dumps(common, sort_keys=True))
+    for setting, seen in protocols.items():
+        assert len(seen) == len(methods) and len(set(seen)) == 1, setting
+    backbone = json.loads(protocols["iid"][0])["backbone"]
+    assert backbone == ("resnet18" if spec == "paper002_fmnist.yaml" else "small_cnn")

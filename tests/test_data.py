@@ -13,6 +13,7 @@ from fedlit.data import (
     FederatedDataModule,
     ImageBatches,
     ImageSplit,
+    RandomProportions,
     build_transform,
     dataset_spec,
 )
@@ -251,3 +252,12 @@ def test_too_few_labels_for_every_client_rejected(fmnist_root: Path) -> None:
         _dm(fmnist_root, labels_at="client", labeled_per_class=4)
     with pytest.raises(ValueError, match=r"data\.labeled_fraction"):
         _dm(fmnist_root, labels_at="client", labeled_per_class=None, labeled_fraction=1e-4)
+
+
+def test_random_proportions_partition_is_logged(fmnist_root: Path) -> None:
+    """Paper 002's non-IID split through the data module: equal shards, its R logged."""
+    dm = _dm(fmnist_root, partitioner=RandomProportions(), num_clients=10, examples_per_client=500)
+    summary = dm.partition_summary()
+    assert summary["partition/min_client_size"] == summary["partition/max_client_size"] == 500
+    assert summary["partition/R"] == dm.non_iid_R
+    assert 0.1 < summary["partition/R"] < 0.6

@@ -13,6 +13,7 @@ from fedlit.data.partition import (
     ClassesPerClient,
     Dirichlet,
     Partitioner,
+    RandomProportions,
     class_counts,
     non_iid_metric,
 )
@@ -59,6 +60,7 @@ PARTITIONERS = [
     ClassesPerClient(3),
     SSFL(0.4),
     SSFL(1.0),
+    RandomProportions(),
 ]
 IDS = [repr(p) for p in PARTITIONERS]
 
@@ -186,6 +188,42 @@ def test_dirichlet_impossible_raises() -> None:
     labels = np.zeros(10, dtype=np.int64)  # one class: at tiny alpha it lands on one client
     with pytest.raises(ValueError, match="alpha"):
         run(Dirichlet(1e-3), labels, 10, seed=0)
+
+
+# ----------------------------------------------------------------------------- RandomProportions
+
+
+def test_random_proportions_follow_uniform_draws() -> None:
+    """Each client's counts are n x (its U(0, 1) weights, normalised), rounded: the draws are
+    replayed from the same seed (one permutation per class, then one (K, d) uniform block)."""
+    labels = balanced(1000)  # 1,000 per class: no class runs out for 5 clients x 200
+    k, n, seed = 5, 200, 3
+    parts = run(RandomProportions(), labels, k, seed=seed, n=n)
+    replay = np.random.default_rng(seed)
+    for c in range(D):
+        replay.permutation(int((labels == c).sum()))
+    u = replay.random((k, D))
+    expected = n * u / u.sum(axis=1, keepdims=True)
+    counts = class_counts(labels, parts, D)
+    assert (counts.sum(axis=1) == n).all()
+    assert (np.abs(counts - expected) < 1).all()  # floor or ceil of each exact share
+
+
+def test_random_proportions_skew_between_iid_and_dirichlet_one() -> None:
+    """Normalised uniforms are milder than Dirichlet(1) (normalised exponentials): with 10
+    classes the largest share averages ~0.19 against ~0.29 (H_10 / 10), and R sits between
+    the IID split's 0 and Dirichlet(1)'s."""
+    labels = balanced(6000)
+    shares, r_uniform, r_dirichlet = [], [], []
+    for seed in range(4):
+        parts = run(RandomProportions(), labels, 10, seed=seed, n=1200)
+        counts = class_counts(labels, parts, D)
+        shares.append(counts.max(axis=1) / 1200)
+        r_uniform.append(non_iid_metric(labels, parts, D))
+        dirichlet = run(Dirichlet(1.0), labels, 10, seed=seed, n=1200)
+        r_dirichlet.append(non_iid_metric(labels, dirichlet, D))
+    assert 0.15 < np.mean(shares) < 0.23
+    assert 0.1 < np.mean(r_uniform) < np.mean(r_dirichlet)
 
 
 # ----------------------------------------------------------------------------- ClassesPerClient

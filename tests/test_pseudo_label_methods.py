@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import csv
+import math
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ import torch
 from fedlit.aggregation import state_bytes
 from fedlit.data import ClientData, FederatedDataModule, visit_number
 from fedlit.data.datasets import SPECS, ImageSplit
+from fedlit.evaluation.batchnorm import recalibrated
 from fedlit.federation import Federation, FederationConfig, load_checkpoint, load_client_states
 from fedlit.methods import (
     ClientUpdate,
@@ -107,6 +109,18 @@ def test_fedseal_logs_its_sets_and_keeps_the_ensemble_on_the_client(
     thresholds = ckpt["method_state"]["thresholds"]
     assert thresholds.shape == (10,) and (thresholds >= 0).all() and thresholds.max() > 0.3
     assert (thresholds <= 1).all()  # paper 002 4.1.2: tau_m in [0, 1]
+    # lambda_t = exp(-5 (1 - (t / 3) / 0.67)^2) in rounds 1, 2, then 1 once t / 3 >= 0.67
+    lambdas = [float(row["fedseal/lambda"]) for row in rows[1:]]
+    expected = [math.exp(-5 * (1 - (1 / 3) / 0.67) ** 2), math.exp(-5 * (1 - (2 / 3) / 0.67) ** 2)]
+    assert lambdas == pytest.approx([*expected, 1.0])
+    # the model the clients receive is the scored one: its BatchNorm statistics are already
+    # those of the server's clean images, so re-estimating them changes nothing
+    network = fed.method.network
+    again = recalibrated(network, fed.data.server_plain_dataloader())
+    theirs = again.state_dict()
+    for name, ours in network.state_dict().items():
+        if "running_" in name:
+            torch.testing.assert_close(ours, theirs[name])
     # what travels: the model and 10 thresholds down, the model alone up
     model = state_bytes(fed.method.network.state_dict())
     assert float(rows[-1]["comm/bytes_down"]) == 2 * (model + 10 * 4)
@@ -161,6 +175,58 @@ def test_fedseal_clients_not_sampled_still_receive_every_model(
     torch.testing.assert_close(states[idle]["mean"], expected)
     model = state_bytes(fed.method.network.state_dict())
     assert float(_rows(tmp_path / "run")[-1]["comm/bytes_down"]) == 3 * (model + 10 * 4)
+
+
+def test_fedseal_logs_the_thresholds_it_sends(fmnist_root: Path, tmp_path: Path) -> None:
+    """Each row's fedseal/tau_<m> are the thresholds of that round's broadcast: round 1's
+    measured on w^0 after the bootstrap (eq 5), round 2's on round 1's server model."""
+    fed = _fed(
+        fmnist_root,
+        tmp_path / "run",
+        FedSEAL,
+        optim_kw={"server_lr": 0.03},
+        method_kw={"bootstrap_epochs": 2},
+        rounds=2,
+    )
+    sent = []
+    broadcast = fed.method.broadcast
+
+    def spy():  # type: ignore[no-untyped-def]
+        payload = broadcast()
+        sent.append(payload[THRESHOLDS].clone())
+        return payload
+
+    fed.method.broadcast = spy  # type: ignore[method-assign]
+    fed.run()
+    rows = _rows(tmp_path / "run")[1:]
+    assert len(sent) == len(rows) == 2
+    for row, tau in zip(rows, sent, strict=True):
+        logged = torch.tensor([float(row[f"fedseal/tau_{m}"]) for m in range(10)])
+        torch.testing.assert_close(logged, tau)
+    assert not torch.equal(sent[0], sent[1])  # measured again after round 1's server step
+
+
+def test_fedseal_ablations_fixed_tau_and_no_negative_learning(
+    fmnist_root: Path, tmp_path: Path
+) -> None:
+    """loss.fixed_tau sends that threshold for every class in every round; without negative
+    learning the complementary set stays empty while the positive set is still built."""
+    loss = FedSEALLoss(fixed_tau=0.6, negative_learning=False)
+    fed = _fed(
+        fmnist_root,
+        tmp_path / "run",
+        FedSEAL,
+        optim_kw={"server_lr": 0.03},
+        method_kw={"bootstrap_epochs": 2, "loss": loss},
+        rounds=2,
+    )
+    fed.run()
+    for row in _rows(tmp_path / "run")[1:]:
+        assert [float(row[f"fedseal/tau_{m}"]) for m in range(10)] == pytest.approx([0.6] * 10)
+        assert float(row["pseudo/neg_frac"]) == 0.0
+        assert float(row["pseudo/pos_frac"]) > 0.0
+        assert float(row["client/loss_neg"]) == 0.0
+    assert torch.equal(fed.method.thresholds, torch.full((10,), 0.6))
 
 
 def test_fedseal_thresholds_travel_with_the_model() -> None:

@@ -12,6 +12,7 @@ from torch import nn
 from fedlit.aggregation import weight_diversity
 from fedlit.methods import FedSwitch
 from fedlit.objectives import (
+    FedSEALLoss,
     FixMatchLoss,
     SelfTraining,
     TeacherStudentClient,
@@ -104,6 +105,25 @@ def test_positive_and_negative_sets() -> None:
     _, _, comp = positive_negative_sets(many, torch.ones(4), theta=0.05)
     counts = torch.bincount(comp, minlength=4)
     assert counts[0] == 0 and (counts[1:] > 900).all()
+    # without negative learning (5.2.3's ablation) the same rows give no negative set
+    pseudo, positive, complementary = positive_negative_sets(pbar, tau, 0.05, False)
+    assert positive.tolist() == [True, False, False, True]
+    assert complementary.tolist() == [-1, -1, -1, -1]
+
+
+@pytest.mark.parametrize(
+    ("key", "kw"),
+    [
+        ("loss.fixed_tau", {"fixed_tau": 0.0}),
+        ("loss.fixed_tau", {"fixed_tau": 1.5}),
+        ("loss.fixed_tau", {"fixed_tau": float("nan")}),
+        ("loss.negative_learning", {"negative_learning": "no"}),
+        ("loss.ramp", {"ramp": 1.5}),
+    ],
+)
+def test_fedseal_loss_validation_names_the_key(key: str, kw: dict[str, object]) -> None:
+    with pytest.raises(ValueError, match=key):
+        FedSEALLoss(**kw)  # type: ignore[arg-type]
 
 
 def test_gaussian_rampup() -> None:

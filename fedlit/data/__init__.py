@@ -10,6 +10,7 @@ from fedlit.data.partition import (
     ClassesPerClient,
     Dirichlet,
     Partitioner,
+    RandomProportions,
     class_counts,
     non_iid_metric,
 )
@@ -28,6 +29,7 @@ __all__ = [
     "FederatedDataModule",
     "ImageSplit",
     "Partitioner",
+    "RandomProportions",
     "build_transform",
     "class_counts",
     "dataset_spec",

@@ -19,6 +19,7 @@ __all__ = [
     "ClassesPerClient",
     "Dirichlet",
     "Partitioner",
+    "RandomProportions",
     "class_counts",
     "non_iid_metric",
 ]
@@ -207,38 +208,23 @@ class IID(Partitioner):
         return _assign(pools, counts)
 
 
-class Dirichlet(Partitioner):
-    """Label skew by a Dirichlet prior (Hsu et al. 2019, as used by FedSup / FedSwitch).
+class _ProportionalSkew(Partitioner):
+    """Label skew from per-client class proportions drawn at random (:meth:`_proportions`).
 
-    With ``examples_per_client`` n: each client in turn draws class proportions
-    p_k ~ Dir(alpha * 1_d) and takes round(n * p_k) examples per class (largest remainder, exact
-    total n) from what is still available; when a class runs out, the deficit is spread over the
-    classes still available in proportion to p_k. Without it: every class's examples are split
-    over the clients by proportions ~ Dir(alpha * 1_K), redrawn until no client is empty.
-    Small alpha = strong skew; alpha = 1e5 is practically IID.
-
-    Args:
-        alpha: concentration of the Dirichlet prior, > 0.
+    With ``examples_per_client`` n: each client in turn draws class proportions p_k and takes
+    round(n * p_k) examples per class (largest remainder, exact total n) from what is still
+    available; when a class runs out, the deficit is spread over the classes still available in
+    proportion to p_k. Without it: every class's examples are split over the clients by
+    proportions drawn over the K clients, redrawn until no client is empty.
     """
 
-    def __init__(self, alpha: float) -> None:
-        if isinstance(alpha, bool) or not isinstance(alpha, (int, float, np.floating, np.integer)):
-            raise ValueError(f"data.partitioner.alpha must be a number, got {alpha!r}")
-        if not math.isfinite(alpha) or alpha <= 0:
-            raise ValueError(f"data.partitioner.alpha must be > 0, got {alpha}")
-        self.alpha = float(alpha)
-
+    @abstractmethod
     def _proportions(self, size: int, rng: np.random.Generator, count: int) -> np.ndarray:
-        """(count, size) rows drawn from Dir(alpha * 1_size), made safe against underflow."""
-        p = rng.dirichlet(np.full(size, self.alpha), size=count)
-        p = np.nan_to_num(p, nan=0.0, posinf=0.0, neginf=0.0)
-        s = p.sum(axis=1, keepdims=True)
-        bad = s[:, 0] <= 0
-        if bad.any():  # all mass underflowed: put it on one random entry
-            p[bad] = 0.0
-            p[np.flatnonzero(bad), rng.integers(size, size=int(bad.sum()))] = 1.0
-            s = p.sum(axis=1, keepdims=True)
-        return p / s
+        """(count, size) rows, each non-negative and summing to 1."""
+
+    def _empty_hint(self) -> str:
+        """What to change when the whole-pool split keeps leaving a client empty."""
+        return "decrease data.num_clients, or set data.examples_per_client"
 
     def __call__(
         self,
@@ -274,10 +260,9 @@ class Dirichlet(Partitioner):
             if (counts.sum(axis=1) > 0).all():
                 return counts
         raise ValueError(
-            f"Dirichlet partition left some client empty in {_MAX_DIRICHLET_ATTEMPTS} draws "
-            f"(data.partitioner.alpha={self.alpha}, data.num_clients={num_clients}, pool of "
-            f"{int(pool_counts.sum())} examples); increase data.partitioner.alpha, decrease "
-            "data.num_clients, or set data.examples_per_client"
+            f"{type(self).__name__} partition left some client empty in "
+            f"{_MAX_DIRICHLET_ATTEMPTS} draws (data.num_clients={num_clients}, pool of "
+            f"{int(pool_counts.sum())} examples); {self._empty_hint()}"
         )
 
     def _fill_clients(
@@ -306,6 +291,59 @@ class Dirichlet(Partitioner):
             avail -= take
             counts[k] = take
         return counts
+
+
+class Dirichlet(_ProportionalSkew):
+    """Label skew by a Dirichlet prior (Hsu et al. 2019, as used by FedSup / FedSwitch).
+
+    Each client's class proportions are p_k ~ Dir(alpha * 1_d) (see :class:`_ProportionalSkew`
+    for how a shard is filled); without ``examples_per_client`` every class's examples are split
+    over the clients by proportions ~ Dir(alpha * 1_K). Small alpha = strong skew; alpha = 1e5
+    is practically IID.
+
+    Args:
+        alpha: concentration of the Dirichlet prior, > 0.
+    """
+
+    def __init__(self, alpha: float) -> None:
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float, np.floating, np.integer)):
+            raise ValueError(f"data.partitioner.alpha must be a number, got {alpha!r}")
+        if not math.isfinite(alpha) or alpha <= 0:
+            raise ValueError(f"data.partitioner.alpha must be > 0, got {alpha}")
+        self.alpha = float(alpha)
+
+    def _proportions(self, size: int, rng: np.random.Generator, count: int) -> np.ndarray:
+        """(count, size) rows drawn from Dir(alpha * 1_size), made safe against underflow."""
+        p = rng.dirichlet(np.full(size, self.alpha), size=count)
+        p = np.nan_to_num(p, nan=0.0, posinf=0.0, neginf=0.0)
+        s = p.sum(axis=1, keepdims=True)
+        bad = s[:, 0] <= 0
+        if bad.any():  # all mass underflowed: put it on one random entry
+            p[bad] = 0.0
+            p[np.flatnonzero(bad), rng.integers(size, size=int(bad.sum()))] = 1.0
+            s = p.sum(axis=1, keepdims=True)
+        return p / s
+
+    def _empty_hint(self) -> str:
+        return f"increase data.partitioner.alpha (now {self.alpha}), " + super()._empty_hint()
+
+
+class RandomProportions(_ProportionalSkew):
+    """Paper 002's non-IID split (section 5.1): "the class distribution is randomly generated"
+    for each client. Client k draws one weight per class, u_kc ~ U(0, 1) independently, and its
+    class proportions are p_kc = u_kc / sum_c u_kc; its shard of ``examples_per_client`` is
+    filled to them (see :class:`_ProportionalSkew`). Without ``examples_per_client`` each class
+    is split over the clients in proportion to uniform weights drawn for it.
+
+    Milder than Dirichlet(1) (which normalises Exp(1) draws): with 10 classes the expected
+    largest share of a client is about 0.19 against 0.29, and every class has a share.
+    """
+
+    def _proportions(self, size: int, rng: np.random.Generator, count: int) -> np.ndarray:
+        """(count, size) rows of U(0, 1) draws, each normalised to sum 1."""
+        u = rng.random((count, size))
+        u[u.sum(axis=1) <= 0] = 1.0  # (practically impossible) an all-zero draw: uniform
+        return u / u.sum(axis=1, keepdims=True)
 
 
 class ClassesPerClient(Partitioner):

@@ -43,6 +43,7 @@ def run_round(fed: Federation, round_idx: int) -> dict[str, float]:
         method.aggregate(updates)
         fed.check_finite(round_idx, "aggregation")
         metrics |= mean_metrics("client", [u.metrics for u in updates])
+        metrics |= method.round_metrics()
         if not method.server_first:
             metrics |= fed.server_step(round_idx)
         elif method.server_finetunes:  # paper 000's Algorithm 1: fine-tune the aggregate

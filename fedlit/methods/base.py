@@ -237,6 +237,11 @@ class FederatedMethod(LightningModule):
         shared part of the global network."""
         return {k: v for k, v in self.network.state_dict().items() if self.is_shared(k)}
 
+    def round_metrics(self) -> dict[str, float]:
+        """The method's own numbers for the round's row (after its clients' work); none by
+        default."""
+        return {}
+
     def end_round(self) -> None:
         """Called once a round's aggregation and server step are done, before evaluation
         (e.g. a teacher's EMA step)."""

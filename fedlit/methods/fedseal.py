@@ -44,12 +44,13 @@ class FedSEAL(FederatedMethod):
 
     Logged per round (client means): ``pseudo/pos_frac``, ``pseudo/neg_frac`` and, against the
     clients' hidden true labels (diagnosis only; the loss never sees them), ``pseudo/pos_acc``
-    (pseudo-labels right) and ``pseudo/neg_acc`` (complementary labels really wrong).
+    (pseudo-labels right) and ``pseudo/neg_acc`` (complementary labels really wrong); and what
+    the round's clients were sent: ``fedseal/lambda`` and ``fedseal/tau_<m>`` per class.
 
     Args:
         loss: theta, the complementary threshold (paper: 0.05), lambda_max, the positive-loss
-            weight once ramped up, and ramp, the fraction of the run lambda ramps up over
-            (:class:`~fedlit.objectives.FedSEALLoss`).
+            weight once ramped up, ramp, the fraction of the run lambda ramps up over, and the
+            ablations negative_learning and fixed_tau (:class:`~fedlit.objectives.FedSEALLoss`).
         bootstrap_epochs: server epochs on the labeled set before round 1.
         self_ensemble: False uses the current model's predictions only (the paper's ablation
             "w/o self-ensemble learning", 5.2.5).
@@ -81,7 +82,9 @@ class FedSEAL(FederatedMethod):
         self.bootstrap_epochs = bootstrap_epochs
         # Until the server has measured the model, no example passes the filter (tau = 1).
         self.thresholds: torch.Tensor
-        self.register_buffer("thresholds", torch.ones(self.num_classes))
+        first = 1.0 if loss.fixed_tau is None else loss.fixed_tau
+        self.register_buffer("thresholds", torch.full((self.num_classes,), first))
+        self.sent_thresholds = self.thresholds.clone()  # those of the round's broadcast
 
     def validate_data(self, data: FederatedDataModule) -> None:
         super().validate_data(data)
@@ -102,15 +105,30 @@ class FedSEAL(FederatedMethod):
 
     # --- server -------------------------------------------------------------------------
     def server_step_done(self, objective: Objective, data: FederatedDataModule) -> None:
-        """tau^t from the trained model's predictions on the validation set (eq 5), made by
-        the model as it is scored (BatchNorm statistics re-estimated on the clean labeled
-        images) and clipped to [0, 1] (4.1.2: tau_m in [0, 1])."""
+        """w^t becomes the model as it is scored (its BatchNorm statistics re-estimated on the
+        clean labeled images), so the model the clients receive, the one eq 5 measures and
+        the one ``test/acc`` scores are one w^t; then tau^t from its predictions on the
+        validation set (eq 5), clipped to [0, 1] (4.1.2: tau_m in [0, 1]), or
+        ``loss.fixed_tau`` for every class."""
         network = scored(self.network, data)
-        probs, labels = predict_probabilities(network, data.val_dataloader())
+        if network is not self.network:
+            self.network.load_state_dict(network.state_dict())
+        if self.loss.fixed_tau is not None:
+            self.thresholds = torch.full_like(self.thresholds, self.loss.fixed_tau)
+            return
+        probs, labels = predict_probabilities(self.network, data.val_dataloader())
         self.thresholds = class_thresholds(probs, labels).clamp(0.0, 1.0)  # type: ignore[arg-type]
+
+    def round_metrics(self) -> dict[str, float]:
+        """What the clients were sent this round: ``fedseal/lambda`` (lambda_t) and
+        ``fedseal/tau_<m>``, each class's threshold tau_m."""
+        return {"fedseal/lambda": float(self.lam)} | {
+            f"fedseal/tau_{m}": float(t) for m, t in enumerate(self.sent_thresholds.tolist())
+        }
 
     # --- communication --------------------------------------------------------------------
     def broadcast(self) -> Payload:
+        self.sent_thresholds = self.thresholds.clone()
         return super().broadcast() | {THRESHOLDS: self.thresholds.clone()}
 
     # --- client -------------------------------------------------------------------------

@@ -75,7 +75,7 @@ def self_ensemble(previous: Tensor | None, probs: Tensor, t: int) -> Tensor:
 
 
 def positive_negative_sets(
-    pbar: Tensor, thresholds: Tensor, theta: float
+    pbar: Tensor, thresholds: Tensor, theta: float, negative_learning: bool = True
 ) -> tuple[Tensor, Tensor, Tensor]:
     """The positive and complementary sets of paper 002 eqs 9-12.
 
@@ -87,6 +87,8 @@ def positive_negative_sets(
         pbar: (N, M) self-ensemble probabilities.
         thresholds: (M,) class-wise thresholds tau.
         theta: the complementary threshold (paper 002: 0.05).
+        negative_learning: False leaves the negative set empty (the ablation without
+            complementary negative learning, 5.2.3); the positive set is unchanged.
 
     Returns:
         (pseudo (N,) int64, positive (N,) bool, complementary (N,) int64 with -1 where the
@@ -95,7 +97,7 @@ def positive_negative_sets(
     confidence, pseudo = pbar.max(dim=1)
     positive = confidence >= thresholds.to(pbar.dtype)[pseudo]
     candidates = pbar <= theta  # (N, M)
-    negative = ~positive & candidates.any(dim=1)
+    negative = ~positive & candidates.any(dim=1) & negative_learning
     complementary = torch.full_like(pseudo, -1)
     if negative.any():
         weights = candidates[negative].float()
@@ -125,11 +127,17 @@ class FedSEALLoss:
         theta: the complementary threshold (eq 12; paper: 0.05).
         lambda_max: the positive-loss weight once ramped up (eq 13).
         ramp: the fraction of the run lambda ramps up over (0: lambda_max from round 1).
+        negative_learning: False: no complementary set, L = lambda L+ (the ablation of 5.2.3).
+        fixed_tau: None: the class-wise thresholds of eq 5, measured each round; a number in
+            (0, 1]: that threshold for every class in every round (the constant, class-blind
+            threshold of 5.2.4's comparison, as FixMatch's).
     """
 
     theta: float = 0.05
     lambda_max: float = 1.0
     ramp: float = 0.25
+    negative_learning: bool = True
+    fixed_tau: float | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.theta < 1:
@@ -138,6 +146,12 @@ class FedSEALLoss:
             raise ValueError(f"loss.lambda_max must be finite and > 0, got {self.lambda_max}")
         if not 0 <= self.ramp <= 1:
             raise ValueError(f"loss.ramp must be in [0, 1], got {self.ramp}")
+        if not isinstance(self.negative_learning, bool):
+            raise ValueError(
+                f"loss.negative_learning must be true or false, got {self.negative_learning!r}"
+            )
+        if self.fixed_tau is not None and not 0 < self.fixed_tau <= 1:  # False for NaN too
+            raise ValueError(f"loss.fixed_tau must be null or in (0, 1], got {self.fixed_tau}")
 
     def weight(self, progress: float) -> float:
         """lambda_t = lambda_max x a Gaussian ramp-up over the first ``ramp`` of the run, at
@@ -160,7 +174,8 @@ class FedSEALClient(Objective):
     Args:
         thresholds: (M,) class-wise thresholds from the server (eq 5).
         lam: the positive-loss weight lambda this round (:meth:`FedSEALLoss.weight`).
-        loss: theta (the complementary threshold), as :class:`FedSEALLoss`.
+        loss: theta (the complementary threshold) and whether the negative set is built, as
+            :class:`FedSEALLoss`.
         ensemble: the client's (pbar (N, M), t) from earlier rounds, or None.
     """
 
@@ -176,6 +191,7 @@ class FedSEALClient(Objective):
     ) -> None:
         super().__init__(network, lr, **kw)
         self.thresholds, self.lam, self.theta = thresholds, lam, loss.theta
+        self.negative_learning = loss.negative_learning
         self.previous = ensemble
         self.images: Iterable[tuple[Tensor, ...]] | None = None
         self.hidden_labels: Tensor | None = None
@@ -200,7 +216,9 @@ class FedSEALClient(Objective):
             )
         pbar = self_ensemble(previous, probs, t + 1)
         self.ensemble = (pbar, t + 1)
-        pseudo, positive, complementary = positive_negative_sets(pbar, self.thresholds, self.theta)
+        pseudo, positive, complementary = positive_negative_sets(
+            pbar, self.thresholds, self.theta, self.negative_learning
+        )
         self.pseudo = pseudo.to(self.device)
         self.positive = positive.to(self.device)
         self.complementary = complementary.to(self.device)
