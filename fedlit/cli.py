@@ -39,6 +39,7 @@ from fedlit.federation.faults import ROUND_FAILED, RoundFailed
 from fedlit.federation.rundir import free_config_name
 from fedlit.federation.trainers import TERMINATED
 from fedlit.methods import FederatedMethod
+from fedlit.run_layout import MAX_SEED, output_dir_error
 
 #: Trainer settings passed on to every per-step Trainer (with accelerator, devices, precision).
 TEMPLATE_KEYS = (
@@ -143,10 +144,25 @@ class FedlitCLI(LightningCLI):
             except ValueError as err:
                 self.parser.error(f"ckpt_path: {err}")
 
+    def _set_seed(self) -> None:
+        """Lightning's seeding, after refusing a seed numpy cannot take (negative, or above
+        :data:`~fedlit.run_layout.MAX_SEED`)."""
+        seed = self._get(self.config, "seed_everything")
+        if not isinstance(seed, bool) and isinstance(seed, int) and not 0 <= seed <= MAX_SEED:
+            self.parser.error(f"seed_everything={seed}: a seed is an integer in [0, {MAX_SEED}]")
+        super()._set_seed()
+
     def before_instantiate_classes(self) -> None:
-        """Refuse a NaN or infinite value in any setting, and a ``trainer.*`` setting the
-        federation would not apply (:data:`REFUSED_KEYS`), naming its key."""
+        """Refuse a NaN or infinite value in any setting, a ``trainer.*`` setting the
+        federation would not apply (:data:`REFUSED_KEYS`), and an empty run directory,
+        naming the key."""
         config = (self.config[self.subcommand] if self.subcommand else self.config).as_dict()
+        root = (config.get("trainer") or {}).get("default_root_dir")
+        if self.subcommand == "fit" and (root is None or not str(root).strip()):
+            self.parser.error(
+                f"trainer.default_root_dir={root!r}: empty; name the run's directory "
+                "(e.g. runs/<name>)"
+            )
         for key, value in _floats(config):
             if not math.isfinite(value):
                 self.parser.error(f"{key}: must be a finite number, got {value}")
@@ -159,6 +175,11 @@ class FedlitCLI(LightningCLI):
                     "federation.local_epochs, federation.server_epochs; logging and "
                     f"checkpoints are the federation's); per-step settings: {TEMPLATE_KEYS}"
                 )
+        if self.subcommand in ("fit", "test"):  # before Lightning builds its own Trainer
+            try:
+                self._trainer_template(config.get("trainer") or {}).check()
+            except ValueError as err:
+                self.parser.error(str(err))
 
     def instantiate_classes(self) -> None:
         try:
@@ -167,8 +188,10 @@ class FedlitCLI(LightningCLI):
             self.parser.error(str(err))
 
     # --- helpers -------------------------------------------------------------------------------
-    def _trainer_template(self) -> TrainerTemplate:
-        cfg = self.config_init[self.subcommand]["trainer"]
+    def _trainer_template(self, cfg: Any = None) -> TrainerTemplate:
+        """The per-step Trainers' settings from ``trainer.*`` (the instantiated config's, or
+        ``cfg``'s)."""
+        cfg = self.config_init[self.subcommand]["trainer"] if cfg is None else cfg
         return TrainerTemplate(
             accelerator=cfg.get("accelerator") or "auto",
             devices=cfg.get("devices") or 1,
@@ -360,6 +383,9 @@ def report_main(argv: Sequence[str]) -> None:
     parser.add_argument("--out", type=str, default="report")
     parser.add_argument("--title", type=str, default="fedlit runs")
     cfg = parser.parse_args(list(argv))
+    error = output_dir_error(cfg.out, "--out")
+    if error:
+        parser.error(error)
     try:
         runs = find_runs(cfg.paths)
         # a bad baseline or last_k fails before anything is written
@@ -387,6 +413,9 @@ def partition_main(argv: Sequence[str]) -> None:
             out = args.pop(i).split("=", 1)[1]
             break
     cli = resolve(args)
+    error = output_dir_error(Path(out).parent, "--out", out)
+    if error:
+        cli.parser.error(error)
     data = cli.datamodule
     try:
         data.setup_federation(int(cli.config["seed_everything"]))

@@ -110,6 +110,11 @@ class FederationConfig:
             value = getattr(self, key)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"federation.{key} must be a positive integer, got {value!r}")
+        if self.resume is not None and not str(self.resume).strip():
+            raise ValueError(
+                f"federation.resume={self.resume!r}: empty; give a checkpoint "
+                "(<run>/checkpoints/last.ckpt), or leave it unset (null) for a new run"
+            )
         if self.local_steps is not None and self.local_steps < 1:
             raise ValueError(f"federation.local_steps must be positive, got {self.local_steps}")
 
