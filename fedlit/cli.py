@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 import yaml
-from jsonargparse import ActionConfigFile, ArgumentParser
+from jsonargparse import ActionConfigFile
 from lightning import Trainer
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -39,6 +39,7 @@ from fedlit.federation.faults import ROUND_FAILED, RoundFailed
 from fedlit.federation.rundir import free_config_name
 from fedlit.federation.trainers import TERMINATED
 from fedlit.methods import FederatedMethod
+from fedlit.refusals import OneLineLightningParser, OneLineParser, flat_keys, one_line
 from fedlit.run_layout import MAX_SEED, output_dir_error
 
 #: Trainer settings passed on to every per-step Trainer (with accelerator, devices, precision).
@@ -103,6 +104,7 @@ class FedlitCLI(LightningCLI):
             save_config_callback=None,
             auto_configure_optimizers=False,
             seed_everything_default=0,
+            parser_class=OneLineLightningParser,
             trainer_defaults={"logger": False, "default_root_dir": "runs/fedlit"},
             args=args,
             run=run,
@@ -182,10 +184,13 @@ class FedlitCLI(LightningCLI):
                 self.parser.error(str(err))
 
     def instantiate_classes(self) -> None:
+        """LightningCLI's, a refusal printed as one sentence: the innermost ValueError of
+        fedlit's validation, its key in full (:func:`~fedlit.refusals.one_line`)."""
         try:
             super().instantiate_classes()
         except ValueError as err:
-            self.parser.error(str(err))
+            config = self.config[self.subcommand] if self.subcommand else self.config
+            self.parser.error(one_line(str(err), err, flat_keys(config.as_dict())))
 
     # --- helpers -------------------------------------------------------------------------------
     def _trainer_template(self, cfg: Any = None) -> TrainerTemplate:
@@ -341,7 +346,7 @@ def compare_main(argv: Sequence[str]) -> None:
     """``fedlit compare --config comparison.yaml [--seeds [0,1] ...]``."""
     from fedlit.comparison import Comparison, WandbSettings, run_comparison  # needs matplotlib
 
-    parser = ArgumentParser(prog="fedlit compare", description=Comparison.__doc__)
+    parser = OneLineParser(prog="fedlit compare", description=Comparison.__doc__)
     parser.add_argument("--config", action=ActionConfigFile)
     parser.add_class_arguments(Comparison, fail_untyped=False)
     error = config_file_error(argv)
@@ -375,7 +380,7 @@ def report_main(argv: Sequence[str]) -> None:
     from fedlit.comparison.report import write_report
     from fedlit.reporting import find_runs, summarize
 
-    parser = ArgumentParser(prog="fedlit report", description="Results table and plots of runs.")
+    parser = OneLineParser(prog="fedlit report", description="Results table and plots of runs.")
     parser.add_argument("paths", nargs="+", type=str, help="run directories or folders of runs")
     parser.add_argument("--target", type=float | None, default=None)
     parser.add_argument("--baseline", type=str | None, default=None, help="method to compare with")
