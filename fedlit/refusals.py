@@ -30,7 +30,8 @@ _PARSER_KEY = re.compile(r'^Parser key "([^"]+)":\s*(.*)$')
 _CLASS_PATH = re.compile(r"^- Problem with given class_path '([^']+)':$")
 _NOT_ACCEPTED = re.compile(r"^Option '([^']+)' is not accepted$")
 _UNRECOGNIZED = re.compile(r"^unrecognized arguments: --?([\w.]+)(?:=(.*))?$")
-_EXPECTED = re.compile(r"^Expected an? <class '([\w.]+)'>\. Got value: (.*)$")
+_EXPECTED_ANY = re.compile(r"^Expected an? (.+?)(?:\. Got value: (.*))?$")
+_CLASS = re.compile(r"<class '([\w.]+)'>")
 _NESTED = re.compile(r"^Given value: NestedArg\(key='([^']*)', val=(.*)\)$")
 _SUBTYPES = re.compile(r"^Subtypes: \[<class '([\w.]+)'>")
 _NO_CLASS = (
@@ -43,7 +44,7 @@ _NOISE = (
     "Does not validate against any of the Union subtypes",
     "Subtypes:",
     "Errors:",
-    "- Expected a <class 'NoneType'>",
+    "Expected a <class 'NoneType'>",
     "Given value type:",
     "Given value:",
 )
@@ -205,11 +206,18 @@ def condensed(message: str) -> str:
                 place = f"{key}.{new}" if key else new
                 sentence += f"; it moved to {place}"
             return sentence
-        if m := _EXPECTED.match(reason):
-            return f"{key}={m.group(2)}: expected {m.group(1)}" if key else reason
     if key and base and any(r.startswith(_NO_CLASS) for r in reasons):
         named = value if value is not None else given
         return f"{key}={named}: not a {base}; give one by class name or full class path"
+    expected = [m for r in reasons if (m := _EXPECTED_ANY.match(r))]
+    if key and reasons and len(expected) == len(reasons):  # a value of the wrong type
+        kinds = [
+            _CLASS.sub(r"\1", m.group(1)).replace("typing.Literal", "one of ") for m in expected
+        ]
+        got = [m.group(2) for m in expected if m.group(2) is not None]
+        if value is None:
+            value = given if given is not None else got[0] if got else None
+        return f"{key}={value}: expected {' or '.join(dict.fromkeys(kinds))}"
     rule = "; ".join(dict.fromkeys(reasons)) or "refused"
     shown = f"{key}={value}" if key and value is not None else key
     return f"{shown}: {rule}" if shown else rule

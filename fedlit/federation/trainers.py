@@ -103,11 +103,23 @@ class TrainerTemplate:
             value = self.kwargs.get(key)
             if value is not None and (isinstance(value, bool) or not valid(value)):
                 raise ValueError(f"trainer.{key}={value!r}: {rule}")
+        refused = (MisconfigurationException, ValueError, TypeError, ImportError)
         try:
             self.build()
-        except (MisconfigurationException, ValueError, TypeError) as err:
-            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise ValueError(f"trainer: Lightning refuses these settings: {first}") from err
+        except refused as err:
+            reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            settings = {
+                "accelerator": self.accelerator,
+                "devices": self.devices,
+                "precision": self.precision,
+                **self.kwargs,
+            }
+            for key, value in settings.items():  # the one a Trainer refuses on its own
+                try:
+                    Trainer(**{key: value}, barebones=True, logger=False)
+                except refused:
+                    raise ValueError(f"trainer.{key}={value!r}: {reason}") from err
+            raise ValueError(f"trainer: Lightning refuses these settings: {reason}") from err
 
     def device(self) -> torch.device:
         """The device the per-step Trainers train on (the first GPU where there is one and
