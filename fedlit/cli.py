@@ -184,7 +184,7 @@ class FedlitCLI(LightningCLI):
                 self.parser.error(str(err))
 
     def instantiate_classes(self) -> None:
-        """LightningCLI's, a refusal printed as one sentence: the innermost ValueError of
+        """LightningCLI's, a refusal printed as one sentence: the ValueError of
         fedlit's validation, its key in full (:func:`~fedlit.refusals.one_line`)."""
         try:
             super().instantiate_classes()
@@ -418,7 +418,11 @@ def partition_main(argv: Sequence[str]) -> None:
             out = args.pop(i).split("=", 1)[1]
             break
     cli = resolve(args)
-    error = output_dir_error(Path(out).parent, "--out", out)
+    if not out or Path(out).is_dir():
+        what = "a folder" if out else "empty"
+        error: str | None = f"--out={out!r}: {what}; name the plot's file (e.g. partition.png)"
+    else:
+        error = output_dir_error(Path(out).parent, "--out", out)
     if error:
         cli.parser.error(error)
     data = cli.datamodule

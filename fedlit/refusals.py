@@ -3,7 +3,7 @@
 jsonargparse reports a value refused inside a class (a partitioner's, a method's, its
 ``optim``'s or ``loss``'s) as "Does not validate against any of the Union subtypes" followed by
 the candidate types and a dump of the whole group; :func:`one_line` keeps the sentence that
-matters: the innermost ValueError fedlit's own validation raised (its key given in full), or
+matters: the ValueError fedlit's own validation raised (its key given in full), or
 the key, the value and the rule jsonargparse found. A setting a class does not take gets its
 new place when it moved (``model.init_args.client_lr`` -> ``model.init_args.optim.client_lr``).
 """
@@ -69,9 +69,10 @@ def _chain(err: BaseException | None) -> Iterator[BaseException]:
 
 
 def fedlit_error(err: BaseException | None) -> ValueError | None:
-    """The innermost ValueError that fedlit's validation raised in ``err``'s chain, or None."""
+    """The ValueError fedlit's validation raised in ``err``'s chain (the first, which holds
+    the most context where fedlit re-raised one of its own), or None."""
     found = [e for e in _chain(err) if isinstance(e, ValueError) and raised_by_fedlit(e)]
-    return found[-1] if found else None
+    return found[0] if found else None
 
 
 def flat_keys(config: Any, prefix: str = "") -> Iterator[str]:
@@ -224,8 +225,8 @@ def condensed(message: str) -> str:
 
 
 def one_line(message: str, err: BaseException | None = None, keys: Iterable[str] = ()) -> str:
-    """The sentence that matters in a refusal: fedlit's own innermost ValueError in ``err``'s
-    chain (its leading key written in full from ``keys``), else ``message`` condensed."""
+    """The sentence that matters in a refusal: fedlit's own ValueError in ``err``'s chain
+    (its leading key written in full from ``keys``), else ``message`` condensed."""
     own = fedlit_error(err)
     if own is not None:
         first = str(own).strip().splitlines()

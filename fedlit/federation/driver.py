@@ -129,7 +129,11 @@ class Federation:
                 raise ValueError(f"federation.resume_may_change: no setting named {name!r}")
         self.trainer.check()
         self.method.check_federation(cfg)
-        ckpt = load_checkpoint(cfg.resume) if cfg.resume else None
+        try:
+            ckpt = load_checkpoint(cfg.resume) if cfg.resume else None
+        except ValueError as err:
+            named = str(err).startswith("federation.resume")
+            raise ValueError(str(err) if named else f"federation.resume: {err}") from err
         self._check_run_dir()
         if ckpt is not None:  # before the data are loaded
             self._check_resume(ckpt)
