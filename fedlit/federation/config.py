@@ -51,10 +51,11 @@ class FederationConfig:
         eval_every: evaluate on the test set every this many rounds (and after the last).
         resume: a checkpoint to continue from (``<run>/checkpoints/last.ckpt``), into its own
             run directory or a new one. Every setting that changes results must equal the
-            checkpoint's.
+            checkpoint's. None: a new run (an empty string is refused).
         resume_may_change: settings (dotted keys as in the config, e.g.
             ``model.init_args.optim.client_lr``) a resume may change besides rounds, eval_every,
-            the run directory, loggers and the data root.
+            the run directory, loggers and the data root. Each must name a setting (checked
+            on every run, not only on a resume).
         final_eval: protocols run on the global encoder after the last round, logged as
             ``eval/<protocol>_acc``: "finetune" (end to end) and/or "linear" (frozen encoder).
         eval_epochs: epochs of those protocols on the server's labeled set.
