@@ -15,6 +15,9 @@ import pytest
 from conftest import tiny_overrides
 
 from fedlit.cli import main
+from fedlit.federation import TrainerTemplate
+from fedlit.refusals import with_full_key
+from fedlit.run_layout import enclosing_run, output_dir_error
 
 REPO = Path(__file__).parents[1]
 RECIPES = REPO / "recipes"
@@ -433,3 +436,41 @@ def test_the_table_covers_every_group_of_settings() -> None:
     for group in ("data.", "model.", "optim.", "loss.", "federation.", "ray.", "trainer."):
         assert group in keys, group
     assert COMPARE and REPORT and PARTITION
+
+
+def test_a_run_directory_is_a_folder_holding_what_a_run_writes(tmp_path: Path) -> None:
+    """Output is refused inside a run, not inside any folder holding a ``config.yaml``."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "config.yaml").write_text("anyone: 1\n")
+    assert enclosing_run(project / "report") is None
+    assert output_dir_error(project / "report", "--out") is None
+    (project / "hparams.yaml").write_text("")  # the two files a run writes first
+    assert enclosing_run(project / "report" / "deeper") == project.resolve()
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "last.ckpt").write_bytes(b"")
+    error = output_dir_error(run / "checkpoints", "out")
+    assert error is not None and f"inside the run directory {run.resolve()}" in error
+
+
+def test_trainer_values_with_a_meaning_are_accepted() -> None:
+    """``gradient_clip_val`` 0 is Lightning's "no clipping"; a fraction of 1.0 is every batch."""
+    accepted = {"gradient_clip_val": 0, "limit_train_batches": 1.0, "accumulate_grad_batches": 1}
+    TrainerTemplate(accelerator="cpu", kwargs=accepted).check()
+    assert TrainerTemplate(accelerator="cpu", kwargs=accepted).build().gradient_clip_val == 0
+    with pytest.raises(ValueError, match=r"^trainer\.gradient_clip_val=-0\.5: must be >= 0"):
+        TrainerTemplate(accelerator="cpu", kwargs={"gradient_clip_val": -0.5}).check()
+
+
+def test_a_short_key_is_written_in_full_only_where_one_setting_fits() -> None:
+    keys = ["model.init_args.loss.tau", "model.init_args.optim.momentum", "data.root"]
+    assert with_full_key("tau must be in [0, 1], got 2", keys) == (
+        "model.init_args.loss.tau must be in [0, 1], got 2"
+    )
+    assert with_full_key("optim.momentum must be in [0, 1)", keys).startswith(
+        "model.init_args.optim.momentum must"
+    )
+    two = [*keys, "model.init_args.teacher.tau"]
+    assert with_full_key("tau must be in [0, 1]", two) == "tau must be in [0, 1]"
+    assert with_full_key("data.root: missing", keys) == "data.root: missing"
