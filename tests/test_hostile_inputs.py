@@ -474,3 +474,21 @@ def test_a_short_key_is_written_in_full_only_where_one_setting_fits() -> None:
     two = [*keys, "model.init_args.teacher.tau"]
     assert with_full_key("tau must be in [0, 1]", two) == "tau must be in [0, 1]"
     assert with_full_key("data.root: missing", keys) == "data.root: missing"
+
+
+def test_a_recipe_of_the_previous_schema_is_told_where_its_settings_went(
+    fmnist_root: Path, work: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A recipe written before ``optim`` and ``loss`` grouped the method's settings."""
+    old = work / "old.yaml"
+    old.write_text(
+        "model:\n"
+        "  class_path: fedlit.methods.FedAvgFixMatch\n"
+        "  init_args:\n"
+        "    backbone: small_cnn\n"
+        "    client_lr: 0.003\n"
+    )
+    argv = ["fit", f"--config={old}", *tiny_overrides(fmnist_root)]
+    argv.append(f"--trainer.default_root_dir={work / 'run'}")
+    key = "model.init_args.client_lr=0.003"
+    _refused_by_name(argv, key, "it moved to model.init_args.optim.client_lr", capsys, (work,))
