@@ -40,6 +40,7 @@ _NO_CLASS = (
     "Import path",
     "Problem with given class_path",
 )
+_USAGE = ('expected "subcommand"', "the following arguments are required")
 _NOISE = (
     "Does not validate against any of the Union subtypes",
     "Subtypes:",
@@ -244,6 +245,8 @@ class _OneLineErrors:
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
         if not self.exit_on_error:
             super().error(message, ex)  # type: ignore[misc]
+        if message.startswith(_USAGE):  # the command line's shape, not a setting
+            self.print_usage(sys.stderr)  # type: ignore[attr-defined]
         sys.stderr.write(f"error: {one_line(message, ex)}\n")
         sys.stderr.flush()
         raise SystemExit(2)
