@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 import yaml
-from jsonargparse import ActionConfigFile, ArgumentParser
+from jsonargparse import ActionConfigFile
 from lightning import Trainer
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -39,6 +39,8 @@ from fedlit.federation.faults import ROUND_FAILED, RoundFailed
 from fedlit.federation.rundir import free_config_name
 from fedlit.federation.trainers import TERMINATED
 from fedlit.methods import FederatedMethod
+from fedlit.refusals import OneLineLightningParser, OneLineParser, flat_keys, one_line
+from fedlit.run_layout import MAX_SEED, output_dir_error
 
 #: Trainer settings passed on to every per-step Trainer (with accelerator, devices, precision).
 TEMPLATE_KEYS = (
@@ -102,6 +104,7 @@ class FedlitCLI(LightningCLI):
             save_config_callback=None,
             auto_configure_optimizers=False,
             seed_everything_default=0,
+            parser_class=OneLineLightningParser,
             trainer_defaults={"logger": False, "default_root_dir": "runs/fedlit"},
             args=args,
             run=run,
@@ -143,10 +146,25 @@ class FedlitCLI(LightningCLI):
             except ValueError as err:
                 self.parser.error(f"ckpt_path: {err}")
 
+    def _set_seed(self) -> None:
+        """Lightning's seeding, after refusing a seed numpy cannot take (negative, or above
+        :data:`~fedlit.run_layout.MAX_SEED`)."""
+        seed = self._get(self.config, "seed_everything")
+        if not isinstance(seed, bool) and isinstance(seed, int) and not 0 <= seed <= MAX_SEED:
+            self.parser.error(f"seed_everything={seed}: a seed is an integer in [0, {MAX_SEED}]")
+        super()._set_seed()
+
     def before_instantiate_classes(self) -> None:
-        """Refuse a NaN or infinite value in any setting, and a ``trainer.*`` setting the
-        federation would not apply (:data:`REFUSED_KEYS`), naming its key."""
+        """Refuse a NaN or infinite value in any setting, a ``trainer.*`` setting the
+        federation would not apply (:data:`REFUSED_KEYS`), and an empty run directory,
+        naming the key."""
         config = (self.config[self.subcommand] if self.subcommand else self.config).as_dict()
+        root = (config.get("trainer") or {}).get("default_root_dir")
+        if self.subcommand == "fit" and (root is None or not str(root).strip()):
+            self.parser.error(
+                f"trainer.default_root_dir={root!r}: empty; name the run's directory "
+                "(e.g. runs/<name>)"
+            )
         for key, value in _floats(config):
             if not math.isfinite(value):
                 self.parser.error(f"{key}: must be a finite number, got {value}")
@@ -159,16 +177,26 @@ class FedlitCLI(LightningCLI):
                     "federation.local_epochs, federation.server_epochs; logging and "
                     f"checkpoints are the federation's); per-step settings: {TEMPLATE_KEYS}"
                 )
+        if self.subcommand in ("fit", "test"):  # before Lightning builds its own Trainer
+            try:
+                self._trainer_template(config.get("trainer") or {}).check()
+            except ValueError as err:
+                self.parser.error(str(err))
 
     def instantiate_classes(self) -> None:
+        """LightningCLI's, a refusal printed as one sentence: the ValueError of
+        fedlit's validation, its key in full (:func:`~fedlit.refusals.one_line`)."""
         try:
             super().instantiate_classes()
         except ValueError as err:
-            self.parser.error(str(err))
+            config = self.config[self.subcommand] if self.subcommand else self.config
+            self.parser.error(one_line(str(err), err, flat_keys(config.as_dict())))
 
     # --- helpers -------------------------------------------------------------------------------
-    def _trainer_template(self) -> TrainerTemplate:
-        cfg = self.config_init[self.subcommand]["trainer"]
+    def _trainer_template(self, cfg: Any = None) -> TrainerTemplate:
+        """The per-step Trainers' settings from ``trainer.*`` (the instantiated config's, or
+        ``cfg``'s)."""
+        cfg = self.config_init[self.subcommand]["trainer"] if cfg is None else cfg
         return TrainerTemplate(
             accelerator=cfg.get("accelerator") or "auto",
             devices=cfg.get("devices") or 1,
@@ -318,7 +346,7 @@ def compare_main(argv: Sequence[str]) -> None:
     """``fedlit compare --config comparison.yaml [--seeds [0,1] ...]``."""
     from fedlit.comparison import Comparison, WandbSettings, run_comparison  # needs matplotlib
 
-    parser = ArgumentParser(prog="fedlit compare", description=Comparison.__doc__)
+    parser = OneLineParser(prog="fedlit compare", description=Comparison.__doc__)
     parser.add_argument("--config", action=ActionConfigFile)
     parser.add_class_arguments(Comparison, fail_untyped=False)
     error = config_file_error(argv)
@@ -352,7 +380,7 @@ def report_main(argv: Sequence[str]) -> None:
     from fedlit.comparison.report import write_report
     from fedlit.reporting import find_runs, summarize
 
-    parser = ArgumentParser(prog="fedlit report", description="Results table and plots of runs.")
+    parser = OneLineParser(prog="fedlit report", description="Results table and plots of runs.")
     parser.add_argument("paths", nargs="+", type=str, help="run directories or folders of runs")
     parser.add_argument("--target", type=float | None, default=None)
     parser.add_argument("--baseline", type=str | None, default=None, help="method to compare with")
@@ -360,6 +388,9 @@ def report_main(argv: Sequence[str]) -> None:
     parser.add_argument("--out", type=str, default="report")
     parser.add_argument("--title", type=str, default="fedlit runs")
     cfg = parser.parse_args(list(argv))
+    error = output_dir_error(cfg.out, "--out")
+    if error:
+        parser.error(error)
     try:
         runs = find_runs(cfg.paths)
         # a bad baseline or last_k fails before anything is written
@@ -387,6 +418,13 @@ def partition_main(argv: Sequence[str]) -> None:
             out = args.pop(i).split("=", 1)[1]
             break
     cli = resolve(args)
+    if not out or Path(out).is_dir():
+        what = "a folder" if out else "empty"
+        error: str | None = f"--out={out!r}: {what}; name the plot's file (e.g. partition.png)"
+    else:
+        error = output_dir_error(Path(out).parent, "--out", out)
+    if error:
+        cli.parser.error(error)
     data = cli.datamodule
     try:
         data.setup_federation(int(cli.config["seed_everything"]))

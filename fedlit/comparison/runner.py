@@ -24,7 +24,7 @@ import numpy as np
 from fedlit.comparison.report import log_to_wandb, write_report
 from fedlit.federation.checkpoint import checkpoint_round
 from fedlit.reporting import FINAL_EVAL_KEYS, load_run
-from fedlit.run_layout import CHECKPOINT, RUN_FILE, RUN_MARKERS
+from fedlit.run_layout import CHECKPOINT, MAX_SEED, RUN_FILE, RUN_MARKERS, output_dir_error
 
 
 @dataclass(frozen=True)
@@ -92,6 +92,9 @@ class Comparison:
             raise ValueError(f"recipes: two recipes share a file name ({stems})")
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"seeds: give distinct seeds, got {self.seeds}")
+        for seed in self.seeds:
+            if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+                raise ValueError(f"seeds: {seed!r} is not a seed (an integer in [0, {MAX_SEED}])")
         if not self.settings:
             raise ValueError("settings: give at least one setting")
         if self.baseline is not None and self.baseline not in stems:
@@ -102,6 +105,11 @@ class Comparison:
             raise ValueError(f"jobs must be a positive integer, got {self.jobs!r}")
         if self.target is not None and not 0 < self.target <= 1:
             raise ValueError(f"target must be in (0, 1], got {self.target}")
+        error = output_dir_error(self.out, "out")
+        if error is None and self.report is not None:
+            error = output_dir_error(Path(self.report).parent, "report", self.report)
+        if error:
+            raise ValueError(error)
 
 
 ROOT_DIR_ARG = "--trainer.default_root_dir="

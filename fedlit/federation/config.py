@@ -52,10 +52,11 @@ class FederationConfig:
         eval_every: evaluate on the test set every this many rounds (and after the last).
         resume: a checkpoint to continue from (``<run>/checkpoints/last.ckpt``), into its own
             run directory or a new one. Every setting that changes results must equal the
-            checkpoint's.
+            checkpoint's. None: a new run (an empty string is refused).
         resume_may_change: settings (dotted keys as in the config, e.g.
             ``model.init_args.optim.client_lr``) a resume may change besides rounds, eval_every,
-            the run directory, loggers and the data root.
+            the run directory, loggers and the data root. Each must name a setting (checked
+            on every run, not only on a resume).
         final_eval: protocols run on the global encoder after the last round, logged as
             ``eval/<protocol>_acc``: "finetune" (end to end) and/or "linear" (frozen encoder).
         eval_epochs: epochs of those protocols on the server's labeled set.
@@ -122,6 +123,11 @@ class FederationConfig:
             value = getattr(self, key)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"federation.{key} must be a positive integer, got {value!r}")
+        if self.resume is not None and not str(self.resume).strip():
+            raise ValueError(
+                f"federation.resume={self.resume!r}: empty; give a checkpoint "
+                "(<run>/checkpoints/last.ckpt), or leave it unset (null) for a new run"
+            )
         if self.local_steps is not None and self.local_steps < 1:
             raise ValueError(f"federation.local_steps must be positive, got {self.local_steps}")
 

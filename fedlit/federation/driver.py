@@ -124,6 +124,11 @@ class Federation:
 
     def _prepare(self) -> None:
         cfg = self.config
+        for name in cfg.resume_may_change:  # on every fit, not only on a resume
+            if self.hparams and not any(_covers(name, key) for key in self.hparams):
+                raise ValueError(f"federation.resume_may_change: no setting named {name!r}")
+        self.trainer.check()
+        self.method.check_federation(cfg)
         if cfg.compile is not None:
             device = self.trainer.device()
             missing = compile_toolchain_missing(device)
@@ -133,7 +138,11 @@ class Federation:
                     f"for {device.type} here ({missing}); leave federation.compile null"
                 )
             self.trainer = replace(self.trainer, compile=cfg.compile)
-        ckpt = load_checkpoint(cfg.resume) if cfg.resume else None
+        try:
+            ckpt = load_checkpoint(cfg.resume) if cfg.resume else None
+        except ValueError as err:
+            named = str(err).startswith("federation.resume")
+            raise ValueError(str(err) if named else f"federation.resume: {err}") from err
         self._check_run_dir()
         if ckpt is not None:  # before the data are loaded
             self._check_resume(ckpt)
@@ -230,7 +239,13 @@ class Federation:
             self.prepare()
         if self._opened:
             return
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise ValueError(
+                f"trainer.default_root_dir={str(self.run_dir)!r}: cannot create it: "
+                f"{err.strerror or err}"
+            ) from err
         self._lock.acquire()
         try:
             self._check_run_dir()  # again, under the lock
@@ -268,9 +283,6 @@ class Federation:
         ``federation.resume_may_change`` may differ. Keys only one side has (settings added
         by a newer version) are not compared."""
         allowed = (*RESUME_MAY_CHANGE, *self.config.resume_may_change)
-        for name in self.config.resume_may_change:
-            if self.hparams and not any(_covers(name, key) for key in self.hparams):
-                raise ValueError(f"federation.resume_may_change: no setting named {name!r}")
         if not saved or not self.hparams:
             return
         for key in sorted(saved.keys() & self.hparams.keys()):

@@ -15,6 +15,9 @@ except ImportError:  # pragma: no cover
 
 from fedlit.run_layout import CHECKPOINT, LOCK_FILE, RUN_FILES, RUN_MARKERS
 
+#: Kernel file systems a run directory can never be made in.
+PSEUDO_FILESYSTEMS = ("/proc", "/sys", "/dev")
+
 
 def run_markers(run_dir: Path) -> list[str]:
     """The run markers ``run_dir`` holds (empty: no run there)."""
@@ -41,6 +44,12 @@ def check_creatable(run_dir: Path) -> None:
     """Raise ValueError naming ``trainer.default_root_dir`` if ``run_dir`` is not a directory
     this process can create or write into. Creates nothing."""
     key = "trainer.default_root_dir"
+    resolved = run_dir.resolve()
+    for system in PSEUDO_FILESYSTEMS:
+        if resolved == Path(system) or Path(system) in resolved.parents:
+            raise ValueError(
+                f"{key}={str(run_dir)!r}: {system} is the kernel's, not a place for runs"
+            )
     if run_dir.exists() and not run_dir.is_dir():
         raise ValueError(f"{key}: {run_dir} exists and is not a directory")
     existing = run_dir

@@ -19,7 +19,7 @@ import torch
 from lightning import LightningModule, Trainer
 from lightning.pytorch.trainer.connectors import callback_connector as _callback_connector
 from lightning.pytorch.utilities.combined_loader import CombinedLoader
-from lightning.pytorch.utilities.exceptions import SIGTERMException
+from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 from torch import nn
 
 from fedlit.data.loaders import AugmentsOnDevice, ImageBatches
@@ -110,6 +110,53 @@ class TrainerTemplate:
     precision: str | None = None  # None: default_precision(accelerator)
     kwargs: dict[str, Any] = field(default_factory=dict)
     compile: str | None = None  # the training steps' network compiled (federation.compile)
+
+    def check(self) -> None:
+        """Raise ValueError naming the ``trainer.*`` key and its value if these settings cannot
+        train: a GPU accelerator on a machine without CUDA, ``limit_train_batches`` of 0 (no
+        batch), a negative ``gradient_clip_val`` (0 or None: no clipping, as in Lightning),
+        ``accumulate_grad_batches`` below 1, or any setting a Trainer refuses. Builds one
+        Trainer and writes nothing."""
+        if self.accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
+            raise ValueError(
+                f"trainer.accelerator={self.accelerator!r}: this machine has no CUDA GPU "
+                "(torch.cuda.is_available() is False); use 'cpu' or 'auto'"
+            )
+        rules = {
+            "limit_train_batches": (
+                lambda v: v > 0,
+                "must be > 0 (a number of batches, or a fraction in (0, 1]); 0 trains nothing",
+            ),
+            "gradient_clip_val": (
+                lambda v: v >= 0,
+                "must be >= 0 (0 or null: no clipping)",
+            ),
+            "accumulate_grad_batches": (
+                lambda v: isinstance(v, int) and v >= 1,
+                "must be an integer >= 1",
+            ),
+        }
+        for key, (valid, rule) in rules.items():
+            value = self.kwargs.get(key)
+            if value is not None and (isinstance(value, bool) or not valid(value)):
+                raise ValueError(f"trainer.{key}={value!r}: {rule}")
+        refused = (MisconfigurationException, ValueError, TypeError, ImportError)
+        try:
+            self.build()
+        except refused as err:
+            reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            settings = {
+                "accelerator": self.accelerator,
+                "devices": self.devices,
+                "precision": self.precision,
+                **self.kwargs,
+            }
+            for key, value in settings.items():  # the one a Trainer refuses on its own
+                try:
+                    Trainer(**{key: value}, barebones=True, logger=False)
+                except refused:
+                    raise ValueError(f"trainer.{key}={value!r}: {reason}") from err
+            raise ValueError(f"trainer: Lightning refuses these settings: {reason}") from err
 
     def device(self) -> torch.device:
         """The device the per-step Trainers train on (the first GPU where there is one and

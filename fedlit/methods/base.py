@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from lightning import LightningModule
@@ -25,6 +25,9 @@ from fedlit.data.datamodule import FederatedDataModule
 from fedlit.data.loaders import ImageBatches
 from fedlit.models import Backbone, Classifier, build_classifier
 from fedlit.objectives import Objective, Optimization, SupervisedCE
+
+if TYPE_CHECKING:
+    from fedlit.federation.config import FederationConfig
 
 DEFAULT_OPTIMIZATION = Optimization()
 
@@ -255,6 +258,10 @@ class FederatedMethod(LightningModule):
                 f"train on their true labels, and {data.dataset}'s unlabeled split has none; use "
                 "data.client_pool='train'"
             )
+
+    def check_federation(self, config: FederationConfig) -> None:
+        """Raise ValueError, naming the key, if this method's settings cannot run with the
+        federation's ``config`` (called by the driver before the data are loaded)."""
 
     # --- state kept across rounds ------------------------------------------------------
     # What a method keeps on the server between rounds (a teacher, a target, thresholds, step

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fedlit.aggregation import Aggregated, GroupwiseWithServer, MeanWithServer
 from fedlit.aggregation.payloads import MODEL
@@ -26,6 +26,9 @@ from fedlit.objectives import (
     SelfTraining,
     SupervisedCE,
 )
+
+if TYPE_CHECKING:
+    from fedlit.federation.config import FederationConfig
 
 
 class PeerUploadWarning(UserWarning):
@@ -64,7 +67,8 @@ class FedRGD(FederatedMethod):
         loss: tau, the confidence threshold (0.95), and FedProx's mu (0 in the paper)
             (:class:`~fedlit.objectives.FixMatchLoss`).
         self_training: False: CRL (eq 6); True: traditional self-training (eq 3).
-        num_groups: S (validated by :class:`~fedlit.aggregation.GroupwiseWithServer`).
+        num_groups: S, at most ``federation.clients_per_round`` (a round whose faults leave
+            fewer clients than S uses one group per client).
         The others: see :class:`FederatedMethod`.
     """
 
@@ -88,6 +92,15 @@ class FedRGD(FederatedMethod):
         self.group_models: list[StateDict] = []
         self.client_group: dict[int, int] = {}
         self.warned_pairs = False  # PeerUploadWarning is given once per run
+        self.num_groups = num_groups
+
+    def check_federation(self, config: FederationConfig) -> None:
+        if self.num_groups > config.clients_per_round:
+            raise ValueError(
+                f"model.init_args.num_groups={self.num_groups} exceeds "
+                f"federation.clients_per_round={config.clients_per_round}: each group "
+                "needs a client of the round"
+            )
 
     def initialize(self) -> None:
         super().initialize()

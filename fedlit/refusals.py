@@ -1,0 +1,260 @@
+"""A refused setting in one sentence: the key, the value and the rule.
+
+jsonargparse reports a value refused inside a class (a partitioner's, a method's, its
+``optim``'s or ``loss``'s) as "Does not validate against any of the Union subtypes" followed by
+the candidate types and a dump of the whole group; :func:`one_line` keeps the sentence that
+matters: the ValueError fedlit's own validation raised (its key given in full), or
+the key, the value and the rule jsonargparse found. A setting a class does not take gets its
+new place when it moved (``model.init_args.client_lr`` -> ``model.init_args.optim.client_lr``).
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import importlib
+import inspect
+import re
+import sys
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any, NoReturn
+
+from jsonargparse import ArgumentParser
+from lightning.pytorch.cli import LightningArgumentParser
+
+FEDLIT_DIR = str(Path(__file__).resolve().parent)
+
+_KEY = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
+_PARSER_KEY = re.compile(r'^Parser key "([^"]+)":\s*(.*)$')
+_CLASS_PATH = re.compile(r"^- Problem with given class_path '([^']+)':$")
+_NOT_ACCEPTED = re.compile(r"^Option '([^']+)' is not accepted$")
+_UNRECOGNIZED = re.compile(r"^unrecognized arguments: --?([\w.]+)(?:=(.*))?$")
+_EXPECTED_ANY = re.compile(r"^Expected an? (.+?)(?:\. Got value: (.*))?$")
+_CLASS = re.compile(r"<class '([\w.]+)'>")
+_NESTED = re.compile(r"^Given value: NestedArg\(key='([^']*)', val=(.*)\)$")
+_SUBTYPES = re.compile(r"^Subtypes: \[<class '([\w.]+)'>")
+_NO_CLASS = (
+    "Expected a dot import path string",
+    "Expected a path but",
+    "Import path",
+    "Problem with given class_path",
+)
+_USAGE = ('expected "subcommand"', "the following arguments are required")
+_NOISE = (
+    "Does not validate against any of the Union subtypes",
+    "Subtypes:",
+    "Errors:",
+    "Expected a <class 'NoneType'>",
+    "Given value type:",
+    "Given value:",
+)
+
+
+def raised_by_fedlit(err: BaseException) -> bool:
+    """Whether ``err`` was raised by fedlit's own code (its traceback ends in fedlit)."""
+    tb = err.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return str(Path(tb.tb_frame.f_code.co_filename).resolve()).startswith(FEDLIT_DIR)
+
+
+def _chain(err: BaseException | None) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        yield err
+        err = err.__cause__ or err.__context__
+
+
+def fedlit_error(err: BaseException | None) -> ValueError | None:
+    """The ValueError fedlit's validation raised in ``err``'s chain (the first, which holds
+    the most context where fedlit re-raised one of its own), or None."""
+    found = [e for e in _chain(err) if isinstance(e, ValueError) and raised_by_fedlit(e)]
+    return found[0] if found else None
+
+
+def flat_keys(config: Any, prefix: str = "") -> Iterator[str]:
+    """The dotted keys of a nested config (a dict), groups included."""
+    if isinstance(config, dict):
+        for key, value in config.items():
+            name = f"{prefix}.{key}" if prefix else str(key)
+            yield name
+            yield from flat_keys(value, name)
+
+
+def with_full_key(sentence: str, keys: Iterable[str]) -> str:
+    """``sentence`` with its leading key (``tau``, ``optim.momentum``, ``model.beta``) written
+    in full as the config has it (``model.init_args.loss.tau``), where exactly one key fits."""
+    match = _KEY.match(sentence)
+    if not match:
+        return sentence
+    short = match.group(0)
+    keys = set(keys)
+    if short in keys:
+        return sentence
+    fits = {
+        k for k in keys if (n := k.replace(".init_args", "")) == short or n.endswith("." + short)
+    }
+    if len(fits) != 1:
+        return sentence
+    return fits.pop() + sentence[len(short) :]
+
+
+def moved_to(cls: Any, name: str) -> str | None:
+    """Where setting ``name``, which class ``cls`` does not take, now lives: the argument of
+    ``cls`` (``optim``, ``loss``) whose settings hold a field ``name``, or None."""
+    try:
+        parameters = inspect.signature(cls).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    for parameter in parameters:
+        default = parameter.default
+        if _is_settings(default) and name in {f.name for f in dataclasses.fields(default)}:
+            return f"{parameter.name}.{name}"
+    return None
+
+
+def _is_settings(value: Any) -> bool:
+    return dataclasses.is_dataclass(value) and not isinstance(value, type)
+
+
+def _owner(cls: Any, name: str) -> str | None:
+    """The name of the class that would take setting ``name`` (dotted: a group's settings
+    class, e.g. ``optim.nope`` -> Optimization)."""
+    group, _, _ = name.rpartition(".")
+    if group and cls is not None:
+        try:
+            default = inspect.signature(cls).parameters[group].default
+        except (TypeError, ValueError, KeyError):
+            return None
+        return type(default).__name__ if _is_settings(default) else None
+    return getattr(cls, "__name__", None)
+
+
+def _import(path: str) -> Any:
+    module, _, name = path.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError):
+        return None
+
+
+def _value_in(given: str, name: str) -> str | None:
+    """The value ``name`` has in jsonargparse's "Given value: {...}" (a YAML group)."""
+    try:
+        value = ast.literal_eval(given)
+    except (ValueError, SyntaxError):
+        return None
+    for part in ("init_args", *name.split(".")):
+        if isinstance(value, dict) and part in value:
+            value = value[part]
+        elif part != "init_args":
+            return None
+    return repr(value)
+
+
+def condensed(message: str) -> str:
+    """jsonargparse's error report as one sentence: the full key, the value, the rule."""
+    lines = [line.strip() for line in message.strip().splitlines()]
+    if len(lines) <= 1 and "Namespace(" not in message:
+        return message.strip()
+    keys: list[str] = []
+    cls: Any = None
+    value: str | None = None
+    given: str | None = None
+    reasons: list[str] = []
+    base: str | None = None  # the class a subclass was expected of
+    for line in lines:
+        if not line:
+            continue
+        if m := _PARSER_KEY.match(line):
+            keys.append(m.group(1))
+            line = m.group(2)
+            if not line:
+                continue
+        if m := _CLASS_PATH.match(line):
+            keys.append("init_args")
+            cls = _import(m.group(1))
+            continue
+        if m := _NESTED.match(line):
+            value = m.group(2).strip("'\"")
+            continue
+        if line.startswith("Given value: "):
+            given = line.removeprefix("Given value: ")
+            continue
+        if m := _SUBTYPES.match(line):
+            base = m.group(1).rpartition(".")[2]
+        line = line.removeprefix("- ")
+        if line.startswith(_NOISE):
+            continue
+        reasons.append(line)
+    key = ".".join(keys)
+    for reason in reasons:
+        if m := _NOT_ACCEPTED.match(reason) or _UNRECOGNIZED.match(reason):
+            name = m.group(1)
+            full = f"{key}.{name}" if key else name
+            if value is None and given is not None:
+                value = _value_in(given, name)
+            if value is None and m.lastindex and m.lastindex > 1:
+                value = m.group(2)
+            shown = f"{full}={value}" if value is not None else full
+            owner = _owner(cls, name)
+            sentence = f"{shown}: no such setting" + (f" of {owner}" if owner else "")
+            new = moved_to(cls, name.split(".")[-1]) if cls is not None else None
+            if new is not None:
+                place = f"{key}.{new}" if key else new
+                sentence += f"; it moved to {place}"
+            return sentence
+    if key and base and any(r.startswith(_NO_CLASS) for r in reasons):
+        named = value if value is not None else given
+        return f"{key}={named}: not a {base}; give one by class name or full class path"
+    expected = [m for r in reasons if (m := _EXPECTED_ANY.match(r))]
+    if key and reasons and len(expected) == len(reasons):  # a value of the wrong type
+        kinds = [
+            _CLASS.sub(r"\1", m.group(1)).replace("typing.Literal", "one of ") for m in expected
+        ]
+        got = [m.group(2) for m in expected if m.group(2) is not None]
+        if value is None:
+            value = given if given is not None else got[0] if got else None
+        return f"{key}={value}: expected {' or '.join(dict.fromkeys(kinds))}"
+    rule = "; ".join(dict.fromkeys(reasons)) or "refused"
+    shown = f"{key}={value}" if key and value is not None else key
+    return f"{shown}: {rule}" if shown else rule
+
+
+def one_line(message: str, err: BaseException | None = None, keys: Iterable[str] = ()) -> str:
+    """The sentence that matters in a refusal: fedlit's own ValueError in ``err``'s chain
+    (its leading key written in full from ``keys``), else ``message`` condensed."""
+    own = fedlit_error(err)
+    if own is not None:
+        first = str(own).strip().splitlines()
+        if first:
+            return with_full_key(first[0], keys)
+    return condensed(message)
+
+
+class _OneLineErrors:
+    """An ``error`` that prints ``error: <one sentence>`` and exits 2 (where the parser exits
+    on errors; inside jsonargparse's own trials it raises as before)."""
+
+    exit_on_error: bool
+
+    def error(self, message: str, ex: Exception | None = None) -> NoReturn:
+        if not self.exit_on_error:
+            super().error(message, ex)  # type: ignore[misc]
+        if message.startswith(_USAGE):  # the command line's shape, not a setting
+            self.print_usage(sys.stderr)  # type: ignore[attr-defined]
+        sys.stderr.write(f"error: {one_line(message, ex)}\n")
+        sys.stderr.flush()
+        raise SystemExit(2)
+
+
+class OneLineParser(_OneLineErrors, ArgumentParser):
+    """jsonargparse's parser whose refusals are one sentence."""
+
+
+class OneLineLightningParser(_OneLineErrors, LightningArgumentParser):
+    """LightningCLI's parser whose refusals are one sentence."""
