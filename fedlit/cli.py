@@ -222,7 +222,7 @@ class FedlitCLI(LightningCLI):
             raise SystemExit(ROUND_FAILED) from None
         finally:
             federation.close_run_dir()
-        print(json.dumps({"run_dir": str(run_dir), **result.final}, indent=None))
+        print(json_line({"run_dir": str(run_dir), **result.final}))
 
     def test(
         self,
@@ -258,7 +258,23 @@ class FedlitCLI(LightningCLI):
         evaluator = Evaluator(network, datamodule.num_classes)
         self._trainer_template().test(evaluator, datamodule.test_dataloader())
         result = {"ckpt_path": str(ckpt_path), "round": ckpt["round"], **evaluator.metrics()}
-        print(json.dumps(result))
+        print(json_line(result))
+
+
+def json_line(values: dict[str, Any]) -> str:
+    """``values`` as one line of strict JSON: a NaN or infinite number (a diagnostic such as
+    ``diag/weight_diversity`` that could not be computed) is written as ``null``."""
+
+    def finite(value: Any) -> Any:
+        if isinstance(value, float) and not math.isfinite(value):
+            return None
+        if isinstance(value, dict):
+            return {k: finite(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [finite(v) for v in value]
+        return value
+
+    return json.dumps(finite(values), allow_nan=False)
 
 
 def _floats(value: Any, key: str = "") -> Iterator[tuple[str, float]]:

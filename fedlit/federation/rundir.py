@@ -104,10 +104,17 @@ class RunLock:
         return self._file is not None
 
     def acquire(self, create: bool = True) -> None:
-        """Take the lock (a no-op if held). With ``create=False`` only an existing lock file is
-        locked, so nothing is written into a directory that has none. A ValueError names the
-        directory if another process holds it."""
-        if self._file is not None or fcntl is None:
+        """Take the lock. With ``create=False`` only an existing lock file is locked and
+        nothing is written (its content, the last writer's pid, stays: a refused run leaves
+        the directory as it found it); with ``create=True`` (the run will write here) the file
+        is created if need be and holds this process's pid, also when the lock was taken
+        before with ``create=False``. A ValueError names the directory if another process
+        holds it."""
+        if fcntl is None:
+            return
+        if self._file is not None:
+            if create:
+                self._stamp(self._file)
             return
         if not create and not self.path.is_file():
             return
@@ -126,11 +133,16 @@ class RunLock:
                 f"process{holder} holding {self.path}; wait for it to end or choose another "
                 "directory"
             ) from None
+        if create:
+            self._stamp(file)
+        self._file = file
+
+    @staticmethod
+    def _stamp(file: IO[str]) -> None:
         file.seek(0)
         file.truncate()
         file.write(f"{os.getpid()}\n")
         file.flush()
-        self._file = file
 
     def release(self) -> None:
         """Drop the lock (a no-op if not held)."""
