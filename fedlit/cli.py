@@ -13,6 +13,7 @@ finished runs. ``fedlit partition --config recipe.yaml``: plot a recipe's partit
 
 from __future__ import annotations
 
+import errno
 import inspect
 import json
 import math
@@ -34,6 +35,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from fedlit.data.datamodule import FederatedDataModule
 from fedlit.evaluation import Evaluator, scored
 from fedlit.federation import Federation, FederationConfig, TrainerTemplate, load_checkpoint
+from fedlit.federation.checkpoint import WRITE_FAILED, WriteFailed, write_error
 from fedlit.federation.driver import loading_data
 from fedlit.federation.faults import ROUND_FAILED, RoundFailed
 from fedlit.federation.rundir import free_config_name
@@ -220,6 +222,12 @@ class FedlitCLI(LightningCLI):
         except RoundFailed as err:  # a failed round, not a bad setting: its own status
             print(f"fedlit fit: error: {err}", file=sys.stderr, flush=True)
             raise SystemExit(ROUND_FAILED) from None
+        except OSError as err:  # a full disk: one line, the last checkpoint kept
+            failed = write_failure(err)
+            if failed is None:
+                raise
+            print(f"fedlit fit: error: {failed}", file=sys.stderr, flush=True)
+            raise SystemExit(WRITE_FAILED) from None
         finally:
             federation.close_run_dir()
         print(json_line({"run_dir": str(run_dir), **result.final}))
@@ -259,6 +267,16 @@ class FedlitCLI(LightningCLI):
         self._trainer_template().test(evaluator, datamodule.test_dataloader())
         result = {"ckpt_path": str(ckpt_path), "round": ckpt["round"], **evaluator.metrics()}
         print(json_line(result))
+
+
+def write_failure(err: OSError) -> str | None:
+    """The one line a failed write of the run's files ends a run with (naming the file and
+    the free space), or None if ``err`` is not a failed write."""
+    if isinstance(err, WriteFailed):
+        return str(err)
+    if err.errno in (errno.ENOSPC, errno.EDQUOT) and err.filename:
+        return str(WriteFailed(Path(err.filename), write_error(err) or str(err)))
+    return None
 
 
 def json_line(values: dict[str, Any]) -> str:

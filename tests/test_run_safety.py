@@ -3,13 +3,20 @@ real CLI on tiny runs (one or two rounds of a few batches on the local Fashion-M
 
 from __future__ import annotations
 
+import csv
+import errno
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
 from conftest import tiny_overrides
 
 from fedlit.cli import json_line, main
+from fedlit.federation import ClientStateStore, load_checkpoint
+from fedlit.federation.checkpoint import WriteFailed
+from fedlit.federation.loggers import RoundCSVLogger
 from fedlit.run_layout import LOCK_FILE
 
 RECIPES = Path(__file__).parents[1] / "recipes"
@@ -83,3 +90,106 @@ def test_a_refused_resume_into_another_runs_directory_leaves_its_lock_file(
     err = _refused(_fit(fmnist_root, second, "--federation.rounds=2", resume), capsys)
     assert str(second) in err and "federation.resume" in err, err
     assert _files(second) == before  # its .lock too: the last writer's pid stays
+
+
+def _enospc(*_: Any) -> None:
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def _torch_save_to_a_full_disk(monkeypatch: pytest.MonkeyPatch, names: tuple[str, ...]) -> None:
+    """Make ``torch.save`` to a file named in ``names`` fail as on a full disk: a partial
+    file, then torch's own error from writing into ``/dev/full``."""
+    real = torch.save
+
+    def save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> None:
+        if isinstance(f, (str, Path)) and Path(f).name in names:
+            Path(f).write_bytes(b"PK partial")
+            real(obj, "/dev/full")
+        real(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", save)
+
+
+def test_a_full_disk_at_a_checkpoint_ends_the_run_in_one_line_keeping_the_last_one(
+    fmnist_root: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    run_dir = tmp_path / "run"
+    main(_fit(fmnist_root, run_dir))
+    ckpt = run_dir / "checkpoints" / "last.ckpt"
+    good = ckpt.read_bytes()
+    _torch_save_to_a_full_disk(monkeypatch, ("last.ckpt.tmp",))
+    resume = f"--federation.resume={ckpt}"
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exc:
+        main(_fit(fmnist_root, run_dir, "--federation.rounds=2", resume))
+    err = capsys.readouterr().err
+    assert exc.value.code == 1
+    assert "Traceback" not in err
+    line = next(x for x in err.splitlines() if x.startswith("fedlit fit: error:"))
+    assert f"could not write {ckpt}" in line and "torch.save failed" in line, line
+    assert "MiB free" in line, line
+    assert not list(run_dir.rglob("*.tmp"))
+    assert ckpt.read_bytes() == good and load_checkpoint(ckpt)["round"] == 1
+    monkeypatch.undo()  # space freed: the resume goes on from round 1
+    main(_fit(fmnist_root, run_dir, "--federation.rounds=2", resume))
+    assert load_checkpoint(ckpt)["round"] == 2
+
+
+def test_a_full_disk_at_a_client_state_raises_naming_it_and_leaves_no_tmp(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = ClientStateStore(tmp_path / "clients")
+    store.begin_round(1)
+    store.put(0, {"w": torch.ones(3)})
+    _torch_save_to_a_full_disk(monkeypatch, ("1.r2.pt.tmp",))
+    store.begin_round(2)
+    with pytest.raises(WriteFailed) as exc:
+        store.put(1, {"w": torch.zeros(3)})
+    assert f"could not write {tmp_path / 'clients' / '1.r2.pt'}" in str(exc.value)
+    assert "MiB free" in str(exc.value)
+    assert sorted(p.name for p in (tmp_path / "clients").iterdir()) == ["0.r1.pt"]
+    assert torch.equal(store.get(0)["w"], torch.ones(3)) and store.get(1) is None
+
+
+def _partial_then_enospc(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make the next ``csv.DictWriter.writerows`` write half a row, then fail as on a full
+    disk."""
+
+    def writerows(self: csv.DictWriter[str], rows: Any) -> None:
+        self.writer.writerow(["0.5", "cut"])
+        _enospc()
+
+    monkeypatch.setattr(csv.DictWriter, "writerows", writerows)
+
+
+@pytest.mark.parametrize("new_column", [False, True], ids=["append", "new-column"])
+def test_a_failed_metrics_write_keeps_every_earlier_row(
+    new_column: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    logger = RoundCSVLogger(tmp_path)
+    logger.log_metrics({"round": 0, "test/acc": 0.1}, step=0)
+    logger.save()
+    logger.log_metrics({"round": 1, "test/acc": 0.5}, step=1)
+    logger.save()
+    path = tmp_path / "metrics.csv"
+    before = path.read_bytes()
+    row: dict[str, Any] = {"round": 2, "test/acc": 0.7}
+    if new_column:
+        row["fault/clients"] = 1.0
+    with monkeypatch.context() as m:
+        _partial_then_enospc(m)
+        logger.log_metrics(row, step=2)
+        with pytest.raises(WriteFailed) as exc:
+            logger.save()
+    assert f"could not write {path}" in str(exc.value) and "no space left" in str(exc.value)
+    assert path.read_bytes() == before
+    assert not list(tmp_path.glob("*.tmp"))
+    logger.save()  # space freed: the row is written, its new column too
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["round"] for r in rows] == ["0", "1", "2"]
+    assert [r["test/acc"] for r in rows] == ["0.1", "0.5", "0.7"]
+    assert ("fault/clients" in rows[0]) == new_column
