@@ -6,6 +6,9 @@ from __future__ import annotations
 import csv
 import errno
 import json
+import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -193,3 +196,48 @@ def test_a_failed_metrics_write_keeps_every_earlier_row(
     assert [r["round"] for r in rows] == ["0", "1", "2"]
     assert [r["test/acc"] for r in rows] == ["0.1", "0.5", "0.7"]
     assert ("fault/clients" in rows[0]) == new_column
+
+
+#: A tiny 3-round Server-SL fit that says "checkpointed <round>" after each checkpoint and
+#: then waits (outside any Trainer step) for a line on stdin before going on.
+PAUSING_FIT = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from conftest import tiny_overrides
+from fedlit.cli import main
+from fedlit.federation import Federation
+real = Federation._checkpoint
+def checkpoint(self, round_idx):
+    real(self, round_idx)
+    print("checkpointed", round_idx, flush=True)
+    sys.stdin.readline()
+Federation._checkpoint = checkpoint
+main(["fit", f"--config={sys.argv[2]}", *tiny_overrides(sys.argv[3], rounds=3),
+      "--federation.final_eval=[]", f"--trainer.default_root_dir={sys.argv[4]}"])
+"""
+
+
+def test_sigterm_between_steps_stops_the_run_cleanly_with_status_143(
+    fmnist_root: Path, tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    tests = Path(__file__).parent
+    args = [str(tests), str(RECIPES / "server_sl.yaml"), str(fmnist_root), str(run_dir)]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", PAUSING_FIT, *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        assert proc.stdout.readline().split() == ["checkpointed", "1"]
+        proc.send_signal(signal.SIGTERM)  # waiting on stdin: no Trainer step runs
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143, err  # not -15: the handler ran, not the default action
+    assert "Traceback" not in err, err
+    assert load_checkpoint(run_dir / "checkpoints" / "last.ckpt")["round"] == 1
+    assert not list(run_dir.rglob("*.tmp"))

@@ -48,7 +48,7 @@ from fedlit.federation.seeding import (
     set_rng_states,
 )
 from fedlit.federation.store import CLIENT_DIR, ClientStateStore
-from fedlit.federation.trainers import TrainerTemplate
+from fedlit.federation.trainers import TrainerTemplate, stop_on_sigterm
 from fedlit.methods.base import ClientUpdate, FederatedMethod
 from fedlit.run_layout import CHECKPOINT, RUN_FILE, RUN_MARKERS
 
@@ -310,14 +310,15 @@ class Federation:
     def run(self) -> FederationResult:
         """Prepare (if not done), open and lock the run directory (if not done), run the
         remaining rounds; the lock is released when the run ends, however it ends."""
-        self.open_run_dir()
-        try:
-            return self._run()
-        finally:
-            if self._executor is not None:
-                self._executor.close()
-                self._executor = None
-            self.close_run_dir()
+        with stop_on_sigterm():
+            self.open_run_dir()
+            try:
+                return self._run()
+            finally:
+                if self._executor is not None:
+                    self._executor.close()
+                    self._executor = None
+                self.close_run_dir()
 
     def close_run_dir(self) -> None:
         """Release the run directory's lock (a no-op if not held)."""

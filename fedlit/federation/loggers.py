@@ -47,14 +47,16 @@ class _AppendingWriter(ExperimentWriter):
                 if not exists:
                     writer.writeheader()
                 writer.writerows(self.metrics)
-        except OSError as err:
+        except BaseException as err:  # a full disk, or a SIGTERM mid-row
             if exists:  # whatever part of the new rows was written goes
                 with open(path, "r+b") as f:
                     f.truncate(size)
             else:
                 path.unlink(missing_ok=True)
                 self.metrics_keys = keys
-            raise WriteFailed(path, write_error(err) or str(err)) from err
+            if isinstance(err, OSError):
+                raise WriteFailed(path, write_error(err) or str(err)) from err
+            raise
         self.metrics = []
 
     def _rewrite_with_new_header(self, fieldnames: list[str]) -> None:
