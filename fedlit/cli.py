@@ -351,6 +351,7 @@ def resolve(args: Sequence[str]) -> FedlitCLI:
 def compare_main(argv: Sequence[str]) -> None:
     """``fedlit compare --config comparison.yaml [--seeds [0,1] ...]``."""
     from fedlit.comparison import Comparison, WandbSettings, run_comparison  # needs matplotlib
+    from fedlit.comparison.runner import Refused
 
     parser = ArgumentParser(prog="fedlit compare", description=Comparison.__doc__)
     parser.add_argument("--config", action=ActionConfigFile)
@@ -376,7 +377,10 @@ def compare_main(argv: Sequence[str]) -> None:
         return data.class_counts
 
     command = shlex.join(["fedlit", "compare", *argv])
-    written = run_comparison(comparison, command, main, rounds, partition)
+    try:
+        written = run_comparison(comparison, command, main, rounds, partition)
+    except Refused as err:  # a run directory a live fit is writing
+        parser.error(str(err))
     print(json.dumps({k: str(v) for k, v in written.items()}))
 
 

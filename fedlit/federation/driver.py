@@ -226,7 +226,7 @@ class Federation:
         try:
             self._check_run_dir()  # again, under the lock
             if self._dead:
-                removed = remove_dead_run(self.run_dir)
+                removed = remove_dead_run(self.run_dir, self._lock)
                 note(
                     f"{self.run_dir} held a run stopped before its first checkpoint; "
                     f"removed its {', '.join(removed)} and started afresh"
