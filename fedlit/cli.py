@@ -211,6 +211,7 @@ class FedlitCLI(LightningCLI):
             federation.prepare()
             federation.open_run_dir()  # locked from here to the end of the run
         except ValueError as err:
+            federation.close()  # a Ray the checks started stops too
             self.parser.error(str(err))
         run_dir = federation.run_dir
         try:
@@ -229,7 +230,7 @@ class FedlitCLI(LightningCLI):
             print(f"fedlit fit: error: {failed}", file=sys.stderr, flush=True)
             raise SystemExit(WRITE_FAILED) from None
         finally:
-            federation.close_run_dir()
+            federation.close()
         print(json_line({"run_dir": str(run_dir), **result.final}))
 
     def test(

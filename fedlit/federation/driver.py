@@ -119,7 +119,7 @@ class Federation:
         try:
             self._prepare()
         except BaseException:
-            self._lock.release()
+            self.close()
             raise
 
     def _prepare(self) -> None:
@@ -176,6 +176,10 @@ class Federation:
             local_steps=cfg.local_steps,
         )
         self._executor: ClientExecutor | None = None
+        if cfg.executor == "ray" and self.method.uses_clients:
+            # connected (or started) and checked against the cluster's resources now, before
+            # anything is written; a refusal names the key (federation.ray.*)
+            self._executor = self.executor
         self._prepared = True
 
     @property
@@ -311,19 +315,28 @@ class Federation:
         """Prepare (if not done), open and lock the run directory (if not done), run the
         remaining rounds; the lock is released when the run ends, however it ends."""
         with stop_on_sigterm():
-            self.open_run_dir()
             try:
+                self.open_run_dir()
                 return self._run()
             finally:
-                if self._executor is not None:
-                    self._executor.close()
-                    self._executor = None
-                self.close_run_dir()
+                self.close()
 
     def close_run_dir(self) -> None:
         """Release the run directory's lock (a no-op if not held)."""
         self._lock.release()
         self._opened = False
+
+    def close(self) -> None:
+        """Stop the executor (Ray's actors, and a local Ray instance the run started) and
+        release the run directory's lock: what :meth:`run` does when the run ends, however it
+        ends; also for a run refused after :meth:`prepare`. A no-op the second time."""
+        executor = getattr(self, "_executor", None)
+        self._executor = None
+        try:
+            if executor is not None:
+                executor.close()
+        finally:
+            self.close_run_dir()
 
     def _run(self) -> FederationResult:
         self.callbacks.run_start(self)
