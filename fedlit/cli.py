@@ -39,7 +39,7 @@ from fedlit.federation.checkpoint import WRITE_FAILED, WriteFailed, write_error
 from fedlit.federation.driver import loading_data
 from fedlit.federation.faults import ROUND_FAILED, RoundFailed
 from fedlit.federation.rundir import free_config_name
-from fedlit.federation.trainers import TERMINATED
+from fedlit.federation.trainers import TERMINATED, stop_on_sigterm
 from fedlit.methods import FederatedMethod
 
 #: Trainer settings passed on to every per-step Trainer (with accelerator, devices, precision).
@@ -196,6 +196,10 @@ class FedlitCLI(LightningCLI):
 
     # --- subcommands -------------------------------------------------------------------------
     def fit(self, model: FederatedMethod, datamodule: FederatedDataModule, **_: Any) -> None:
+        with stop_on_sigterm():  # from the checks on, a SIGTERM exits with 143 cleanly
+            self._fit(model, datamodule)
+
+    def _fit(self, model: FederatedMethod, datamodule: FederatedDataModule) -> None:
         config = self.config[self.subcommand]
         federation = Federation(
             method=model,

@@ -6,9 +6,12 @@ from __future__ import annotations
 import csv
 import errno
 import json
+import os
+import random
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -241,3 +244,72 @@ def test_sigterm_between_steps_stops_the_run_cleanly_with_status_143(
     assert "Traceback" not in err, err
     assert load_checkpoint(run_dir / "checkpoints" / "last.ckpt")["round"] == 1
     assert not list(run_dir.rglob("*.tmp"))
+
+
+def _round(ckpt: Path) -> int:
+    try:
+        return int(load_checkpoint(ckpt)["round"])
+    except ValueError:  # not there yet
+        return 0
+
+
+@pytest.mark.slow  # about 50 s on a shared 2-core CPU: a reference run, two stopped, a resume
+def test_sigterm_at_random_moments_exits_143_and_resumes_to_the_same_weights(
+    fmnist_root: Path, tmp_path: Path
+) -> None:
+    """SIGTERMs at random moments of rounds 2 to 4 (in a step or between steps): each stopped
+    run exits with status 143 (never killed by the signal), and the resumes end with the
+    uninterrupted run's weights, each round logged once."""
+    rounds = ["--federation.rounds=4"]
+    reference = tmp_path / "reference"
+    main(_fit(fmnist_root, reference, *rounds, recipe="fedavg_fixmatch"))
+    with open(reference / "metrics.csv", newline="") as f:
+        reference_rows = list(csv.DictReader(f))
+    round_s = sum(float(r["time/round_s"]) for r in reference_rows[1:]) / 4
+    run_dir, rng = tmp_path / "run", random.Random(24)
+    ckpt = run_dir / "checkpoints" / "last.ckpt"
+    env = os.environ | {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    statuses = []
+    for _ in range(2):
+        if _round(ckpt) >= 4:
+            break
+        resume = [f"--federation.resume={ckpt}"] if ckpt.is_file() else []
+        args = _fit(fmnist_root, run_dir, *rounds, *resume, recipe="fedavg_fixmatch")
+        configs = len(list(run_dir.glob("config*.yaml")))
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "fedlit", *args],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        k = rng.randint(min(_round(ckpt) + 1, 3), 3)  # then a fraction of a round
+        while proc.poll() is None and (  # past Python's start-up: its config is saved
+            len(list(run_dir.glob("config*.yaml"))) == configs or _round(ckpt) < k
+        ):
+            time.sleep(0.01)
+        time.sleep(rng.uniform(0.0, 0.9) * round_s)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+        statuses.append(proc.returncode)
+        assert proc.returncode in (0, 143), err[-3000:]  # 0: it had finished
+        assert "Traceback" not in err, err[-3000:]
+    assert 143 in statuses
+    if _round(ckpt) < 4:
+        main(
+            _fit(
+                fmnist_root,
+                run_dir,
+                *rounds,
+                f"--federation.resume={ckpt}",
+                recipe="fedavg_fixmatch",
+            )
+        )
+    want, got = load_checkpoint(reference / "checkpoints" / "last.ckpt"), load_checkpoint(ckpt)
+    assert got["round"] == want["round"] == 4
+    for key, value in want["method_state"].items():
+        assert torch.equal(got["method_state"][key], value), key
+    with open(run_dir / "metrics.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [float(r["round"]) for r in rows] == [0, 1, 2, 3, 4]
+    assert [r["test/acc"] for r in rows] == [r["test/acc"] for r in reference_rows]
