@@ -13,6 +13,7 @@ finished runs. ``fedlit partition --config recipe.yaml``: plot a recipe's partit
 
 from __future__ import annotations
 
+import errno
 import inspect
 import json
 import math
@@ -34,10 +35,11 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from fedlit.data.datamodule import FederatedDataModule
 from fedlit.evaluation import Evaluator, scored
 from fedlit.federation import Federation, FederationConfig, TrainerTemplate, load_checkpoint
+from fedlit.federation.checkpoint import WRITE_FAILED, WriteFailed, write_error
 from fedlit.federation.driver import loading_data
 from fedlit.federation.faults import ROUND_FAILED, RoundFailed
 from fedlit.federation.rundir import free_config_name
-from fedlit.federation.trainers import TERMINATED
+from fedlit.federation.trainers import TERMINATED, stop_on_sigterm
 from fedlit.methods import FederatedMethod
 from fedlit.refusals import OneLineLightningParser, OneLineParser, flat_keys, one_line
 from fedlit.run_layout import MAX_SEED, output_dir_error
@@ -222,6 +224,10 @@ class FedlitCLI(LightningCLI):
 
     # --- subcommands -------------------------------------------------------------------------
     def fit(self, model: FederatedMethod, datamodule: FederatedDataModule, **_: Any) -> None:
+        with stop_on_sigterm():  # from the checks on, a SIGTERM exits with 143 cleanly
+            self._fit(model, datamodule)
+
+    def _fit(self, model: FederatedMethod, datamodule: FederatedDataModule) -> None:
         config = self.config[self.subcommand]
         federation = Federation(
             method=model,
@@ -237,6 +243,7 @@ class FedlitCLI(LightningCLI):
             federation.prepare()
             federation.open_run_dir()  # locked from here to the end of the run
         except ValueError as err:
+            federation.close()  # a Ray the checks started stops too
             self.parser.error(str(err))
         run_dir = federation.run_dir
         try:
@@ -248,9 +255,15 @@ class FedlitCLI(LightningCLI):
         except RoundFailed as err:  # a failed round, not a bad setting: its own status
             print(f"fedlit fit: error: {err}", file=sys.stderr, flush=True)
             raise SystemExit(ROUND_FAILED) from None
+        except OSError as err:  # a full disk: one line, the last checkpoint kept
+            failed = write_failure(err)
+            if failed is None:
+                raise
+            print(f"fedlit fit: error: {failed}", file=sys.stderr, flush=True)
+            raise SystemExit(WRITE_FAILED) from None
         finally:
-            federation.close_run_dir()
-        print(json.dumps({"run_dir": str(run_dir), **result.final}, indent=None))
+            federation.close()
+        print(json_line({"run_dir": str(run_dir), **result.final}))
 
     def test(
         self,
@@ -286,7 +299,33 @@ class FedlitCLI(LightningCLI):
         evaluator = Evaluator(network, datamodule.num_classes)
         self._trainer_template().test(evaluator, datamodule.test_dataloader())
         result = {"ckpt_path": str(ckpt_path), "round": ckpt["round"], **evaluator.metrics()}
-        print(json.dumps(result))
+        print(json_line(result))
+
+
+def write_failure(err: OSError) -> str | None:
+    """The one line a failed write of the run's files ends a run with (naming the file and
+    the free space), or None if ``err`` is not a failed write."""
+    if isinstance(err, WriteFailed):
+        return str(err)
+    if err.errno in (errno.ENOSPC, errno.EDQUOT) and err.filename:
+        return str(WriteFailed(Path(err.filename), write_error(err) or str(err)))
+    return None
+
+
+def json_line(values: dict[str, Any]) -> str:
+    """``values`` as one line of strict JSON: a NaN or infinite number (a diagnostic such as
+    ``diag/weight_diversity`` that could not be computed) is written as ``null``."""
+
+    def finite(value: Any) -> Any:
+        if isinstance(value, float) and not math.isfinite(value):
+            return None
+        if isinstance(value, dict):
+            return {k: finite(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [finite(v) for v in value]
+        return value
+
+    return json.dumps(finite(values), allow_nan=False)
 
 
 def _floats(value: Any, key: str = "") -> Iterator[tuple[str, float]]:
@@ -345,6 +384,7 @@ def resolve(args: Sequence[str]) -> FedlitCLI:
 def compare_main(argv: Sequence[str]) -> None:
     """``fedlit compare --config comparison.yaml [--seeds [0,1] ...]``."""
     from fedlit.comparison import Comparison, WandbSettings, run_comparison  # needs matplotlib
+    from fedlit.comparison.runner import Refused
 
     parser = OneLineParser(prog="fedlit compare", description=Comparison.__doc__)
     parser.add_argument("--config", action=ActionConfigFile)
@@ -370,7 +410,10 @@ def compare_main(argv: Sequence[str]) -> None:
         return data.class_counts
 
     command = shlex.join(["fedlit", "compare", *argv])
-    written = run_comparison(comparison, command, main, rounds, partition)
+    try:
+        written = run_comparison(comparison, command, main, rounds, partition)
+    except Refused as err:  # a run directory a live fit is writing
+        parser.error(str(err))
     print(json.dumps({k: str(v) for k, v in written.items()}))
 
 

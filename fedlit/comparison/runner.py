@@ -3,26 +3,40 @@
 Each run is an ordinary ``fedlit fit`` of a recipe with the comparison's overrides, in its own
 directory ``<out>/<setting>/<recipe>/seed<k>`` with a ``run.json`` naming its method, setting,
 seed and recipe. A finished run is skipped; an interrupted one is resumed from its checkpoint,
-so re-running the same command continues a comparison where it stopped.
+so re-running the same command continues a comparison where it stopped. A run directory a live
+process is writing (its ``.lock`` held: a fit of an earlier comparison still running) is
+refused before anything starts.
+
+With ``jobs >= 2`` the fits are child processes, and they stop when the comparison stops: a
+SIGTERM or SIGINT is passed on to each running fit (which stops at its next safe point,
+resumable) and waited for, and each child is started with Linux's parent-death signal
+(``prctl(PR_SET_PDEATHSIG, SIGTERM)``), so that even a SIGKILL of the comparison stops them.
 """
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
 
 import numpy as np
 
 from fedlit.comparison.report import log_to_wandb, write_report
 from fedlit.federation.checkpoint import checkpoint_round
+from fedlit.federation.rundir import holding, set_aside_dead_run
 from fedlit.reporting import FINAL_EVAL_KEYS, load_run
 from fedlit.run_layout import CHECKPOINT, MAX_SEED, RUN_FILE, RUN_MARKERS, output_dir_error
 
@@ -180,22 +194,95 @@ def run_state(run: PlannedRun, rounds: int) -> str:
     return "broken" if any((run.run_dir / m).exists() for m in RUN_MARKERS) else "new"
 
 
-def _set_aside(run_dir: Path) -> Path:
-    """Move a broken run out of the way (never delete what was written)."""
-    for n in range(1, 1000):
-        target = run_dir.with_name(f"{run_dir.name}.incomplete{n}")
-        if not target.exists():
-            run_dir.rename(target)
-            return target
-    raise ValueError(f"{run_dir}: too many incomplete copies beside it")
+class Refused(ValueError):
+    """A comparison that cannot go on for a reason its user can fix (a run directory a live
+    process is writing); ``fedlit compare`` exits with status 2 and this message."""
 
 
 FitFn = Callable[[Sequence[str]], None]
 
+#: ``prctl``'s option that sends the calling process a signal when its parent dies.
+PR_SET_PDEATHSIG = 1
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
 
-def fit_in_subprocess(log_dir: Path, threads: int) -> FitFn:
+
+def _die_with_parent(parent: int) -> None:
+    """In a child, between fork and exec: receive SIGTERM when the parent dies (Linux), and
+    end at once if it already has."""
+    if _LIBC is not None:
+        _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent:
+        os._exit(128 + signal.SIGTERM)
+
+
+class Children:
+    """The ``fedlit fit`` processes a comparison runs, stopped with it (see the module)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.running: set[subprocess.Popen[bytes]] = set()
+        self.stopped_by: int | None = None  # the signal that stopped the comparison
+
+    def start(self, args: Sequence[str], **popen: object) -> subprocess.Popen[bytes] | None:
+        """Start a child (None once the comparison is stopping: start no more)."""
+        with self._lock:
+            if self.stopped_by is not None:
+                return None
+            proc: subprocess.Popen[bytes] = subprocess.Popen(  # type: ignore[call-overload]
+                args, preexec_fn=functools.partial(_die_with_parent, os.getpid()), **popen
+            )
+            self.running.add(proc)
+            return proc
+
+    def wait(self, proc: subprocess.Popen[bytes]) -> int:
+        """Wait for ``proc`` to end; its status."""
+        code = proc.wait()
+        with self._lock:
+            self.running.discard(proc)
+        return code
+
+    def forward(self, signum: int) -> None:
+        """Pass ``signum`` on to every running child, and start no more."""
+        with self._lock:
+            self.stopped_by = self.stopped_by or signum
+            for proc in self.running:
+                with suppress(ProcessLookupError):  # ended meanwhile
+                    proc.send_signal(signum)
+
+    @contextmanager
+    def forwarding_signals(self) -> Iterator[None]:
+        """While the children run (in the main thread): a SIGTERM or SIGINT is passed on to
+        them; then the comparison waits for them to stop and exits with 128 + the signal."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        signums = (signal.SIGTERM, signal.SIGINT)
+
+        def handler(signum: int, frame: FrameType | None) -> None:
+            self.forward(signum)
+
+        previous = {sig: signal.signal(sig, handler) for sig in signums}
+        try:
+            yield
+        finally:
+            for sig, old in previous.items():
+                signal.signal(sig, old)
+        if self.stopped_by is not None:
+            name = signal.Signals(self.stopped_by).name
+            print(
+                f"fedlit compare: stopped by {name}; its fits were stopped too. Run the same "
+                "command again to go on (interrupted runs resume from their checkpoints).",
+                file=sys.stderr,
+                flush=True,
+            )
+            raise SystemExit(128 + self.stopped_by)
+
+
+def fit_in_subprocess(log_dir: Path, threads: int, children: Children | None = None) -> FitFn:
     """A ``fit`` that runs ``fedlit fit`` in its own Python process with ``threads`` torch
-    threads, its output appended to ``log_dir/<run>.log``; raises if the process fails."""
+    threads, its output appended to ``log_dir/<run>.log``; raises if the process fails. The
+    process is one of ``children``: it stops when the comparison stops."""
+    children = children or Children()
 
     def fit(args: Sequence[str]) -> None:
         run_dir = next(a.split("=", 1)[1] for a in args if a.startswith(ROOT_DIR_ARG))
@@ -203,13 +290,14 @@ def fit_in_subprocess(log_dir: Path, threads: int) -> FitFn:
         name = Path(run_dir).as_posix().replace("/", "_")
         env = os.environ | {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
         with open(log_dir / f"{name}.log", "a") as out:
-            done = subprocess.run(
+            proc = children.start(
                 [sys.executable, "-m", "fedlit.cli", *args], env=env, stdout=out, stderr=out
             )
-        if done.returncode != 0:
-            raise RuntimeError(
-                f"{run_dir}: fedlit fit exited with {done.returncode}, see {out.name}"
-            )
+            if proc is None:
+                raise RuntimeError(f"{run_dir}: not started, the comparison is stopping")
+            code = children.wait(proc)
+        if code != 0:
+            raise RuntimeError(f"{run_dir}: fedlit fit exited with {code}, see {out.name}")
 
     return fit
 
@@ -220,12 +308,23 @@ def execute(
     fit: FitFn,
     log: Callable[[str], None] = print,
     jobs: int = 1,
+    children: Children | None = None,
 ) -> dict[str, int]:
     """Run what is not finished, ``jobs`` at a time; returns how many runs were run, resumed
     and skipped. With ``jobs > 1`` a failed run stops new ones from starting, lets the running
-    ones finish, then raises."""
+    ones finish, then raises; ``children``, the processes ``fit`` starts, are stopped with
+    the comparison (:meth:`Children.forwarding_signals`). Raises :class:`Refused` before
+    anything runs if a live process holds a run directory's lock."""
     counts = {"run": 0, "resumed": 0, "skipped": 0}
     todo: list[list[str]] = []
+    for run in runs:  # a run directory a live process writes: refused before anything runs
+        try:
+            with holding(run.run_dir, None):
+                pass
+        except ValueError as err:
+            raise Refused(
+                f"{err} (a fit of an earlier fedlit compare may still be running)"
+            ) from None
     for i, run in enumerate(runs, start=1):
         state = run_state(run, rounds[run])
         head = f"[{i}/{len(runs)}] {run.setting} {run.method} seed {run.seed}"
@@ -240,7 +339,11 @@ def execute(
             log(f"{head}: resuming")
         else:
             if state == "broken":
-                log(f"{head}: incomplete run set aside in {_set_aside(run.run_dir)}")
+                try:
+                    aside = set_aside_dead_run(run.run_dir)
+                except ValueError as err:
+                    raise Refused(str(err)) from None
+                log(f"{head}: incomplete run set aside in {aside}")
             counts["run"] += 1
             log(f"{head}: {run.command()}")
         run.run_dir.mkdir(parents=True, exist_ok=True)
@@ -251,11 +354,13 @@ def execute(
         else:
             todo.append(["fit", *args])
     if todo:
-        _run_parallel(todo, fit, jobs)
+        _run_parallel(todo, fit, jobs, children)
     return counts
 
 
-def _run_parallel(todo: Sequence[list[str]], fit: FitFn, jobs: int) -> None:
+def _run_parallel(
+    todo: Sequence[list[str]], fit: FitFn, jobs: int, children: Children | None = None
+) -> None:
     failed: list[BaseException] = []
 
     def one(args: list[str]) -> None:
@@ -266,7 +371,8 @@ def _run_parallel(todo: Sequence[list[str]], fit: FitFn, jobs: int) -> None:
         except Exception as err:
             failed.append(err)
 
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
+    stopping = children.forwarding_signals() if children is not None else nullcontext()
+    with stopping, ThreadPoolExecutor(max_workers=jobs) as pool:
         list(pool.map(one, todo))
     if failed:
         raise RuntimeError(f"{len(failed)} run(s) failed; the first: {failed[0]}")
@@ -306,10 +412,12 @@ def run_comparison(
             partitions[run.setting] = partition(run.args, run.seed)
     per_run = {run: configured[(run.setting, run.method)] for run in runs}
     start = time.perf_counter()
+    children = None
     if comparison.jobs > 1:
         threads = max(1, (os.cpu_count() or 1) // comparison.jobs)
-        fit = fit_in_subprocess(Path(comparison.out) / "logs", threads)
-    counts = execute(runs, per_run, fit, log, comparison.jobs)
+        children = Children()
+        fit = fit_in_subprocess(Path(comparison.out) / "logs", threads, children)
+    counts = execute(runs, per_run, fit, log, comparison.jobs, children)
     minutes = (time.perf_counter() - start) / 60
     records = [load_run(run.run_dir) for run in runs]
     compute = sum(row.get("time/round_s", 0.0) for r in records for row in r.history) / 60

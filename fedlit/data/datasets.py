@@ -5,17 +5,30 @@ that splits, partitions and augmentations index plain tensors. A data set's unla
 (STL-10's ``unlabeled``, :func:`load_unlabeled_split`) holds images only: its ``labels`` raise.
 Loading goes through torchvision (with its real download path); Fashion-MNIST is also read
 offline from Debian's ``dataset-fashion-mnist`` package when it is installed.
+
+Several processes may load a data set into one fresh ``data.root`` at once (runs started side
+by side): the first-use step that writes into it runs under a file lock (a download under
+``<root>/.fedlit-<data set>.lock``, the staging of Debian's files under
+``<root>/FashionMNIST/.staging.lock``), so one process writes and the others wait and then
+read what it wrote. Staged files are written under a name of their own
+and renamed into place, and a staged file is accepted only when its size is the one its IDX
+header and its source give (a truncated or zeroed file is staged again).
 """
 
 from __future__ import annotations
 
 import gzip
+import os
 import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
+from filelock import FileLock
 from torch import Tensor
 from torchvision import datasets as tvd
 
@@ -115,6 +128,37 @@ def load_split(name: str, root: str | Path, train: bool, download: bool = True) 
     """Load the train or test split of data set ``name`` under ``root`` as uint8 tensors."""
     spec = dataset_spec(name)
     root = Path(root)
+    with _first_use(root, name, download):
+        ds = _torchvision_split(name, root, train, download)
+    images, labels = _to_tensors(ds)
+    if name == "emnist_balanced":  # EMNIST is stored transposed
+        images = images.transpose(2, 3).contiguous()
+    _check_shape(spec, images)
+    return ImageSplit(images, labels)
+
+
+@contextmanager
+def _first_use(root: Path, name: str, writes: bool) -> Iterator[None]:
+    """Hold ``<root>/.fedlit-<name>.lock`` while the data set's files may be written (a
+    download): processes loading into one root take turns. A root this process cannot write
+    (a read-only copy of the data) is read without a lock. (Fashion-MNIST's staging takes a
+    lock of its own, :func:`stage_debian_fashion_mnist`.)"""
+    try:
+        if writes:
+            root.mkdir(parents=True, exist_ok=True)
+        lock: FileLock | None = FileLock(root / f".fedlit-{name}.lock") if writes else None
+        if lock is not None:
+            lock.acquire()
+    except OSError:  # not writable: nothing will be written here either
+        lock = None
+    try:
+        yield
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _torchvision_split(name: str, root: Path, train: bool, download: bool) -> object:
     if name == "fashion_mnist":
         stage_debian_fashion_mnist(root)
     split = "train" if train else "test"
@@ -132,11 +176,7 @@ def load_split(name: str, root: str | Path, train: bool, download: bool = True) 
         ds = tvd.SVHN(root, split=split, download=download)
     else:  # stl10: the labeled train/test splits (the unlabeled one: load_unlabeled_split)
         ds = tvd.STL10(root, split=split, download=download)
-    images, labels = _to_tensors(ds)
-    if name == "emnist_balanced":  # EMNIST is stored transposed
-        images = images.transpose(2, 3).contiguous()
-    _check_shape(spec, images)
-    return ImageSplit(images, labels)
+    return ds
 
 
 def load_unlabeled_split(name: str, root: str | Path, download: bool = True) -> ImageSplit:
@@ -146,7 +186,8 @@ def load_unlabeled_split(name: str, root: str | Path, download: bool = True) -> 
     spec = dataset_spec(name)
     if spec.unlabeled_split is None:
         raise ValueError(f"data.dataset: {name!r} has no unlabeled split")
-    ds = tvd.STL10(Path(root), split=spec.unlabeled_split, download=download)  # only STL-10
+    with _first_use(Path(root), name, download):
+        ds = tvd.STL10(Path(root), split=spec.unlabeled_split, download=download)  # only STL-10
     images, _ = _to_tensors(ds)
     _check_shape(spec, images)
     return ImageSplit(images, None, f"{name}'s {spec.unlabeled_split!r} split has no labels")
@@ -170,39 +211,93 @@ def _to_tensors(ds: object) -> tuple[Tensor, Tensor]:
     return images.to(torch.uint8).contiguous(), torch.as_tensor(np.asarray(targets)).long()
 
 
+FASHION_FILES = (
+    "train-images-idx3-ubyte",
+    "train-labels-idx1-ubyte",
+    "t10k-images-idx3-ubyte",
+    "t10k-labels-idx1-ubyte",
+)
+
+
 def _fashion_raw(root: Path) -> Path:
     return root / "FashionMNIST" / "raw"
 
 
-def _has_raw_fashion(root: Path) -> bool:
+def idx_size(path: Path) -> int | None:
+    """The size in bytes an IDX file of unsigned bytes must have, from its header (magic
+    ``00 00 08 <ndim>``, then ``ndim`` big-endian dimensions); None if the header is not one
+    (a zeroed or truncated file)."""
+    with open(path, "rb") as f:
+        head = f.read(4)
+        if len(head) < 4 or head[:3] != b"\x00\x00\x08" or not 1 <= head[3] <= 4:
+            return None
+        dims = f.read(4 * head[3])
+    if len(dims) < 4 * head[3]:
+        return None
+    size = 1
+    for k in range(head[3]):
+        size *= int.from_bytes(dims[4 * k : 4 * k + 4], "big")
+    return 4 + 4 * head[3] + size
+
+
+def _gzip_size(gz: Path) -> int:
+    """A gzip file's decompressed size (mod 2**32), from its trailer."""
+    with open(gz, "rb") as f:
+        f.seek(-4, os.SEEK_END)
+        return int.from_bytes(f.read(4), "little")
+
+
+def _staged_ok(path: Path, source: Path | None = None) -> bool:
+    """Whether ``path`` is a whole IDX file: its size is what its header says (and what the
+    gzip ``source`` it was decompressed from holds, when given)."""
+    if not path.is_file():
+        return False
+    size = path.stat().st_size
+    if idx_size(path) != size:
+        return False
+    return source is None or not source.is_file() or _gzip_size(source) == size % 2**32
+
+
+def _has_raw_fashion(root: Path, source: Path | None = None) -> bool:
+    """Whether the four Fashion-MNIST IDX files under ``root`` are whole (see
+    :func:`_staged_ok`; with ``source``, Debian's folder, also of their archives' size)."""
     raw = _fashion_raw(root)
-    names = (
-        "train-images-idx3-ubyte",
-        "train-labels-idx1-ubyte",
-        "t10k-images-idx3-ubyte",
-        "t10k-labels-idx1-ubyte",
+    return all(
+        _staged_ok(raw / n, None if source is None else source / f"{n}.gz") for n in FASHION_FILES
     )
-    return all((raw / n).is_file() for n in names)
 
 
 def stage_debian_fashion_mnist(root: str | Path, source: Path = DEBIAN_FASHION_MNIST) -> bool:
     """Decompress Debian's Fashion-MNIST IDX files into ``<root>/FashionMNIST/raw`` once.
 
     torchvision reads the uncompressed files offline; its download checksums differ from
-    Debian's archives, so ``download=True`` would reject them. Returns whether the raw files
-    are in place afterwards.
+    Debian's archives, so ``download=True`` would reject them. Safe when several processes
+    stage into one root at once: the staging runs under ``<root>/FashionMNIST/.staging.lock``,
+    each file is decompressed to a temporary name of its own and renamed into place, and a
+    file already there counts only if it is whole (its IDX header's size and its archive's);
+    a truncated or zeroed one is staged again. Returns whether the raw files are in place
+    afterwards.
     """
     root = Path(root)
-    if _has_raw_fashion(root):
+    if _has_raw_fashion(root, source):
         return True
     if not source.is_dir():
         return False
     raw = _fashion_raw(root)
     raw.mkdir(parents=True, exist_ok=True)
-    for gz in sorted(source.glob("*-ubyte.gz")):
-        target = raw / gz.name[: -len(".gz")]
-        tmp = target.with_suffix(".tmp")
-        with gzip.open(gz, "rb") as src, open(tmp, "wb") as dst:
-            shutil.copyfileobj(src, dst)
-        tmp.replace(target)
-    return _has_raw_fashion(root)
+    with FileLock(raw.parent / ".staging.lock"):
+        for name in FASHION_FILES:
+            gz, target = source / f"{name}.gz", raw / name
+            if not gz.is_file() or _staged_ok(target, gz):
+                continue
+            fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=raw)
+            try:
+                with gzip.open(gz, "rb") as src, os.fdopen(fd, "wb") as dst:
+                    shutil.copyfileobj(src, dst)
+                    dst.flush()
+                    os.fsync(dst.fileno())
+                os.replace(tmp, target)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+    return _has_raw_fashion(root, source)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import os
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,16 +26,76 @@ EARLIER = {
 }
 
 
+#: The exit status of ``fedlit fit`` when a file of the run cannot be written (a full disk).
+WRITE_FAILED = 1
+
+
+class WriteFailed(OSError):
+    """A run's file could not be written (a full disk, a quota, an I/O error): the message
+    names the file and the free space left on its file system. What was there before is
+    intact (files are written to a temporary name, which is removed, and renamed)."""
+
+    def __init__(self, path: Path, reason: str) -> None:
+        super().__init__(f"could not write {path}: {reason}; {free_space(path)}")
+        self.path = path
+
+
+def free_space(path: Path) -> str:
+    """``"<n> MiB free on <its file system>"`` for the folder of ``path``, as far as known."""
+    folder = Path(path).parent
+    while not folder.exists() and folder.parent != folder:
+        folder = folder.parent
+    try:
+        usage = shutil.disk_usage(folder)
+    except OSError:
+        return "the free space of its file system is unknown"
+    return f"{usage.free / 2**20:.1f} MiB free of {usage.total / 2**20:.0f} MiB in {folder}"
+
+
+#: What torch's C++ file writer says when a write fails (measured on a full device: the first
+#: for a large payload, the last for a small one).
+TORCH_WRITE_ERRORS = ("inline_container", "PytorchStreamWriter", "iostream error")
+
+
+def write_error(err: BaseException) -> str | None:
+    """The reason, if ``err`` is a failed write: an OSError, or torch's RuntimeError from its
+    file writer (:data:`TORCH_WRITE_ERRORS`, which carries no errno); None for anything
+    else."""
+    if isinstance(err, OSError):
+        if err.errno == errno.ENOSPC:
+            return "no space left on the device"
+        return err.strerror or str(err)
+    text = str(err)
+    if isinstance(err, RuntimeError) and any(mark in text for mark in TORCH_WRITE_ERRORS):
+        return f"torch.save failed ({text.strip().splitlines()[0]})"
+    return None
+
+
+def write_atomically(path: Path, write: Callable[[Path], None]) -> None:
+    """``write(tmp)`` to ``<path>.tmp``, then rename it to ``path``: a crash or a failed write
+    leaves the previous ``path`` intact. A failed write (:func:`write_error`) removes the
+    temporary file and raises :class:`WriteFailed` naming ``path`` and the free space."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException as err:
+        tmp.unlink(missing_ok=True)
+        reason = write_error(err)
+        if reason is None:
+            raise
+        raise WriteFailed(path, reason) from err
+
+
 def save_checkpoint(path: Path, payload: dict[str, Any]) -> None:
-    """Write ``payload`` to ``path`` atomically: a crash leaves the previous file intact.
+    """Write ``payload`` to ``path`` atomically: a crash leaves the previous file intact, and a
+    failed write (a full disk) raises :class:`WriteFailed` and leaves no ``.tmp`` file.
 
     The payload must hold only tensors, numbers, strings and containers of them, so that it
     loads with ``torch.load(weights_only=True)`` (no pickled code runs when a file is read).
     """
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save({"format": FORMAT, **payload}, tmp)
-    os.replace(tmp, path)
+    write_atomically(path, lambda tmp: torch.save({"format": FORMAT, **payload}, tmp))
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:

@@ -48,7 +48,11 @@ from fedlit.federation.seeding import (
     set_rng_states,
 )
 from fedlit.federation.store import CLIENT_DIR, ClientStateStore
-from fedlit.federation.trainers import TrainerTemplate, compile_toolchain_missing
+from fedlit.federation.trainers import (
+    TrainerTemplate,
+    compile_toolchain_missing,
+    stop_on_sigterm,
+)
 from fedlit.methods.base import ClientUpdate, FederatedMethod
 from fedlit.run_layout import CHECKPOINT, RUN_FILE, RUN_MARKERS
 
@@ -119,7 +123,7 @@ class Federation:
         try:
             self._prepare()
         except BaseException:
-            self._lock.release()
+            self.close()
             raise
 
     def _prepare(self) -> None:
@@ -194,6 +198,10 @@ class Federation:
             local_steps=cfg.local_steps,
         )
         self._executor: ClientExecutor | None = None
+        if cfg.executor == "ray" and self.method.uses_clients:
+            # connected (or started) and checked against the cluster's resources now, before
+            # anything is written; a refusal names the key (federation.ray.*)
+            self._executor = self.executor
         self._prepared = True
 
     @property
@@ -250,7 +258,7 @@ class Federation:
         try:
             self._check_run_dir()  # again, under the lock
             if self._dead:
-                removed = remove_dead_run(self.run_dir)
+                removed = remove_dead_run(self.run_dir, self._lock)
                 note(
                     f"{self.run_dir} held a run stopped before its first checkpoint; "
                     f"removed its {', '.join(removed)} and started afresh"
@@ -331,19 +339,29 @@ class Federation:
     def run(self) -> FederationResult:
         """Prepare (if not done), open and lock the run directory (if not done), run the
         remaining rounds; the lock is released when the run ends, however it ends."""
-        self.open_run_dir()
-        try:
-            return self._run()
-        finally:
-            if self._executor is not None:
-                self._executor.close()
-                self._executor = None
-            self.close_run_dir()
+        with stop_on_sigterm():
+            try:
+                self.open_run_dir()
+                return self._run()
+            finally:
+                self.close()
 
     def close_run_dir(self) -> None:
         """Release the run directory's lock (a no-op if not held)."""
         self._lock.release()
         self._opened = False
+
+    def close(self) -> None:
+        """Stop the executor (Ray's actors, and a local Ray instance the run started) and
+        release the run directory's lock: what :meth:`run` does when the run ends, however it
+        ends; also for a run refused after :meth:`prepare`. A no-op the second time."""
+        executor = getattr(self, "_executor", None)
+        self._executor = None
+        try:
+            if executor is not None:
+                executor.close()
+        finally:
+            self.close_run_dir()
 
     def _run(self) -> FederationResult:
         self.callbacks.run_start(self)

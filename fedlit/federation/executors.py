@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -94,6 +96,8 @@ class RaySettings:
         cpus: CPUs per client (torch's thread count in each worker).
         gpus: GPUs per client; fractions share a GPU (0.25: four clients on one GPU).
         max_retries: times a client's work is retried when its worker process dies.
+        connect_timeout: seconds to wait for ``address`` to answer (its host to resolve, a
+            TCP connection to its port) before the run is refused.
     """
 
     address: str | None = None
@@ -101,6 +105,7 @@ class RaySettings:
     cpus: float = 1.0
     gpus: float = 0.0
     max_retries: int = 3
+    connect_timeout: float = 10.0
 
     def __post_init__(self) -> None:
         if self.workers is not None and self.workers < 1:
@@ -111,6 +116,10 @@ class RaySettings:
             raise ValueError(f"federation.ray.gpus must be >= 0, got {self.gpus}")
         if self.max_retries < 0:
             raise ValueError(f"federation.ray.max_retries must be >= 0, got {self.max_retries}")
+        if not self.connect_timeout > 0:
+            raise ValueError(
+                f"federation.ray.connect_timeout must be > 0, got {self.connect_timeout}"
+            )
 
 
 def _worker_class() -> Any:
@@ -152,52 +161,70 @@ def _worker_class() -> Any:
 class RayPool:
     """The clients' work on a pool of Ray actors (``federation.executor: ray``).
 
+    Made by :meth:`Federation.prepare`, before anything of the run is written: it connects to
+    ``settings.address`` (refused with a ValueError naming ``federation.ray.address`` if the
+    host does not resolve or its port does not answer within ``connect_timeout``, or if Ray
+    cannot connect) or starts a local Ray instance, and checks that ``cpus``, ``gpus`` and
+    ``workers`` fit what the cluster offers (:func:`fitting_workers`, a ValueError naming
+    the key and the cluster's resources; a Ray that was started is stopped again).
+
     The actors are started once per run: each receives the runner (and so the data) once,
     through the object store, and sets torch's thread count to its CPUs. Each round's payload
     is put into the object store once; Ray's :class:`~ray.util.ActorPool` hands the jobs to
     free actors and returns the results in the jobs' order. A worker process that dies is
     restarted by Ray and its client's work retried (``max_restarts``, ``max_task_retries``);
     an exception raised by the client's own work is not retried: it comes back as that
-    client's fault, as in-process.
+    client's fault, as in-process. :meth:`close` kills the actors and disconnects (a local
+    instance it started is shut down with it); the driver calls it when the run ends, fails
+    or is stopped by a signal.
     """
 
     def __init__(self, runner: ClientRunner, settings: RaySettings, clients_per_round: int):
         import ray
         from ray.util import ActorPool
 
-        self._started = False
-        if not ray.is_initialized():
-            with _own_signal_handlers():  # a SIGTERM stops the run as without Ray (status 143)
-                ray.init(
-                    address=settings.address,
-                    include_dashboard=False,
-                    log_to_driver=False,
-                    configure_logging=False,
-                )
-            self._started = settings.address is None
-        workers = settings.workers or self._fitting_workers(settings, clients_per_round)
-        options = {
-            "num_cpus": settings.cpus,
-            "num_gpus": settings.gpus,
-            "max_restarts": -1,
-            "max_task_retries": settings.max_retries,
-        }
-        shared = ray.put(runner)
-        worker = _worker_class()
-        threads = max(1, int(settings.cpus))
-        self.actors = [worker.options(**options).remote(shared, threads) for _ in range(workers)]
-        self.pool = ActorPool(self.actors)
         self._ray = ray
-
-    @staticmethod
-    def _fitting_workers(settings: RaySettings, clients_per_round: int) -> int:
-        import ray
-
-        resources = ray.cluster_resources()
-        fits = int(resources.get("CPU", 1) // max(settings.cpus, 1e-9))
-        if settings.gpus > 0:
-            fits = min(fits, int(resources.get("GPU", 0) // settings.gpus))
-        return max(1, min(fits, clients_per_round))
+        self.actors: list[Any] = []
+        self._connected = False
+        if not ray.is_initialized():
+            if settings.address is not None:
+                check_reachable(settings.address, settings.connect_timeout)
+            try:
+                with _own_signal_handlers():  # a SIGTERM stops the run as without Ray (143)
+                    ray.init(
+                        address=settings.address,
+                        include_dashboard=False,
+                        log_to_driver=False,
+                        configure_logging=False,
+                    )
+            except Exception as err:  # ConnectionError, a missing Ray Client, ...
+                if ray.is_initialized():
+                    ray.shutdown()
+                text = str(err).strip().splitlines()[0] if str(err).strip() else ""
+                raise ValueError(
+                    f"federation.ray.address={settings.address!r}: Ray could not "
+                    f"{'connect' if settings.address else 'start'}: {type(err).__name__}: {text}"
+                ) from None
+            self._connected = True
+        try:
+            nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
+            workers = fitting_workers(settings, clients_per_round, nodes)
+            options = {
+                "num_cpus": settings.cpus,
+                "num_gpus": settings.gpus,
+                "max_restarts": -1,
+                "max_task_retries": settings.max_retries,
+            }
+            shared = ray.put(runner)
+            worker = _worker_class()
+            threads = max(1, int(settings.cpus))
+            self.actors = [
+                worker.options(**options).remote(shared, threads) for _ in range(workers)
+            ]
+            self.pool = ActorPool(self.actors)
+        except BaseException:
+            self.close()
+            raise
 
     def run(self, jobs: Sequence[ClientJob], round_idx: int) -> list[ClientUpdate | Exception]:
         refs: dict[int, Any] = {}  # one object-store copy of each distinct payload
@@ -245,11 +272,89 @@ class RayPool:
         return list(self._ray.get([actor.where.remote() for actor in self.actors]))
 
     def close(self) -> None:
+        """Kill the actors; disconnect from Ray if this pool connected (a local instance it
+        started stops with it). A no-op the second time."""
         for actor in self.actors:
             self._ray.kill(actor)
         self.actors = []
-        if self._started:
+        if self._connected:
             self._ray.shutdown()
+            self._connected = False
+
+
+def fitting_workers(
+    settings: RaySettings, clients_per_round: int, nodes: Sequence[dict[str, float]]
+) -> int:
+    """How many workers the run gets on a cluster whose live nodes have ``nodes`` resources
+    (Ray's ``{"CPU": 16.0, "GPU": 1.0, ...}`` each): ``settings.workers``, or as many as fit
+    (each needs ``cpus`` and ``gpus`` on one node), at most ``clients_per_round``. A ValueError
+    names the key and the cluster's resources if not one worker, or not ``workers``, fit."""
+    cpus = [node.get("CPU", 0.0) for node in nodes]
+    gpus = [node.get("GPU", 0.0) for node in nodes]
+    offer = (
+        f"the Ray cluster offers {sum(cpus):g} CPUs and {sum(gpus):g} GPUs on {len(nodes)} "
+        f"node(s), at most {max(cpus, default=0):g} CPUs and {max(gpus, default=0):g} GPUs on "
+        "one node"
+    )
+    fits = 0
+    for cpu, gpu in zip(cpus, gpus, strict=True):
+        here = int(cpu // settings.cpus + 1e-9)
+        if settings.gpus > 0:
+            here = min(here, int(gpu // settings.gpus + 1e-9))
+        fits += here
+    if settings.gpus > 0 and all(gpu < settings.gpus for gpu in gpus):
+        raise ValueError(
+            f"federation.ray.gpus={settings.gpus:g}: no node has {settings.gpus:g} GPU(s) for "
+            f"a client ({offer})"
+        )
+    if fits == 0:
+        raise ValueError(
+            f"federation.ray.cpus={settings.cpus:g}: no node has {settings.cpus:g} CPUs"
+            f"{f' and {settings.gpus:g} GPUs' if settings.gpus else ''} for a client ({offer})"
+        )
+    if settings.workers is not None and settings.workers > fits:
+        raise ValueError(
+            f"federation.ray.workers={settings.workers}: only {fits} worker(s) of "
+            f"{settings.cpus:g} CPUs and {settings.gpus:g} GPUs fit ({offer})"
+        )
+    return settings.workers or max(1, min(fits, clients_per_round))
+
+
+def check_reachable(address: str, timeout: float) -> None:
+    """Refuse (ValueError naming ``federation.ray.address``) an address whose host does not
+    resolve or whose port does not accept a TCP connection within ``timeout`` seconds, so
+    that ``ray.init`` never waits on it. ``auto`` (a cluster this machine belongs to) is left
+    to Ray."""
+    if address == "auto":
+        return
+    key = f"federation.ray.address={address!r}"
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"{key}: give host:port, ray://host:port or auto")
+    found: list[Any] = []
+
+    def resolve() -> None:
+        try:
+            found.append(socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM))
+        except OSError as err:
+            found.append(err)
+
+    thread = threading.Thread(target=resolve, daemon=True)  # the resolver may hang
+    thread.start()
+    thread.join(timeout)
+    if not found:
+        raise ValueError(f"{key}: the host {host!r} did not resolve within {timeout:g} s")
+    if isinstance(found[0], OSError):
+        reason = found[0].strerror or str(found[0])
+        raise ValueError(f"{key}: the host {host!r} does not resolve ({reason})")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout).close()
+    except OSError as err:
+        reason = "timed out" if isinstance(err, TimeoutError) else err.strerror or str(err)
+        raise ValueError(
+            f"{key}: nothing answers at {host}:{port} within {timeout:g} s ({reason}); is a "
+            "Ray cluster running there? (federation.ray.connect_timeout sets the wait)"
+        ) from None
 
 
 @contextmanager

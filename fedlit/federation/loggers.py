@@ -9,15 +9,68 @@ from pathlib import Path
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 
+from fedlit.federation.checkpoint import WriteFailed, write_atomically, write_error
+
 
 class _AppendingWriter(ExperimentWriter):
-    """Lightning's CSV writer, except that an existing metrics.csv is continued, not deleted."""
+    """Lightning's CSV writer, except that an existing metrics.csv is continued, not deleted,
+    and that no failed write (a full disk) can damage a row written before: a new column
+    rewrites the file to a temporary name and renames it into place (Lightning rewrites it in
+    place), and a failed append cuts the file back to its earlier length. Either failure
+    raises :class:`~fedlit.federation.checkpoint.WriteFailed` naming the file and the free
+    space."""
 
     def _check_log_dir_exists(self) -> None:
         if os.path.isfile(self.metrics_file_path):
             with open(self.metrics_file_path, newline="") as f:
                 header = next(csv.reader(f), [])
             self.metrics_keys = sorted(header)
+
+    def save(self) -> None:
+        """Lightning's ``save``, written so that a failure keeps every earlier row."""
+        if not self.metrics:
+            return
+        path = Path(self.metrics_file_path)
+        keys = list(self.metrics_keys)
+        new_keys = self._record_new_keys()
+        exists = path.is_file()
+        if new_keys and exists:
+            try:
+                self._rewrite_with_new_header(self.metrics_keys)
+            except WriteFailed:
+                self.metrics_keys = keys  # the header on disk: the new columns come again
+                raise
+        size = path.stat().st_size if exists else 0
+        try:
+            with open(path, "a" if exists else "w", newline="") as f:
+                writer = csv.DictWriter(f, fieldnames=self.metrics_keys)
+                if not exists:
+                    writer.writeheader()
+                writer.writerows(self.metrics)
+        except BaseException as err:  # a full disk, or a SIGTERM mid-row
+            if exists:  # whatever part of the new rows was written goes
+                with open(path, "r+b") as f:
+                    f.truncate(size)
+            else:
+                path.unlink(missing_ok=True)
+                self.metrics_keys = keys
+            if isinstance(err, OSError):
+                raise WriteFailed(path, write_error(err) or str(err)) from err
+            raise
+        self.metrics = []
+
+    def _rewrite_with_new_header(self, fieldnames: list[str]) -> None:
+        path = Path(self.metrics_file_path)
+        with open(path, newline="") as f:
+            rows = list(csv.DictReader(f))
+
+        def write(tmp: Path) -> None:
+            with open(tmp, "w", newline="") as f:
+                writer = csv.DictWriter(f, fieldnames=fieldnames)
+                writer.writeheader()
+                writer.writerows(rows)
+
+        write_atomically(path, write)
 
 
 class RoundCSVLogger(CSVLogger):
@@ -52,10 +105,12 @@ def drop_rounds_after(path: Path, last_round: int) -> int:
     kept = [r for r in rows if not r.get("round") or float(r["round"]) <= last_round]
     if len(kept) == len(rows):
         return 0
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=header)  # as Lightning writes it
-        writer.writeheader()
-        writer.writerows(kept)
-    os.replace(tmp, path)
+
+    def write(tmp: Path) -> None:
+        with open(tmp, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=header)  # as Lightning writes it
+            writer.writeheader()
+            writer.writerows(kept)
+
+    write_atomically(path, write)
     return len(rows) - len(kept)

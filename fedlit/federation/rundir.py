@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
@@ -63,10 +65,50 @@ def check_creatable(run_dir: Path) -> None:
         raise ValueError(f"{key}: cannot write into {existing} (to make the run {run_dir})")
 
 
-def remove_dead_run(run_dir: Path) -> list[str]:
+@contextmanager
+def holding(run_dir: Path, lock: RunLock | None) -> Iterator[None]:
+    """Hold ``run_dir``'s lock for a change to it: ``lock`` if given and held (the caller's),
+    else the directory's lock taken now (without creating one) and dropped after. A
+    ValueError names the directory if a live process holds it: a run that is still writing
+    is never taken for one that died."""
+    if lock is not None and lock.held:
+        yield
+        return
+    own = RunLock(run_dir)
+    own.acquire(create=False)
+    try:
+        yield
+    finally:
+        own.release()
+
+
+def remove_dead_run(run_dir: Path, lock: RunLock | None = None) -> list[str]:
     """Remove the files of a run that died before its first checkpoint (its markers, run.json,
     hparams.yaml, partition.png, resume configs and an unfinished checkpoint), keeping any
-    other file; returns the names removed. Refuses a directory holding a checkpoint."""
+    other file; returns the names removed. Refuses a directory holding a checkpoint, and
+    (ValueError naming it) one whose lock a live process holds: the caller's held ``lock``,
+    or the directory's, taken here (:func:`holding`)."""
+    with holding(run_dir, lock):
+        return _remove_dead_run(run_dir)
+
+
+def set_aside_dead_run(run_dir: Path) -> Path:
+    """Move a run that died before its first checkpoint out of the way, to
+    ``<run>.incomplete<n>`` (never delete what was written); returns where. A ValueError
+    names the directory if a live process holds its lock (a run still in its first round),
+    or if it holds a checkpoint."""
+    with holding(run_dir, None):
+        if (run_dir / CHECKPOINT).is_file():
+            raise ValueError(f"{run_dir} holds a checkpoint; it is not set aside")
+        for n in range(1, 1000):
+            target = run_dir.with_name(f"{run_dir.name}.incomplete{n}")
+            if not target.exists():
+                run_dir.rename(target)
+                return target
+    raise ValueError(f"{run_dir}: too many incomplete copies beside it")
+
+
+def _remove_dead_run(run_dir: Path) -> list[str]:
     if (run_dir / CHECKPOINT).is_file():
         raise ValueError(f"{run_dir} holds a checkpoint; it is not removed")
     removed = []
@@ -113,10 +155,17 @@ class RunLock:
         return self._file is not None
 
     def acquire(self, create: bool = True) -> None:
-        """Take the lock (a no-op if held). With ``create=False`` only an existing lock file is
-        locked, so nothing is written into a directory that has none. A ValueError names the
-        directory if another process holds it."""
-        if self._file is not None or fcntl is None:
+        """Take the lock. With ``create=False`` only an existing lock file is locked and
+        nothing is written (its content, the last writer's pid, stays: a refused run leaves
+        the directory as it found it); with ``create=True`` (the run will write here) the file
+        is created if need be and holds this process's pid, also when the lock was taken
+        before with ``create=False``. A ValueError names the directory if another process
+        holds it."""
+        if fcntl is None:
+            return
+        if self._file is not None:
+            if create:
+                self._stamp(self._file)
             return
         if not create and not self.path.is_file():
             return
@@ -135,11 +184,16 @@ class RunLock:
                 f"process{holder} holding {self.path}; wait for it to end or choose another "
                 "directory"
             ) from None
+        if create:
+            self._stamp(file)
+        self._file = file
+
+    @staticmethod
+    def _stamp(file: IO[str]) -> None:
         file.seek(0)
         file.truncate()
         file.write(f"{os.getpid()}\n")
         file.flush()
-        self._file = file
 
     def release(self) -> None:
         """Drop the lock (a no-op if not held)."""

@@ -7,7 +7,9 @@ own, named by client and round (``<cid>.r<round>.pt``), and the checkpoint recor
 manifest, which round's file holds each client's state. A round therefore writes what changed
 and nothing else, and the driver's memory does not grow with the clients that took part.
 
-Consistency after a kill at any moment: a file is written to a temporary name and renamed; a
+Consistency after a kill at any moment: a file is written to a temporary name and renamed (a
+failed write, a full disk, removes the temporary file and raises
+:class:`~fedlit.federation.checkpoint.WriteFailed` naming the file and the free space); a
 round's files are new names, never overwriting the files the last checkpoint's manifest names;
 older files are removed only after a checkpoint naming the newer ones is written
 (:meth:`prune`). Files no manifest names (a round killed before its checkpoint) are removed
@@ -16,12 +18,13 @@ when the store is opened on the checkpoint's manifest.
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from fedlit.federation.checkpoint import write_atomically
 
 #: The folder, beside the checkpoint file, that holds the client states.
 CLIENT_DIR = "clients"
@@ -32,9 +35,7 @@ def _name(client_id: int, round_idx: int) -> str:
 
 
 def _save(path: Path, state: Any) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    write_atomically(path, lambda tmp: torch.save(state, tmp))
 
 
 class ClientStateStore:

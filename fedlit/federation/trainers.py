@@ -8,6 +8,7 @@ import importlib.util
 import logging
 import shutil
 import signal
+import threading
 import warnings
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -227,3 +228,30 @@ def _stop_if_terminated(trainer: Trainer) -> None:
     """
     if trainer.received_sigterm:
         raise SIGTERMException(TERMINATED)
+
+
+@contextmanager
+def stop_on_sigterm() -> Iterator[None]:
+    """While a run runs (in the main thread), make a SIGTERM stop it cleanly wherever it comes.
+
+    Inside a Trainer's step, Lightning's handler is the one installed (it calls this one
+    after its own): the run stops at that step's end (:func:`_stop_if_terminated`). Anywhere
+    else (between steps: aggregation, writing metrics or a checkpoint, waiting for Ray's
+    workers), Python's default would end the process at once, skipping every clean-up; here
+    the signal raises :class:`SIGTERMException` at once instead, so the run's ``finally``
+    blocks run (a half-written file's temporary removed, Ray shut down, the lock released)
+    and ``fedlit fit`` exits with status 143. Either way the last checkpoint is whole.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        if signal.getsignal(signal.SIGTERM) is handler:  # not inside a Trainer's step
+            raise SIGTERMException(TERMINATED)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
