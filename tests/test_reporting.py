@@ -527,3 +527,64 @@ def test_summary_names_what_the_intervals_separate(tmp_path: Path) -> None:
     assert "does not reach 71%" in summary(rows, "B", target=0.71)
     assert text.strip() in to_markdown(rows, target=0.695, baseline="B")
     assert "Above" not in to_markdown(rows)  # no baseline, no summary
+
+
+def _flat_run(run_dir: Path, seed: int, accs: Sequence[float], **changes: object) -> Path:
+    """A run with an hparams.yaml (the flat config the driver logs), as ``fedlit fit`` writes."""
+    write_run(run_dir, synthetic_rows("FedAvg", accs), class_path="fedlit.methods.FedAvg")
+    hparams: dict[str, object] = {
+        "seed_everything": seed,
+        "model.class_path": "fedlit.methods.FedAvg",
+        "data.partitioner.class_path": "fedlit.data.partition.IID",
+        "federation.rounds": ROUNDS,
+        "trainer.default_root_dir": str(run_dir),
+        "trainer.logger": False,
+        "data.root": "data",
+        "model.init_args.optim.client_lr": 0.03,
+        **changes,
+    }
+    (run_dir / "hparams.yaml").write_text(yaml.safe_dump(hparams))
+    (run_dir / "run.json").write_text(json.dumps({"seed": seed}))
+    return run_dir
+
+
+def test_report_refuses_runs_of_different_settings_as_seeds(tmp_path: Path) -> None:
+    """An IID run and a Dirichlet run of one method are not two seeds of one setting: the
+    table refuses them, naming every differing key and each run's value; runs differing only
+    in the seed, the run directory, the loggers and the data root are seeds."""
+    iid = _flat_run(tmp_path / "try1", 1, [0.5, 0.6, 0.7, 0.8])
+    noniid = _flat_run(
+        tmp_path / "noniid",
+        0,
+        [0.3, 0.4, 0.5, 0.5],
+        **{
+            "data.partitioner.class_path": "fedlit.data.partition.Dirichlet",
+            "data.partitioner.init_args.alpha": 0.1,
+            "model.init_args.optim.client_lr": 0.01,
+        },
+    )
+    assert load_run(noniid).config["data.partitioner.init_args.alpha"] == 0.1
+    with pytest.raises(ValueError) as err:
+        summarize(find_runs([iid, noniid]))
+    message = str(err.value)
+    assert "differ in more than the seed" in message
+    assert "(data.partitioner.class_path, model.init_args.optim.client_lr)" in message
+    assert f"'fedlit.data.partition.IID' in {iid}" in message
+    assert f"'fedlit.data.partition.Dirichlet' in {noniid}" in message
+    assert "trainer.default_root_dir" not in message and "seed_everything" not in message
+
+    seed2 = _flat_run(
+        tmp_path / "try2", 2, [0.6, 0.7, 0.8, 0.9], **{"trainer.logger": True, "data.root": "x"}
+    )
+    (row,) = summarize(find_runs([iid, seed2]))
+    assert row.seeds == (1, 2) and row.final_mean == pytest.approx(0.85)
+
+    out = tmp_path / "report"
+    done = subprocess.run(
+        [sys.executable, "-m", "fedlit.cli", "report", str(iid), str(noniid), "--out", str(out)],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 2
+    assert "data.partitioner.class_path" in done.stderr and "Traceback" not in done.stderr
+    assert not out.exists()  # refused before anything is written

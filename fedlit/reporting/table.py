@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from fedlit.reporting.runs import RunRecord
-from fedlit.run_layout import BYTES_KEYS, FINAL_EVAL_KEYS
+from fedlit.run_layout import BYTES_KEYS, FINAL_EVAL_KEYS, NOT_SETTING_KEYS
 
 
 @dataclass(frozen=True)
@@ -184,6 +184,38 @@ def _summarize_group(
     )
 
 
+def setting_differences(runs: Sequence[RunRecord]) -> dict[str, list[tuple[object, Path]]]:
+    """The flat-config keys in which ``runs`` differ, other than the seed, the run directory
+    and display settings (:data:`~fedlit.run_layout.NOT_SETTING_KEYS`): key -> (value, run
+    directory) for each run that has the key. Keys some runs lack are not compared."""
+    keys = sorted({key for run in runs for key in run.config})
+    out: dict[str, list[tuple[object, Path]]] = {}
+    for key in keys:
+        if any(key == free or key.startswith(free + ".") for free in NOT_SETTING_KEYS):
+            continue
+        values = [(run.config[key], run.run_dir) for run in runs if key in run.config]
+        if len({repr(value) for value, _ in values}) > 1:
+            out[key] = values
+    return out
+
+
+def _check_one_setting(method: str, setting: str, runs: Sequence[RunRecord]) -> None:
+    """ValueError naming every key in which the runs of one (setting, method) differ, with
+    each run's value, if they are not seeds of one setting."""
+    differ = setting_differences(runs)
+    if not differ:
+        return
+    shown = "; ".join(
+        f"{key}: " + ", ".join(f"{value!r} in {run_dir}" for value, run_dir in values)
+        for key, values in differ.items()
+    )
+    raise ValueError(
+        f"the runs of {method} in setting {setting!r} differ in more than the seed, so they "
+        f"are not seeds of one setting ({', '.join(differ)}): {shown}. Report them "
+        "separately, or run them as settings of a comparison (fedlit compare)"
+    )
+
+
 def summarize(
     runs: Sequence[RunRecord],
     target: float | None = None,
@@ -199,8 +231,10 @@ def summarize(
     ``target`` is in the metric's units (a fraction for test/acc). A run that never logs the
     metric counts as a seed but not towards the means. ``baseline`` names the method every
     row is compared with, seed by seed (``delta_*``). Raises ValueError naming both run
-    directories if two runs share (setting, method, seed), as they would be counted twice, and
-    naming ``baseline`` if no run is of that method.
+    directories if two runs share (setting, method, seed), as they would be counted twice,
+    naming every key in which the runs of one (setting, method) differ other than the seed
+    (their flat configs: :func:`setting_differences`), as their mean ± std would mix settings,
+    and naming ``baseline`` if no run is of that method.
     """
     groups: dict[tuple[str, str], list[RunRecord]] = {}
     seen: dict[tuple[str, str, int], RunRecord] = {}
@@ -213,6 +247,8 @@ def summarize(
             )
         seen[ident] = run
         groups.setdefault((run.setting, run.method), []).append(run)
+    for (setting, method), group in groups.items():
+        _check_one_setting(method, setting, group)
     if isinstance(last_k, bool) or not isinstance(last_k, int) or last_k < 1:
         raise ValueError(f"last_k must be a positive integer, got {last_k!r}")
     if baseline is not None and baseline not in {method for _, method in groups}:
