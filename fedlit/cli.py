@@ -87,6 +87,9 @@ REFUSED_KEYS = (
 )
 
 
+#: The exit status of a run stopped by Ctrl-C (SIGINT), as shells report it: 128 + 2.
+INTERRUPTED = 130
+
 #: Data settings that change neither the split ``fedlit test`` re-draws nor the scoring.
 SPLIT_FREE = ("data.root", "data.download", "data.batch_size", "data.client_batch_size")
 
@@ -211,8 +214,8 @@ class FedlitCLI(LightningCLI):
         except ValueError as err:
             self.parser.error(str(err))
         run_dir = federation.run_dir
+        name = free_config_name(run_dir, federation.start_round)
         try:
-            name = free_config_name(run_dir, federation.start_round)
             self._parser(self.subcommand).save(
                 config, run_dir / name, skip_none=False, overwrite=False, multifile=False
             )
@@ -220,6 +223,9 @@ class FedlitCLI(LightningCLI):
         except RoundFailed as err:  # a failed round, not a bad setting: its own status
             print(f"fedlit fit: error: {err}", file=sys.stderr, flush=True)
             raise SystemExit(ROUND_FAILED) from None
+        except KeyboardInterrupt:
+            print(interrupted(federation, run_dir / name), file=sys.stderr, flush=True)
+            raise SystemExit(INTERRUPTED) from None
         finally:
             federation.close_run_dir()
         print(json.dumps({"run_dir": str(run_dir), **result.final}, indent=None))
@@ -259,6 +265,23 @@ class FedlitCLI(LightningCLI):
         self._trainer_template().test(evaluator, datamodule.test_dataloader())
         result = {"ckpt_path": str(ckpt_path), "round": ckpt["round"], **evaluator.metrics()}
         print(json.dumps(result))
+
+
+def interrupted(federation: Federation, config: Path) -> str:
+    """What a run stopped by Ctrl-C kept, and the command that continues it."""
+    done, ckpt = federation.checkpointed_round, federation.checkpoint_path
+    head = f"fedlit fit: interrupted in round {done + 1} of {federation.config.rounds}"
+    if done == 0 or not ckpt.is_file():
+        return (
+            f"{head}, before the run's first checkpoint: nothing to resume. This starts it "
+            f"afresh in {federation.run_dir}:\n  "
+            + shlex.join(["fedlit", "fit", "--config", str(config)])
+        )
+    return (
+        f"{head}. Kept: round {done}'s checkpoint, {ckpt}, and metrics.csv up to round {done}. "
+        "Continue with:\n  "
+        + shlex.join(["fedlit", "fit", "--config", str(config), "--federation.resume", str(ckpt)])
+    )
 
 
 def _floats(value: Any, key: str = "") -> Iterator[tuple[str, float]]:
@@ -416,6 +439,9 @@ def main(args: Sequence[str] | None = None) -> None:
         FedlitCLI(args=argv)
     except SIGTERMException as stop:  # Lightning's own raise carries no status: not a success
         raise SystemExit(stop.code or TERMINATED) from None
+    except KeyboardInterrupt:  # Ctrl-C outside a run's rounds
+        print("fedlit: interrupted", file=sys.stderr, flush=True)
+        raise SystemExit(INTERRUPTED) from None
 
 
 if __name__ == "__main__":

@@ -102,6 +102,7 @@ class Federation:
         self.visits: dict[int, int] = {}  # client id -> rounds it has been selected in
         self.history: list[dict[str, float]] = []
         self.start_round = 1
+        self.checkpointed_round = 0  # the round of the run's last checkpoint (0: none yet)
         self._prepared = False
         self._dead = False  # the directory holds a run that died before its first checkpoint
         self._opened = False  # open_run_dir has run: the directory is locked and ready
@@ -305,6 +306,7 @@ class Federation:
         self.history = list(ckpt["history"])
         set_rng_states(ckpt["rng"])
         self.start_round = ckpt["round"] + 1
+        self.checkpointed_round = ckpt["round"]
 
     # --- the run ---------------------------------------------------------------------------
     def run(self) -> FederationResult:
@@ -461,3 +463,4 @@ class Federation:
             },
         )
         self.store.checkpointed()  # the files the checkpoint no longer names go
+        self.checkpointed_round = round_idx
