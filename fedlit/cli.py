@@ -13,6 +13,7 @@ finished runs. ``fedlit partition --config recipe.yaml``: plot a recipe's partit
 
 from __future__ import annotations
 
+import argparse
 import inspect
 import json
 import math
@@ -94,6 +95,18 @@ INTERRUPTED = 130
 SPLIT_FREE = ("data.root", "data.download", "data.batch_size", "data.client_batch_size")
 
 
+FIT_HELP = (
+    "Train a federation (model, data, federation, trainer, seed_everything: a recipe and "
+    "dotted overrides), or continue one with --federation.resume; writes the run directory "
+    "trainer.default_root_dir. Trainer settings fedlit does not apply (max_epochs, "
+    "callbacks, ...) are not listed, and refused by name."
+)
+TEST_HELP = (
+    "Evaluate a run's checkpoint on the test set: --config RUN/config.yaml "
+    "--ckpt_path RUN/checkpoints/last.ckpt."
+)
+
+
 class FedlitCLI(LightningCLI):
     """LightningCLI whose ``fit`` runs a federation and whose ``test`` evaluates its checkpoint."""
 
@@ -106,6 +119,10 @@ class FedlitCLI(LightningCLI):
             auto_configure_optimizers=False,
             seed_everything_default=0,
             trainer_defaults={"logger": False, "default_root_dir": "runs/fedlit"},
+            parser_kwargs={
+                "fit": {"description": FIT_HELP},
+                "test": {"description": TEST_HELP},
+            },
             args=args,
             run=run,
         )
@@ -113,11 +130,25 @@ class FedlitCLI(LightningCLI):
     @staticmethod
     def subcommands() -> dict[str, set[str]]:
         return {
-            "fit": {"model", "train_dataloaders", "val_dataloaders", "datamodule"},
-            "test": {"model", "dataloaders", "datamodule"},
+            # a federation continues from --federation.resume, not from a Trainer checkpoint
+            "fit": {
+                "model",
+                "train_dataloaders",
+                "val_dataloaders",
+                "datamodule",
+                "ckpt_path",
+                "weights_only",
+            },
+            "test": {"model", "dataloaders", "datamodule", "weights_only"},
         }
 
     def add_arguments_to_parser(self, parser: Any) -> None:
+        # the Trainer settings fedlit refuses stay parseable (to be refused by name), unlisted
+        for action in parser._actions:
+            for option in action.option_strings:
+                key = option.removeprefix("--trainer.").removesuffix(".help")
+                if option.startswith("--trainer.") and key in REFUSED_KEYS:
+                    action.help = argparse.SUPPRESS
         parser.add_class_arguments(FederationConfig, "federation")
         parser.link_arguments(
             "data.num_classes", "model.init_args.num_classes", apply_on="instantiate"
@@ -427,11 +458,34 @@ warnings.filterwarnings("ignore", message=r".*LightningCLI's args parameter is i
 
 COMMANDS = {"compare": compare_main, "report": report_main, "partition": partition_main}
 
+#: ``fedlit``, ``fedlit -h``, ``fedlit --help``: the commands, a line each.
+USAGE = """usage: fedlit {fit,test,compare,report,partition} ...
+
+Federated semi-supervised learning with labels at the server.
+
+commands:
+  fit        train a federation from a recipe, or continue one:
+               fedlit fit --config recipes/quickstart.yaml
+  test       evaluate a run's checkpoint on the test set:
+               fedlit test --config RUN/config.yaml --ckpt_path RUN/checkpoints/last.ckpt
+  compare    recipes x settings x seeds (resumable), then the results table and plots:
+               fedlit compare --config comparison.yaml
+  report     the results table and plots of finished runs:
+               fedlit report RUN_OR_FOLDER... [--baseline METHOD] [--out DIR]
+  partition  plot and summarise a recipe's partition, without training:
+               fedlit partition --config recipe.yaml [--out partition.png]
+
+fedlit COMMAND --help lists a command's settings.
+"""
+
 
 def main(args: Sequence[str] | None = None) -> None:
     """The ``fedlit`` console script: ``fit``/``test`` (LightningCLI) or ``compare``,
     ``report``, ``partition``."""
     argv = list(sys.argv[1:] if args is None else args)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE, end="", file=sys.stdout if argv else sys.stderr)
+        raise SystemExit(0 if argv else 2)
     try:
         if argv and argv[0] in COMMANDS:
             COMMANDS[argv[0]](argv[1:])
