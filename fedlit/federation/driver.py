@@ -50,7 +50,7 @@ from fedlit.federation.seeding import (
 from fedlit.federation.store import CLIENT_DIR, ClientStateStore
 from fedlit.federation.trainers import TrainerTemplate
 from fedlit.methods.base import ClientUpdate, FederatedMethod
-from fedlit.run_layout import CHECKPOINT, RUN_FILE, RUN_MARKERS
+from fedlit.run_layout import CHECKPOINT, CONFIG_FILE, RUN_FILE, RUN_MARKERS
 
 __all__ = ["RUN_FILE", "RUN_MARKERS", "Federation", "FederationConfig", "FederationResult"]
 
@@ -265,25 +265,36 @@ class Federation:
                 raise ValueError(f"federation.resume_may_change: no setting named {name!r}")
         if not saved or not self.hparams:
             return
-        for key in sorted(saved.keys() & self.hparams.keys()):
-            if saved[key] != self.hparams[key] and not any(_covers(a, key) for a in allowed):
-                raise ValueError(
-                    f"federation.resume: {key}={self.hparams[key]!r} but the checkpoint was "
-                    f"made with {key}={saved[key]!r}; resume with the checkpoint's setting, or "
-                    f"allow the change with --federation.resume_may_change=[{key}]"
-                )
+        changed = [
+            key
+            for key in sorted(saved.keys() & self.hparams.keys())
+            if saved[key] != self.hparams[key] and not any(_covers(a, key) for a in allowed)
+        ]
+        if changed:
+            assert self.config.resume is not None
+            run_config = checkpoint_run_dir(self.config.resume) / CONFIG_FILE
+            shown = "; ".join(
+                f"{key}={self.hparams[key]!r} (the checkpoint's: {saved[key]!r})" for key in changed
+            )
+            raise ValueError(
+                f"federation.resume: {len(changed)} setting(s) differ from the checkpoint's: "
+                f"{shown}. Resume with the run's own config (--config {run_config} "
+                f"--federation.resume {self.config.resume}), or allow the change with "
+                f"--federation.resume_may_change=[{','.join(changed)}]"
+            )
 
     def _check_resume(self, ckpt: dict[str, Any]) -> None:
         """Refuse a checkpoint made by another run (seed, method, clients, data set), with
         other settings, or with no round left to run."""
         self._check_settings(ckpt.get("hparams") or {})
         meta = self._meta()
-        for key, value in ckpt["meta"].items():
-            if meta.get(key) != value:
-                raise ValueError(
-                    f"federation.resume: the checkpoint was made with {key}={value!r}, "
-                    f"this run has {key}={meta.get(key)!r}"
-                )
+        other = [
+            f"{key}={value!r}, this run has {meta.get(key)!r}"
+            for key, value in ckpt["meta"].items()
+            if meta.get(key) != value
+        ]
+        if other:
+            raise ValueError(f"federation.resume: the checkpoint was made with {'; '.join(other)}")
         if ckpt["round"] >= self.config.rounds:
             raise ValueError(
                 f"federation.resume: the checkpoint already completed round {ckpt['round']}; "
@@ -307,6 +318,15 @@ class Federation:
         set_rng_states(ckpt["rng"])
         self.start_round = ckpt["round"] + 1
         self.checkpointed_round = ckpt["round"]
+        before = (ckpt.get("hparams") or {}).get("federation.rounds")
+        if isinstance(before, int) and before != self.config.rounds:
+            note(
+                f"federation.rounds {before} -> {self.config.rounds}: the run-level schedules "
+                f"(learning rate, ramps) are laid out again over {self.config.rounds} rounds "
+                f"from round {self.start_round} on; rounds 1-{ckpt['round']} followed the "
+                f"{before}-round schedule, so the result differs from a fresh "
+                f"{self.config.rounds}-round run"
+            )
 
     # --- the run ---------------------------------------------------------------------------
     def run(self) -> FederationResult:
