@@ -165,6 +165,34 @@ class WeightDiversity(Callback):
         )
 
 
+class Contribution(Callback):
+    """``client/contributed``: the fraction of the round's aggregated clients whose unlabeled
+    loss was active (:meth:`~fedlit.methods.FederatedMethod.client_contributed`: FixMatch's
+    ``mask_rate`` above 0, ...), and a warning (stderr, once) in a round where none was: that
+    round's clients learned nothing from their unlabeled data, so what the round gains is the
+    server's own training."""
+
+    def on_updates(
+        self,
+        fed: Federation,
+        round_idx: int,
+        received: Sequence[Payload],
+        updates: Sequence[ClientUpdate],
+        metrics: dict[str, float],
+    ) -> None:
+        if not updates:
+            return
+        active = [fed.method.client_contributed(update.metrics) for update in updates]
+        metrics["client/contributed"] = sum(active) / len(active)
+        if not any(active):
+            keys = [k for k in fed.method.activity_metrics if k in updates[0].metrics]
+            warn(
+                f"round {round_idx}: no client's unlabeled loss was active ({', '.join(keys)} "
+                f"0 at all {len(updates)} clients: no pseudo-label passed its threshold), so the "
+                "clients' unlabeled loss contributed nothing this round"
+            )
+
+
 class FinalEncoderEval(Callback):
     """``eval/<protocol>_acc`` after the last round: the global encoder under each of
     ``federation.final_eval``'s protocols (finetune, linear)."""
@@ -296,11 +324,13 @@ def _duration(seconds: float) -> str:
 
 def default_callbacks(loggers: Sequence[Logger]) -> list[Callback]:
     """The callbacks of every run, in order: notes, ``run.json``, the weight diversity, the
-    final encoder evaluation, the rows, the partition image, the checkpoint, the progress."""
+    clients' contribution, the final encoder evaluation, the rows, the partition image, the
+    checkpoint, the progress."""
     return [
         Announce(),
         RunFile(),
         WeightDiversity(),
+        Contribution(),
         FinalEncoderEval(),
         Rows(loggers),
         PartitionImage(loggers),
