@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from lightning.pytorch.loggers import Logger, WandbLogger
 from torch import Tensor
-from tqdm.auto import tqdm
+from tqdm import tqdm  # text, also in notebooks (no widget: no ipywidgets needed)
 
 from fedlit.aggregation import weight_diversity
 from fedlit.aggregation.payloads import Payload, flatten_payload
