@@ -448,7 +448,7 @@ def partition_main(argv: Sequence[str]) -> None:
         cli.parser.error(str(err))
     summary = data.partition_summary()
     title = f"{data.dataset}, {type(data.partitioner).__name__}: R = {data.non_iid_R:.3f}"
-    path = plot_partition(data.class_counts, out, title=title)
+    path = plot_partition(data.class_counts, out, title=title, class_names=data.class_names)
     counts = {f"client {k}": row.tolist() for k, row in enumerate(data.class_counts)}
     print(json.dumps({"plot": str(path), **summary, "class_counts": counts}))
 

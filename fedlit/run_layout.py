@@ -21,6 +21,7 @@ RUN_MARKERS = (METRICS_FILE, "checkpoints", CONFIG_FILE)
 RUN_FILES = (RUN_FILE, HPARAMS_FILE, "partition.png")
 
 TEST_ACC = "test/acc"  # the scored model's test accuracy, every round
+VAL_ACC = "val/acc"  # its accuracy on the server's validation split: what selects a round
 BYTES_KEYS = ("comm/bytes_down", "comm/bytes_up")
 #: the driver's final evaluations of the global encoder (``federation.final_eval``)
 FINAL_EVAL_KEYS = {"finetune": "eval/finetune_acc", "linear": "eval/linear_acc"}

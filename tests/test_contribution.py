@@ -68,5 +68,9 @@ def test_a_run_whose_clients_did_nothing_says_so(
     for row in rows:
         mask_rate, contributed = float(row["client/mask_rate"]), float(row["client/contributed"])
         assert contributed == (1.0 if tau == 0.0 else 0.0) and (mask_rate > 0) == (tau == 0.0)
+    # each evaluation scores the server's validation split too, and each step its learning rate
+    for row in rows:
+        assert 0 <= float(row["val/acc"]) <= 1 and float(row["val/loss"]) > 0
+        assert float(row["server/lr"]) > 0 and float(row["client/lr"]) > 0
     warned = [line for line in err.splitlines() if "unlabeled loss was active" in line]
     assert len(warned) == (2 if tau == 1.0 else 0)

@@ -248,7 +248,9 @@ class PartitionImage(Callback):
 
         data = fed.data
         title = f"{data.dataset}: R = {data.non_iid_R:.3f}"
-        path = plot_partition(data.class_counts, fed.run_dir / "partition.png", title)
+        path = plot_partition(
+            data.class_counts, fed.run_dir / "partition.png", title, data.class_names
+        )
         for logger in self.imaging:
             logger.log_image(key="partition", images=[str(path)], step=0)
 

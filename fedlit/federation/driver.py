@@ -441,12 +441,19 @@ class Federation:
 
     def evaluate(self, prefix: str = "test") -> dict[str, float]:
         """Top-1 accuracy and loss of the method's evaluation network on the test set, its
-        BatchNorm statistics re-estimated on the server's clean images (:func:`scored`)."""
+        BatchNorm statistics re-estimated on the server's clean images (:func:`scored`); with
+        ``prefix`` "test", also on the server's validation split (``val/acc``, ``val/loss``)
+        where it has images (``data.val_per_class``): what a model is selected by."""
         seed_all(derive_seed(self.seed, 0, EVAL))
         network = scored(self.method.eval_network(), self.data, self.trainer.device())
         evaluator = Evaluator(network, self.data.num_classes)
         self.trainer.test(evaluator, self.data.test_dataloader())
-        return evaluator.metrics(prefix)
+        metrics = evaluator.metrics(prefix)
+        if prefix == "test" and len(self.data.val):
+            validation = Evaluator(network, self.data.num_classes)
+            self.trainer.test(validation, self.data.val_dataloader())
+            metrics |= validation.metrics("val")
+        return metrics
 
     def evaluate_encoder(self) -> dict[str, float]:
         """The configured protocols (finetune, linear) on the global encoder: ``eval/<p>_acc``."""
