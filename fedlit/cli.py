@@ -194,7 +194,25 @@ class FedlitCLI(LightningCLI):
                     f"checkpoints are the federation's); per-step settings: {TEMPLATE_KEYS}"
                 )
 
+    def _wandb_into_run_dir(self) -> None:
+        """A ``WandbLogger`` whose ``save_dir`` is left at its default (``.``, the current
+        directory) and has no ``dir`` writes its files (an offline run) into the run
+        directory, ``<run>/wandb/``, as the comparison's runs do."""
+        trainer = (self.config[self.subcommand] if self.subcommand else self.config).trainer
+        loggers = trainer.logger if isinstance(trainer.logger, list) else [trainer.logger]
+        for logger in loggers:
+            path = str(getattr(logger, "class_path", ""))
+            args = getattr(logger, "init_args", None)
+            if (
+                path.endswith("WandbLogger")
+                and args is not None
+                and str(args.get("save_dir", ".")) == "."
+                and not args.get("dir")
+            ):
+                args.save_dir = str(trainer.default_root_dir)
+
     def instantiate_classes(self) -> None:
+        self._wandb_into_run_dir()
         try:
             super().instantiate_classes()
         except ValueError as err:
