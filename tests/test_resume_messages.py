@@ -67,7 +67,7 @@ def test_resume_names_every_differing_setting_and_the_runs_config(
     err = capsys.readouterr().err
     assert (
         "federation.rounds 1 -> 2: the run-level schedules (learning rate, ramps) are laid out "
-        "again over 2 rounds from round 2 on; rounds 1-1 followed the 1-round schedule, so the "
+        "again over 2 rounds from round 2 on; round 1 followed the 1-round schedule, so the "
         "result differs from a fresh 2-round run"
     ) in err, err
     assert load_checkpoint(ckpt)["round"] == 2

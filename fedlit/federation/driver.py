@@ -320,12 +320,12 @@ class Federation:
         self.checkpointed_round = ckpt["round"]
         before = (ckpt.get("hparams") or {}).get("federation.rounds")
         if isinstance(before, int) and before != self.config.rounds:
+            done = "round 1" if ckpt["round"] == 1 else f"rounds 1-{ckpt['round']}"
             note(
                 f"federation.rounds {before} -> {self.config.rounds}: the run-level schedules "
                 f"(learning rate, ramps) are laid out again over {self.config.rounds} rounds "
-                f"from round {self.start_round} on; rounds 1-{ckpt['round']} followed the "
-                f"{before}-round schedule, so the result differs from a fresh "
-                f"{self.config.rounds}-round run"
+                f"from round {self.start_round} on; {done} followed the {before}-round "
+                f"schedule, so the result differs from a fresh {self.config.rounds}-round run"
             )
 
     # --- the run ---------------------------------------------------------------------------
