@@ -13,6 +13,7 @@ finished runs. ``fedlit partition --config recipe.yaml``: plot a recipe's partit
 
 from __future__ import annotations
 
+import argparse
 import errno
 import inspect
 import json
@@ -91,8 +92,23 @@ REFUSED_KEYS = (
 )
 
 
+#: The exit status of a run stopped by Ctrl-C (SIGINT), as shells report it: 128 + 2.
+INTERRUPTED = 130
+
 #: Data settings that change neither the split ``fedlit test`` re-draws nor the scoring.
 SPLIT_FREE = ("data.root", "data.download", "data.batch_size", "data.client_batch_size")
+
+
+FIT_HELP = (
+    "Train a federation (model, data, federation, trainer, seed_everything: a recipe and "
+    "dotted overrides), or continue one with --federation.resume; writes the run directory "
+    "trainer.default_root_dir. Trainer settings fedlit does not apply (max_epochs, "
+    "callbacks, ...) are not listed, and refused by name."
+)
+TEST_HELP = (
+    "Evaluate a run's checkpoint on the test set: --config RUN/config.yaml "
+    "--ckpt_path RUN/checkpoints/last.ckpt."
+)
 
 
 class FedlitCLI(LightningCLI):
@@ -108,6 +124,10 @@ class FedlitCLI(LightningCLI):
             seed_everything_default=0,
             parser_class=OneLineLightningParser,
             trainer_defaults={"logger": False, "default_root_dir": "runs/fedlit"},
+            parser_kwargs={
+                "fit": {"description": FIT_HELP},
+                "test": {"description": TEST_HELP},
+            },
             args=args,
             run=run,
         )
@@ -115,11 +135,25 @@ class FedlitCLI(LightningCLI):
     @staticmethod
     def subcommands() -> dict[str, set[str]]:
         return {
-            "fit": {"model", "train_dataloaders", "val_dataloaders", "datamodule"},
-            "test": {"model", "dataloaders", "datamodule"},
+            # a federation continues from --federation.resume, not from a Trainer checkpoint
+            "fit": {
+                "model",
+                "train_dataloaders",
+                "val_dataloaders",
+                "datamodule",
+                "ckpt_path",
+                "weights_only",
+            },
+            "test": {"model", "dataloaders", "datamodule", "weights_only"},
         }
 
     def add_arguments_to_parser(self, parser: Any) -> None:
+        # the Trainer settings fedlit refuses stay parseable (to be refused by name), unlisted
+        for action in parser._actions:
+            for option in action.option_strings:
+                key = option.removeprefix("--trainer.").removesuffix(".help")
+                if option.startswith("--trainer.") and key in REFUSED_KEYS:
+                    action.help = argparse.SUPPRESS
         parser.add_class_arguments(FederationConfig, "federation")
         parser.link_arguments(
             "data.num_classes", "model.init_args.num_classes", apply_on="instantiate"
@@ -185,9 +219,28 @@ class FedlitCLI(LightningCLI):
             except ValueError as err:
                 self.parser.error(str(err))
 
+    def _wandb_into_run_dir(self) -> None:
+        """A ``WandbLogger`` whose ``save_dir`` is left at its default (``.``, the current
+        directory) and has no ``dir`` writes its files (an offline run) into the run
+        directory, ``<run>/wandb/``, as the comparison's runs do."""
+        trainer = (self.config[self.subcommand] if self.subcommand else self.config).trainer
+        loggers = trainer.logger if isinstance(trainer.logger, list) else [trainer.logger]
+        for logger in loggers:
+            path = str(getattr(logger, "class_path", ""))
+            args = getattr(logger, "init_args", None)
+            if (
+                path.endswith("WandbLogger")
+                and args is not None
+                and str(args.get("save_dir", ".")) == "."
+                and not args.get("dir")
+            ):
+                args.save_dir = str(trainer.default_root_dir)
+
     def instantiate_classes(self) -> None:
-        """LightningCLI's, a refusal printed as one sentence: the ValueError of
-        fedlit's validation, its key in full (:func:`~fedlit.refusals.one_line`)."""
+        """LightningCLI's, with a W&B run's files in the run directory and a refusal printed
+        as one sentence: the ValueError of fedlit's validation, its key in full
+        (:func:`~fedlit.refusals.one_line`)."""
+        self._wandb_into_run_dir()
         try:
             super().instantiate_classes()
         except ValueError as err:
@@ -246,8 +299,8 @@ class FedlitCLI(LightningCLI):
             federation.close()  # a Ray the checks started stops too
             self.parser.error(str(err))
         run_dir = federation.run_dir
+        name = free_config_name(run_dir, federation.start_round)
         try:
-            name = free_config_name(run_dir, federation.start_round)
             self._parser(self.subcommand).save(
                 config, run_dir / name, skip_none=False, overwrite=False, multifile=False
             )
@@ -261,6 +314,9 @@ class FedlitCLI(LightningCLI):
                 raise
             print(f"fedlit fit: error: {failed}", file=sys.stderr, flush=True)
             raise SystemExit(WRITE_FAILED) from None
+        except KeyboardInterrupt:
+            print(interrupted(federation, run_dir / name), file=sys.stderr, flush=True)
+            raise SystemExit(INTERRUPTED) from None
         finally:
             federation.close()
         print(json_line({"run_dir": str(run_dir), **result.final}))
@@ -326,6 +382,23 @@ def json_line(values: dict[str, Any]) -> str:
         return value
 
     return json.dumps(finite(values), allow_nan=False)
+
+
+def interrupted(federation: Federation, config: Path) -> str:
+    """What a run stopped by Ctrl-C kept, and the command that continues it."""
+    done, ckpt = federation.checkpointed_round, federation.checkpoint_path
+    head = f"fedlit fit: interrupted in round {done + 1} of {federation.config.rounds}"
+    if done == 0 or not ckpt.is_file():
+        return (
+            f"{head}, before the run's first checkpoint: nothing to resume. This starts it "
+            f"afresh in {federation.run_dir}:\n  "
+            + shlex.join(["fedlit", "fit", "--config", str(config)])
+        )
+    return (
+        f"{head}. Kept: round {done}'s checkpoint, {ckpt}, and metrics.csv up to round {done}. "
+        "Continue with:\n  "
+        + shlex.join(["fedlit", "fit", "--config", str(config), "--federation.resume", str(ckpt)])
+    )
 
 
 def _floats(value: Any, key: str = "") -> Iterator[tuple[str, float]]:
@@ -475,7 +548,7 @@ def partition_main(argv: Sequence[str]) -> None:
         cli.parser.error(str(err))
     summary = data.partition_summary()
     title = f"{data.dataset}, {type(data.partitioner).__name__}: R = {data.non_iid_R:.3f}"
-    path = plot_partition(data.class_counts, out, title=title)
+    path = plot_partition(data.class_counts, out, title=title, class_names=data.class_names)
     counts = {f"client {k}": row.tolist() for k, row in enumerate(data.class_counts)}
     print(json.dumps({"plot": str(path), **summary, "class_counts": counts}))
 
@@ -485,11 +558,34 @@ warnings.filterwarnings("ignore", message=r".*LightningCLI's args parameter is i
 
 COMMANDS = {"compare": compare_main, "report": report_main, "partition": partition_main}
 
+#: ``fedlit``, ``fedlit -h``, ``fedlit --help``: the commands, a line each.
+USAGE = """usage: fedlit {fit,test,compare,report,partition} ...
+
+Federated semi-supervised learning with labels at the server.
+
+commands:
+  fit        train a federation from a recipe, or continue one:
+               fedlit fit --config recipes/quickstart.yaml
+  test       evaluate a run's checkpoint on the test set:
+               fedlit test --config RUN/config.yaml --ckpt_path RUN/checkpoints/last.ckpt
+  compare    recipes x settings x seeds (resumable), then the results table and plots:
+               fedlit compare --config comparison.yaml
+  report     the results table and plots of finished runs:
+               fedlit report RUN_OR_FOLDER... [--baseline METHOD] [--out DIR]
+  partition  plot and summarise a recipe's partition, without training:
+               fedlit partition --config recipe.yaml [--out partition.png]
+
+fedlit COMMAND --help lists a command's settings.
+"""
+
 
 def main(args: Sequence[str] | None = None) -> None:
     """The ``fedlit`` console script: ``fit``/``test`` (LightningCLI) or ``compare``,
     ``report``, ``partition``."""
     argv = list(sys.argv[1:] if args is None else args)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE, end="", file=sys.stdout if argv else sys.stderr)
+        raise SystemExit(0 if argv else 2)
     try:
         if argv and argv[0] in COMMANDS:
             COMMANDS[argv[0]](argv[1:])
@@ -497,6 +593,9 @@ def main(args: Sequence[str] | None = None) -> None:
         FedlitCLI(args=argv)
     except SIGTERMException as stop:  # Lightning's own raise carries no status: not a success
         raise SystemExit(stop.code or TERMINATED) from None
+    except KeyboardInterrupt:  # Ctrl-C outside a run's rounds
+        print("fedlit: interrupted", file=sys.stderr, flush=True)
+        raise SystemExit(INTERRUPTED) from None
 
 
 if __name__ == "__main__":

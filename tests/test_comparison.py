@@ -76,16 +76,17 @@ def test_compare_two_recipes_two_seeds(
                 (out / "default" / row["method"] / f"seed{seed}" / "run.json").read_text()
             )
             assert info["seed"] == seed and info["setting"] == "default"
-        assert float(row["final_mean"]) == pytest.approx(np.mean(finals))
-        assert float(row["final_std"]) == pytest.approx(np.std(finals, ddof=1))
+        assert float(row["final_mean"]) == pytest.approx(100 * np.mean(finals))  # percent
+        assert float(row["final_std"]) == pytest.approx(100 * np.std(finals, ddof=1))
     by_method = {row["method"]: row for row in rows}
 
     def final(method: str, seed: int) -> float:
         return float(_csv(out / "default" / method / f"seed{seed}" / "metrics.csv")[-1]["test/acc"])
 
     diffs = [final("fedavg_fixmatch", seed) - final("server_sl", seed) for seed in (0, 1)]
-    assert float(by_method["fedavg_fixmatch"]["delta_mean"]) == pytest.approx(np.mean(diffs))
-    assert float(by_method["fedavg_fixmatch"]["delta_std"]) == pytest.approx(np.std(diffs, ddof=1))
+    delta = by_method["fedavg_fixmatch"]
+    assert float(delta["delta_mean"]) == pytest.approx(100 * np.mean(diffs))
+    assert float(delta["delta_std"]) == pytest.approx(100 * np.std(diffs, ddof=1))
     text = report.read_text()
     assert "fedlit compare" in text and "80.25" in text and "Tiny protocol." in text
     assert "| vs server_sl (paired, 95% CI) |" in text and "| baseline |" in text

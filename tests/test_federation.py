@@ -164,7 +164,7 @@ def test_client_round_is_a_function_of_its_inputs(fmnist_root: Path, tmp_path: P
     second = fed.runner(payload, 1, 1, None)
     _assert_same(first.model, second.model)
     assert first.num_examples == 128 and first.state is None
-    assert set(first.metrics) == {"loss", "mask_rate"}
+    assert set(first.metrics) == {"loss", "mask_rate", "lr"}  # lr: the steps' mean rate
     other_round = fed.runner(payload, 1, 2, None)
     assert not torch.equal(first.model["head.0.weight"], other_round.model["head.0.weight"])
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import nbformat
@@ -19,7 +20,7 @@ def test_quickstart_notebook_is_stripped_and_runs(
     assert code and all(not c.outputs and c.execution_count is None for c in code)
     monkeypatch.setenv("FEDLIT_NOTEBOOK_TINY", "1")
     monkeypatch.setenv("FEDLIT_DATA", str(fmnist_root))
-    monkeypatch.setenv("FEDLIT_RUNS", str(tmp_path / "runs"))
+    monkeypatch.delenv("FEDLIT_RUNS", raising=False)  # its own default: work/runs
     client = NotebookClient(
         nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
     )
@@ -32,5 +33,25 @@ def test_quickstart_notebook_is_stripped_and_runs(
     assert len(images) == 2  # the partition and the curves
     tables = [o for o in outputs if "text/markdown" in o.get("data", {})]
     assert "FedAvgFixMatch" in tables[0]["data"]["text/markdown"]
-    runs = sorted((tmp_path / "runs").glob("*/*/metrics.csv"))
+    runs = sorted((tmp_path / "work" / "runs").glob("*/*/metrics.csv"))
     assert [p.parent.name for p in runs] == ["fedavg_fixmatch", "server_sl"]
+    # nothing stray: no bare value of a cell's last line, no widget warnings
+    results = [o for o in outputs if o.output_type == "execute_result"]
+    assert [o["data"].get("text/plain") for o in results] == []
+    stderr = "".join(o.get("text", "") for o in outputs if o.get("name") == "stderr")
+    assert "Warning" not in stderr and "IProgress" not in stderr, stderr
+    # the training cell shows its progress: each run's bar, to its last round
+    (training,) = [c for c in code if "federation.run()" in c.source]
+    bars = "".join(o.get("text", "") for o in training.outputs if o.get("name") == "stderr")
+    assert bars.count("round 2/2: evaluation") >= 2, bars
+
+
+def test_the_notebook_writes_under_an_ignored_folder() -> None:
+    """Run from notebooks/ (as Jupyter does), it writes work/data and work/runs: ignored."""
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    setup = nb.cells[1].source
+    assert '"work/data"' in setup and '"work/runs"' in setup
+    root = NOTEBOOK.parents[1]
+    paths = ["notebooks/work/data/FashionMNIST/raw/x", "notebooks/work/runs/t/a/metrics.csv"]
+    done = subprocess.run(["git", "check-ignore", *paths], cwd=root, capture_output=True, text=True)
+    assert done.stdout.split() == paths, done.stderr

@@ -80,8 +80,10 @@ def synthetic_rows(method: str, accs: Sequence[float]) -> list[dict[str, float]]
     """Round 0 (partition summary) then one row per accuracy, with bytes and diagnostics."""
     down, up = BYTES[method]
     rows: list[dict[str, float]] = [{"round": 0.0, "partition/R": 0.25, "data/server_labeled": 500}]
-    for r, acc in enumerate(accs, start=1):
+    # val/acc: the test curve reversed, so that the round it selects is not the best on test
+    for r, (acc, val) in enumerate(zip(accs, accs[::-1], strict=True), start=1):
         row = {"round": float(r), "test/acc": acc, "comm/bytes_down": down, "comm/bytes_up": up}
+        row["val/acc"] = val
         if method == "FedSEAL":
             row["pseudo/pos_frac"] = 0.1 * r
         else:
@@ -231,12 +233,12 @@ def test_summarize_matches_numpy_over_seeds(sweep: Path) -> None:
         row = by_key[(setting, method)]
         curves = [ACC[(setting, method, seed)] for seed in (0, 1)]
         finals = [curve[-1] for curve in curves]
-        bests = [max(curve) for curve in curves]
+        selected = [curve[int(np.argmax(curve[::-1]))] for curve in curves]
         assert row.seeds == (0, 1)
         assert row.final_mean == pytest.approx(np.mean(finals))
         assert row.final_std == pytest.approx(np.std(finals, ddof=1))
-        assert row.best_mean == pytest.approx(np.mean(bests))
-        assert row.best_std == pytest.approx(np.std(bests, ddof=1))
+        assert row.selected_mean == pytest.approx(np.mean(selected))
+        assert row.selected_std == pytest.approx(np.std(selected, ddof=1))
         assert row.finished == 2
     # Concrete values, so that a wrong ddof or a wrong "final" cannot pass.
     assert by_key[("iid", "FedSEAL")].final_mean == pytest.approx(0.85)
@@ -244,17 +246,19 @@ def test_summarize_matches_numpy_over_seeds(sweep: Path) -> None:
     single = by_key[("noniid", "FedSEAL")]
     assert single.seeds == (0,)
     assert single.final_mean == pytest.approx(0.70)
-    assert math.isnan(single.final_std) and math.isnan(single.best_std)
+    assert math.isnan(single.final_std) and math.isnan(single.selected_std)
     unfinished = by_key[("noniid", "FedAvg")]
     assert unfinished.finished == 0
     assert unfinished.final_mean == pytest.approx(0.40)
 
 
-def test_best_and_rounds_to_target(sweep: Path) -> None:
+def test_selected_by_validation_and_rounds_to_target(sweep: Path) -> None:
     by_key = rows_by_key(find_runs([sweep]))
     seal, avg = by_key[("iid", "FedSEAL")], by_key[("iid", "FedAvg")]
-    assert seal.best_mean == pytest.approx((0.85 + 0.90) / 2)
-    assert avg.best_mean == pytest.approx((0.65 + 0.81) / 2)
+    # val/acc is each test curve reversed: FedSEAL seed 0's val [.80 .85 .70 .50] selects
+    # round 2 (test .70), seed 1's [.90 .83 .82 .60] round 1 (test .60)
+    assert seal.selected_mean == pytest.approx((0.70 + 0.60) / 2)
+    assert avg.selected_mean == pytest.approx((0.40 + 0.55) / 2)
     assert (seal.rounds_to_target, seal.reached) == (pytest.approx(2.5), 2)
     assert (avg.rounds_to_target, avg.reached) == (pytest.approx(3.0), 1)  # seed 0 never does
     nobody = by_key[("noniid", "FedSEAL")]
@@ -344,7 +348,15 @@ def test_last_k_score_and_paired_interval(tmp_path: Path) -> None:
     assert a.delta_mean - a.delta_ci95 > 0  # significant
     text = to_markdown(list(rows.values()), baseline="B")
     assert "mean of last 2" in text and " *|" in text.replace(" * |", " *|")
-    assert t975(2) == 4.303 and abs(t975(60) - 2.000) < 1e-3 and abs(t975(1000) - 1.962) < 1e-3
+    # Student's t 0.975 quantiles as printed in tables (3 decimals)
+    assert [round(t975(df), 3) for df in (1, 2, 4, 30, 60, 1000)] == [
+        12.706,
+        4.303,
+        2.776,
+        2.042,
+        2.0,
+        1.962,
+    ]
     with pytest.raises(ValueError, match="last_k"):
         summarize(find_runs([tmp_path]), last_k=0)
 
@@ -378,15 +390,15 @@ def test_final_evaluations_over_seeds(tmp_path: Path) -> None:
     assert math.isnan(rows["ServerSL"].finetune_mean)
     text = to_markdown(list(rows.values()), baseline="ServerSL")
     header = (
-        "| method | seeds | final test/acc | vs ServerSL (paired, 95% CI) | best "
-        "| rounds to target | MB communicated | finetune (final eval) | linear (final eval) |"
+        "| method | seeds | final test/acc | vs ServerSL (paired, 95% CI) "
+        "| test/acc at best val/acc | rounds to target | MB communicated "
+        "| finetune (final eval) | linear (final eval) |"
     )
     assert header in text.splitlines()
     assert (
-        "| FedSup | 2 | 60.00 ± 0.00 | +5.00 | 60.00 ± 0.00 | - | 0.00 | 72.00 ± 2.83 "
-        "| 63.00 ± 4.24 |"
+        "| FedSup | 2 | 60.00 ± 0.00 | +5.00 | - | - | 0.00 | 72.00 ± 2.83 | 63.00 ± 4.24 |"
     ) in text
-    assert "| ServerSL | 1 | 55.00 | baseline | 55.00 | - | 0.00 | - | - |" in text
+    assert "| ServerSL | 1 | 55.00 | baseline | - | - | 0.00 | - | - |" in text  # no val/acc
 
 
 def test_to_markdown(sweep: Path) -> None:
@@ -395,19 +407,22 @@ def test_to_markdown(sweep: Path) -> None:
     text = to_markdown(rows, target=TARGET, published=published)
     lines = text.splitlines()
     assert [line for line in lines if line.startswith("###")] == ["### iid", "### noniid"]
-    header = "| method | seeds | final test/acc | best | rounds to 80% | MB communicated | paper |"
+    header = (
+        "| method | seeds | final test/acc | test/acc at best val/acc | rounds to 80% "
+        "| MB communicated | paper |"
+    )
     assert lines.count(header) == 2
     table_rows = [line for line in lines if line.startswith("| Fed")]
     assert len(table_rows) == 4
     iid_rows = table_rows[:2]  # sorted by final mean, descending: FedSEAL 85.00 > FedAvg 67.50
     assert iid_rows[0] == (
-        f"| FedSEAL | 2 | 85.00 ± {100 * 0.1 / math.sqrt(2):.2f} | 87.50 ± 3.54 | 2.5 (2/2) "
+        f"| FedSEAL | 2 | 85.00 ± {100 * 0.1 / math.sqrt(2):.2f} | 65.00 ± 7.07 | 2.5 (2/2) "
         "| 0.01 | 84.28 |"
     )
-    assert iid_rows[1].startswith("| FedAvg | 2 | 67.50 ± 3.54 | 73.00 ± 11.31 | 3.0 (1/2) |")
+    assert iid_rows[1].startswith("| FedAvg | 2 | 67.50 ± 3.54 | 47.50 ± 10.61 | 3.0 (1/2) |")
     assert iid_rows[1].endswith("|  |")  # no published number for FedAvg
     noniid_rows = table_rows[2:]
-    assert noniid_rows[0].startswith("| FedSEAL | 1 | 70.00 | 70.00 | - (0/1) |")
+    assert noniid_rows[0].startswith("| FedSEAL | 1 | 70.00 | 30.00 | - (0/1) |")
     assert noniid_rows[1].startswith("| FedAvg | 1 (1 unfinished) | 40.00 |")
     plain = to_markdown(rows)
     assert "paper" not in plain
@@ -425,7 +440,8 @@ def test_write_csv(sweep: Path, tmp_path: Path) -> None:
     by_key = {(r["setting"], r["method"]): r for r in records}
     seal = by_key[("iid", "FedSEAL")]
     assert seal["seeds"] == "0 1"
-    assert float(seal["final_mean"]) == pytest.approx(0.85)
+    assert float(seal["final_mean"]) == pytest.approx(85.0)  # percent, as `published`
+    assert float(seal["selected_std"]) == pytest.approx(100 * 0.1 / math.sqrt(2))
     assert float(seal["bytes_total"]) == pytest.approx(6000.0)
     assert float(seal["published"]) == pytest.approx(84.28)
     assert by_key[("iid", "FedAvg")]["published"] == ""
@@ -527,3 +543,111 @@ def test_summary_names_what_the_intervals_separate(tmp_path: Path) -> None:
     assert "does not reach 71%" in summary(rows, "B", target=0.71)
     assert text.strip() in to_markdown(rows, target=0.695, baseline="B")
     assert "Above" not in to_markdown(rows)  # no baseline, no summary
+
+
+def _flat_run(run_dir: Path, seed: int, accs: Sequence[float], **changes: object) -> Path:
+    """A run with an hparams.yaml (the flat config the driver logs), as ``fedlit fit`` writes."""
+    write_run(run_dir, synthetic_rows("FedAvg", accs), class_path="fedlit.methods.FedAvg")
+    hparams: dict[str, object] = {
+        "seed_everything": seed,
+        "model.class_path": "fedlit.methods.FedAvg",
+        "data.partitioner.class_path": "fedlit.data.partition.IID",
+        "federation.rounds": ROUNDS,
+        "trainer.default_root_dir": str(run_dir),
+        "trainer.logger": False,
+        "data.root": "data",
+        "model.init_args.optim.client_lr": 0.03,
+        **changes,
+    }
+    (run_dir / "hparams.yaml").write_text(yaml.safe_dump(hparams))
+    (run_dir / "run.json").write_text(json.dumps({"seed": seed}))
+    return run_dir
+
+
+def test_report_refuses_runs_of_different_settings_as_seeds(tmp_path: Path) -> None:
+    """An IID run and a Dirichlet run of one method are not two seeds of one setting: the
+    table refuses them, naming every differing key and each run's value; runs differing only
+    in the seed, the run directory, the loggers and the data root are seeds."""
+    iid = _flat_run(tmp_path / "try1", 1, [0.5, 0.6, 0.7, 0.8])
+    noniid = _flat_run(
+        tmp_path / "noniid",
+        0,
+        [0.3, 0.4, 0.5, 0.5],
+        **{
+            "data.partitioner.class_path": "fedlit.data.partition.Dirichlet",
+            "data.partitioner.init_args.alpha": 0.1,
+            "model.init_args.optim.client_lr": 0.01,
+        },
+    )
+    assert load_run(noniid).config["data.partitioner.init_args.alpha"] == 0.1
+    with pytest.raises(ValueError) as err:
+        summarize(find_runs([iid, noniid]))
+    message = str(err.value)
+    assert "differ in more than the seed" in message
+    assert "(data.partitioner.class_path, model.init_args.optim.client_lr)" in message
+    assert f"'fedlit.data.partition.IID' in {iid}" in message
+    assert f"'fedlit.data.partition.Dirichlet' in {noniid}" in message
+    assert "trainer.default_root_dir" not in message and "seed_everything" not in message
+
+    seed2 = _flat_run(
+        tmp_path / "try2", 2, [0.6, 0.7, 0.8, 0.9], **{"trainer.logger": True, "data.root": "x"}
+    )
+    (row,) = summarize(find_runs([iid, seed2]))
+    assert row.seeds == (1, 2) and row.final_mean == pytest.approx(0.85)
+
+    out = tmp_path / "report"
+    done = subprocess.run(
+        [sys.executable, "-m", "fedlit.cli", "report", str(iid), str(noniid), "--out", str(out)],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 2
+    assert "data.partitioner.class_path" in done.stderr and "Traceback" not in done.stderr
+    assert not out.exists()  # refused before anything is written
+
+
+def test_partition_heat_map_is_anchored_at_zero_with_class_names(tmp_path: Path) -> None:
+    """An even split (6 or 7 images a cell) reads as even: the colour scale starts at 0, not at
+    the smallest count; the columns carry the data set's class names."""
+    from fedlit.data.datasets import dataset_spec
+
+    names = dataset_spec("fashion_mnist").classes
+    assert names is not None and names[0] == "T-shirt/top" and names[9] == "Ankle boot"
+    counts = np.array([[6, 7] * 5, [7, 6] * 5])
+    seen: dict[str, object] = {}
+
+    def inspect(fig: object) -> None:
+        ax = fig.axes[0]  # type: ignore[attr-defined]
+        seen["clim"] = ax.images[0].get_clim()
+        seen["ticks"] = [t.get_text() for t in ax.get_xticklabels()]
+
+    path = plot_partition(counts, tmp_path / "p.png", "IID", names, inspect=inspect)
+    assert is_png(path)
+    assert seen == {"clim": (0.0, 7.0), "ticks": list(names)}
+    with pytest.raises(ValueError, match="class_names: 9 names for 10 classes"):
+        plot_partition(counts, tmp_path / "q.png", class_names=names[:9])
+
+
+def test_curves_in_percent_and_one_seed_in_the_singular(sweep: Path, tmp_path: Path) -> None:
+    from matplotlib.figure import Figure
+
+    seen: list[list[tuple[str, str, float]]] = []
+    original = Figure.savefig
+
+    def keep(self: Figure, *args: object, **kwargs: object) -> None:
+        seen.append(
+            [(ax.get_title(), ax.get_ylabel(), ax.lines[0].get_ydata().max()) for ax in self.axes]
+        )
+        original(self, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Figure, "savefig", keep)
+        plot_curves(find_runs([sweep]), tmp_path / "c.png")
+    (panels,) = seen
+    titles = {title for title, _, _ in panels}
+    assert titles == {"iid (mean ± std over n=2 seeds)", "noniid (mean ± std over n=1 seed)"}
+    assert {label for _, label, _ in panels} == {"test/acc (%)"}
+    # iid's first line, FedAvg: the mean of [.40 .50 .60 .65] and [.45 .55 .81 .70] peaks at
+    # round 3, (.60 + .81) / 2 = 70.5%
+    iid = next(p for p in panels if p[0].startswith("iid"))
+    assert iid[2] == pytest.approx(70.5)

@@ -167,6 +167,15 @@ class FederatedDataModule(L.LightningDataModule):
         return self.spec.num_classes
 
     @property
+    def class_names(self) -> tuple[str, ...] | None:
+        """The names of the columns of :attr:`class_counts`: the data set's classes (None
+        where it has no names, or for an unlabeled pool's single column)."""
+        counts = getattr(self, "class_counts", None)
+        if counts is not None and counts.shape[1] != self.num_classes:
+            return None
+        return self.spec.classes
+
+    @property
     def in_channels(self) -> int:
         return self.spec.channels
 

@@ -49,6 +49,11 @@ class DatasetSpec:
     #: torchvision's name of a split of images without labels (STL-10's ``unlabeled``), which
     #: ``data.client_pool: unlabeled`` makes the client pool; None: the data set has none.
     unlabeled_split: str | None = None
+    #: The classes' names, in label order (None: the label numbers name them).
+    classes: tuple[str, ...] | None = None
+
+
+DIGITS = tuple(str(d) for d in range(10))
 
 
 @dataclass(frozen=True, init=False)
@@ -95,14 +100,53 @@ class ImageSplit:
 SPECS: dict[str, DatasetSpec] = {
     spec.name: spec
     for spec in (
-        DatasetSpec("mnist", 10, 1, 28, (0.1307,), (0.3081,), hflip=False),
-        DatasetSpec("fashion_mnist", 10, 1, 28, (0.2860,), (0.3530,), hflip=True),
+        DatasetSpec("mnist", 10, 1, 28, (0.1307,), (0.3081,), hflip=False, classes=DIGITS),
+        DatasetSpec(
+            "fashion_mnist",
+            10,
+            1,
+            28,
+            (0.2860,),
+            (0.3530,),
+            hflip=True,
+            classes=tuple(tvd.FashionMNIST.classes),
+        ),
         DatasetSpec("emnist_balanced", 47, 1, 28, (0.1751,), (0.3332,), hflip=False),
-        DatasetSpec("cifar10", 10, 3, 32, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616), True),
+        DatasetSpec(
+            "cifar10",
+            10,
+            3,
+            32,
+            (0.4914, 0.4822, 0.4465),
+            (0.2470, 0.2435, 0.2616),
+            True,
+            # the names of the data set's batches.meta, in label order
+            classes=(
+                "airplane",
+                "automobile",
+                "bird",
+                "cat",
+                "deer",
+                "dog",
+                "frog",
+                "horse",
+                "ship",
+                "truck",
+            ),  # fmt: skip
+        ),
         DatasetSpec(
             "cifar100", 100, 3, 32, (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762), True
         ),
-        DatasetSpec("svhn", 10, 3, 32, (0.4377, 0.4438, 0.4728), (0.1980, 0.2010, 0.1970), False),
+        DatasetSpec(
+            "svhn",
+            10,
+            3,
+            32,
+            (0.4377, 0.4438, 0.4728),
+            (0.1980, 0.2010, 0.1970),
+            False,
+            classes=DIGITS,  # torchvision maps the digit 0's label 10 to 0
+        ),
         DatasetSpec(
             "stl10",
             10,
@@ -112,6 +156,19 @@ SPECS: dict[str, DatasetSpec] = {
             (0.2603, 0.2566, 0.2713),
             hflip=True,
             unlabeled_split="unlabeled",
+            # class_names.txt of the data set, in label order
+            classes=(
+                "airplane",
+                "bird",
+                "car",
+                "cat",
+                "deer",
+                "dog",
+                "horse",
+                "monkey",
+                "ship",
+                "truck",
+            ),  # fmt: skip
         ),
     )
 }

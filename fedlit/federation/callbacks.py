@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from lightning.pytorch.loggers import Logger, WandbLogger
 from torch import Tensor
-from tqdm.auto import tqdm
+from tqdm import tqdm  # text, also in notebooks (no widget: no ipywidgets needed)
 
 from fedlit.aggregation import weight_diversity
 from fedlit.aggregation.payloads import Payload, flatten_payload
@@ -42,6 +43,10 @@ class Callback:
     def on_first_row(self, fed: Federation, row0: dict[str, float]) -> None:
         """A run that starts afresh has its round-0 row: the partition summary and the
         bootstrap's metrics."""
+
+    def on_stage(self, fed: Federation, round_idx: int, stage: str) -> None:
+        """A stage of the round starts: ``server step``, ``client k/C`` (in the driver's
+        process; ``C clients`` where they run elsewhere), ``fine-tune``, ``evaluation``."""
 
     def on_client_fault(self, fed: Federation, round_idx: int, fault: ClientFault) -> None:
         """A client left out of its round."""
@@ -78,6 +83,10 @@ class Callbacks:
     def first_row(self, fed: Federation, row0: dict[str, float]) -> None:
         for cb in self.items:
             cb.on_first_row(fed, row0)
+
+    def stage(self, fed: Federation, round_idx: int, stage: str) -> None:
+        for cb in self.items:
+            cb.on_stage(fed, round_idx, stage)
 
     def client_fault(self, fed: Federation, round_idx: int, fault: ClientFault) -> None:
         for cb in self.items:
@@ -156,6 +165,34 @@ class WeightDiversity(Callback):
         )
 
 
+class Contribution(Callback):
+    """``client/contributed``: the fraction of the round's aggregated clients whose unlabeled
+    loss was active (:meth:`~fedlit.methods.FederatedMethod.client_contributed`: FixMatch's
+    ``mask_rate`` above 0, ...), and a warning (stderr, once) in a round where none was: that
+    round's clients learned nothing from their unlabeled data, so what the round gains is the
+    server's own training."""
+
+    def on_updates(
+        self,
+        fed: Federation,
+        round_idx: int,
+        received: Sequence[Payload],
+        updates: Sequence[ClientUpdate],
+        metrics: dict[str, float],
+    ) -> None:
+        if not updates:
+            return
+        active = [fed.method.client_contributed(update.metrics) for update in updates]
+        metrics["client/contributed"] = sum(active) / len(active)
+        if not any(active):
+            keys = [k for k in fed.method.activity_metrics if k in updates[0].metrics]
+            warn(
+                f"round {round_idx}: no client's unlabeled loss was active ({', '.join(keys)} "
+                f"0 at all {len(updates)} clients: no pseudo-label passed its threshold), so the "
+                "clients' unlabeled loss contributed nothing this round"
+            )
+
+
 class FinalEncoderEval(Callback):
     """``eval/<protocol>_acc`` after the last round: the global encoder under each of
     ``federation.final_eval``'s protocols (finetune, linear)."""
@@ -211,7 +248,9 @@ class PartitionImage(Callback):
 
         data = fed.data
         title = f"{data.dataset}: R = {data.non_iid_R:.3f}"
-        path = plot_partition(data.class_counts, fed.run_dir / "partition.png", title)
+        path = plot_partition(
+            data.class_counts, fed.run_dir / "partition.png", title, data.class_names
+        )
         for logger in self.imaging:
             logger.log_image(key="partition", images=[str(path)], step=0)
 
@@ -224,13 +263,18 @@ class Checkpoints(Callback):
 
 
 class Progress(Callback):
-    """A progress bar on a terminal (``fed.progress`` None) or when asked (True), a line per
-    round otherwise (None), nothing when False."""
+    """A progress bar on a terminal (``fed.progress`` None) or when asked (True): the round,
+    the stage within it (server step, client k of C, fine-tune, evaluation), the elapsed time
+    and, from the end of the first round on, the estimated time left; a line per round with
+    that estimate otherwise (None); nothing when False."""
 
     def __init__(self) -> None:
         self.bar: Any = None
+        self.started = 0.0
+        self.done = 0  # rounds run by this process
 
     def on_run_start(self, fed: Federation) -> None:
+        self.started, self.done = time.perf_counter(), 0
         show = sys.stderr.isatty() if fed.progress is None else fed.progress
         if show:
             self.bar = tqdm(
@@ -239,17 +283,33 @@ class Progress(Callback):
                 desc="rounds",
                 unit="round",
                 dynamic_ncols=True,
+                smoothing=0,  # the estimate: the mean round time so far
             )
 
+    def on_stage(self, fed: Federation, round_idx: int, stage: str) -> None:
+        if self.bar is not None:
+            self.bar.set_description_str(f"round {round_idx}/{fed.config.rounds}: {stage}")
+
+    def eta_s(self, fed: Federation, round_idx: int) -> float:
+        """Seconds left: the rounds left times the mean time of this process's rounds."""
+        return (time.perf_counter() - self.started) / self.done * (fed.config.rounds - round_idx)
+
     def on_round_end(self, fed: Federation, round_idx: int, metrics: dict[str, float]) -> None:
+        self.done += 1
         acc = metrics.get("test/acc")
         text = f"acc {acc:.4f}" if acc is not None else "acc -"
         if self.bar is not None:
+            self.bar.set_description_str(f"round {round_idx}/{fed.config.rounds}: done")
             self.bar.set_postfix_str(f"{text}, {metrics['time/round_s']:.1f} s/round")
             self.bar.update(1)
         elif fed.progress is None:
             seconds = metrics["time/round_s"]
-            print(f"round {round_idx}/{fed.config.rounds}  {text}  {seconds:.1f} s", flush=True)
+            left = f"  about {_duration(self.eta_s(fed, round_idx))} left"
+            print(
+                f"round {round_idx}/{fed.config.rounds}  {text}  {seconds:.1f} s"
+                + (left if round_idx < fed.config.rounds else ""),
+                flush=True,
+            )
 
     def on_run_end(self, fed: Federation, ending: Ending) -> None:
         if self.bar is not None:
@@ -257,13 +317,22 @@ class Progress(Callback):
             self.bar = None
 
 
+def _duration(seconds: float) -> str:
+    """``42 s``, ``3.5 min`` or ``1.2 h``."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.1f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
+
+
 def default_callbacks(loggers: Sequence[Logger]) -> list[Callback]:
     """The callbacks of every run, in order: notes, ``run.json``, the weight diversity, the
-    final encoder evaluation, the rows, the partition image, the checkpoint, the progress."""
+    clients' contribution, the final encoder evaluation, the rows, the partition image, the
+    checkpoint, the progress."""
     return [
         Announce(),
         RunFile(),
         WeightDiversity(),
+        Contribution(),
         FinalEncoderEval(),
         Rows(loggers),
         PartitionImage(loggers),

@@ -54,7 +54,7 @@ from fedlit.federation.trainers import (
     stop_on_sigterm,
 )
 from fedlit.methods.base import ClientUpdate, FederatedMethod
-from fedlit.run_layout import CHECKPOINT, RUN_FILE, RUN_MARKERS
+from fedlit.run_layout import CHECKPOINT, CONFIG_FILE, RUN_FILE, RUN_MARKERS
 
 __all__ = ["RUN_FILE", "RUN_MARKERS", "Federation", "FederationConfig", "FederationResult"]
 
@@ -106,6 +106,7 @@ class Federation:
         self.visits: dict[int, int] = {}  # client id -> rounds it has been selected in
         self.history: list[dict[str, float]] = []
         self.start_round = 1
+        self.checkpointed_round = 0  # the round of the run's last checkpoint (0: none yet)
         self._prepared = False
         self._dead = False  # the directory holds a run that died before its first checkpoint
         self._opened = False  # open_run_dir has run: the directory is locked and ready
@@ -293,25 +294,36 @@ class Federation:
         allowed = (*RESUME_MAY_CHANGE, *self.config.resume_may_change)
         if not saved or not self.hparams:
             return
-        for key in sorted(saved.keys() & self.hparams.keys()):
-            if saved[key] != self.hparams[key] and not any(_covers(a, key) for a in allowed):
-                raise ValueError(
-                    f"federation.resume: {key}={self.hparams[key]!r} but the checkpoint was "
-                    f"made with {key}={saved[key]!r}; resume with the checkpoint's setting, or "
-                    f"allow the change with --federation.resume_may_change=[{key}]"
-                )
+        changed = [
+            key
+            for key in sorted(saved.keys() & self.hparams.keys())
+            if saved[key] != self.hparams[key] and not any(_covers(a, key) for a in allowed)
+        ]
+        if changed:
+            assert self.config.resume is not None
+            run_config = checkpoint_run_dir(self.config.resume) / CONFIG_FILE
+            shown = "; ".join(
+                f"{key}={self.hparams[key]!r} (the checkpoint's: {saved[key]!r})" for key in changed
+            )
+            raise ValueError(
+                f"federation.resume: {len(changed)} setting(s) differ from the checkpoint's: "
+                f"{shown}. Resume with the run's own config (--config {run_config} "
+                f"--federation.resume {self.config.resume}), or allow the change with "
+                f"--federation.resume_may_change=[{','.join(changed)}]"
+            )
 
     def _check_resume(self, ckpt: dict[str, Any]) -> None:
         """Refuse a checkpoint made by another run (seed, method, clients, data set), with
         other settings, or with no round left to run."""
         self._check_settings(ckpt.get("hparams") or {})
         meta = self._meta()
-        for key, value in ckpt["meta"].items():
-            if meta.get(key) != value:
-                raise ValueError(
-                    f"federation.resume: the checkpoint was made with {key}={value!r}, "
-                    f"this run has {key}={meta.get(key)!r}"
-                )
+        other = [
+            f"{key}={value!r}, this run has {meta.get(key)!r}"
+            for key, value in ckpt["meta"].items()
+            if meta.get(key) != value
+        ]
+        if other:
+            raise ValueError(f"federation.resume: the checkpoint was made with {'; '.join(other)}")
         if ckpt["round"] >= self.config.rounds:
             raise ValueError(
                 f"federation.resume: the checkpoint already completed round {ckpt['round']}; "
@@ -334,6 +346,16 @@ class Federation:
         self.history = list(ckpt["history"])
         set_rng_states(ckpt["rng"])
         self.start_round = ckpt["round"] + 1
+        self.checkpointed_round = ckpt["round"]
+        before = (ckpt.get("hparams") or {}).get("federation.rounds")
+        if isinstance(before, int) and before != self.config.rounds:
+            done = "round 1" if ckpt["round"] == 1 else f"rounds 1-{ckpt['round']}"
+            note(
+                f"federation.rounds {before} -> {self.config.rounds}: the run-level schedules "
+                f"(learning rate, ramps) are laid out again over {self.config.rounds} rounds "
+                f"from round {self.start_round} on; {done} followed the {before}-round "
+                f"schedule, so the result differs from a fresh {self.config.rounds}-round run"
+            )
 
     # --- the run ---------------------------------------------------------------------------
     def run(self) -> FederationResult:
@@ -458,12 +480,19 @@ class Federation:
 
     def evaluate(self, prefix: str = "test") -> dict[str, float]:
         """Top-1 accuracy and loss of the method's evaluation network on the test set, its
-        BatchNorm statistics re-estimated on the server's clean images (:func:`scored`)."""
+        BatchNorm statistics re-estimated on the server's clean images (:func:`scored`); with
+        ``prefix`` "test", also on the server's validation split (``val/acc``, ``val/loss``)
+        where it has images (``data.val_per_class``): what a model is selected by."""
         seed_all(derive_seed(self.seed, 0, EVAL))
         network = scored(self.method.eval_network(), self.data, self.trainer.device())
         evaluator = Evaluator(network, self.data.num_classes)
         self.trainer.test(evaluator, self.data.test_dataloader())
-        return evaluator.metrics(prefix)
+        metrics = evaluator.metrics(prefix)
+        if prefix == "test" and len(self.data.val):
+            validation = Evaluator(network, self.data.num_classes)
+            self.trainer.test(validation, self.data.val_dataloader())
+            metrics |= validation.metrics("val")
+        return metrics
 
     def evaluate_encoder(self) -> dict[str, float]:
         """The configured protocols (finetune, linear) on the global encoder: ``eval/<p>_acc``."""
@@ -500,3 +529,4 @@ class Federation:
             },
         )
         self.store.checkpointed()  # the files the checkpoint no longer names go
+        self.checkpointed_round = round_idx

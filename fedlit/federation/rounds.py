@@ -19,7 +19,7 @@ import numpy as np
 from fedlit.aggregation.payloads import payload_bytes
 from fedlit.data.sampling import sample_clients
 from fedlit.federation.console import first_line
-from fedlit.federation.executors import ClientJob
+from fedlit.federation.executors import ClientJob, InProcess
 from fedlit.federation.faults import ClientFault, fault_metrics, upload_fault
 from fedlit.methods.base import ClientUpdate
 
@@ -35,6 +35,7 @@ def run_round(fed: Federation, round_idx: int) -> dict[str, float]:
     method.on_round_start(round_idx, cfg.rounds)
     fed.store.begin_round(round_idx)
     if method.server_first or not method.uses_clients:
+        fed.callbacks.stage(fed, round_idx, "server step")
         metrics |= fed.server_step(round_idx)
     down: Counter[str] = Counter()  # bytes sent down / up, by payload part
     up: Counter[str] = Counter()
@@ -45,12 +46,15 @@ def run_round(fed: Federation, round_idx: int) -> dict[str, float]:
         metrics |= mean_metrics("client", [u.metrics for u in updates])
         metrics |= method.round_metrics()
         if not method.server_first:
+            fed.callbacks.stage(fed, round_idx, "server step")
             metrics |= fed.server_step(round_idx)
         elif method.server_finetunes:  # paper 000's Algorithm 1: fine-tune the aggregate
+            fed.callbacks.stage(fed, round_idx, "fine-tune")
             metrics |= fed.server_step(round_idx, stage="finetune")
     method.end_round()
     fed.check_finite(round_idx, "the end of the round (end_round)")
     if round_idx % cfg.eval_every == 0 or round_idx == cfg.rounds:
+        fed.callbacks.stage(fed, round_idx, "evaluation")
         metrics |= fed.evaluate()
     for direction, counts in (("down", down), ("up", up)):  # in all, then by part
         metrics[f"comm/bytes_{direction}"] = float(sum(counts.values()))
@@ -81,7 +85,7 @@ def _clients(
         jobs.append(ClientJob(cid, sent, fed.store.get(cid), fed.visits[cid]))
     kept: list[tuple[ClientJob, ClientUpdate]] = []
     faults: list[ClientFault] = []
-    for job, result in zip(jobs, fed.executor.run(jobs, round_idx), strict=True):
+    for job, result in zip(jobs, _run_clients(fed, round_idx, jobs), strict=True):
         if isinstance(result, Exception):
             why = ": ".join(filter(None, (type(result).__name__, first_line(result))))
             fault: ClientFault | None = ClientFault(job.client_id, "raised", why)
@@ -112,6 +116,22 @@ def _clients(
     metrics |= fault_metrics(faults)
     fed.callbacks.updates(fed, round_idx, [job.payload for job, _ in kept], updates, metrics)
     return updates
+
+
+def _run_clients(
+    fed: Federation, round_idx: int, jobs: Sequence[ClientJob]
+) -> list[ClientUpdate | Exception]:
+    """The jobs through the run's executor; in the driver's process one at a time, each
+    announced as a stage (``client k/C``), elsewhere all at once (``C clients``)."""
+    executor = fed.executor
+    if not isinstance(executor, InProcess):
+        fed.callbacks.stage(fed, round_idx, f"{len(jobs)} clients")
+        return executor.run(jobs, round_idx)
+    results: list[ClientUpdate | Exception] = []
+    for k, job in enumerate(jobs, start=1):
+        fed.callbacks.stage(fed, round_idx, f"client {k}/{len(jobs)}")
+        results += executor.run([job], round_idx)
+    return results
 
 
 def mean_metrics(prefix: str, per_client: Sequence[dict[str, float]]) -> dict[str, float]:

@@ -91,6 +91,11 @@ class Objective(AugmentsOnDevice, LightningModule):
             "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
         }
 
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Log the learning rate each optimiser step uses: ``lr`` is its mean over the fit
+        (``server/lr``, ``client/lr`` in a round's row)."""
+        self.accumulate(1.0, lr=torch.tensor(float(optimizer.param_groups[0]["lr"])))
+
     def accumulate(self, weight: float = 1.0, **values: Tensor) -> None:
         """Add ``values`` (scalars), weighted by ``weight``, to the running means."""
         for name, value in values.items():

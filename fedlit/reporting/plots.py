@@ -7,7 +7,7 @@ cleared once written; every function returns the written path.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -104,8 +104,11 @@ def plot_curves(runs: Sequence[RunRecord], path: str | Path, metric: str = "test
     against the round, shaded ± one std where at least two seeds logged the round. One legend,
     beside the panels; each panel's title gives its number of seeds per method.
 
+    An accuracy (a metric ending in ``acc``) is drawn in percent, as the tables give it.
+
     Raises ValueError naming the metric if no run logs it.
     """
+    scale = 100.0 if metric.endswith("acc") else 1.0
     if not any(run.series(metric)[0].size for run in runs):
         raise ValueError(f"plot_curves: no run logs metric {metric!r}")
     by_setting = _group(runs, "setting")
@@ -120,6 +123,7 @@ def plot_curves(runs: Sequence[RunRecord], path: str | Path, metric: str = "test
         seeds = set()
         for (method,), method_runs in _group(setting_runs, "method").items():
             rounds, mean, std, count = _mean_curve(method_runs, metric)
+            mean, std = scale * mean, scale * std
             if not rounds.size:
                 continue
             seeds.add(len(method_runs))
@@ -138,21 +142,30 @@ def plot_curves(runs: Sequence[RunRecord], path: str | Path, metric: str = "test
                     linewidth=0,
                 )
         n = "-".join(str(k) for k in sorted({min(seeds), max(seeds)})) if seeds else "0"
-        ax.set_title(f"{setting} (mean ± std over n={n} seeds)")
+        ax.set_title(f"{setting} (mean ± std over n={n} seed{'' if n == '1' else 's'})")
         ax.set_xlabel("round")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_ylabel(metric)
+        ax.set_ylabel(f"{metric} (%)" if scale == 100.0 else metric)
         ax.grid(alpha=0.3)
     fig.legend(list(handles.values()), list(handles), loc="outside right upper", fontsize="small")
     return _save(fig, path)
 
 
-def plot_partition(class_counts: np.ndarray, path: str | Path, title: str = "") -> Path:
+def plot_partition(
+    class_counts: np.ndarray,
+    path: str | Path,
+    title: str = "",
+    class_names: Sequence[str] | None = None,
+    inspect: Callable[[Figure], None] | None = None,
+) -> Path:
     """Heat map of a partition: clients (rows) x classes (columns) of example counts, with a
-    colour bar; each cell annotated with its count when the grid is at most 20 x 20.
+    colour bar from 0 (white: no example of the class) to the largest count, so that an even
+    split reads as even; each cell annotated with its count when the grid is at most 20 x 20.
+    ``class_names`` (one per column) label the columns, else the class numbers do.
 
     Raises ValueError naming the shape if ``class_counts`` is not a non-empty 2-D array of
-    non-negative counts.
+    non-negative counts, or if ``class_names`` does not name every column. ``inspect`` is
+    called with the figure before it is written (and cleared).
     """
     counts = np.asarray(class_counts)
     if counts.ndim != 2 or counts.size == 0:
@@ -161,22 +174,38 @@ def plot_partition(class_counts: np.ndarray, path: str | Path, title: str = "") 
         )
     if not np.issubdtype(counts.dtype, np.number) or (counts < 0).any():
         raise ValueError(f"class_counts must hold non-negative counts, got {counts.dtype}")
+    if class_names is not None and len(class_names) != counts.shape[1]:
+        raise ValueError(
+            f"class_names: {len(class_names)} names for {counts.shape[1]} classes (columns)"
+        )
     num_clients, num_classes = counts.shape
     fig = _new_figure(min(2.0 + 0.45 * num_classes, 16.0), min(1.5 + 0.35 * num_clients, 16.0))
     ax = fig.add_subplot()
-    image = ax.imshow(counts, aspect="auto", cmap="Blues", interpolation="nearest")
+    image = ax.imshow(
+        counts,
+        aspect="auto",
+        cmap="Blues",
+        interpolation="nearest",
+        vmin=0,
+        vmax=max(counts.max(), 1),
+    )
     fig.colorbar(image, ax=ax, label="examples")
     if num_clients <= 20 and num_classes <= 20:
         high = counts.max()
         for (k, c), n in np.ndenumerate(counts):
             colour = "white" if high and n > 0.6 * high else "black"
             ax.text(c, k, f"{n:g}", ha="center", va="center", fontsize=7, color=colour)
-        ax.set_xticks(np.arange(num_classes))
         ax.set_yticks(np.arange(num_clients))
+    if class_names is not None and num_classes <= 20:
+        ax.set_xticks(np.arange(num_classes), list(class_names), rotation=45, ha="right")
+    elif num_classes <= 20:
+        ax.set_xticks(np.arange(num_classes))
     ax.set_xlabel("class")
     ax.set_ylabel("client")
     if title:
         ax.set_title(title)
+    if inspect is not None:
+        inspect(fig)
     return _save(fig, path)
 
 

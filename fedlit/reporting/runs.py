@@ -11,14 +11,14 @@ from __future__ import annotations
 import csv
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import yaml
 
-from fedlit.run_layout import CONFIG_FILE, METRICS_FILE, RUN_FILE
+from fedlit.run_layout import CONFIG_FILE, HPARAMS_FILE, METRICS_FILE, RUN_FILE
 
 DEFAULT_SETTING = "default"
 
@@ -38,6 +38,8 @@ class RunRecord:
             a metric not logged that round is an absent key.
         summary: the round-0 row (partition summary, bootstrap accuracy, ...).
         marks: what tables write beside the method (run.json ``marks``: ``oracle``).
+        config: the run's flat config, dotted keys (``hparams.yaml``, else ``config.yaml``
+            flattened; empty for a run made through the Python API without either).
     """
 
     run_dir: Path
@@ -48,6 +50,7 @@ class RunRecord:
     history: list[dict[str, float]]
     summary: dict[str, float]
     marks: tuple[str, ...] = ()
+    config: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property
     def finished(self) -> bool:
@@ -91,6 +94,30 @@ def _read_run_json(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
     return data
+
+
+def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    """A nested mapping as one level of dotted keys (``{"a": {"b": 1}}`` -> ``{"a.b": 1}``)."""
+    if not isinstance(value, dict):
+        return {prefix: value}
+    flat: dict[str, Any] = {}
+    for key, item in value.items():
+        flat |= flatten(item, f"{prefix}.{key}" if prefix else str(key))
+    return flat
+
+
+def _flat_config(run_dir: Path, config: dict[str, Any]) -> dict[str, Any]:
+    """The run's flat config: ``hparams.yaml`` (what its loggers received), else ``config``
+    flattened."""
+    path = run_dir / HPARAMS_FILE
+    if path.is_file():
+        try:
+            data = yaml.safe_load(path.read_text())
+        except (OSError, yaml.YAMLError) as err:
+            raise ValueError(f"{path}: unreadable YAML ({err})") from err
+        if isinstance(data, dict):
+            return {str(k): v for k, v in data.items()}
+    return flatten(config)
 
 
 def _parse_row(path: Path, line: int, row: dict[str | None, Any]) -> dict[str, float]:
@@ -187,6 +214,7 @@ def load_run(run_dir: str | Path) -> RunRecord:
         history=history,
         summary=summary,
         marks=tuple(str(m) for m in meta.get("marks", ())),
+        config=_flat_config(run_dir, config),
     )
 
 

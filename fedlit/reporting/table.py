@@ -9,9 +9,10 @@ from dataclasses import astuple, dataclass, fields
 from pathlib import Path
 
 import numpy as np
+from scipy import stats
 
 from fedlit.reporting.runs import RunRecord
-from fedlit.run_layout import BYTES_KEYS, FINAL_EVAL_KEYS
+from fedlit.run_layout import BYTES_KEYS, FINAL_EVAL_KEYS, NOT_SETTING_KEYS, VAL_ACC
 
 
 @dataclass(frozen=True)
@@ -23,7 +24,10 @@ class ResultRow:
         seeds: the runs' seeds, in run order.
         final_mean, final_std: the metric at each run's last logged value (the last round for a
             finished run); std is the sample std (ddof=1), NaN with one seed.
-        best_mean, best_std: each run's max of the metric over rounds.
+        selected_mean, selected_std: each run's metric at the round its validation accuracy
+            (``val/acc``, the server's validation split) was highest, the first such round
+            on a tie: the model selection a run may make without the test set; NaN for runs
+            that logged no ``val/acc``.
         rounds_to_target: mean over the seeds that reached ``target`` of the first round with
             metric >= target; NaN if none reached it or there is no target.
         reached: how many seeds reached the target (0 without a target).
@@ -50,8 +54,8 @@ class ResultRow:
     seeds: tuple[int, ...]
     final_mean: float
     final_std: float
-    best_mean: float
-    best_std: float
+    selected_mean: float
+    selected_std: float
     rounds_to_target: float
     reached: int
     bytes_total: float
@@ -78,21 +82,11 @@ def _mean_std(values: Sequence[float]) -> tuple[float, float]:
     return mean, std
 
 
-#: two-sided 95% critical values of Student's t, by degrees of freedom 1..30
-_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
-         2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
-         2.060, 2.056, 2.052, 2.048, 2.045, 2.042)  # fmt: skip
-
-
 def t975(df: int) -> float:
-    """Student's t 0.975 quantile with ``df`` degrees of freedom (a table up to 30, then the
-    Cornish-Fisher expansion around 1.96, within 1e-3)."""
+    """Student's t 0.975 quantile with ``df`` degrees of freedom (NaN for ``df < 1``)."""
     if df < 1:
         return math.nan
-    if df <= len(_T975):
-        return _T975[df - 1]
-    z = 1.959964
-    return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+    return float(stats.t.ppf(0.975, df))
 
 
 def ci95(values: Sequence[float]) -> float:
@@ -108,6 +102,16 @@ def _first_round_at(run: RunRecord, metric: str, target: float) -> int | None:
     rounds, values = run.series(metric)
     hits = np.flatnonzero(values >= target)
     return int(rounds[hits[0]]) if hits.size else None
+
+
+def _selected(run: RunRecord, metric: str) -> float:
+    """``metric`` at the round of the run's highest ``val/acc`` (the first on a tie; NaN
+    without ``val/acc`` or without ``metric`` in that round)."""
+    rows = [row for row in run.history if VAL_ACC in row]
+    if not rows:
+        return math.nan
+    best = max(range(len(rows)), key=lambda i: (rows[i][VAL_ACC], -i))
+    return rows[best].get(metric, math.nan)
 
 
 def _bytes_total(run: RunRecord) -> float:
@@ -137,12 +141,11 @@ def _summarize_group(
 ) -> ResultRow:
     """One ResultRow from the runs of one (setting, method); ``baseline``: seed -> the baseline
     method's score in the same setting."""
-    finals, scores, bests, hits, deltas = [], [], [], [], []
+    finals, scores, selected, hits, deltas = [], [], [], [], []
     for run in runs:
-        _, values = run.series(metric)
         finals.append(_final(run, metric))
         scores.append(_score(run, metric, last_k))
-        bests.append(float(values.max()) if values.size else math.nan)
+        selected.append(_selected(run, metric))
         if target is not None:
             hit = _first_round_at(run, metric, target)
             if hit is not None:
@@ -152,7 +155,7 @@ def _summarize_group(
             if math.isfinite(delta):
                 deltas.append(delta)
     final_mean, final_std = _mean_std(finals)
-    best_mean, best_std = _mean_std(bests)
+    selected_mean, selected_std = _mean_std(selected)
     delta_mean, delta_std = _mean_std(deltas)
     score_mean, score_std = _mean_std(scores)
     finetune = _mean_std([_final(run, FINAL_EVAL_KEYS["finetune"]) for run in runs])
@@ -164,8 +167,8 @@ def _summarize_group(
         seeds=tuple(run.seed for run in runs),
         final_mean=final_mean,
         final_std=final_std,
-        best_mean=best_mean,
-        best_std=best_std,
+        selected_mean=selected_mean,
+        selected_std=selected_std,
         rounds_to_target=float(np.mean(hits)) if hits else math.nan,
         reached=len(hits),
         bytes_total=float(np.mean([_bytes_total(run) for run in runs])),
@@ -184,6 +187,38 @@ def _summarize_group(
     )
 
 
+def setting_differences(runs: Sequence[RunRecord]) -> dict[str, list[tuple[object, Path]]]:
+    """The flat-config keys in which ``runs`` differ, other than the seed, the run directory
+    and display settings (:data:`~fedlit.run_layout.NOT_SETTING_KEYS`): key -> (value, run
+    directory) for each run that has the key. Keys some runs lack are not compared."""
+    keys = sorted({key for run in runs for key in run.config})
+    out: dict[str, list[tuple[object, Path]]] = {}
+    for key in keys:
+        if any(key == free or key.startswith(free + ".") for free in NOT_SETTING_KEYS):
+            continue
+        values = [(run.config[key], run.run_dir) for run in runs if key in run.config]
+        if len({repr(value) for value, _ in values}) > 1:
+            out[key] = values
+    return out
+
+
+def _check_one_setting(method: str, setting: str, runs: Sequence[RunRecord]) -> None:
+    """ValueError naming every key in which the runs of one (setting, method) differ, with
+    each run's value, if they are not seeds of one setting."""
+    differ = setting_differences(runs)
+    if not differ:
+        return
+    shown = "; ".join(
+        f"{key}: " + ", ".join(f"{value!r} in {run_dir}" for value, run_dir in values)
+        for key, values in differ.items()
+    )
+    raise ValueError(
+        f"the runs of {method} in setting {setting!r} differ in more than the seed, so they "
+        f"are not seeds of one setting ({', '.join(differ)}): {shown}. Report them "
+        "separately, or run them as settings of a comparison (fedlit compare)"
+    )
+
+
 def summarize(
     runs: Sequence[RunRecord],
     target: float | None = None,
@@ -199,8 +234,10 @@ def summarize(
     ``target`` is in the metric's units (a fraction for test/acc). A run that never logs the
     metric counts as a seed but not towards the means. ``baseline`` names the method every
     row is compared with, seed by seed (``delta_*``). Raises ValueError naming both run
-    directories if two runs share (setting, method, seed), as they would be counted twice, and
-    naming ``baseline`` if no run is of that method.
+    directories if two runs share (setting, method, seed), as they would be counted twice,
+    naming every key in which the runs of one (setting, method) differ other than the seed
+    (their flat configs: :func:`setting_differences`), as their mean ± std would mix settings,
+    and naming ``baseline`` if no run is of that method.
     """
     groups: dict[tuple[str, str], list[RunRecord]] = {}
     seen: dict[tuple[str, str, int], RunRecord] = {}
@@ -213,6 +250,8 @@ def summarize(
             )
         seen[ident] = run
         groups.setdefault((run.setting, run.method), []).append(run)
+    for (setting, method), group in groups.items():
+        _check_one_setting(method, setting, group)
     if isinstance(last_k, bool) or not isinstance(last_k, int) or last_k < 1:
         raise ValueError(f"last_k must be a positive integer, got {last_k!r}")
     if baseline is not None and baseline not in {method for _, method in groups}:
@@ -231,6 +270,14 @@ def summarize(
     ]
 
 
+#: The ResultRow fields in units of the metric (accuracy): written in percent.
+PERCENT_FIELDS = frozenset(
+    f.name
+    for f in fields(ResultRow)
+    if f.name.endswith(("_mean", "_std", "_ci95")) and f.name != "bytes_total"
+)
+
+
 def _published(published: Mapping[str, Mapping[str, float]] | None, row: ResultRow) -> float | None:
     """The paper's number (percent) for the row's method and setting, if any."""
     if published is None:
@@ -243,8 +290,10 @@ def write_csv(
     path: str | Path,
     published: Mapping[str, Mapping[str, float]] | None = None,
 ) -> Path:
-    """Write the rows as CSV (raw numbers: fractions, bytes; seeds space-separated), one
-    column per ResultRow field, plus ``published`` (percent, blank where absent) when given."""
+    """Write the rows as CSV, one column per ResultRow field (seeds space-separated), plus
+    ``published`` when given (blank where absent). The accuracy fields (means, stds, paired
+    differences and their intervals, scores, final evaluations) are in percent, as in the
+    tables, the plots and ``published``; bytes in bytes."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     header = [f.name for f in fields(ResultRow)]
@@ -254,7 +303,10 @@ def write_csv(
         writer = csv.writer(f)
         writer.writerow(header)
         for row in rows:
-            cells: list[object] = list(astuple(row))
+            cells: list[object] = [
+                100 * value if name in PERCENT_FIELDS else value
+                for name, value in zip(header, astuple(row), strict=False)
+            ]
             cells[header.index("seeds")] = " ".join(str(s) for s in row.seeds)
             cells[header.index("marks")] = " ".join(row.marks)
             if published is not None:
@@ -316,7 +368,9 @@ def summary(rows: Sequence[ResultRow], baseline: str, target: float | None = Non
     lines = []
     if base:
         row = base[0]
-        text = f"- {baseline}: {_pct(row.score_mean, row.score_std)} over {len(row.seeds)} seeds"
+        text = (
+            f"- {baseline}: {_pct(row.score_mean, row.score_std)} over {_n_seeds(len(row.seeds))}"
+        )
         if target is not None and math.isfinite(row.score_mean):
             met = "reaches" if row.score_mean >= target else "does not reach"
             text += f"; its mean {met} {100 * target:g}%"
@@ -334,6 +388,11 @@ def summary(rows: Sequence[ResultRow], baseline: str, target: float | None = Non
         lines.append(f"- {words.capitalize()} {baseline} (paired 95% CI): "
                      + (", ".join(names) if names else "none") + ".")  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def _n_seeds(n: int) -> str:
+    """``1 seed``, ``3 seeds``."""
+    return f"{n} seed" + ("s" if n != 1 else "")
 
 
 def _seeds(row: ResultRow) -> str:
@@ -364,7 +423,7 @@ def to_markdown(
         header.append(f"mean of last {last_k}")
     if baseline is not None:
         header.append(f"vs {baseline} (paired, 95% CI)")
-    header += ["best", target_label, "MB communicated"]
+    header += ["test/acc at best val/acc", target_label, "MB communicated"]
     evals = [
         name
         for name in FINAL_EVAL_KEYS
@@ -395,7 +454,7 @@ def to_markdown(
             if baseline is not None:
                 cells.append(_points(row, baseline))
             cells += [
-                _pct(row.best_mean, row.best_std),
+                _pct(row.selected_mean, row.selected_std),
                 _rounds(row, target),
                 f"{row.bytes_total / 1e6:.2f}",
             ]
