@@ -301,6 +301,7 @@ def _sigterm_stops_the_run() -> Iterator[None]:
         return
 
     def stop(signum: int, frame: FrameType | None) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # another one does not cut the stopping
         raise SIGTERMException(TERMINATED)
 
     signal.signal(signal.SIGTERM, stop)
