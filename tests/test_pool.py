@@ -1,7 +1,7 @@
 """The pool executor on a CPU, on the real Fashion-MNIST: two workers at one torch thread give
 the in-process run's weights, test accuracies and client states at one thread, as does one
 worker (scheduling cannot change results); a worker that dies has its clients retried, a client
-that raises is its round's fault; a resume changes executors; a SIGTERM stops the run and its
+that raises is its round's fault; a pool run resumes in-process; a SIGTERM stops the run and its
 workers; workers end with a driver that is killed; bad settings are refused naming the key."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import tiny_overrides
+from conftest import stop_in_round, tiny_overrides
 from dying_methods import MARKER, SignalsDriver, Unreliable
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from ray_runs import differences, federation
@@ -84,7 +84,8 @@ def test_two_workers_give_the_in_process_run(method: str, runs: dict[str, Federa
     also covers persistent client states and the clients that only receive the broadcast)."""
     local, pool = runs[f"{method}/None"], runs[f"{method}/2"]
     assert differences(local, pool) == []
-    assert len(pool.history) == 3 and all(h.get("fault/clients", 0) == 0 for h in pool.history)
+    assert [h["round"] for h in pool.history] == [1, 2]
+    assert all(h["fault/clients"] == 0 for h in pool.history)
     if method == "FedSEAL":  # every client holds a state: 3 sampled + 1 that only received
         assert len(pool.store.client_ids()) == 4
 
@@ -114,31 +115,40 @@ def test_a_dead_worker_is_retried_and_a_raising_client_is_a_fault(
         pooled.run()
     assert marker.read_text() not in ("", str(os.getpid()))  # a worker died, not the driver
     assert executor.restarts == 1
-    assert [h.get("fault/clients") for h in pooled.history[1:]] == [0.0, 1.0]
-    assert pooled.history[2]["fault/client_3"] == 1.0  # raised
+    assert [h["fault/clients"] for h in pooled.history] == [0.0, 1.0]
+    assert pooled.history[1]["fault/client_3"] == 1.0  # raised
     assert differences(local, pooled) == []
 
 
-def test_resume_moves_from_local_to_the_pool(fmnist_root: Path, tmp_path: Path) -> None:
-    """Round 1 in-process, round 2 on the pool (through the CLI): the 2-round in-process run."""
-    recipe = "--config=recipes/fedavg_fixmatch.yaml"
+def test_resume_moves_from_the_pool_to_local(
+    fmnist_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through the CLI: a pool run stopped as round 2 starts, resumed in-process, ends as the
+    2-round in-process run."""
+    recipe, tiny = "--config=recipes/fedavg_fixmatch.yaml", tiny_overrides(fmnist_root, 2)
     whole, part = tmp_path / "whole", tmp_path / "part"
-    main(["fit", recipe, *tiny_overrides(fmnist_root, 2), f"--trainer.default_root_dir={whole}"])
-    main(["fit", recipe, *tiny_overrides(fmnist_root, 1), f"--trainer.default_root_dir={part}"])
+    main(["fit", recipe, *tiny, f"--trainer.default_root_dir={whole}"])
+    undo = stop_in_round(monkeypatch, 2)
+    with pytest.raises((KeyboardInterrupt, SystemExit)):
+        main(
+            [
+                "fit",
+                recipe,
+                *tiny,
+                f"--trainer.default_root_dir={part}",
+                "--federation.executor=pool",
+                "--federation.pool.workers=2",
+                f"--federation.pool.threads={torch.get_num_threads()}",
+            ]
+        )
+    undo()
+    ckpt = part / "checkpoints" / "last.ckpt"
+    assert load_checkpoint(ckpt)["round"] == 1
     main(
-        [
-            "fit",
-            recipe,
-            *tiny_overrides(fmnist_root, 2),
-            f"--trainer.default_root_dir={part}",
-            f"--federation.resume={part / 'checkpoints' / 'last.ckpt'}",
-            "--federation.executor=pool",
-            "--federation.pool.workers=2",
-            f"--federation.pool.threads={torch.get_num_threads()}",
-        ]
+        ["fit", recipe, *tiny, f"--trainer.default_root_dir={part}", f"--federation.resume={ckpt}"]
     )
     a = load_checkpoint(whole / "checkpoints" / "last.ckpt")
-    b = load_checkpoint(part / "checkpoints" / "last.ckpt")
+    b = load_checkpoint(ckpt)
     assert a["round"] == b["round"] == 2
     for key, value in a["method_state"].items():
         assert torch.equal(value, b["method_state"][key]), key
