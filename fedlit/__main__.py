@@ -1,3 +1,4 @@
 from fedlit.cli import main
 
-main()
+if __name__ == "__main__":  # not in the pool executor's workers, which import this module
+    main()

@@ -84,6 +84,7 @@ NOT_SETTING_KEYS = (
     "federation.resume",
     "federation.resume_may_change",
     "federation.executor",
+    "federation.pool",
     "federation.ray",
     "data.root",
     "data.download",

@@ -1,10 +1,12 @@
-"""A method whose worker process dies once, for the Ray executor's retry test. A module of its
-own so that Ray's worker processes can import it (the test puts this folder on PYTHONPATH)."""
+"""Methods whose worker process dies once, raises, or signals the driver, for the Ray and pool
+executors' tests. A module of its own so that the worker processes can import it (the tests
+put this folder on PYTHONPATH or sys.path)."""
 
 from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -26,4 +28,29 @@ class DiesOnce(FedAvgFixMatch):
         if self.round_idx == 1 and client.client_id == 1 and not marker.exists():
             marker.write_text(str(os.getpid()))
             os.kill(os.getpid(), signal.SIGKILL)
+        return super().client_objective(payload, client, state)
+
+
+class Unreliable(DiesOnce):
+    """DiesOnce whose client 3 also raises in round 2: a fault, not a dead worker."""
+
+    def client_objective(self, payload: Payload, client: ClientData, state: Any) -> Objective:
+        if self.round_idx == 2 and client.client_id == 3:
+            raise ValueError("injected client failure")
+        return super().client_objective(payload, client, state)
+
+
+class SignalsDriver(FedAvgFixMatch):
+    """FedAvg-FixMatch whose round-2 clients take a minute, the first of them after sending
+    SIGTERM to the driver (its parent process) once: the run stops only if the driver stops
+    its workers."""
+
+    def client_objective(self, payload: Payload, client: ClientData, state: Any) -> Objective:
+        if self.round_idx == 2:
+            try:  # created by one client only, whichever is first
+                os.close(os.open(os.environ[MARKER], os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+                os.kill(os.getppid(), signal.SIGTERM)
+            except FileExistsError:
+                pass
+            time.sleep(60)
         return super().client_objective(payload, client, state)

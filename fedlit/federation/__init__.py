@@ -8,12 +8,15 @@ from fedlit.federation.driver import Federation
 from fedlit.federation.executors import InProcess, RayPool, RaySettings
 from fedlit.federation.faults import ROUND_FAILED, ClientFault, RoundFailed
 from fedlit.federation.loggers import RoundCSVLogger
+from fedlit.federation.pool import PoolSettings, ProcessPool
 from fedlit.federation.store import ClientStateStore, load_client_states
 from fedlit.federation.trainers import TrainerTemplate
 
 __all__ = [
     "Callback",
     "InProcess",
+    "PoolSettings",
+    "ProcessPool",
     "RayPool",
     "RaySettings",
     "ROUND_FAILED",

@@ -9,6 +9,7 @@ from typing import Literal
 
 from fedlit.evaluation import PROTOCOLS
 from fedlit.federation.executors import EXECUTORS, RaySettings
+from fedlit.federation.pool import PoolSettings
 from fedlit.federation.trainers import COMPILE_MODES
 
 #: Settings a resume may change without saying so: how long the run goes on, where it is
@@ -22,6 +23,7 @@ RESUME_MAY_CHANGE = (
     "federation.eval_every",
     "federation.min_clients",
     "federation.executor",
+    "federation.pool",
     "federation.ray",
     "data.root",
     "data.download",
@@ -37,6 +39,7 @@ RESUME_MAY_CHANGE = (
 
 
 DEFAULT_RAY = RaySettings()
+DEFAULT_POOL = PoolSettings()
 
 
 @dataclass(frozen=True)
@@ -66,8 +69,11 @@ class FederationConfig:
             ``fault/*``); a round left with fewer clients stops the run
             (:class:`~fedlit.federation.faults.RoundFailed`), its last checkpoint kept.
         executor: where the clients' work runs: "local" (in this process, one client after
-            another) or "ray" (Ray actors in parallel, on this machine or a cluster; same
-            results). Either may be changed on resume.
+            another), "pool" (worker processes on this machine, in parallel) or "ray" (Ray
+            actors in parallel, on this machine or a cluster); the same results at the same
+            torch thread count. It may be changed on resume.
+        pool: the pool executor's settings (:class:`~fedlit.federation.pool.PoolSettings`:
+            ``workers``, ``threads`` per worker, ``max_retries``).
         ray: the Ray executor's settings (:class:`~fedlit.federation.executors.RaySettings`:
             ``address``, ``workers``, ``cpus`` and ``gpus`` per client, ``max_retries``).
         compile: ``torch.compile``'s mode for the network of every server and client training
@@ -90,7 +96,8 @@ class FederationConfig:
     eval_epochs: int = 20
     eval_lr: float = 0.03
     min_clients: int = 1
-    executor: Literal["local", "ray"] = "local"
+    executor: Literal["local", "pool", "ray"] = "local"
+    pool: PoolSettings = DEFAULT_POOL
     ray: RaySettings = DEFAULT_RAY
     compile: Literal["default", "reduce-overhead", "max-autotune"] | None = None
 

@@ -212,7 +212,7 @@ class Federation:
         if self._executor is None:
             cfg = self.config
             self._executor = make_executor(
-                cfg.executor, self.runner, cfg.ray, cfg.clients_per_round
+                cfg.executor, self.runner, cfg.ray, cfg.clients_per_round, cfg.pool
             )
         return self._executor
 

@@ -5,7 +5,8 @@ and gets back, in the same order, each client's :class:`~fedlit.methods.ClientUp
 exception its work raised. A client's work is a function of its inputs (it is seeded from the
 run seed, the round and the client id), so every executor gives the same results:
 :class:`InProcess` runs the jobs one after another in the driver's process; :class:`RayPool`
-runs them on long-lived Ray actors, in parallel, on one machine or a cluster.
+runs them on long-lived Ray actors, in parallel, on one machine or a cluster;
+:class:`~fedlit.federation.pool.ProcessPool` on local worker processes, without Ray.
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from fedlit.federation.client import ClientRunner
+from fedlit.federation.pool import PoolSettings, ProcessPool
 from fedlit.methods.base import ClientUpdate, Payload
 
-EXECUTORS = ("local", "ray")
+EXECUTORS = ("local", "pool", "ray")
 
 
 @dataclass(frozen=True)
@@ -376,9 +378,15 @@ def _cause(err: Exception) -> Exception:
 
 
 def make_executor(
-    name: str, runner: ClientRunner, settings: RaySettings, clients_per_round: int
+    name: str,
+    runner: ClientRunner,
+    settings: RaySettings,
+    clients_per_round: int,
+    pool: PoolSettings | None = None,
 ) -> ClientExecutor:
-    """The executor ``federation.executor`` names."""
+    """The executor ``federation.executor`` names (``pool``: with ``pool``'s settings)."""
+    if name == "pool":
+        return ProcessPool(runner, pool or PoolSettings(), clients_per_round)
     if name == "ray":
         return RayPool(runner, settings, clients_per_round)
     return InProcess(runner)

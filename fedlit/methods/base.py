@@ -205,7 +205,8 @@ class FederatedMethod(LightningModule):
         """A new network holding ``weights`` (a payload's model part, or a teacher's). Client
         code never reads ``self.network``."""
         network = self.new_network()
-        missing = [k for k in weights if k not in network.state_dict()]
+        names = network.state_dict().keys()  # once: a state_dict walks every module
+        missing = [k for k in weights if k not in names]
         if missing:
             raise ValueError(f"payload key {missing[0]!r} is not in the network")
         network.load_state_dict(weights, strict=False)
