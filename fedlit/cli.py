@@ -222,7 +222,9 @@ class FedlitCLI(LightningCLI):
     def _wandb_into_run_dir(self) -> None:
         """A ``WandbLogger`` whose ``save_dir`` is left at its default (``.``, the current
         directory) and has no ``dir`` writes its files (an offline run) into the run
-        directory, ``<run>/wandb/``, as the comparison's runs do."""
+        directory, ``<run>/wandb/``, as the comparison's runs do. The path is made absolute:
+        W&B's service process, started once per Python process, may have another current
+        directory (a notebook that changed it)."""
         trainer = (self.config[self.subcommand] if self.subcommand else self.config).trainer
         loggers = trainer.logger if isinstance(trainer.logger, list) else [trainer.logger]
         for logger in loggers:
@@ -234,7 +236,7 @@ class FedlitCLI(LightningCLI):
                 and str(args.get("save_dir", ".")) == "."
                 and not args.get("dir")
             ):
-                args.save_dir = str(trainer.default_root_dir)
+                args.save_dir = str(Path(trainer.default_root_dir).absolute())
 
     def instantiate_classes(self) -> None:
         """LightningCLI's, with a W&B run's files in the run directory and a refusal printed

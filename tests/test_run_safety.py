@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -253,9 +254,21 @@ def _round(ckpt: Path) -> int:
         return 0
 
 
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """torch at one thread in this process, as in the stopped runs (``OMP_NUM_THREADS=1``):
+    a CPU's float sums follow the thread count, and the runs are compared bit for bit."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 @pytest.mark.slow  # about 50 s on a shared 2-core CPU: a reference run, two stopped, a resume
 def test_sigterm_at_random_moments_exits_143_and_resumes_to_the_same_weights(
-    fmnist_root: Path, tmp_path: Path
+    fmnist_root: Path, tmp_path: Path, one_thread: None
 ) -> None:
     """SIGTERMs at random moments of rounds 2 to 4 (in a step or between steps): each stopped
     run exits with status 143 (never killed by the signal), and the resumes end with the
