@@ -75,11 +75,9 @@ def output_dir_error(folder: str | Path, key: str, given: str | Path | None = No
     return None
 
 
-#: Flat-config keys (and the groups under them) in which runs of one setting may differ and
-#: still be seeds of it: the seed, where a run is written and read from, what it logs or shows,
-#: where its clients run. Any other difference makes it another setting.
-NOT_SETTING_KEYS = (
-    "seed_everything",
+#: Flat-config keys (and the groups under them) that say where a run is written and read
+#: from, what it logs or shows and where its clients run, never what it computes.
+PLACEMENT_KEYS = (
     "config",
     "federation.resume",
     "federation.resume_may_change",
@@ -97,3 +95,6 @@ NOT_SETTING_KEYS = (
     "trainer.log_every_n_steps",
     "trainer.profiler",
 )
+#: Keys in which runs of one setting may differ and still be seeds of it: the seed and the
+#: placement keys. Any other difference makes it another setting.
+NOT_SETTING_KEYS = ("seed_everything", *PLACEMENT_KEYS)

@@ -11,30 +11,16 @@ from fedlit.evaluation import PROTOCOLS
 from fedlit.federation.executors import EXECUTORS, RaySettings
 from fedlit.federation.pool import PoolSettings
 from fedlit.federation.trainers import COMPILE_MODES
+from fedlit.run_layout import PLACEMENT_KEYS
 
 #: Settings a resume may change without saying so: how long the run goes on, where it is
 #: written, what is logged or shown, how often it is evaluated and where the data is read from.
 #: A key also covers the keys under it (``trainer.logger`` covers ``trainer.logger.init_args.*``).
 RESUME_MAY_CHANGE = (
-    "config",
+    *PLACEMENT_KEYS,
     "federation.rounds",
-    "federation.resume",
-    "federation.resume_may_change",
     "federation.eval_every",
     "federation.min_clients",
-    "federation.executor",
-    "federation.pool",
-    "federation.ray",
-    "data.root",
-    "data.download",
-    "trainer.default_root_dir",
-    "trainer.logger",
-    "trainer.callbacks",
-    "trainer.enable_progress_bar",
-    "trainer.enable_model_summary",
-    "trainer.enable_checkpointing",
-    "trainer.log_every_n_steps",
-    "trainer.profiler",
 )
 
 
