@@ -13,6 +13,16 @@ from fedlit.methods.base import ClientUpdate, FederatedMethod, Payload
 
 
 @dataclass(frozen=True)
+class ClientJob:
+    """One client's work in one round: what it received and what it kept."""
+
+    client_id: int
+    payload: Payload
+    state: Any
+    visit: int
+
+
+@dataclass(frozen=True)
 class ClientRunner:
     """Everything a client's round needs besides its inputs: fixed for the whole run.
 

@@ -20,21 +20,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from fedlit.federation.client import ClientRunner
+from fedlit.federation.client import ClientJob, ClientRunner
 from fedlit.federation.pool import PoolSettings, ProcessPool
 from fedlit.methods.base import ClientUpdate, Payload
 
 EXECUTORS = ("local", "pool", "ray")
-
-
-@dataclass(frozen=True)
-class ClientJob:
-    """One client's work in one round: what it received and what it kept."""
-
-    client_id: int
-    payload: Payload
-    state: Any
-    visit: int
 
 
 class ClientExecutor(Protocol):

@@ -34,8 +34,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from fedlit.federation.trainers import TERMINATED
 
 if TYPE_CHECKING:
-    from fedlit.federation.client import ClientRunner
-    from fedlit.federation.executors import ClientJob
+    from fedlit.federation.client import ClientJob, ClientRunner
     from fedlit.methods.base import ClientUpdate, Payload
 
 

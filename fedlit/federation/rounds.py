@@ -18,8 +18,9 @@ import numpy as np
 
 from fedlit.aggregation.payloads import payload_bytes
 from fedlit.data.sampling import sample_clients
+from fedlit.federation.client import ClientJob
 from fedlit.federation.console import first_line
-from fedlit.federation.executors import ClientJob, InProcess
+from fedlit.federation.executors import InProcess
 from fedlit.federation.faults import ClientFault, fault_metrics, upload_fault
 from fedlit.methods.base import ClientUpdate
 
