@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -53,3 +56,39 @@ def stop_in_round(monkeypatch: pytest.MonkeyPatch, round_idx: int) -> Callable[[
 
     monkeypatch.setattr(Federation, "run_round", stopping)
     return lambda: monkeypatch.setattr(Federation, "run_round", original)
+
+
+def refused(args: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """Run ``fedlit`` with ``args``, which must exit with status 2 and no traceback; returns
+    stderr."""
+    from fedlit.cli import main
+
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exc:
+        main(args)
+    err = capsys.readouterr().err
+    assert exc.value.code == 2, err
+    assert "Traceback" not in err
+    return err
+
+
+@contextmanager
+def lock_held_by_another_process(lock_file: Path) -> Iterator[None]:
+    """``lock_file`` flock-ed by a second process (as a running fit holds its run's lock) until
+    the block ends."""
+    holder = (
+        "import fcntl, sys, time\n"
+        "f = open(sys.argv[1], 'a+')\n"
+        "fcntl.flock(f, fcntl.LOCK_EX)\n"
+        "print('locked', flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", holder, str(lock_file)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "locked"
+        yield
+    finally:
+        proc.kill()
+        proc.wait()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import tiny_overrides
+from conftest import lock_held_by_another_process, tiny_overrides
 
 from fedlit.cli import main
 from fedlit.federation.rundir import remove_dead_run, set_aside_dead_run
@@ -114,25 +114,8 @@ def dead_run_held_by_a_live_process(tmp_path: Path) -> Iterator[Path]:
     run_dir = tmp_path / "out/default/server_sl/seed0"
     run_dir.mkdir(parents=True)
     (run_dir / "config.yaml").write_text("seed_everything: 0\n")
-    holder = (
-        "import fcntl, sys\n"
-        "f = open(sys.argv[1], 'a+')\n"
-        "fcntl.flock(f, fcntl.LOCK_EX)\n"
-        "print('locked', flush=True)\n"
-        "sys.stdin.read()\n"
-    )
-    proc = subprocess.Popen(
-        [sys.executable, "-c", holder, str(run_dir / LOCK_FILE)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert proc.stdout is not None and proc.stdout.readline().strip() == "locked"
+    with lock_held_by_another_process(run_dir / LOCK_FILE):
         yield run_dir
-    finally:
-        proc.kill()
-        proc.wait()
 
 
 def _files(folder: Path) -> dict[Path, bytes]:

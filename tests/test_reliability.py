@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import csv
 import random
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import stop_in_round, tiny_overrides
+from conftest import lock_held_by_another_process, refused, stop_in_round, tiny_overrides
 
 from fedlit.cli import main
 from fedlit.federation import Federation, load_checkpoint
@@ -35,17 +33,6 @@ def _fit(root: Path, run_dir: Path, *extra: str, recipe: Path = SERVER_SL) -> li
 
 def _resume(run_dir: Path) -> str:
     return f"--federation.resume={run_dir / 'checkpoints' / 'last.ckpt'}"
-
-
-def _refused(args: list[str], capsys: pytest.CaptureFixture[str]) -> str:
-    """Run ``args``, which must exit with status 2 and no traceback; returns stderr."""
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as exc:
-        main(args)
-    err = capsys.readouterr().err
-    assert exc.value.code == 2, err
-    assert "Traceback" not in err
-    return err
 
 
 def _files(run_dir: Path) -> dict[Path, bytes]:
@@ -89,7 +76,7 @@ def test_bad_value_is_refused_naming_key_and_value(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     run_dir = tmp_path / "run"
-    err = _refused(_fit(fmnist_root, run_dir, *args), capsys)
+    err = refused(_fit(fmnist_root, run_dir, *args), capsys)
     assert key in err and value in err, err
     assert not run_dir.exists()
 
@@ -101,7 +88,7 @@ def test_nan_in_a_yaml_file_is_refused(
     override.write_text("model:\n  init_args:\n    optim:\n      client_lr: .nan\n")
     run_dir = tmp_path / "run"
     args = _fit(fmnist_root, run_dir, f"--config={override}", recipe=RECIPES / "fedavg_sl.yaml")
-    err = _refused(args, capsys)
+    err = refused(args, capsys)
     assert "model.init_args.optim.client_lr" in err and "nan" in err, err
     assert not run_dir.exists()
 
@@ -111,7 +98,7 @@ def test_uncreatable_run_directory_is_named(
 ) -> None:
     blocker = tmp_path / "a_file"
     blocker.write_text("not a directory")
-    err = _refused(_fit(fmnist_root, blocker / "run"), capsys)
+    err = refused(_fit(fmnist_root, blocker / "run"), capsys)
     assert "trainer.default_root_dir" in err and str(blocker) in err, err
 
 
@@ -120,7 +107,7 @@ def test_missing_data_without_download_is_named(
 ) -> None:
     root, run_dir = tmp_path / "empty_root", tmp_path / "run"
     args = _fit(root, run_dir, "--data.dataset=mnist", "--data.download=false")
-    err = _refused(args, capsys)
+    err = refused(args, capsys)
     assert "data.root" in err and "'mnist'" in err and str(root) in err, err
     assert not run_dir.exists()
 
@@ -131,7 +118,7 @@ def test_test_subcommand_refuses_a_file_that_is_not_a_checkpoint(
     junk = tmp_path / "junk.ckpt"
     junk.write_bytes(random.Random(0).randbytes(4096))
     args = ["test", f"--config={SERVER_SL}", f"--data.root={fmnist_root}", f"--ckpt_path={junk}"]
-    err = _refused(args, capsys)
+    err = refused(args, capsys)
     assert "ckpt_path" in err and str(junk) in err and "not a fedlit federation checkpoint" in err
 
 
@@ -141,7 +128,7 @@ def test_yaml_syntax_error_names_the_file_and_line(
 ) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("model:\n  class_path: fedlit.methods.ServerSL\n  init_args: [\n")
-    err = _refused([command, f"--config={bad}"], capsys)
+    err = refused([command, f"--config={bad}"], capsys)
     assert str(bad) in err and "line 4" in err, err
 
 
@@ -151,7 +138,7 @@ def test_empty_yaml_file_is_named(
 ) -> None:
     empty = tmp_path / "empty.yaml"
     empty.write_text("# nothing but a comment\n")
-    err = _refused([command, f"--config={empty}"], capsys)
+    err = refused([command, f"--config={empty}"], capsys)
     assert str(empty) in err and "empty" in err and "Unexpected config" not in err, err
 
 
@@ -163,7 +150,7 @@ def test_resume_into_a_directory_holding_another_run_is_refused(
     main(_fit(fmnist_root, other, "--seed_everything=1"))
     before = _files(other)
     args = _fit(fmnist_root, other, "--federation.rounds=2", _resume(finished))
-    err = _refused(args, capsys)
+    err = refused(args, capsys)
     assert str(finished) in err and str(other) in err, err
     assert _files(other) == before
 
@@ -244,31 +231,15 @@ def locked_by_another_process(tmp_path: Path) -> Iterator[Path]:
     """A run directory whose lock a second process holds (as a running fit would)."""
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    holder = (
-        "import fcntl, sys, time\n"
-        "f = open(sys.argv[1], 'a+')\n"
-        "fcntl.flock(f, fcntl.LOCK_EX)\n"
-        "print('locked', flush=True)\n"
-        "time.sleep(120)\n"
-    )
-    proc = subprocess.Popen(
-        [sys.executable, "-c", holder, str(run_dir / LOCK_FILE)],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert proc.stdout is not None and proc.stdout.readline().strip() == "locked"
+    with lock_held_by_another_process(run_dir / LOCK_FILE):
         yield run_dir
-    finally:
-        proc.kill()
-        proc.wait()
 
 
 def test_a_second_writer_of_a_locked_run_directory_is_refused(
     locked_by_another_process: Path, fmnist_root: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     run_dir = locked_by_another_process
-    err = _refused(_fit(fmnist_root, run_dir), capsys)
+    err = refused(_fit(fmnist_root, run_dir), capsys)
     assert str(run_dir) in err and "another process" in err, err
     assert sorted(p.name for p in run_dir.iterdir()) == [LOCK_FILE]  # nothing written
 
@@ -280,7 +251,7 @@ def test_resume_while_the_run_is_being_written_is_refused(
     lock = RunLock(finished)  # the lock of a run still writing (a separate open: a 2nd writer)
     lock.acquire()
     try:
-        err = _refused(
+        err = refused(
             _fit(fmnist_root, finished, "--federation.rounds=2", _resume(finished)), capsys
         )
     finally:
@@ -307,7 +278,7 @@ def test_resume_with_a_changed_setting_is_refused_naming_it(
 ) -> None:
     before = _files(finished)
     args = _fit(fmnist_root, finished, "--federation.rounds=2", *arg.split(), _resume(finished))
-    err = _refused(args, capsys)
+    err = refused(args, capsys)
     assert key in err and "federation.resume_may_change" in err, err
     assert _files(finished) == before
 
@@ -323,7 +294,7 @@ def test_resume_may_change_allows_a_named_setting(
         ]
         return _fit(fmnist_root, fork, "--federation.rounds=2", *changed, _resume(finished))
 
-    err = _refused(args(tmp_path / "typo", "model.init_args.nope"), capsys)
+    err = refused(args(tmp_path / "typo", "model.init_args.nope"), capsys)
     assert "model.init_args.nope" in err, err
     fork = tmp_path / "fork"  # resumed into a new directory: the finished run stays as it is
     main(args(fork, "model.init_args.optim.server_lr"))
@@ -342,5 +313,5 @@ def test_resume_from_another_backbone_names_the_mismatch(
         "--federation.resume_may_change=[model.init_args.backbone]",
         _resume(finished),
     )
-    err = _refused(args, capsys)
+    err = refused(args, capsys)
     assert "does not fit this model" in err and "fedcon_mnist_cnn" in err, err

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import tiny_overrides
+from conftest import refused, tiny_overrides
 
 from fedlit.cli import json_line, main
 from fedlit.federation import ClientStateStore, load_checkpoint
@@ -38,16 +38,6 @@ def _fit(root: Path, run_dir: Path, *extra: str, recipe: str = "server_sl") -> l
         f"--trainer.default_root_dir={run_dir}",
         *extra,
     ]
-
-
-def _refused(args: list[str], capsys: pytest.CaptureFixture[str]) -> str:
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as exc:
-        main(args)
-    err = capsys.readouterr().err
-    assert exc.value.code == 2, err
-    assert "Traceback" not in err
-    return err
 
 
 def _strict(line: str) -> dict[str, object]:
@@ -94,7 +84,7 @@ def test_a_refused_resume_into_another_runs_directory_leaves_its_lock_file(
     before = _files(second)
     assert (second / LOCK_FILE).read_text().strip().isdigit()
     resume = f"--federation.resume={first / 'checkpoints' / 'last.ckpt'}"
-    err = _refused(_fit(fmnist_root, second, "--federation.rounds=2", resume), capsys)
+    err = refused(_fit(fmnist_root, second, "--federation.rounds=2", resume), capsys)
     assert str(second) in err and "federation.resume" in err, err
     assert _files(second) == before  # its .lock too: the last writer's pid stays
 
