@@ -1,19 +1,21 @@
 """FedSEAL's diagnosis: the recipe and its ablations beside its lower bound, per round.
 
 Runs a FedSEAL recipe as it is (``full``) and once per ablation, each a recipe override
-(``ABLATIONS``), and the Server-SL recipe (the lower bound) with the same common overrides
-and seeds, then writes a Markdown report: each run's score (the mean of its last ``last_k``
-rounds' test accuracy) and its paired difference from Server-SL and from ``full``; and per
-round the scored accuracy, the positive and negative sets' sizes and label accuracies
+(``ABLATIONS``), and the Server-SL recipe (the lower bound) with the same common overrides and
+seeds, and Server-SL variants that train the server as much as FedSEAL or FedAvg-FixMatch do
+(``BASELINE_VARIANTS``), then writes a Markdown report: each run's score (the mean of its last
+``last_k`` rounds' test accuracy) and its paired difference from Server-SL and from ``full``;
+and per round the scored accuracy, the positive and negative sets' sizes and label accuracies
 (paper 002's Fig 3), lambda, and the class-wise thresholds tau (Fig 4); the ``full`` and
-``no_self_ensemble`` curves side by side are Fig 5. Every number in the report comes from
-the runs the command made (or found finished: a finished run is skipped, an interrupted one
-resumed from its checkpoint, so re-running the command continues where it stopped).
+``no_self_ensemble`` curves side by side are Fig 5. Every number in the report comes from the
+runs the command made (or found finished: a finished run is skipped, an interrupted one resumed
+from its checkpoint, so re-running the command continues where it stopped).
 
     python benchmarks/fedseal_diagnosis.py --recipe recipes/fedseal.yaml \\
         --baseline recipes/server_sl.yaml --seeds 0 1 2 --out runs/diagnosis/fedseal \\
         --report docs/results/fedseal.md --jobs 2 -- --federation.rounds=12
     python benchmarks/fedseal_diagnosis.py --ablations full no_negative_learning \
+        --baselines server_sl_matched \
         --fedseal_overrides='--model.init_args.bootstrap_epochs=5' -- ...
 
 Arguments after ``--`` are overrides for every run (``fedlit fit`` syntax);
@@ -96,6 +98,10 @@ ABLATIONS: dict[str, tuple[str, Callable[[Mapping[str, Any]], list[str]]]] = {
         "three times the recipe's client learning rate",
         lambda c: [_scaled(c, "model.init_args.optim.client_lr", 3, float)],
     ),
+    "server_lr_div3": (
+        "a third of the recipe's server learning rate (a lighter server step after averaging)",
+        lambda c: [_scaled(c, "model.init_args.optim.server_lr", 1 / 3, float)],
+    ),
     "client_lr_div3": (
         "a third of the recipe's client learning rate",
         lambda c: [_scaled(c, "model.init_args.optim.client_lr", 1 / 3, float)],
@@ -103,6 +109,36 @@ ABLATIONS: dict[str, tuple[str, Callable[[Mapping[str, Any]], list[str]]]] = {
     "rounds_x2": (
         "twice the rounds (the schedules stretched over them)",
         lambda c: [_scaled(c, "federation.rounds", 2)],
+    ),
+}
+
+
+def _matched_epochs(c: Mapping[str, Any]) -> int:
+    """Server epochs a round that give Server-SL about the server training of the FedSEAL run
+    ``c`` in all: its rounds' epochs plus its bootstrap, rounded."""
+    rounds = int(c["federation"]["rounds"])
+    total = rounds * int(c["federation"]["server_epochs"]) + int(
+        c["model"]["init_args"]["bootstrap_epochs"]
+    )
+    return max(1, round(total / rounds))
+
+
+#: name -> (what it changes, overrides of the Server-SL recipe given the FedSEAL run's
+#: resolved config): lower bounds that train the server as much as a FedSEAL variant does
+BASELINE_VARIANTS: dict[str, tuple[str, Callable[[Mapping[str, Any]], list[str]]]] = {
+    "server_sl_matched": (
+        "Server-SL with about FedSEAL's server epochs in all (its bootstrap spread over the "
+        "rounds)",
+        lambda c: [f"--federation.server_epochs={_matched_epochs(c)}"],
+    ),
+    "server_sl_x2": (
+        "Server-SL with twice the server epochs a round (FedAvg-FixMatch's and FedAvg-UDA's "
+        "server training: before sending and after averaging)",
+        lambda c: [_scaled(c, "federation.server_epochs", 2)],
+    ),
+    "server_sl_1_epoch": (
+        "Server-SL with one server epoch a round (the lower bound of server_epochs_1)",
+        lambda c: ["--federation.server_epochs=1"],
     ),
 }
 
@@ -117,13 +153,16 @@ def plan(
     overrides: Sequence[str],
     out: Path,
     config: Mapping[str, Any],
+    baselines: Sequence[str] = (),
 ) -> list[PlannedRun]:
-    """The runs: Server-SL, then FedSEAL as it is and per ablation, seed by seed, in
-    ``out/<name>/seed<k>`` (the ablation's name is the run's setting)."""
+    """The runs: Server-SL, then FedSEAL as it is and per ablation, then the Server-SL
+    variants in ``baselines``, seed by seed, in ``out/<name>/seed<k>`` (the ablation's or
+    variant's name is the run's setting)."""
     runs = []
     no_final_eval = ["--federation.final_eval=[]"]  # Server-SL's encoder protocols: not needed
     named = [(BASELINE, baseline, no_final_eval)]
     named += [(a, recipe, ABLATIONS[a][1](config)) for a in ablations]
+    named += [(b, baseline, [*no_final_eval, *BASELINE_VARIANTS[b][1](config)]) for b in baselines]
     for name, path, extra in named:
         for seed in seeds:
             run_dir = out / name / f"seed{seed}"
@@ -184,9 +223,10 @@ def report(
     ablations: Sequence[str],
     last_k: int,
     header: Sequence[str],
+    baselines: Sequence[str] = (),
 ) -> str:
-    """The Markdown report of finished runs (grouped by their setting: an ablation's name, or
-    ``server_sl``)."""
+    """The Markdown report of finished runs (grouped by their setting: an ablation's name,
+    ``server_sl`` or a Server-SL variant's name)."""
     groups: dict[str, list[RunRecord]] = {}
     for run in runs:
         groups.setdefault(run.setting, []).append(run)
@@ -197,12 +237,13 @@ def report(
         f"vs {FULL} (paired, 95% CI) | pos_frac | pos_acc | neg_frac | neg_acc |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for name in [BASELINE, *ablations]:
+    for name in [BASELINE, *ablations, *baselines]:
         values = list(scores[name].values())
         std = float(np.std(values, ddof=1)) if len(values) > 1 else math.nan
-        what = (
-            "the lower bound: the server's labels only" if name == BASELINE else ABLATIONS[name][0]
-        )
+        if name == BASELINE:
+            what = "the lower bound: the server's labels only"
+        else:
+            what = (ABLATIONS[name] if name in ABLATIONS else BASELINE_VARIANTS[name])[0]
         last = [_mean_series(groups[name], key) for key in SETS]
         final = [f"{100 * s[max(s)]:.1f}" if s else "-" for s in last]
         lines.append(
@@ -261,6 +302,19 @@ def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--recipe", type=Path, default=Path("recipes/fedseal.yaml"))
     parser.add_argument("--baseline", type=Path, default=Path("recipes/server_sl.yaml"))
     parser.add_argument("--ablations", nargs="+", default=list(ABLATIONS), metavar="NAME")
+    parser.add_argument(
+        "--baselines",
+        nargs="*",
+        default=list(BASELINE_VARIANTS),
+        metavar="NAME",
+        help=f"Server-SL variants to run beside server_sl (default all: {list(BASELINE_VARIANTS)})",
+    )
+    parser.add_argument(
+        "--preface",
+        type=Path,
+        default=None,
+        help="a Markdown file (a reading of the results) put after the report's header",
+    )
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--out", type=Path, default=Path("runs/diagnosis/fedseal"))
     parser.add_argument("--report", type=Path, default=None, help="also write the report here")
@@ -277,12 +331,17 @@ def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     unknown = [a for a in args.ablations if a not in ABLATIONS]
     if unknown:
         parser.error(f"--ablations: unknown {unknown}; known: {list(ABLATIONS)}")
+    unknown = [b for b in args.baselines if b not in BASELINE_VARIANTS]
+    if unknown:
+        parser.error(f"--baselines: unknown {unknown}; known: {list(BASELINE_VARIANTS)}")
     if FULL not in args.ablations:
         args.ablations.insert(0, FULL)
     if len(set(args.seeds)) != len(args.seeds):
         parser.error(f"--seeds must be distinct, got {args.seeds}")
     if args.last_k < 1 or args.jobs < 1:
         parser.error(f"--last_k and --jobs must be >= 1, got {args.last_k} and {args.jobs}")
+    if args.preface is not None and not args.preface.is_file():
+        parser.error(f"--preface: no such file {str(args.preface)!r}")
     for key in ("recipe", "baseline"):
         if not getattr(args, key).is_file():
             parser.error(f"--{key}: no such file {str(getattr(args, key))!r}")
@@ -295,8 +354,18 @@ def main(argv: Sequence[str] | None = None) -> Path:
     args, overrides = parse(argv)
     fedseal = [*overrides, *args.fedseal_overrides]
     config = resolve([f"--config={args.recipe}", *fedseal]).config.as_dict()
-    runs = plan(args.recipe, args.baseline, args.ablations, args.seeds, overrides, args.out, config)
-    runs = [_with(run, args.fedseal_overrides) if run.setting != BASELINE else run for run in runs]
+    runs = plan(
+        args.recipe,
+        args.baseline,
+        args.ablations,
+        args.seeds,
+        overrides,
+        args.out,
+        config,
+        args.baselines,
+    )
+    lower = (BASELINE, *BASELINE_VARIANTS)
+    runs = [_with(run, args.fedseal_overrides) if run.setting not in lower else run for run in runs]
     rounds = {}
     for run in runs:  # every run's arguments are checked before the first one starts
         if run.seed == args.seeds[0]:
@@ -328,7 +397,9 @@ def main(argv: Sequence[str] | None = None) -> Path:
         "class thresholds that differ between classes; Fig 5, FedSEAL above FedSEAL w/o "
         "self-ensemble within 20 rounds (IID).",
     ]
-    text = report(records, args.ablations, args.last_k, header)
+    if args.preface is not None:
+        header += ["", args.preface.read_text().rstrip()]
+    text = report(records, args.ablations, args.last_k, header, args.baselines)
     written = args.out / "fedseal.md"
     written.write_text(text)
     if args.report is not None:

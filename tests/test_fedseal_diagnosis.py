@@ -52,6 +52,8 @@ def test_diagnosis_runs_the_ablations_and_reports_their_rows(
         "0",
         "--ablations",
         "no_negative_learning",
+        "--baselines",
+        "server_sl_matched",
         "--last_k",
         "2",
         f"--out={out}",
@@ -63,15 +65,27 @@ def test_diagnosis_runs_the_ablations_and_reports_their_rows(
     written = script.main(argv)
     text = written.read_text()
     assert (tmp_path / "docs" / "fedseal.md").read_text() == text
-    assert "3 runs (3 run, 0 resumed, 0 finished before" in text
+    assert "4 runs (4 run, 0 resumed, 0 finished before" in text
     # the FedSEAL runs got their own override, Server-SL did not (it would refuse it)
     full = _rows(out / "full" / "seed0")
     ablation = _rows(out / "no_negative_learning" / "seed0")
     base = _rows(out / "server_sl" / "seed0")
     assert "pseudo/pos_frac" in full[0] and "pseudo/pos_frac" not in base[0]
     assert all(float(row["pseudo/neg_frac"]) == 0.0 for row in ablation)
+    # the matched lower bound: Server-SL with (2 rounds x 1 epoch + 1 bootstrap epoch) / 2
+    # rounds, rounded: 2 server epochs a round, so 2 x the batches of server_sl's rounds
+    matched = _rows(out / "server_sl_matched" / "seed0")
+    assert "pseudo/pos_frac" not in matched[0]
+    config = (out / "server_sl_matched" / "seed0" / "config.yaml").read_text()
+    assert "server_epochs: 2" in config
     # scores: the mean of the last 2 rounds' test/acc of each run, as the runs logged them
-    for name, rows in (("server_sl", base), ("full", full), ("no_negative_learning", ablation)):
+    named = (
+        ("server_sl", base),
+        ("full", full),
+        ("no_negative_learning", ablation),
+        ("server_sl_matched", matched),
+    )
+    for name, rows in named:
         score = 100 * sum(float(r["test/acc"]) for r in rows[-2:]) / 2
         line = next(line for line in text.splitlines() if line.startswith(f"| {name} |"))
         assert line.split(" | ")[2].startswith(f"{score:.2f} ± nan"), line
@@ -90,13 +104,15 @@ def test_diagnosis_runs_the_ablations_and_reports_their_rows(
     # a second invocation finds every run finished and runs nothing
     capsys.readouterr()
     again = script.main(argv).read_text()
-    assert "3 runs (0 run, 0 resumed, 3 finished before" in again
+    assert "4 runs (0 run, 0 resumed, 4 finished before" in again
 
 
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
         (["--ablations", "no_such_thing"], "--ablations"),
+        (["--baselines", "no_such_thing"], "--baselines"),
+        (["--preface", "docs/none.md"], "--preface"),
         (["--recipe", "recipes/none.yaml"], "--recipe"),
         (["--", "--federation.rounds=-1"], "rounds"),
     ],
@@ -119,14 +135,34 @@ def test_ablation_overrides_follow_the_recipe() -> None:
     script = _script()
     config = {
         "federation": {"local_epochs": 2, "server_epochs": 10, "rounds": 12},
-        "model": {"init_args": {"optim": {"client_lr": 0.03}}},
+        "model": {"init_args": {"optim": {"client_lr": 0.03, "server_lr": 0.03}}},
     }
     made = {name: make(config) for name, (_, make) in script.ABLATIONS.items()}
     assert made["local_epochs_x3"] == ["--federation.local_epochs=6"]
     assert made["client_lr_div3"] == ["--model.init_args.optim.client_lr=0.01"]
     assert made["client_lr_x3"] == ["--model.init_args.optim.client_lr=0.09"]
     assert made["rounds_x2"] == ["--federation.rounds=24"]
+    assert made["server_lr_div3"] == ["--model.init_args.optim.server_lr=0.01"]
     assert made["server_epochs_1"] == ["--federation.server_epochs=1"]
     assert made["full"] == []
     assert made["no_bootstrap"] == ["--model.init_args.bootstrap_epochs=0"]
     assert made["no_self_ensemble"] == ["--model.init_args.self_ensemble=false"]
+
+
+def test_server_sl_variants_match_the_fedseal_run() -> None:
+    """The matched lower bound trains the server FedSEAL's epochs in all: 12 rounds x 2 + a
+    10-epoch bootstrap = 34 epochs, 34 / 12 = 2.83 -> 3 a round; at 200 rounds, 410 / 200 =
+    2.05 -> 2. The x2 variant doubles the epochs a round (FixMatch's server training)."""
+    script = _script()
+    config = {
+        "federation": {"server_epochs": 2, "rounds": 12},
+        "model": {"init_args": {"bootstrap_epochs": 10}},
+    }
+    made = {name: make(config) for name, (_, make) in script.BASELINE_VARIANTS.items()}
+    assert made["server_sl_matched"] == ["--federation.server_epochs=3"]
+    assert made["server_sl_x2"] == ["--federation.server_epochs=4"]
+    assert made["server_sl_1_epoch"] == ["--federation.server_epochs=1"]
+    config["federation"]["rounds"] = 200
+    assert script.BASELINE_VARIANTS["server_sl_matched"][1](config) == [
+        "--federation.server_epochs=2"
+    ]
