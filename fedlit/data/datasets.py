@@ -1,10 +1,13 @@
 """Image classification data sets by name, loaded as uint8 tensors.
 
-Every data set is held in memory as ``images`` (N, C, H, W) uint8 and ``labels`` (N,) int64, so
-that splits, partitions and augmentations index plain tensors. A data set's unlabeled split
-(STL-10's ``unlabeled``, :func:`load_unlabeled_split`) holds images only: its ``labels`` raise.
-Loading goes through torchvision (with its real download path); Fashion-MNIST is also read
-offline from Debian's ``dataset-fashion-mnist`` package when it is installed.
+Every data set is one entry of :data:`SPECS`: its :class:`DatasetSpec`, whose ``loader`` loads a
+split. Every data set is held in memory as ``images`` (N, C, H, W) uint8 and ``labels`` (N,)
+int64, so that splits, partitions and augmentations index plain tensors. A data set's unlabeled
+split (STL-10's ``unlabeled``, :func:`load_unlabeled_split`) holds images only: its ``labels``
+raise. The real data sets load through torchvision (with its real download path); Fashion-MNIST
+is also read offline from Debian's ``dataset-fashion-mnist`` package when it is installed.
+``synthetic`` and ``synthetic_rgb`` are generated (:func:`synthetic_images`): small data sets
+with learnable structure that need no download.
 
 Several processes may load a data set into one fresh ``data.root`` at once (runs started side
 by side): the first-use step that writes into it runs under a file lock (a download under
@@ -21,7 +24,7 @@ import gzip
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,9 +38,14 @@ from torchvision import datasets as tvd
 DEBIAN_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
 
 
+Images = tuple[Tensor, Tensor]
+Loader = Callable[[Path, str, bool], Images]
+
+
 @dataclass(frozen=True)
 class DatasetSpec:
-    """Static facts about a data set: what the model and the transforms need before loading."""
+    """A data set's entry: the static facts that the model and the transforms need before
+    loading, and the function that loads a split."""
 
     name: str
     num_classes: int
@@ -46,6 +54,9 @@ class DatasetSpec:
     mean: tuple[float, ...]
     std: tuple[float, ...]
     hflip: bool  # horizontal flips keep the label (not for digits or letters)
+    #: ``loader(root, split, download)``: the split's uint8 images (N, C, H, W) and int64
+    #: labels (N,); ``split`` is ``"train"``, ``"test"`` or :attr:`unlabeled_split`.
+    loader: Loader = field(compare=False, repr=False)
     #: torchvision's name of a split of images without labels (STL-10's ``unlabeled``), which
     #: ``data.client_pool: unlabeled`` makes the client pool; None: the data set has none.
     unlabeled_split: str | None = None
@@ -97,10 +108,133 @@ class ImageSplit:
         return ImageSplit(self.images[index], labels, self.no_labels)
 
 
+def _torchvision(root: Path, name: str, download: bool, make: Callable[[], object]) -> Images:
+    """``make()``'s torchvision data set (built under ``name``'s first-use lock, as it may
+    download) as uint8 images (N, C, H, W) and int64 labels."""
+    with _first_use(root, name, download):
+        ds = make()
+    return _to_tensors(ds)
+
+
+def _load_mnist(root: Path, split: str, download: bool) -> Images:
+    train = split == "train"
+    return _torchvision(
+        root, "mnist", download, lambda: tvd.MNIST(root, train=train, download=download)
+    )
+
+
+def _load_fashion_mnist(root: Path, split: str, download: bool) -> Images:
+    def make() -> object:
+        stage_debian_fashion_mnist(root)  # Debian's files, offline, when they are installed
+        fetch = download and not _has_raw_fashion(root)
+        return tvd.FashionMNIST(root, train=split == "train", download=fetch)
+
+    return _torchvision(root, "fashion_mnist", download, make)
+
+
+def _load_emnist_balanced(root: Path, split: str, download: bool) -> Images:
+    images, labels = _torchvision(
+        root,
+        "emnist_balanced",
+        download,
+        lambda: tvd.EMNIST(root, split="balanced", train=split == "train", download=download),
+    )
+    return images.transpose(2, 3).contiguous(), labels  # EMNIST is stored transposed
+
+
+def _load_cifar10(root: Path, split: str, download: bool) -> Images:
+    train = split == "train"
+    return _torchvision(
+        root, "cifar10", download, lambda: tvd.CIFAR10(root, train=train, download=download)
+    )
+
+
+def _load_cifar100(root: Path, split: str, download: bool) -> Images:
+    train = split == "train"
+    return _torchvision(
+        root, "cifar100", download, lambda: tvd.CIFAR100(root, train=train, download=download)
+    )
+
+
+def _load_svhn(root: Path, split: str, download: bool) -> Images:
+    return _torchvision(
+        root, "svhn", download, lambda: tvd.SVHN(root, split=split, download=download)
+    )
+
+
+def _load_stl10(root: Path, split: str, download: bool) -> Images:
+    """STL-10's ``train``, ``test`` or ``unlabeled`` split (whose labels are torchvision's -1s)."""
+    return _torchvision(
+        root, "stl10", download, lambda: tvd.STL10(root, split=split, download=download)
+    )
+
+
+SYNTHETIC_SEED = 0x5F17
+SYNTHETIC_SIZES = {"train": 6000, "test": 1000}
+SYNTHETIC_SPLITS = {"train": 0, "test": 1}  # each split's own random stream
+SYNTHETIC_SHIFT = 2  # the largest shift, in pixels, of an image's pattern from its class's
+
+
+def synthetic_images(n: int, split_seed: int, num_classes: int, channels: int, size: int) -> Images:
+    """``n`` generated images of ``num_classes`` classes, deterministic from ``split_seed``.
+
+    Every class has a pattern of its own, drawn from :data:`SYNTHETIC_SEED` (the same for every
+    split): three Gaussian blobs per channel at random places, of random widths and signs.
+    An image is its class's pattern shifted by up to :data:`SYNTHETIC_SHIFT` pixels each way,
+    scaled by a random contrast in [0.6, 1], on a grey background, plus Gaussian noise
+    (sd 0.1 of the range), as uint8. The labels are balanced (``n // num_classes`` each, the
+    rest to the first classes) in a random order.
+    """
+    patterns = np.random.default_rng(SYNTHETIC_SEED)
+    pad = SYNTHETIC_SHIFT
+    grid = np.arange(size + 2 * pad, dtype=np.float64) - pad
+    blobs = (num_classes, channels, 3)
+    cy, cx = patterns.uniform(4, size - 4, blobs), patterns.uniform(4, size - 4, blobs)
+    width, sign = patterns.uniform(2, 5, blobs), patterns.choice([-1.0, 1.0], blobs)
+    dy = (grid - cy[..., None]) ** 2  # (K, C, 3, S + 2 pad)
+    dx = (grid - cx[..., None]) ** 2
+    bumps = np.exp(-(dy[..., :, None] + dx[..., None, :]) / (2 * width[..., None, None] ** 2))
+    templates = (sign[..., None, None] * bumps).sum(axis=2)  # (K, C, S + 2 pad, S + 2 pad)
+    templates /= np.abs(templates).max(axis=(1, 2, 3), keepdims=True)
+    templates = templates.astype(np.float32)
+
+    rng = np.random.default_rng([SYNTHETIC_SEED, split_seed])
+    labels = rng.permutation(np.arange(n) % num_classes)
+    shifts = rng.integers(0, 2 * pad + 1, (n, 2))
+    contrast = rng.uniform(0.6, 1.0, (n, 1, 1, 1)).astype(np.float32)
+    noise = rng.standard_normal((n, channels, size, size), dtype=np.float32)
+    images = np.empty((n, channels, size, size), dtype=np.float32)
+    for y in range(2 * pad + 1):
+        for x in range(2 * pad + 1):
+            at = (shifts[:, 0] == y) & (shifts[:, 1] == x)
+            images[at] = templates[labels[at], :, y : y + size, x : x + size]
+    images = 0.5 + 0.4 * contrast * images + 0.1 * noise
+    pixels = np.clip(np.rint(images * 255), 0, 255).astype(np.uint8)
+    return torch.from_numpy(pixels), torch.from_numpy(labels).long()
+
+
+def _load_synthetic(root: Path, split: str, download: bool) -> Images:
+    """The generated grey data set's ``split`` (nothing is read or written)."""
+    return synthetic_images(SYNTHETIC_SIZES[split], SYNTHETIC_SPLITS[split], 10, 1, 28)
+
+
+def _load_synthetic_rgb(root: Path, split: str, download: bool) -> Images:
+    """The generated RGB data set's ``split`` (nothing is read or written)."""
+    return synthetic_images(SYNTHETIC_SIZES[split], SYNTHETIC_SPLITS[split], 10, 3, 32)
+
+
+CIFAR10_CLASSES = (
+    "airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck",
+)  # fmt: skip
+STL10_CLASSES = (
+    "airplane", "bird", "car", "cat", "deer", "dog", "horse", "monkey", "ship", "truck",
+)  # fmt: skip
+
+#: Every data set by name: its spec, loader included. Adding a data set is one entry here.
 SPECS: dict[str, DatasetSpec] = {
     spec.name: spec
     for spec in (
-        DatasetSpec("mnist", 10, 1, 28, (0.1307,), (0.3081,), hflip=False, classes=DIGITS),
+        DatasetSpec("mnist", 10, 1, 28, (0.1307,), (0.3081,), False, _load_mnist, classes=DIGITS),
         DatasetSpec(
             "fashion_mnist",
             10,
@@ -108,10 +242,13 @@ SPECS: dict[str, DatasetSpec] = {
             28,
             (0.2860,),
             (0.3530,),
-            hflip=True,
+            True,
+            _load_fashion_mnist,
             classes=tuple(tvd.FashionMNIST.classes),
         ),
-        DatasetSpec("emnist_balanced", 47, 1, 28, (0.1751,), (0.3332,), hflip=False),
+        DatasetSpec(
+            "emnist_balanced", 47, 1, 28, (0.1751,), (0.3332,), False, _load_emnist_balanced
+        ),
         DatasetSpec(
             "cifar10",
             10,
@@ -120,22 +257,18 @@ SPECS: dict[str, DatasetSpec] = {
             (0.4914, 0.4822, 0.4465),
             (0.2470, 0.2435, 0.2616),
             True,
-            # the names of the data set's batches.meta, in label order
-            classes=(
-                "airplane",
-                "automobile",
-                "bird",
-                "cat",
-                "deer",
-                "dog",
-                "frog",
-                "horse",
-                "ship",
-                "truck",
-            ),  # fmt: skip
+            _load_cifar10,
+            classes=CIFAR10_CLASSES,  # the names of the data set's batches.meta, in label order
         ),
         DatasetSpec(
-            "cifar100", 100, 3, 32, (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762), True
+            "cifar100",
+            100,
+            3,
+            32,
+            (0.5071, 0.4865, 0.4409),
+            (0.2673, 0.2564, 0.2762),
+            True,
+            _load_cifar100,
         ),
         DatasetSpec(
             "svhn",
@@ -145,6 +278,7 @@ SPECS: dict[str, DatasetSpec] = {
             (0.4377, 0.4438, 0.4728),
             (0.1980, 0.2010, 0.1970),
             False,
+            _load_svhn,
             classes=DIGITS,  # torchvision maps the digit 0's label 10 to 0
         ),
         DatasetSpec(
@@ -154,21 +288,22 @@ SPECS: dict[str, DatasetSpec] = {
             96,
             (0.4467, 0.4398, 0.4066),
             (0.2603, 0.2566, 0.2713),
-            hflip=True,
+            True,
+            _load_stl10,
             unlabeled_split="unlabeled",
-            # class_names.txt of the data set, in label order
-            classes=(
-                "airplane",
-                "bird",
-                "car",
-                "cat",
-                "deer",
-                "dog",
-                "horse",
-                "monkey",
-                "ship",
-                "truck",
-            ),  # fmt: skip
+            classes=STL10_CLASSES,  # class_names.txt of the data set, in label order
+        ),
+        # generated: the statistics are those of the training split
+        DatasetSpec("synthetic", 10, 1, 28, (0.4988,), (0.1437,), False, _load_synthetic),
+        DatasetSpec(
+            "synthetic_rgb",
+            10,
+            3,
+            32,
+            (0.5155, 0.5069, 0.5169),
+            (0.1272, 0.1384, 0.1288),
+            False,
+            _load_synthetic_rgb,
         ),
     )
 }
@@ -184,12 +319,7 @@ def dataset_spec(name: str) -> DatasetSpec:
 def load_split(name: str, root: str | Path, train: bool, download: bool = True) -> ImageSplit:
     """Load the train or test split of data set ``name`` under ``root`` as uint8 tensors."""
     spec = dataset_spec(name)
-    root = Path(root)
-    with _first_use(root, name, download):
-        ds = _torchvision_split(name, root, train, download)
-    images, labels = _to_tensors(ds)
-    if name == "emnist_balanced":  # EMNIST is stored transposed
-        images = images.transpose(2, 3).contiguous()
+    images, labels = spec.loader(Path(root), "train" if train else "test", download)
     _check_shape(spec, images)
     return ImageSplit(images, labels)
 
@@ -215,27 +345,6 @@ def _first_use(root: Path, name: str, writes: bool) -> Iterator[None]:
             lock.release()
 
 
-def _torchvision_split(name: str, root: Path, train: bool, download: bool) -> object:
-    if name == "fashion_mnist":
-        stage_debian_fashion_mnist(root)
-    split = "train" if train else "test"
-    if name == "mnist":
-        ds = tvd.MNIST(root, train=train, download=download)
-    elif name == "fashion_mnist":
-        ds = tvd.FashionMNIST(root, train=train, download=download and not _has_raw_fashion(root))
-    elif name == "emnist_balanced":
-        ds = tvd.EMNIST(root, split="balanced", train=train, download=download)
-    elif name == "cifar10":
-        ds = tvd.CIFAR10(root, train=train, download=download)
-    elif name == "cifar100":
-        ds = tvd.CIFAR100(root, train=train, download=download)
-    elif name == "svhn":
-        ds = tvd.SVHN(root, split=split, download=download)
-    else:  # stl10: the labeled train/test splits (the unlabeled one: load_unlabeled_split)
-        ds = tvd.STL10(root, split=split, download=download)
-    return ds
-
-
 def load_unlabeled_split(name: str, root: str | Path, download: bool = True) -> ImageSplit:
     """Load data set ``name``'s split of unlabeled images (its spec's ``unlabeled_split``,
     STL-10's 100,000 ``unlabeled`` images) under ``root``: an :class:`ImageSplit` without
@@ -243,9 +352,7 @@ def load_unlabeled_split(name: str, root: str | Path, download: bool = True) -> 
     spec = dataset_spec(name)
     if spec.unlabeled_split is None:
         raise ValueError(f"data.dataset: {name!r} has no unlabeled split")
-    with _first_use(Path(root), name, download):
-        ds = tvd.STL10(Path(root), split=spec.unlabeled_split, download=download)  # only STL-10
-    images, _ = _to_tensors(ds)
+    images, _ = spec.loader(Path(root), spec.unlabeled_split, download)
     _check_shape(spec, images)
     return ImageSplit(images, None, f"{name}'s {spec.unlabeled_split!r} split has no labels")
 
