@@ -60,11 +60,11 @@ def test_labeled_fraction(fmnist_root: Path) -> None:
 
 def test_client_loaders_yield_images_only(fmnist_root: Path) -> None:
     dm = _dm(fmnist_root)
-    batch = next(iter(dm.client_dataloader(0, ("weak", "strong"))))
+    batch = next(iter(dm.client_data(0).dataloader(("weak", "strong"))))
     assert isinstance(batch, (list, tuple)) and len(batch) == 2
     for view in batch:
         assert view.dtype == torch.float32 and view.shape[1:] == (1, 28, 28)
-    loader = dm.client_dataloader(1, ("weak",))
+    loader = dm.client_data(1).dataloader(("weak",))
     assert isinstance(loader, ImageBatches) and loader.labels is None
     assert len(loader) == 5 and loader.num_examples == 300  # 300 images, batches of 64
     assert all(len(batch) == 1 for batch in loader)  # one view, no labels
@@ -72,7 +72,7 @@ def test_client_loaders_yield_images_only(fmnist_root: Path) -> None:
 
 def test_oracle_loader_has_true_labels(fmnist_root: Path) -> None:
     dm = _dm(fmnist_root)
-    loader = dm.client_oracle_dataloader(2)
+    loader = dm.client_data(2).oracle_dataloader()
     labels = torch.cat([y for _, y in loader])
     assert torch.equal(labels.sort().values, dm.clients[2].labels.sort().values)
 
@@ -151,7 +151,7 @@ def test_stream_steps_cut_each_shard_into_consecutive_chunks(fmnist_root: Path) 
         for v in (4, 7):
             assert torch.equal(dm.client_shard(k, v).images, chunks[0].images)
         assert torch.equal(dm.client_shard(k, 5).labels, chunks[1].labels)
-        assert dm.client_size(k, 2) == 100
+        assert len(dm.client_data(k, 2)) == 100
     assert dm.partition_summary()["data/stream_steps"] == 3
     with pytest.raises(ValueError, match="visit"):
         dm.client_shard(0, 0)
@@ -160,13 +160,13 @@ def test_stream_steps_cut_each_shard_into_consecutive_chunks(fmnist_root: Path) 
 def test_without_streaming_every_visit_sees_the_whole_shard(fmnist_root: Path) -> None:
     dm = _dm(fmnist_root)
     assert dm.client_shard(2, 5) is dm.clients[2]
-    assert dm.client_size(2) == dm.client_size(2, 9) == 300
+    assert len(dm.client_data(2)) == len(dm.client_data(2, 9)) == 300
     assert dm.partition_summary()["data/stream_steps"] == 0
 
 
 def test_near_equal_chunks_and_too_many_steps(fmnist_root: Path) -> None:
     dm = _dm(fmnist_root, examples_per_client=302, stream_steps=3)
-    assert [dm.client_size(0, v) for v in (1, 2, 3)] == [101, 101, 100]
+    assert [len(dm.client_shard(0, v)) for v in (1, 2, 3)] == [101, 101, 100]
     with pytest.raises(ValueError, match=r"data\.stream_steps=301"):
         _dm(fmnist_root, examples_per_client=300, stream_steps=301)
 
@@ -176,20 +176,20 @@ def test_streamed_loaders_yield_exactly_the_visible_chunk(fmnist_root: Path) -> 
     chunk = dm.clients[1].images[100:200]
     expected = _plain(chunk)
 
-    batches = list(dm.client_plain_dataloader(1, visit=2))
+    batches = list(dm.client_data(1, visit=2).plain_dataloader())
     assert all(len(b) == 1 for b in batches)  # images only
     assert [len(b[0]) for b in batches] == [32, 32, 32, 4]
     plain = torch.cat([b[0] for b in batches])
     torch.testing.assert_close(plain, expected)  # in shard order, un-augmented
     assert not torch.allclose(plain, _plain(dm.clients[1].images[:100]))
 
-    xs = torch.cat([x for (x,) in dm.client_dataloader(1, ("plain",), visit=2)])
+    xs = torch.cat([x for (x,) in dm.client_data(1, visit=2).dataloader(("plain",))])
     assert xs.shape == (100, 1, 28, 28)
     match = torch.cdist(xs.flatten(1), expected.flatten(1)).argmin(dim=1)
     assert sorted(match.tolist()) == list(range(100))  # every chunk image once
     torch.testing.assert_close(xs, expected[match])
 
-    labels = torch.cat([y for _, y in dm.client_oracle_dataloader(1, visit=2)])
+    labels = torch.cat([y for _, y in dm.client_data(1, visit=2).oracle_dataloader()])
     assert torch.equal(labels.sort().values, dm.clients[1].labels[100:200].sort().values)
 
 
@@ -198,7 +198,7 @@ def test_with_index_covers_the_visible_shard_once(fmnist_root: Path) -> None:
         dm = _dm(fmnist_root, **kw)
         shard = dm.client_shard(k, visit)
         idx, xs = [], []
-        for batch in dm.client_dataloader(k, ("plain", "weak"), visit=visit, with_index=True):
+        for batch in dm.client_data(k, visit).dataloader(("plain", "weak"), with_index=True):
             assert len(batch) == 3
             i, x, w = batch
             assert i.dtype == torch.int64 and i.shape == (len(x),)
@@ -214,10 +214,10 @@ def test_labels_at_client_are_dealt_class_by_class(fmnist_root: Path) -> None:
     kw = {"num_clients": 10, "examples_per_client": 200}
     dm = _dm(fmnist_root, labels_at="client", **kw)
     ref = _dm(fmnist_root, **kw)  # labels at the server, same seed
-    assert len(dm.client_labeled) == 10
-    for split in dm.client_labeled:
+    assert len(dm.pool.labeled) == 10
+    for split in dm.pool.labeled:
         assert torch.bincount(split.labels, minlength=10).tolist() == [5] * 10
-    labeled = _keys(*dm.client_labeled)
+    labeled = _keys(*dm.pool.labeled)
     assert len(set(labeled)) == 500  # clients' labeled sets are disjoint
     assert set(labeled).isdisjoint(_keys(dm.val, *dm.clients))
     # the same labeled set as at the server, and the same client pool and validation set
@@ -230,21 +230,21 @@ def test_labels_at_client_are_dealt_class_by_class(fmnist_root: Path) -> None:
     summary = dm.partition_summary()
     assert summary["data/client_labeled"] == 500 and summary["data/server_labeled"] == 0
     assert ref.partition_summary()["data/client_labeled"] == 0
-    assert ref.client_labeled == []
+    assert ref.pool.labeled == []
 
 
 def test_labeled_loaders_follow_labels_at(fmnist_root: Path) -> None:
     dm = _dm(fmnist_root, labels_at="client")
-    batches = list(dm.client_labeled_dataloader(3, ("weak", "strong")))
+    batches = list(dm.client_data(3).labeled_dataloader(("weak", "strong")))
     assert all(len(b) == 3 for b in batches)
     labels = torch.cat([b[-1] for b in batches])
-    assert torch.equal(labels.sort().values, dm.client_labeled[3].labels.sort().values)
+    assert torch.equal(labels.sort().values, dm.pool.labeled[3].labels.sort().values)
     assert batches[0][0].shape[1:] == (1, 28, 28)
     with pytest.raises(ValueError, match=r"data\.labels_at"):
         dm.server_dataloader()
     server = _dm(fmnist_root)
     with pytest.raises(ValueError, match=r"data\.labels_at"):
-        server.client_labeled_dataloader(0)
+        server.client_data(0).labeled_dataloader()
 
 
 def test_too_few_labels_for_every_client_rejected(fmnist_root: Path) -> None:

@@ -174,7 +174,7 @@ def test_client_labels_never_reach_the_client_loss(fmnist_root: Path, tmp_path: 
         fed = _federation(fmnist_root, tmp_path / name, server_epochs=1)
         fed.prepare()
         if scramble:  # replace every client label with garbage
-            fed.data.clients = [
+            fed.data.pool.shards = [
                 ImageSplit(c.images, torch.full_like(c.labels, 9)) for c in fed.data.clients
             ]
         fed.run()

@@ -94,7 +94,7 @@ def test_whole_unlabeled_split_and_streaming(tmp_path: Path) -> None:
     assert [len(c) for c in data.clients] == [100] * 4  # 400 unlabeled images, all used
     chunk = data.client_shard(0, visit=2)
     assert index(chunk) == index(data.clients[0])[50:] and not chunk.has_labels
-    batch = next(iter(data.client_dataloader(0, ("weak",))))
+    batch = next(iter(data.client_data(0).dataloader(("weak",))))
     assert len(batch) == 1 and batch[0].shape[1:] == (3, 96, 96)  # images only
 
 
@@ -126,7 +126,7 @@ def test_the_oracle_and_hidden_labels_are_refused_naming_the_key(tmp_path: Path)
     with pytest.raises(ValueError, match="data.client_pool='unlabeled': FedAvgSL is an oracle"):
         FedAvgSL(num_classes=10, in_channels=3).validate_data(data)  # before any work
     with pytest.raises(ValueError, match="data.client_pool"):
-        data.client_oracle_dataloader(0)
+        client.oracle_dataloader()
     with pytest.raises(ValueError, match="data.client_pool"):
         client.hidden_labels  # noqa: B018
 

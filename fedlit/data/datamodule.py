@@ -1,4 +1,9 @@
-"""The federated data module: labeled/validation sets, client shards and the test set."""
+"""The federated data module: the recipe's ``data`` settings, the server's data and the client pool.
+
+:class:`FederatedDataModule` checks the settings, loads the data set and draws, from the run's
+seed, the server's sets (:class:`~fedlit.data.server.ServerData`) and the clients' shards
+(:class:`~fedlit.data.pool.ClientPool`), then serves the loaders of both.
+"""
 
 from __future__ import annotations
 
@@ -19,9 +24,10 @@ from fedlit.data.datasets import (
 )
 from fedlit.data.loaders import ImageBatches
 from fedlit.data.partition import IID, Partitioner, class_counts, non_iid_metric
+from fedlit.data.pool import ClientPool, deal_labeled, stream_chunks
+from fedlit.data.server import ServerData, load_test, split_by_class
 
 SPLIT_TAG = 0x5EED  # keeps the split's random stream apart from the partition's
-TEST_SUBSET_SEED = 0x7E57
 
 
 LABELS_AT = ("server", "client")
@@ -36,16 +42,19 @@ def _positive(name: str, value: int | None) -> None:
 class FederatedDataModule(L.LightningDataModule):
     """A labeled set (and validation set) plus unlabeled client shards of one data set.
 
-    The training split is divided, by seed, into a class-balanced labeled set
-    (``labeled_per_class`` per class, or ``labeled_fraction`` of each class), an optional
-    class-balanced validation set (``val_per_class``, always at the server), and a client pool
-    that ``partitioner`` divides among ``num_clients`` clients (``examples_per_client`` each,
-    or the whole pool). Client loaders yield images only; the pool's labels are kept aside for
-    diagnostics and for the FedAvg-SL oracle, which is marked as such.
+    It holds the settings (its arguments are the recipe's ``data`` group) and, once
+    :meth:`setup_federation` has drawn them, the server's data (:attr:`server_data`) and the
+    client pool (:attr:`pool`), whose loaders it serves. The training split is divided, by
+    seed, into a class-balanced labeled set (``labeled_per_class`` per class, or
+    ``labeled_fraction`` of each class), an optional class-balanced validation set
+    (``val_per_class``, always at the server), and a client pool that ``partitioner`` divides
+    among ``num_clients`` clients (``examples_per_client`` each, or the whole pool). Client
+    loaders yield images only; the pool's labels are kept aside for diagnostics and for the
+    FedAvg-SL oracle, which is marked as such.
 
     The labeled set is the server's (``labels_at="server"``) or, labels-at-client, is dealt
     out to the clients class by class (``labels_at="client"``): ``server`` is then empty and
-    ``client_labeled[k]`` holds client k's labeled examples, on top of its unlabeled shard.
+    ``pool.labeled[k]`` holds client k's labeled examples, on top of its unlabeled shard.
 
     Server-held unlabeled images (``server_unlabeled_fraction``, paper 001 section IV-E's beta):
     that fraction of each class is set aside, after the validation set and before the client
@@ -158,8 +167,8 @@ class FederatedDataModule(L.LightningDataModule):
         self.labels_at = labels_at
         self.server_unlabeled_fraction = server_unlabeled_fraction
         self.seed: int | None = None
-        self.client_labeled: list[ImageSplit] = []
-        self._chunks: list[list[tuple[int, int]]] = []
+        self._server_data: ServerData | None = None
+        self._pool: ClientPool | None = None
 
     # --- static facts (known before any data is loaded) ---------------------------------
     @property
@@ -170,8 +179,7 @@ class FederatedDataModule(L.LightningDataModule):
     def class_names(self) -> tuple[str, ...] | None:
         """The names of the columns of :attr:`class_counts`: the data set's classes (None
         where it has no names, or for an unlabeled pool's single column)."""
-        counts = getattr(self, "class_counts", None)
-        if counts is not None and counts.shape[1] != self.num_classes:
+        if self._pool is not None and self._pool.class_counts.shape[1] != self.num_classes:
             return None
         return self.spec.classes
 
@@ -221,34 +229,28 @@ class FederatedDataModule(L.LightningDataModule):
         if self.client_pool == "unlabeled":
             load_unlabeled_split(self.dataset, self.root, download=self.download)
 
-    def setup_test(self) -> None:
-        """Load only the test split (for evaluating a saved model)."""
-        self.test = self._load_test()
-
-    def _load_test(self) -> ImageSplit:
-        test = load_split(self.dataset, self.root, train=False, download=self.download)
-        if self.test_subset is None or self.test_subset >= len(test):
-            return test
-        rng = np.random.default_rng(TEST_SUBSET_SEED)  # the same subset for every run
-        labels = test.labels.numpy()
-        per_class = [rng.permutation(np.flatnonzero(labels == c)) for c in range(self.num_classes)]
-        quota = np.full(self.num_classes, self.test_subset // self.num_classes)
-        quota[: self.test_subset % self.num_classes] += 1
-        idx = np.sort(np.concatenate([p[:q] for p, q in zip(per_class, quota, strict=True)]))
-        return ImageSplit(test.images[idx], test.labels[idx])
-
     def setup_federation(self, seed: int) -> None:
         """Load the data and draw the server split and the client partition from ``seed``.
 
-        Raises ValueError, naming the key, when the split or partition cannot be made.
+        One random stream, in this order: the server's split, the partition, then
+        (labels-at-client) the dealing of the labeled set, so that the client pool does not
+        depend on ``labels_at``. Raises ValueError, naming the key, when the split or
+        partition cannot be made.
         """
         train = load_split(self.dataset, self.root, train=True, download=self.download)
-        self.test = self._load_test()
+        test = load_test(self.dataset, self.root, self.download, self.test_subset, self.num_classes)
         labels = train.labels.numpy()
         rng = np.random.default_rng([seed, SPLIT_TAG])
-        labeled_idx, val_idx, unlabeled_idx, pool_idx = self._split_server(labels, rng)
-        self.val = ImageSplit(train.images[val_idx], train.labels[val_idx])
-        self.server_unlabeled = ImageSplit(train.images[unlabeled_idx], train.labels[unlabeled_idx])
+        labeled_idx, val_idx, unlabeled_idx, pool_idx = split_by_class(
+            labels,
+            rng,
+            self.dataset,
+            self.num_classes,
+            self.labeled_per_class,
+            self.labeled_fraction,
+            self.val_per_class,
+            self.server_unlabeled_fraction,
+        )
         pool, pool_labels, pool_classes = train, labels[pool_idx], self.num_classes
         where = "left after the server's split"
         if self.client_pool == "unlabeled":  # no labels: IID over one class, a random split
@@ -267,233 +269,124 @@ class FederatedDataModule(L.LightningDataModule):
         parts = self.partitioner(
             pool_labels, self.num_clients, pool_classes, rng, self.examples_per_client
         )
-        self.clients = [pool.take(pool_idx[p]) for p in parts]
-        empty = [k for k, c in enumerate(self.clients) if len(c) == 0]
+        shards = [pool.take(pool_idx[p]) for p in parts]
+        empty = [k for k, c in enumerate(shards) if len(c) == 0]
         if empty:
             raise ValueError(f"data.partitioner left clients {empty} without data")
-        self._chunks = self._stream_chunks()
-        # Dealt after the partition, so the client pool does not depend on labels_at.
+        chunks = stream_chunks(shards, self.stream_steps)
         if self.labels_at == "client":
-            self.client_labeled = [
-                ImageSplit(train.images[i], train.labels[i])
-                for i in self._deal_labeled(labeled_idx, labels, rng)
-            ]
-            self.server = ImageSplit(train.images[:0], train.labels[:0])
-        else:
-            self.client_labeled = []
-            self.server = ImageSplit(train.images[labeled_idx], train.labels[labeled_idx])
-        # an unlabeled pool: one column, the shard sizes (the classes are unknown), and no R
-        self.class_counts = class_counts(pool_labels, parts, pool_classes)
-        self.non_iid_R = (
-            non_iid_metric(pool_labels, parts, pool_classes) if pool.has_labels else float("nan")
-        )
-        self.seed = seed
-
-    def _stream_chunks(self) -> list[list[tuple[int, int]]]:
-        """Per client, the [start, stop) ranges of its shard that the visits of one stream
-        cycle see: ``np.array_split`` of the shard's order into ``stream_steps`` chunks."""
-        steps = self.stream_steps if self.stream_steps is not None else 1
-        short = [k for k, c in enumerate(self.clients) if len(c) < steps]
-        if short:
-            raise ValueError(
-                f"data.stream_steps={self.stream_steps} exceeds the shard size of clients "
-                f"{short} (smallest: {min(len(self.clients[k]) for k in short)} examples)"
-            )
-        return [
-            [(int(p[0]), int(p[-1]) + 1) for p in np.array_split(np.arange(len(c)), steps)]
-            for c in self.clients
-        ]
-
-    def _deal_labeled(
-        self, labeled_idx: np.ndarray, labels: np.ndarray, rng: np.random.Generator
-    ) -> list[np.ndarray]:
-        """Split the labeled indices among the clients, each class near-evenly (client k gets
-        part k of a random split of every class): labels-at-client."""
-        per_client: list[list[np.ndarray]] = [[] for _ in range(self.num_clients)]
-        for c in range(self.num_classes):
-            idx = rng.permutation(labeled_idx[labels[labeled_idx] == c])
-            for k, part in enumerate(np.array_split(idx, self.num_clients)):
-                per_client[k].append(part)
-        dealt = [np.sort(np.concatenate(parts)) for parts in per_client]
-        empty = [k for k, i in enumerate(dealt) if len(i) == 0]
-        if empty:
             key = (
                 f"data.labeled_per_class={self.labeled_per_class}"
                 if self.labeled_per_class is not None
                 else f"data.labeled_fraction={self.labeled_fraction}"
             )
-            raise ValueError(
-                f"{key} is too few labeled examples to give every one of data.num_clients="
-                f"{self.num_clients} clients one with data.labels_at='client' "
-                f"(clients {empty} get none)"
-            )
-        return dealt
-
-    def _split_server(
-        self, labels: np.ndarray, rng: np.random.Generator
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Per class, in a random order: labeled, validation, server-unlabeled, client pool."""
-        labeled, val, unlabeled, pool = [], [], [], []
-        for c in range(self.num_classes):
-            idx = rng.permutation(np.flatnonzero(labels == c))
-            if self.labeled_per_class is not None:
-                n_lab = self.labeled_per_class
-                key = f"data.labeled_per_class={self.labeled_per_class}"
-            else:
-                n_lab = max(1, int(self.labeled_fraction * len(idx)))  # type: ignore[operator]
-                key = f"data.labeled_fraction={self.labeled_fraction}"
-            n_unl = int(self.server_unlabeled_fraction * len(idx))
-            if n_lab + self.val_per_class + n_unl > len(idx):
-                raise ValueError(
-                    f"{key} (+ data.val_per_class={self.val_per_class}, + data.server_unlabeled_"
-                    f"fraction={self.server_unlabeled_fraction}) asks for more examples than "
-                    f"class {c} of {self.dataset} has ({len(idx)})"
-                )
-            cuts = np.cumsum([n_lab, self.val_per_class, n_unl])
-            labeled.append(idx[: cuts[0]])
-            val.append(idx[cuts[0] : cuts[1]])
-            unlabeled.append(idx[cuts[1] : cuts[2]])
-            pool.append(idx[cuts[2] :])
-        parts = (labeled, val, unlabeled, pool)
-        return tuple(np.sort(np.concatenate(part)) for part in parts)  # type: ignore[return-value]
-
-    # --- loaders --------------------------------------------------------------------------
-    # Every loader is an :class:`ImageBatches`: index draws from the split's uint8 tensor, the
-    # views computed a whole batch at a time (on the training device inside a Trainer).
-    def _batches(
-        self,
-        split: ImageSplit,
-        views: Sequence[str],
-        batch_size: int,
-        shuffle: bool,
-        labels: bool = False,
-        with_index: bool = False,
-    ) -> ImageBatches:
-        return ImageBatches(
-            split.images,
-            self.spec,
-            views,
-            batch_size,
-            shuffle,
-            labels=split.labels if labels else None,
-            with_index=with_index,
+            dealt = deal_labeled(labeled_idx, labels, rng, self.num_classes, self.num_clients, key)
+            client_labeled, server_labeled = [train.take(i) for i in dealt], train.take(slice(0))
+        else:
+            client_labeled, server_labeled = [], train.take(labeled_idx)
+        self._server_data = ServerData(
+            labeled=server_labeled,
+            val=train.take(val_idx),
+            unlabeled=train.take(unlabeled_idx),
+            test=test,
+            spec=self.spec,
+            labels_at=self.labels_at,
+            batch_size=self.batch_size,
+            client_batch_size=self.client_batch_size,
+            eval_batch_size=self.eval_batch_size,
         )
-
-    def server_dataloader(self, views: Sequence[str] = ("weak",)) -> ImageBatches:
-        """The server's labeled set: batches (x_1, ..., x_n, y), one x (B, C, H, W) per view.
-
-        Raises ValueError when the labels are at the clients (``labels_at="client"``).
-        """
-        if self.labels_at != "server":
-            raise ValueError(
-                f"data.labels_at={self.labels_at!r}: the server holds no labeled set "
-                "(use client_labeled_dataloader)"
-            )
-        return self._batches(self.server, views, self.batch_size, shuffle=True, labels=True)
-
-    def server_unlabeled_dataloader(self, views: Sequence[str] = ("weak",)) -> ImageBatches:
-        """The server's unlabeled images (``server_unlabeled_fraction``): shuffled batches
-        ``(x_1, ..., x_n)`` of ``client_batch_size``, the unlabeled batch size, no labels."""
-        split = self.server_unlabeled
-        return self._batches(split, views, self.client_batch_size, shuffle=True)
-
-    def server_plain_dataloader(self) -> ImageBatches:
-        """The server's labeled images, un-augmented, in order, without labels: batches
-        ``(x,)`` of ``eval_batch_size`` (for re-estimating BatchNorm statistics)."""
-        return self._batches(self.server, ("plain",), self.eval_batch_size, shuffle=False)
-
-    def client_labeled_dataloader(
-        self, client_id: int, views: Sequence[str] = ("weak",)
-    ) -> ImageBatches:
-        """Client ``client_id``'s own labeled examples (labels-at-client): shuffled batches
-        (x_1, ..., x_n, y) of ``batch_size``, one x (B, C, H, W) per view.
-
-        Raises ValueError when the labels are at the server (``labels_at="server"``).
-        """
-        if self.labels_at != "client":
-            raise ValueError(
-                f"data.labels_at={self.labels_at!r}: clients hold no labeled examples "
-                "(use server_dataloader)"
-            )
-        self._check_client(client_id)
-        split = self.client_labeled[client_id]
-        return self._batches(split, views, self.batch_size, shuffle=True, labels=True)
-
-    def _check_client(self, client_id: int) -> None:
-        if not 0 <= client_id < self.num_clients:
-            raise ValueError(
-                f"client_id must be in [0, data.num_clients={self.num_clients}), got {client_id}"
-            )
-
-    def client_shard(self, client_id: int, visit: int = 1) -> ImageSplit:
-        """The part of client ``client_id``'s shard it sees on its ``visit``-th selection.
-
-        The whole shard unless streaming; with ``stream_steps=S``, chunk (visit - 1) mod S.
-        Its labels are for diagnostics and the oracle only: client loaders never yield them.
-        """
-        self._check_client(client_id)
-        if isinstance(visit, bool) or not isinstance(visit, (int, np.integer)) or visit < 1:
-            raise ValueError(f"visit must be an integer >= 1, got {visit!r}")
-        shard = self.clients[client_id]
-        if self.stream_steps is None:
-            return shard
-        lo, hi = self._chunks[client_id][(visit - 1) % self.stream_steps]
-        return shard.take(slice(lo, hi))
-
-    def client_dataloader(
-        self, client_id: int, views: Sequence[str], visit: int = 1, with_index: bool = False
-    ) -> ImageBatches:
-        """Client ``client_id``'s visible unlabeled shard (see :meth:`client_shard`): shuffled
-        batches of one image tensor per view, ``(x_1, ..., x_n)``.
-
-        With ``with_index`` batches are ``(index, x_1, ..., x_n)``, index (B,) int64 being each
-        example's position in the visible shard.
-        """
-        shard = self.client_shard(client_id, visit)
-        return self._batches(
-            shard, views, self.client_batch_size, shuffle=True, with_index=with_index
-        )
-
-    def client_oracle_dataloader(
-        self, client_id: int, view: str = "weak", visit: int = 1
-    ) -> ImageBatches:
-        """Client shard WITH its true labels: only for the FedAvg-SL oracle (upper bound)."""
-        shard = self.client_shard(client_id, visit)
-        return self._batches(shard, (view,), self.client_batch_size, shuffle=True, labels=True)
-
-    def client_plain_dataloader(self, client_id: int, visit: int = 1) -> ImageBatches:
-        """Client ``client_id``'s visible shard, un-augmented and normalised, in shard order:
-        unshuffled batches ``(x,)`` of ``eval_batch_size`` images, no labels."""
-        shard = self.client_shard(client_id, visit)
-        return self._batches(shard, ("plain",), self.eval_batch_size, shuffle=False)
-
-    def client_data(self, client_id: int, visit: int = 1) -> ClientData:
-        """What client ``client_id`` holds on its ``visit``-th selection, and nothing else: its
-        visible shard, its own labeled examples (labels at the clients), the loaders' sizes.
-        A method's client hooks get this, never the data module."""
-        shard = self.client_shard(client_id, visit)
-        return ClientData(
-            client_id=client_id,
-            visit=visit,
-            shard=shard,
-            labeled=self.client_labeled[client_id] if self.labels_at == "client" else None,
+        self._pool = ClientPool(
+            shards=shards,
+            labeled=client_labeled,
+            chunks=chunks,
+            stream_steps=self.stream_steps,
+            # an unlabeled pool: one column, the shard sizes (the classes are unknown), no R
+            class_counts=class_counts(pool_labels, parts, pool_classes),
+            non_iid_R=(
+                non_iid_metric(pool_labels, parts, pool_classes)
+                if pool.has_labels
+                else float("nan")
+            ),
             spec=self.spec,
             batch_size=self.batch_size,
             client_batch_size=self.client_batch_size,
             eval_batch_size=self.eval_batch_size,
         )
+        self.seed = seed
 
-    def client_size(self, client_id: int, visit: int = 1) -> int:
-        """The number of examples client ``client_id`` sees on its ``visit``-th selection."""
-        return len(self.client_shard(client_id, visit))
+    # --- the two halves, once drawn --------------------------------------------------------
+    @property
+    def server_data(self) -> ServerData:
+        """The server's labeled, validation, unlabeled and test sets and their loaders."""
+        if self._server_data is None:
+            raise RuntimeError("the server's data is drawn by setup_federation(seed) first")
+        return self._server_data
+
+    @property
+    def pool(self) -> ClientPool:
+        """The clients' shards (and labeled examples) and what each client sees."""
+        if self._pool is None:
+            raise RuntimeError("the client pool is drawn by setup_federation(seed) first")
+        return self._pool
+
+    @property
+    def server(self) -> ImageSplit:
+        """The server's labeled set (empty when the labels are at the clients)."""
+        return self.server_data.labeled
+
+    @property
+    def val(self) -> ImageSplit:
+        return self.server_data.val
+
+    @property
+    def server_unlabeled(self) -> ImageSplit:
+        return self.server_data.unlabeled
+
+    @property
+    def test(self) -> ImageSplit:
+        return self.server_data.test
+
+    @property
+    def clients(self) -> list[ImageSplit]:
+        """Every client's whole unlabeled shard."""
+        return self.pool.shards
+
+    @property
+    def class_counts(self) -> np.ndarray:
+        return self.pool.class_counts
+
+    @property
+    def non_iid_R(self) -> float:
+        return self.pool.non_iid_R
+
+    # --- loaders (see ServerData and ClientPool) ---------------------------------------------
+    def server_dataloader(self, views: Sequence[str] = ("weak",)) -> ImageBatches:
+        """:meth:`ServerData.labeled_dataloader`."""
+        return self.server_data.labeled_dataloader(views)
+
+    def server_unlabeled_dataloader(self, views: Sequence[str] = ("weak",)) -> ImageBatches:
+        """:meth:`ServerData.unlabeled_dataloader`."""
+        return self.server_data.unlabeled_dataloader(views)
+
+    def server_plain_dataloader(self) -> ImageBatches:
+        """:meth:`ServerData.plain_dataloader`."""
+        return self.server_data.plain_dataloader()
 
     def val_dataloader(self) -> ImageBatches:
         """The server's validation set: un-augmented batches (x, y) in order."""
-        return self._batches(self.val, ("plain",), self.eval_batch_size, False, labels=True)
+        return self.server_data.val_dataloader()
 
     def test_dataloader(self) -> ImageBatches:
         """The test set: un-augmented batches (x, y) in order."""
-        return self._batches(self.test, ("plain",), self.eval_batch_size, False, labels=True)
+        return self.server_data.test_dataloader()
+
+    def client_shard(self, client_id: int, visit: int = 1) -> ImageSplit:
+        """:meth:`ClientPool.client_shard`."""
+        return self.pool.client_shard(client_id, visit)
+
+    def client_data(self, client_id: int, visit: int = 1) -> ClientData:
+        """:meth:`ClientPool.client_data`: what a method's client hooks get."""
+        return self.pool.client_data(client_id, visit)
 
     def partition_summary(self) -> dict[str, float]:
         """Numbers that describe the partition, for logging once per run."""
@@ -505,6 +398,6 @@ class FederatedDataModule(L.LightningDataModule):
             "data/server_labeled": float(len(self.server)),
             "data/server_val": float(len(self.val)),
             "data/server_unlabeled": float(len(self.server_unlabeled)),
-            "data/client_labeled": float(sum(len(c) for c in self.client_labeled)),
+            "data/client_labeled": float(sum(len(c) for c in self.pool.labeled)),
             "data/stream_steps": float(self.stream_steps or 0),
         }
