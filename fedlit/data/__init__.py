@@ -1,4 +1,4 @@
-"""Data: data sets by name, augmentations, the server split, client partitions and sampling."""
+"""Data: data sets by name, augmentations, the server's data, the client pool and sampling."""
 
 from fedlit.data.client import ClientData
 from fedlit.data.datamodule import FederatedDataModule
@@ -14,12 +14,15 @@ from fedlit.data.partition import (
     class_counts,
     non_iid_metric,
 )
+from fedlit.data.pool import ClientPool
 from fedlit.data.sampling import sample_clients, visit_number
+from fedlit.data.server import ServerData
 from fedlit.data.transforms import build_transform
 
 __all__ = [
     "IID",
     "ClientData",
+    "ClientPool",
     "ImageBatches",
     "SPECS",
     "SSFL",
@@ -30,6 +33,7 @@ __all__ = [
     "ImageSplit",
     "Partitioner",
     "RandomProportions",
+    "ServerData",
     "build_transform",
     "class_counts",
     "dataset_spec",
