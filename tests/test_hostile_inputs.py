@@ -183,7 +183,7 @@ FIT = [
     ("server_sl", ["--trainer.strategy=nope"], "trainer.strategy", "nope"),
     ("server_sl", ["--trainer.deterministic=maybe"], "trainer.deterministic", "maybe"),
     ("server_sl", ["--trainer.max_epochs=3"], "trainer.max_epochs", "3"),
-    ("server_sl", ["--trainer.fast_dev_run=true"], "trainer.fast_dev_run", "True"),
+    ("server_sl", ["--trainer.fast_dev_run=true"], "trainer.fast_dev_run", "true"),
     ("server_sl", ["--trainer.callbacks=[]"], "trainer.callbacks", "[]"),
     ("server_sl", ["--trainer.nope=1"], "trainer.nope", "1"),
     # seed
