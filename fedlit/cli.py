@@ -13,24 +13,26 @@ finished runs. ``fedlit partition --config recipe.yaml``: plot a recipe's partit
 
 from __future__ import annotations
 
-import argparse
 import errno
+import importlib.util
 import inspect
 import json
 import math
 import shlex
 import sys
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import yaml
-from jsonargparse import ActionConfigFile
+from jsonargparse import ActionConfigFile, get_loader, set_loader
 from lightning import Trainer
-from lightning.pytorch.cli import LightningCLI
+from lightning.fabric.plugins.environments import SLURMEnvironment
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from fedlit.data.datamodule import FederatedDataModule
@@ -45,51 +47,22 @@ from fedlit.methods import FederatedMethod
 from fedlit.refusals import OneLineLightningParser, OneLineParser, flat_keys, one_line
 from fedlit.run_layout import MAX_SEED, output_dir_error
 
-#: Trainer settings passed on to every per-step Trainer (with accelerator, devices, precision).
-TEMPLATE_KEYS = (
-    "strategy",
-    "gradient_clip_val",
-    "gradient_clip_algorithm",
-    "accumulate_grad_batches",
-    "deterministic",
-    "benchmark",
-    "limit_train_batches",
-    "detect_anomaly",
+#: The ``trainer`` group's keys: the per-step Trainers' settings, the run directory, the loggers.
+TRAINER_KEYS = (
+    *(f.name for f in fields(TrainerTemplate) if f.name != "compile"),
+    "default_root_dir",
+    "logger",
 )
-#: Trainer settings the federation itself reads: the run directory and the loggers.
-DRIVER_KEYS = ("default_root_dir", "logger")
-#: Trainer settings with a meaning in one Trainer's run that the federation does not take:
-#: lengths are ``federation.*``, checkpoints, progress and logging are the driver's own.
-REFUSED_KEYS = (
-    "max_epochs",
-    "min_epochs",
-    "max_steps",
-    "min_steps",
-    "max_time",
-    "fast_dev_run",
-    "callbacks",
-    "enable_checkpointing",
-    "enable_progress_bar",
-    "enable_model_summary",
-    "num_sanity_val_steps",
-    "limit_val_batches",
-    "limit_test_batches",
-    "limit_predict_batches",
-    "overfit_batches",
-    "val_check_interval",
-    "check_val_every_n_epoch",
-    "log_every_n_steps",
-    "reload_dataloaders_every_n_epochs",
-    "num_nodes",
-    "profiler",
-    "plugins",
-    "sync_batchnorm",
-    "use_distributed_sampler",
-    "barebones",
-    "inference_mode",
-    "model_registry",
-    "enable_autolog_hparams",
-)
+#: ``lightning.Trainer``'s other arguments and their defaults: a run directory's config.yaml
+#: written before fedlit had a ``trainer`` group of its own lists them all.
+LIGHTNING_ONLY = {
+    name: parameter.default
+    for name, parameter in inspect.signature(Trainer.__init__).parameters.items()
+    if name != "self" and name not in TRAINER_KEYS
+}
+#: The parser mode of fedlit's parsers: YAML, with a config's ``trainer`` group read tolerantly
+#: (:func:`without_lightning_defaults`).
+CONFIG_MODE = "fedlit_yaml"
 
 
 #: The exit status of a run stopped by Ctrl-C (SIGINT), as shells report it: 128 + 2.
@@ -102,17 +75,61 @@ SPLIT_FREE = ("data.root", "data.download", "data.batch_size", "data.client_batc
 FIT_HELP = (
     "Train a federation (model, data, federation, trainer, seed_everything: a recipe and "
     "dotted overrides), or continue one with --federation.resume; writes the run directory "
-    "trainer.default_root_dir. Trainer settings fedlit does not apply (max_epochs, "
-    "callbacks, ...) are not listed, and refused by name."
+    "trainer.default_root_dir."
 )
 TEST_HELP = (
     "Evaluate a run's checkpoint on the test set: --config RUN/config.yaml "
     "--ckpt_path RUN/checkpoints/last.ckpt."
 )
+PARTITION_HELP = "Plot and summarise a recipe's partition (for its seed_everything), no training."
+
+
+def without_lightning_defaults(trainer: dict[str, Any]) -> dict[str, Any]:
+    """A config's ``trainer`` group without the ``lightning.Trainer`` arguments fedlit never
+    applied (:data:`LIGHTNING_ONLY`) that hold Lightning's default, as a run directory's
+    config.yaml of an earlier fedlit lists them. Raises ValueError naming one that holds
+    another value."""
+    for key, value in trainer.items():
+        if key in LIGHTNING_ONLY and value != LIGHTNING_ONLY[key]:
+            raise ValueError(
+                f"trainer.{key}={value!r}: a Lightning Trainer setting fedlit never applied "
+                "(it builds a Trainer per server and client step: lengths are "
+                "federation.rounds, federation.local_epochs, federation.server_epochs; logging "
+                "and checkpoints are the federation's); remove it. trainer keys: "
+                + ", ".join(TRAINER_KEYS)
+            )
+    return {k: v for k, v in trainer.items() if k not in LIGHTNING_ONLY}
+
+
+def load_config(text: str) -> Any:
+    """jsonargparse's YAML loader, a config's ``trainer`` group read tolerantly
+    (:func:`without_lightning_defaults`)."""
+    value = get_loader("yaml")(text)
+    if isinstance(value, dict) and isinstance(value.get("trainer"), dict):
+        value["trainer"] = without_lightning_defaults(value["trainer"])
+    return value
+
+
+set_loader(CONFIG_MODE, load_config, exceptions=(yaml.YAMLError, ValueError))
+
+
+def loggers(logger: Any, run_dir: Path) -> list[Logger]:
+    """``trainer.logger`` as a Lightning Trainer reads it: none for False, Lightning's default
+    logger in the run directory for True or None (TensorBoard where installed, else CSV), a
+    logger or a list of them."""
+    if logger is False:
+        return []
+    if logger is True or logger is None:
+        if importlib.util.find_spec("tensorboard") or importlib.util.find_spec("tensorboardX"):
+            return [TensorBoardLogger(save_dir=run_dir, version=SLURMEnvironment.job_id())]
+        return [CSVLogger(save_dir=run_dir)]
+    return list(logger) if isinstance(logger, Iterable) else [logger]
 
 
 class FedlitCLI(LightningCLI):
     """LightningCLI whose ``fit`` runs a federation and whose ``test`` evaluates its checkpoint."""
+
+    trainer: TrainerTemplate  # type: ignore[assignment]  # the per-step Trainers' settings
 
     def __init__(self, args: list[str] | None = None, run: bool = True) -> None:
         super().__init__(
@@ -123,7 +140,6 @@ class FedlitCLI(LightningCLI):
             auto_configure_optimizers=False,
             seed_everything_default=0,
             parser_class=OneLineLightningParser,
-            trainer_defaults={"logger": False, "default_root_dir": "runs/fedlit"},
             parser_kwargs={
                 "fit": {"description": FIT_HELP},
                 "test": {"description": TEST_HELP},
@@ -147,13 +163,34 @@ class FedlitCLI(LightningCLI):
             "test": {"model", "dataloaders", "datamodule", "weights_only"},
         }
 
-    def add_arguments_to_parser(self, parser: Any) -> None:
-        # the Trainer settings fedlit refuses stay parseable (to be refused by name), unlisted
-        for action in parser._actions:
-            for option in action.option_strings:
-                key = option.removeprefix("--trainer.").removesuffix(".help")
-                if option.startswith("--trainer.") and key in REFUSED_KEYS:
-                    action.help = argparse.SUPPRESS
+    def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
+        """LightningCLI's parser, reading YAML as :func:`load_config` does."""
+        return super().init_parser(parser_mode=CONFIG_MODE, **kwargs)
+
+    def add_core_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        """The recipe's groups: ``trainer`` (fedlit's :class:`TrainerTemplate`, the run
+        directory and the loggers; no Lightning Trainer of its own), ``model`` and ``data``."""
+        parser.add_class_arguments(
+            TrainerTemplate, "trainer", skip={"compile"}, instantiate=False, sub_configs=True
+        )
+        parser.set_defaults({"trainer.devices": "auto"})  # Lightning's
+        group = (parser.groups or {})["trainer"]
+        group.add_argument(
+            "--trainer.default_root_dir",
+            type=str | None,
+            default="runs/fedlit",
+            help="the run directory (metrics.csv, checkpoints/, config.yaml)",
+        )
+        group.add_argument(
+            "--trainer.logger",
+            type=Logger | Iterable[Logger] | bool | None,
+            default=False,
+            help="loggers beside metrics.csv, e.g. lightning.pytorch.loggers.WandbLogger",
+        )
+        parser.add_lightning_class_args(FederatedMethod, "model", subclass_mode=True)
+        parser.add_lightning_class_args(FederatedDataModule, "data")
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_class_arguments(FederationConfig, "federation")
         parser.link_arguments(
             "data.num_classes", "model.init_args.num_classes", apply_on="instantiate"
@@ -191,9 +228,8 @@ class FedlitCLI(LightningCLI):
         super()._set_seed()
 
     def before_instantiate_classes(self) -> None:
-        """Refuse a NaN or infinite value in any setting, a ``trainer.*`` setting the
-        federation would not apply (:data:`REFUSED_KEYS`), and an empty run directory,
-        naming the key."""
+        """Refuse a NaN or infinite value in any setting, an empty run directory and
+        ``trainer.*`` settings a Trainer cannot train with, naming the key."""
         config = (self.config[self.subcommand] if self.subcommand else self.config).as_dict()
         root = (config.get("trainer") or {}).get("default_root_dir")
         if self.subcommand == "fit" and (root is None or not str(root).strip()):
@@ -204,18 +240,9 @@ class FedlitCLI(LightningCLI):
         for key, value in _floats(config):
             if not math.isfinite(value):
                 self.parser.error(f"{key}: must be a finite number, got {value}")
-        defaults = inspect.signature(Trainer.__init__).parameters
-        for key, value in (config.get("trainer") or {}).items():
-            if key in REFUSED_KEYS and key in defaults and value != defaults[key].default:
-                self.parser.error(
-                    f"trainer.{key}={value!r}: fedlit builds a Trainer per server and client "
-                    "step and does not apply it (lengths are federation.rounds, "
-                    "federation.local_epochs, federation.server_epochs; logging and "
-                    f"checkpoints are the federation's); per-step settings: {TEMPLATE_KEYS}"
-                )
-        if self.subcommand in ("fit", "test"):  # before Lightning builds its own Trainer
+        if self.subcommand in ("fit", "test"):
             try:
-                self._trainer_template(config.get("trainer") or {}).check()
+                template(config["trainer"]).check()
             except ValueError as err:
                 self.parser.error(str(err))
 
@@ -249,18 +276,11 @@ class FedlitCLI(LightningCLI):
             config = self.config[self.subcommand] if self.subcommand else self.config
             self.parser.error(one_line(str(err), err, flat_keys(config.as_dict())))
 
-    # --- helpers -------------------------------------------------------------------------------
-    def _trainer_template(self, cfg: Any = None) -> TrainerTemplate:
-        """The per-step Trainers' settings from ``trainer.*`` (the instantiated config's, or
-        ``cfg``'s)."""
-        cfg = self.config_init[self.subcommand]["trainer"] if cfg is None else cfg
-        return TrainerTemplate(
-            accelerator=cfg.get("accelerator") or "auto",
-            devices=cfg.get("devices") or 1,
-            precision=cfg.get("precision"),
-            kwargs={k: cfg[k] for k in TEMPLATE_KEYS if cfg.get(k) is not None},
-        )
+    def instantiate_trainer(self, **_: Any) -> TrainerTemplate:  # type: ignore[override]
+        """The per-step Trainers' settings: fedlit builds no Trainer for the run itself."""
+        return template(self._get(self.config_init, "trainer"))
 
+    # --- helpers -------------------------------------------------------------------------------
     def _flat_config(self) -> dict[str, Any]:
         flat: dict[str, Any] = {}
 
@@ -283,15 +303,16 @@ class FedlitCLI(LightningCLI):
             self._fit(model, datamodule)
 
     def _fit(self, model: FederatedMethod, datamodule: FederatedDataModule) -> None:
-        config = self.config[self.subcommand]
+        config, init = self.config[self.subcommand], self.config_init[self.subcommand]
+        run_dir = Path(config.trainer.default_root_dir)
         federation = Federation(
             method=model,
             data=datamodule,
-            config=self.config_init[self.subcommand]["federation"],
-            run_dir=Path(self.trainer.default_root_dir),
+            config=init.federation,
+            run_dir=run_dir,
             seed=int(config.seed_everything),
-            trainer=self._trainer_template(),
-            loggers=list(self.trainer.loggers),
+            trainer=self.trainer,
+            loggers=loggers(init.trainer.logger, run_dir),
             hparams=self._flat_config(),
         )
         try:
@@ -352,12 +373,18 @@ class FedlitCLI(LightningCLI):
                 datamodule.setup_federation(int(self.config[self.subcommand].seed_everything))
         except ValueError as err:
             self.parser.error(str(err))
-        template = self._trainer_template()
-        network = scored(model.eval_network(), datamodule, template.device())
+        network = scored(model.eval_network(), datamodule, self.trainer.device())
         evaluator = Evaluator(network, datamodule.num_classes)
-        self._trainer_template().test(evaluator, datamodule.test_dataloader())
+        self.trainer.test(evaluator, datamodule.test_dataloader())
         result = {"ckpt_path": str(ckpt_path), "round": ckpt["round"], **evaluator.metrics()}
         print(json_line(result))
+
+
+def template(trainer: Any) -> TrainerTemplate:
+    """The per-step Trainers' settings of a parsed ``trainer`` group (a dict or Namespace)."""
+    return TrainerTemplate(
+        **{f.name: trainer[f.name] for f in fields(TrainerTemplate) if f.name in trainer}
+    )
 
 
 def write_failure(err: OSError) -> str | None:
@@ -458,22 +485,20 @@ def resolve(args: Sequence[str]) -> FedlitCLI:
 
 def compare_main(argv: Sequence[str]) -> None:
     """``fedlit compare --config comparison.yaml [--seeds [0,1] ...]``."""
-    from fedlit.comparison import Comparison, WandbSettings, run_comparison  # needs matplotlib
+    from fedlit.comparison import Comparison, run_comparison  # needs matplotlib
     from fedlit.comparison.runner import Refused
 
     parser = OneLineParser(prog="fedlit compare", description=Comparison.__doc__)
     parser.add_argument("--config", action=ActionConfigFile)
-    parser.add_class_arguments(Comparison, fail_untyped=False)
+    parser.add_class_arguments(Comparison)
     error = config_file_error(argv)
     if error:
         parser.error(error)
-    cfg = parser.parse_args(list(argv)).as_dict()
+    cfg = parser.parse_args(list(argv))
+    cfg.pop("config")
     try:
-        values = {f.name: cfg[f.name] for f in fields(Comparison) if f.name in cfg}
-        if values.get("wandb") is not None:
-            values["wandb"] = WandbSettings(**values["wandb"])
-        comparison = Comparison(**values)
-    except (TypeError, ValueError) as err:
+        comparison = Comparison(**vars(parser.instantiate_classes(cfg)))
+    except ValueError as err:
         parser.error(str(err))
 
     def rounds(args: Sequence[str]) -> int:
@@ -521,21 +546,24 @@ def report_main(argv: Sequence[str]) -> None:
     print(json.dumps({k: str(v) for k, v in written.items()}))
 
 
+class PartitionCLI(FedlitCLI):
+    """``fedlit partition``'s parser: a recipe, its overrides and ``--out``."""
+
+    def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
+        return super().init_parser(prog="fedlit partition", description=PARTITION_HELP, **kwargs)
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        super().add_arguments_to_parser(parser)
+        parser.add_argument("--out", type=str, default="partition.png", help="the plot's file")
+
+
 def partition_main(argv: Sequence[str]) -> None:
     """``fedlit partition --config recipe.yaml [overrides] [--out partition.png]``: the
     recipe's partition (for its ``seed_everything``), plotted and summarised, no training."""
     from fedlit.reporting import plot_partition
 
-    args, out = list(argv), "partition.png"
-    for i, arg in enumerate(args):
-        if arg == "--out" and i + 1 < len(args):
-            out = args.pop(i + 1)
-            args.pop(i)
-            break
-        if arg.startswith("--out="):
-            out = args.pop(i).split("=", 1)[1]
-            break
-    cli = resolve(args)
+    cli = PartitionCLI(args=list(argv), run=False)
+    out = cli.config["out"]
     if not out or Path(out).is_dir():
         what = "a folder" if out else "empty"
         error: str | None = f"--out={out!r}: {what}; name the plot's file (e.g. partition.png)"

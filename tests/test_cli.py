@@ -212,6 +212,82 @@ def test_test_subcommand_evaluates_a_checkpoint(
     assert "test: data.examples_per_client=1200, the run had 32" in err
 
 
+#: The ``trainer`` group of a run directory's config.yaml as fedlit wrote it while a Lightning
+#: Trainer parsed the group: every Trainer argument, at Lightning's default.
+EARLIER_TRAINER = """\
+trainer:
+  accelerator: auto
+  strategy: auto
+  devices: auto
+  num_nodes: 1
+  precision: null
+  logger: false
+  callbacks: null
+  fast_dev_run: false
+  max_epochs: null
+  min_epochs: null
+  max_steps: -1
+  min_steps: null
+  max_time: null
+  limit_train_batches: null
+  limit_val_batches: null
+  limit_test_batches: null
+  limit_predict_batches: null
+  overfit_batches: 0.0
+  val_check_interval: null
+  check_val_every_n_epoch: 1
+  num_sanity_val_steps: null
+  log_every_n_steps: null
+  enable_checkpointing: null
+  enable_progress_bar: null
+  enable_model_summary: null
+  accumulate_grad_batches: 1
+  gradient_clip_val: null
+  gradient_clip_algorithm: null
+  deterministic: null
+  benchmark: null
+  inference_mode: true
+  use_distributed_sampler: true
+  profiler: null
+  detect_anomaly: false
+  barebones: false
+  plugins: null
+  sync_batchnorm: false
+  reload_dataloaders_every_n_epochs: 0
+  default_root_dir: {run_dir}
+  enable_autolog_hparams: true
+  model_registry: null
+"""
+
+
+def test_a_run_config_of_an_earlier_fedlit_is_read(
+    fmnist_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Its Lightning Trainer arguments that fedlit never applied are dropped where they hold
+    Lightning's default (``fedlit test`` and a resume read it), and refused by name where not."""
+    run_dir = tmp_path / "run"
+    main(["fit", "--config=recipes/server_sl.yaml", *tiny(fmnist_root, run_dir)])
+    fit_final = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    config["trainer"] = yaml.safe_load(EARLIER_TRAINER.format(run_dir=run_dir))["trainer"]
+    assert len(config["trainer"]) == 41 and config["trainer"]["max_epochs"] is None
+    earlier = tmp_path / "earlier.yaml"
+    earlier.write_text(yaml.safe_dump(config, sort_keys=False))
+    ckpt = run_dir / "checkpoints" / "last.ckpt"
+    main(["test", f"--config={earlier}", f"--ckpt_path={ckpt}"])
+    tested = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert tested["test/acc"] == pytest.approx(fit_final["test/acc"])
+    main(["fit", f"--config={earlier}", f"--federation.resume={ckpt}", "--federation.rounds=2"])
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["round"] == 2
+    config["trainer"]["max_epochs"] = 5
+    earlier.write_text(yaml.safe_dump(config, sort_keys=False))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["test", f"--config={earlier}", f"--ckpt_path={ckpt}"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "error: trainer.max_epochs=5: a Lightning Trainer setting fedlit never applied" in err
+
+
 def test_wandb_offline(fmnist_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))

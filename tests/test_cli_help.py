@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from fedlit.cli import COMMANDS, REFUSED_KEYS, main
+from fedlit.cli import COMMANDS, LIGHTNING_ONLY, TRAINER_KEYS, main
 
 
 def test_fedlit_help_lists_the_five_commands(capsys: pytest.CaptureFixture[str]) -> None:
@@ -26,15 +26,36 @@ def test_fedlit_help_lists_the_five_commands(capsys: pytest.CaptureFixture[str])
     assert capsys.readouterr().err.count("fedlit partition --config") == 1
 
 
-def test_fit_help_shows_fedlits_settings_not_the_refused_trainer_ones() -> None:
+def test_fit_help_shows_fedlits_settings_and_no_other_trainer_ones() -> None:
     done = subprocess.run(
         [sys.executable, "-m", "fedlit.cli", "fit", "--help"], capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr
     out = done.stdout
-    for key in ("--federation.rounds", "--data.partitioner", "--trainer.accelerator"):
+    for key in ("--federation.rounds", "--data.partitioner"):
         assert key in out
-    for key in REFUSED_KEYS:
-        assert f"--trainer.{key} " not in out and f"--trainer.{key}.help" not in out, key
+    listed = set(re.findall(r"--trainer\.(\w+)", out))
+    assert (
+        listed
+        == set(TRAINER_KEYS)
+        == {
+            *("accelerator", "devices", "precision", "strategy", "gradient_clip_val"),
+            *("gradient_clip_algorithm", "accumulate_grad_batches", "deterministic", "benchmark"),
+            *("limit_train_batches", "detect_anomaly", "default_root_dir", "logger"),
+        }
+    )
+    assert {"max_epochs", "callbacks", "fast_dev_run"} <= LIGHTNING_ONLY.keys()
     assert "--ckpt_path" not in out  # fit continues from --federation.resume
     assert "Train a federation" in out
+
+
+@pytest.mark.parametrize("command", ["partition", "compare"])
+def test_partition_and_compare_help_list_their_flags(command: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "fedlit.cli", command, "--help"], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert f"usage: fedlit {command}" in done.stdout
+    flags = {"partition": ("--out", "--config", "--data.partitioner", "--seed_everything")}
+    for flag in flags.get(command, ("--config", "--recipes", "--seeds", "--settings", "--out")):
+        assert f"{flag} " in done.stdout, flag

@@ -183,7 +183,7 @@ FIT = [
     ("server_sl", ["--trainer.strategy=nope"], "trainer.strategy", "nope"),
     ("server_sl", ["--trainer.deterministic=maybe"], "trainer.deterministic", "maybe"),
     ("server_sl", ["--trainer.max_epochs=3"], "trainer.max_epochs", "3"),
-    ("server_sl", ["--trainer.fast_dev_run=true"], "trainer.fast_dev_run", "True"),
+    ("server_sl", ["--trainer.fast_dev_run=true"], "trainer.fast_dev_run", "true"),
     ("server_sl", ["--trainer.callbacks=[]"], "trainer.callbacks", "[]"),
     ("server_sl", ["--trainer.nope=1"], "trainer.nope", "1"),
     # seed
@@ -456,11 +456,13 @@ def test_a_run_directory_is_a_folder_holding_what_a_run_writes(tmp_path: Path) -
 
 def test_trainer_values_with_a_meaning_are_accepted() -> None:
     """``gradient_clip_val`` 0 is Lightning's "no clipping"; a fraction of 1.0 is every batch."""
-    accepted = {"gradient_clip_val": 0, "limit_train_batches": 1.0, "accumulate_grad_batches": 1}
-    TrainerTemplate(accelerator="cpu", kwargs=accepted).check()
-    assert TrainerTemplate(accelerator="cpu", kwargs=accepted).build().gradient_clip_val == 0
+    accepted = TrainerTemplate(
+        accelerator="cpu", gradient_clip_val=0, limit_train_batches=1.0, accumulate_grad_batches=1
+    )
+    accepted.check()
+    assert accepted.build().gradient_clip_val == 0
     with pytest.raises(ValueError, match=r"^trainer\.gradient_clip_val=-0\.5: must be >= 0"):
-        TrainerTemplate(accelerator="cpu", kwargs={"gradient_clip_val": -0.5}).check()
+        TrainerTemplate(accelerator="cpu", gradient_clip_val=-0.5).check()
 
 
 def test_a_short_key_is_written_in_full_only_where_one_setting_fits() -> None:

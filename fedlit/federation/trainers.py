@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import functools
 import importlib.util
 import logging
@@ -12,12 +11,13 @@ import threading
 import warnings
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, fields
 from importlib.metadata import entry_points
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from lightning import LightningModule, Trainer
+from lightning.fabric.plugins.precision.precision import _PRECISION_INPUT
 from lightning.pytorch.trainer.connectors import callback_connector as _callback_connector
 from lightning.pytorch.utilities.combined_loader import CombinedLoader
 from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
@@ -99,18 +99,46 @@ def default_precision(accelerator: str = "auto") -> str:
 
 @dataclass(frozen=True)
 class TrainerTemplate:
-    """The settings every per-step Trainer shares (accelerator, devices, precision, ...).
+    """The settings every per-step Trainer shares: a recipe's ``trainer`` group.
 
-    ``kwargs`` are extra ``lightning.Trainer`` arguments. Each Trainer is built from a copy of
-    them and runs bare: no logger, checkpointing, progress bar, model summary or sanity check of
-    its own; the federation driver owns logging and checkpoints.
+    The group also names the run directory and the loggers, the federation's own. Each
+    Trainer is built from these settings and runs bare: no logger, checkpointing, progress
+    bar, model summary or sanity check of its own; the federation driver owns logging and
+    checkpoints. Every setting but ``compile`` is the ``lightning.Trainer`` argument of the
+    same name, with its default.
+
+    Args:
+        accelerator: "cpu", "gpu", "cuda", "mps" or "auto" (a GPU where there is one).
+        devices: the devices each Trainer uses (a number, a list of indices or "auto").
+        precision: e.g. "32-true", "bf16-mixed"; None: :func:`default_precision`.
+        strategy: Lightning's strategy (``"auto"``: one device).
+        gradient_clip_val: the gradient norm (or value) clipped to; 0 or None: no clipping.
+        gradient_clip_algorithm: "norm" or "value".
+        accumulate_grad_batches: batches whose gradients make one optimizer step.
+        deterministic: torch's deterministic algorithms (True, False or "warn").
+        benchmark: cuDNN's benchmark mode.
+        limit_train_batches: batches per epoch (a number, or a fraction of the loader).
+        detect_anomaly: torch's autograd anomaly detection.
+        compile: torch.compile's mode for the training steps' network (``federation.compile``,
+            not a ``trainer`` key).
     """
 
     accelerator: str = "auto"
-    devices: int | str = 1
-    precision: str | None = None  # None: default_precision(accelerator)
-    kwargs: dict[str, Any] = field(default_factory=dict)
-    compile: str | None = None  # the training steps' network compiled (federation.compile)
+    devices: list[int] | str | int = 1
+    precision: _PRECISION_INPUT | None = None
+    strategy: str = "auto"
+    gradient_clip_val: float | int | None = None
+    gradient_clip_algorithm: str | None = None
+    accumulate_grad_batches: int = 1
+    deterministic: bool | Literal["warn"] | None = None
+    benchmark: bool | None = None
+    limit_train_batches: float | int | None = None
+    detect_anomaly: bool = False
+    compile: str | None = None
+
+    def settings(self) -> dict[str, Any]:
+        """The ``lightning.Trainer`` arguments these settings give (all but ``compile``)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "compile"}
 
     def check(self) -> None:
         """Raise ValueError naming the ``trainer.*`` key and its value if these settings cannot
@@ -137,8 +165,9 @@ class TrainerTemplate:
                 "must be an integer >= 1",
             ),
         }
+        settings = self.settings()
         for key, (valid, rule) in rules.items():
-            value = self.kwargs.get(key)
+            value = settings[key]
             if value is not None and (isinstance(value, bool) or not valid(value)):
                 raise ValueError(f"trainer.{key}={value!r}: {rule}")
         refused = (MisconfigurationException, ValueError, TypeError, ImportError)
@@ -146,12 +175,6 @@ class TrainerTemplate:
             self.build()
         except refused as err:
             reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
-            settings = {
-                "accelerator": self.accelerator,
-                "devices": self.devices,
-                "precision": self.precision,
-                **self.kwargs,
-            }
             for key, value in settings.items():  # the one a Trainer refuses on its own
                 try:
                     Trainer(**{key: value}, barebones=True, logger=False)
@@ -166,12 +189,10 @@ class TrainerTemplate:
         return torch.device("cuda") if gpu else torch.device("cpu")
 
     def build(self, **overrides: Any) -> Trainer:
-        kwargs = copy.copy(self.kwargs)
+        """A bare Trainer of these settings, ``overrides`` (its length) on top."""
+        kwargs = self.settings()
         kwargs.update(
-            accelerator=self.accelerator,
-            devices=self.devices,
-            precision=self.precision or default_precision(self.accelerator),
-            barebones=True,
+            precision=self.precision or default_precision(self.accelerator), barebones=True
         )
         kwargs.update(overrides)
         return Trainer(**kwargs)
