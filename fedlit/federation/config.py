@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Literal
 
 from fedlit.evaluation import PROTOCOLS
-from fedlit.federation.executors import EXECUTORS, RaySettings
+from fedlit.federation.executors import RaySettings, check_executor
 from fedlit.federation.pool import PoolSettings
 from fedlit.federation.trainers import COMPILE_MODES
 from fedlit.run_layout import PLACEMENT_KEYS
@@ -56,7 +56,8 @@ class FederationConfig:
             (:class:`~fedlit.federation.faults.RoundFailed`), its last checkpoint kept.
         executor: where the clients' work runs: "local" (in this process, one client after
             another), "pool" (worker processes on this machine, in parallel) or "ray" (Ray
-            actors in parallel, on this machine or a cluster); the same results at the same
+            actors in parallel, on this machine or a cluster), or another name in
+            :data:`~fedlit.federation.executors.EXECUTORS`; the same results at the same
             torch thread count. It may be changed on resume.
         pool: the pool executor's settings (:class:`~fedlit.federation.pool.PoolSettings`:
             ``workers``, ``threads`` per worker, ``max_retries``).
@@ -82,7 +83,7 @@ class FederationConfig:
     eval_epochs: int = 20
     eval_lr: float = 0.03
     min_clients: int = 1
-    executor: Literal["local", "pool", "ray"] = "local"
+    executor: str = "local"
     pool: PoolSettings = DEFAULT_POOL
     ray: RaySettings = DEFAULT_RAY
     compile: Literal["default", "reduce-overhead", "max-autotune"] | None = None
@@ -92,10 +93,7 @@ class FederationConfig:
             raise ValueError(
                 f"federation.compile must be one of {COMPILE_MODES} or null, got {self.compile!r}"
             )
-        if self.executor not in EXECUTORS:
-            raise ValueError(
-                f"federation.executor must be one of {EXECUTORS}, got {self.executor!r}"
-            )
+        check_executor(self.executor)
         unknown = [p for p in self.final_eval if p not in PROTOCOLS]
         if unknown:
             raise ValueError(

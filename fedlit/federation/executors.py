@@ -15,7 +15,7 @@ import os
 import signal
 import socket
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -23,8 +23,6 @@ from typing import Any, Protocol
 from fedlit.federation.client import ClientJob, ClientRunner
 from fedlit.federation.pool import PoolSettings, ProcessPool
 from fedlit.methods.base import ClientUpdate, Payload
-
-EXECUTORS = ("local", "pool", "ray")
 
 
 class ClientExecutor(Protocol):
@@ -367,6 +365,27 @@ def _cause(err: Exception) -> Exception:
     return cause if isinstance(cause, Exception) else err
 
 
+#: Starts an executor from the run's client runner and its ``federation.ray``,
+#: ``federation.pool`` and ``federation.clients_per_round`` settings.
+ExecutorFactory = Callable[[ClientRunner, RaySettings, PoolSettings, int], ClientExecutor]
+
+#: The executors ``federation.executor`` may name, each with its factory. Adding an executor is
+#: adding its entry: the config's check and :func:`make_executor` both read this.
+EXECUTORS: dict[str, ExecutorFactory] = {
+    "local": lambda runner, ray, pool, clients_per_round: InProcess(runner),
+    "pool": lambda runner, ray, pool, clients_per_round: ProcessPool(
+        runner, pool, clients_per_round
+    ),
+    "ray": lambda runner, ray, pool, clients_per_round: RayPool(runner, ray, clients_per_round),
+}
+
+
+def check_executor(name: str) -> None:
+    """Refuse an executor name :data:`EXECUTORS` does not hold (a ValueError naming the key)."""
+    if name not in EXECUTORS:
+        raise ValueError(f"federation.executor must be one of {tuple(EXECUTORS)}, got {name!r}")
+
+
 def make_executor(
     name: str,
     runner: ClientRunner,
@@ -374,9 +393,7 @@ def make_executor(
     clients_per_round: int,
     pool: PoolSettings | None = None,
 ) -> ClientExecutor:
-    """The executor ``federation.executor`` names (``pool``: with ``pool``'s settings)."""
-    if name == "pool":
-        return ProcessPool(runner, pool or PoolSettings(), clients_per_round)
-    if name == "ray":
-        return RayPool(runner, settings, clients_per_round)
-    return InProcess(runner)
+    """The executor ``federation.executor`` names, started by its factory in :data:`EXECUTORS`
+    with the Ray ``settings`` and the ``pool`` settings (their defaults when None)."""
+    check_executor(name)
+    return EXECUTORS[name](runner, settings, pool or PoolSettings(), clients_per_round)

@@ -2,6 +2,7 @@
 
 from fedlit.methods.base import ClientUpdate, FederatedMethod
 from fedlit.methods.baselines import FedAvgSL, ServerSL
+from fedlit.methods.consistency import FedAvgConsistency
 from fedlit.methods.fedcon import FedCon
 from fedlit.methods.fedmatch import FedMatch
 from fedlit.methods.fedrgd import FedRGD
@@ -15,6 +16,7 @@ from fedlit.methods.uda import FedAvgUDA
 __all__ = [
     "ClientUpdate",
     "FedAvgBYOL",
+    "FedAvgConsistency",
     "FedAvgFixMatch",
     "FedAvgSL",
     "FedAvgSSL",

@@ -2,29 +2,23 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from fedlit.data.client import ClientData
-from fedlit.methods.base import DEFAULT_OPTIMIZATION, FederatedMethod, Payload
-from fedlit.objectives import FixMatch, FixMatchLoss, Objective, Optimization
+from fedlit.methods.base import DEFAULT_OPTIMIZATION
+from fedlit.methods.consistency import FedAvgConsistency
+from fedlit.objectives import FixMatch, FixMatchLoss, Optimization
 
 
-class FedAvgFixMatch(FederatedMethod):
-    """FedAvg-FixMatch: the server trains CE on its labels and broadcasts the whole model;
-    each client minimises FixMatch's unlabeled loss on (weak, strong) views of its images,
-    l_u = mean_b 1[max p(alpha(u_b)) >= tau] CE(argmax p(alpha(u_b)), f(A(u_b))),
-    plus (mu/2)||w - w_global||^2 when ``loss.mu > 0`` (FedProx-FixMatch); uploads are averaged
-    with FedAvg weights n_k; the server fine-tunes the aggregate with CE before it is scored
-    (paper 000's Algorithm 1, ``server_finetunes``).
+class FedAvgFixMatch(FedAvgConsistency):
+    """FedAvg-FixMatch: :class:`FedAvgConsistency` whose clients minimise FixMatch's
+    unlabeled loss, l_u = mean_b 1[max p(alpha(u_b)) >= tau] CE(argmax p(alpha(u_b)), f(A(u_b))),
+    plus (mu/2)||w - w_global||^2 when ``loss.mu > 0`` (FedProx-FixMatch).
 
     Args:
         loss: tau, the confidence threshold, and mu, FedProx's coefficient
             (:class:`~fedlit.objectives.FixMatchLoss`).
-        The others: see :class:`FederatedMethod`.
+        The others: see :class:`~fedlit.methods.FederatedMethod`.
     """
 
-    client_views = ("weak", "strong")
-    server_finetunes = True
+    objective_class = FixMatch
 
     def __init__(
         self,
@@ -35,8 +29,4 @@ class FedAvgFixMatch(FederatedMethod):
         optim: Optimization = DEFAULT_OPTIMIZATION,
         loss: FixMatchLoss = FixMatchLoss(),
     ) -> None:
-        super().__init__(num_classes, in_channels, backbone, norm, optim)
-        self.loss = loss
-
-    def client_objective(self, payload: Payload, client: ClientData, state: Any) -> Objective:
-        return FixMatch(self.client_model(payload), loss=self.loss, **self.client_kwargs())
+        super().__init__(num_classes, in_channels, backbone, norm, optim, loss=loss)

@@ -2,27 +2,23 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from fedlit.data.client import ClientData
-from fedlit.methods.base import DEFAULT_OPTIMIZATION, FederatedMethod, Payload
-from fedlit.objectives import UDA, Objective, Optimization, UDALoss
+from fedlit.methods.base import DEFAULT_OPTIMIZATION
+from fedlit.methods.consistency import FedAvgConsistency
+from fedlit.objectives import UDA, Optimization, UDALoss
 
 
-class FedAvgUDA(FederatedMethod):
-    """FedAvg-UDA: as FedAvg-FixMatch, with UDA's soft consistency on clients,
+class FedAvgUDA(FedAvgConsistency):
+    """FedAvg-UDA: :class:`FedAvgConsistency` whose clients minimise UDA's soft consistency,
     KL(sharpen(p(alpha(u)), T) || p(A(u))) masked by confidence
     (:func:`~fedlit.objectives.uda_loss`); ``loss.mu > 0`` adds FedProx's term (FedProx-UDA).
-    The server fine-tunes the aggregate before it is scored, as FedAvg-FixMatch's.
 
     Args:
         loss: the sharpening temperature, the confidence threshold and FedProx's mu
             (:class:`~fedlit.objectives.UDALoss`).
-        The others: see :class:`FederatedMethod`.
+        The others: see :class:`~fedlit.methods.FederatedMethod`.
     """
 
-    client_views = ("weak", "strong")
-    server_finetunes = True
+    objective_class = UDA
 
     def __init__(
         self,
@@ -33,8 +29,4 @@ class FedAvgUDA(FederatedMethod):
         optim: Optimization = DEFAULT_OPTIMIZATION,
         loss: UDALoss = UDALoss(),
     ) -> None:
-        super().__init__(num_classes, in_channels, backbone, norm, optim)
-        self.loss = loss
-
-    def client_objective(self, payload: Payload, client: ClientData, state: Any) -> Objective:
-        return UDA(self.client_model(payload), loss=self.loss, **self.client_kwargs())
+        super().__init__(num_classes, in_channels, backbone, norm, optim, loss=loss)

@@ -41,14 +41,18 @@ class WeakStrongObjective(Objective):
     being the model the client received this round.
 
     Batches: (weak (B, C, H, W), strong (B, C, H, W)).
+
+    Args:
+        loss: the objective's settings, kept as ``self.loss`` (a subclass of
+            :class:`ConsistencyLoss` for the subclass's own loss).
     """
 
     def __init__(self, network: Classifier, lr: float, loss: ConsistencyLoss, **kw: Any) -> None:
         super().__init__(network, lr, **kw)
-        self.mu = loss.mu
+        self.loss = loss
         self.anchor = (
             [p.detach().clone() for p in network.parameters() if p.requires_grad]
-            if self.mu > 0
+            if loss.mu > 0
             else []
         )
 
@@ -61,7 +65,8 @@ class WeakStrongObjective(Objective):
 
     def proximal(self, loss: Tensor) -> Tensor:
         """``loss`` plus FedProx's term when ``mu > 0``."""
-        return loss + proximal_term(self.network, self.anchor, self.mu) if self.mu > 0 else loss
+        mu = self.loss.mu
+        return loss + proximal_term(self.network, self.anchor, mu) if mu > 0 else loss
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         weak, strong = batch

@@ -274,11 +274,11 @@ class FedMatchClient(Objective):
             deactivate_requires_grad(helper)
         self.helpers = nn.ModuleList(helpers)
         self.received = received
-        self.settings = loss
+        self.loss = loss
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         plain, strong = batch
-        cfg = self.settings
+        cfg = self.loss
         logits_plain, logits_strong = self.network(plain), self.network(strong)
         with torch.no_grad():
             helper_logits = [helper(plain) for helper in self.helpers]

@@ -190,8 +190,7 @@ class FedSEALClient(Objective):
         **kw: Any,
     ) -> None:
         super().__init__(network, lr, **kw)
-        self.thresholds, self.lam, self.theta = thresholds, lam, loss.theta
-        self.negative_learning = loss.negative_learning
+        self.thresholds, self.lam, self.loss = thresholds, lam, loss
         self.previous = ensemble
         self.images: Iterable[tuple[Tensor, ...]] | None = None
         self.hidden_labels: Tensor | None = None
@@ -217,7 +216,7 @@ class FedSEALClient(Objective):
         pbar = self_ensemble(previous, probs, t + 1)
         self.ensemble = (pbar, t + 1)
         pseudo, positive, complementary = positive_negative_sets(
-            pbar, self.thresholds, self.theta, self.negative_learning
+            pbar, self.thresholds, self.loss.theta, self.loss.negative_learning
         )
         self.pseudo = pseudo.to(self.device)
         self.positive = positive.to(self.device)

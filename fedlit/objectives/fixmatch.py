@@ -53,14 +53,15 @@ class FixMatchLoss(ConsistencyLoss):
 class FixMatch(WeakStrongObjective):
     """Client objective of FedAvg-/FedProx-FixMatch: :func:`fixmatch_loss` (+ FedProx's term)."""
 
+    loss: FixMatchLoss
+
     def __init__(
         self, network: Classifier, lr: float, loss: FixMatchLoss = FixMatchLoss(), **kw: Any
     ) -> None:
         super().__init__(network, lr, loss, **kw)
-        self.tau = loss.tau
 
     def unlabeled_loss(self, logits_weak: Tensor, logits_strong: Tensor) -> tuple[Tensor, Tensor]:
-        return fixmatch_loss(logits_weak, logits_strong, self.tau)
+        return fixmatch_loss(logits_weak, logits_strong, self.loss.tau)
 
 
 class SelfTraining(FixMatch):
@@ -75,7 +76,7 @@ class SelfTraining(FixMatch):
     def training_step(self, batch: tuple[Tensor], batch_idx: int) -> Tensor:  # type: ignore[override]
         (weak,) = batch
         logits = self.network(weak)
-        loss, mask = fixmatch_loss(logits, logits, self.tau)
+        loss, mask = fixmatch_loss(logits, logits, self.loss.tau)
         loss = self.proximal(loss)
         self.accumulate(len(weak), loss=loss, mask_rate=mask.mean())
         return loss

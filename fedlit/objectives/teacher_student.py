@@ -79,6 +79,8 @@ class TeacherStudentClient(WeakStrongObjective):
         loss: lambda_u, tau and mu (:class:`TeacherStudentLoss`).
     """
 
+    loss: TeacherStudentLoss
+
     def __init__(
         self,
         network: Classifier,
@@ -94,7 +96,7 @@ class TeacherStudentClient(WeakStrongObjective):
             for p in teacher.parameters():
                 p.requires_grad_(False)
         self.teacher = teacher
-        self.teacher_ema, self.lambda_u, self.tau = teacher_ema, loss.lambda_u, loss.tau
+        self.teacher_ema = teacher_ema
         self.num_classes = num_classes
 
     def training_step(self, batch: tuple | dict, batch_idx: int) -> Tensor:
@@ -119,8 +121,8 @@ class TeacherStudentClient(WeakStrongObjective):
         else:
             pseudo_logits = logits_weak
         metrics["switch/use_teacher"] = torch.tensor(float(self.teacher is not None))
-        loss_u, mask = fixmatch_loss(pseudo_logits, logits_strong, self.tau)
-        loss = self.lambda_u * loss_u
+        loss_u, mask = fixmatch_loss(pseudo_logits, logits_strong, self.loss.tau)
+        loss = self.loss.lambda_u * loss_u
         if loss_s is not None:
             loss = loss + loss_s
             metrics["loss_s"] = loss_s

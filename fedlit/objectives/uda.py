@@ -62,11 +62,12 @@ class UDALoss(ConsistencyLoss):
 class UDA(WeakStrongObjective):
     """Client objective of FedAvg-/FedProx-UDA: :func:`uda_loss` (+ FedProx's term)."""
 
+    loss: UDALoss
+
     def __init__(
         self, network: Classifier, lr: float, loss: UDALoss = UDALoss(), **kw: Any
     ) -> None:
         super().__init__(network, lr, loss, **kw)
-        self.temperature, self.threshold = loss.temperature, loss.threshold
 
     def unlabeled_loss(self, logits_weak: Tensor, logits_strong: Tensor) -> tuple[Tensor, Tensor]:
-        return uda_loss(logits_weak, logits_strong, self.temperature, self.threshold)
+        return uda_loss(logits_weak, logits_strong, self.loss.temperature, self.loss.threshold)

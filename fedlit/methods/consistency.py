@@ -1,0 +1,47 @@
+"""FedAvg with a weak/strong consistency objective on clients: the shared class of
+FedAvg-FixMatch and FedAvg-UDA, with FedProx's term (papers 000, 001, 002 and 003)."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from fedlit.data.client import ClientData
+from fedlit.methods.base import DEFAULT_OPTIMIZATION, FederatedMethod, Payload
+from fedlit.objectives import ConsistencyLoss, Objective, Optimization, WeakStrongObjective
+
+
+class FedAvgConsistency(FederatedMethod):
+    """FedAvg whose clients train one consistency objective: the server trains CE on its
+    labels and broadcasts the whole model; each client minimises :attr:`objective_class`'s
+    unlabeled loss on (weak, strong) views of its images, plus (mu/2)||w - w_global||^2 when
+    ``loss.mu > 0`` (FedProx); uploads are averaged with FedAvg weights n_k; the server
+    fine-tunes the aggregate with CE before it is scored (paper 000's Algorithm 1,
+    ``server_finetunes``). A subclass names the objective and declares its ``loss`` settings.
+
+    Args:
+        loss: the objective's settings (a :class:`~fedlit.objectives.ConsistencyLoss`).
+        The others: see :class:`FederatedMethod`.
+    """
+
+    #: The clients' objective, built from the received model and ``loss``.
+    objective_class: ClassVar[type[WeakStrongObjective]]
+    client_views = ("weak", "strong")
+    server_finetunes = True
+
+    def __init__(
+        self,
+        num_classes: int,
+        in_channels: int,
+        backbone: str = "small_cnn",
+        norm: str | None = None,
+        optim: Optimization = DEFAULT_OPTIMIZATION,
+        *,
+        loss: ConsistencyLoss,
+    ) -> None:
+        super().__init__(num_classes, in_channels, backbone, norm, optim)
+        self.loss = loss
+
+    def client_objective(self, payload: Payload, client: ClientData, state: Any) -> Objective:
+        return self.objective_class(
+            self.client_model(payload), loss=self.loss, **self.client_kwargs()
+        )
