@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from fedlit.data.client import ClientData
-from fedlit.methods.base import DEFAULT_OPTIMIZATION, FederatedMethod, Payload
-from fedlit.objectives import UDA, Objective, Optimization, UDALoss
+from fedlit.methods.base import DEFAULT_OPTIMIZATION, FederatedMethod
+from fedlit.methods.client_side import ObjectiveClientSide
+from fedlit.objectives import UDA, Optimization, UDALoss
 
 
 class FedAvgUDA(FederatedMethod):
@@ -21,7 +19,6 @@ class FedAvgUDA(FederatedMethod):
         The others: see :class:`FederatedMethod`.
     """
 
-    client_views = ("weak", "strong")
     server_finetunes = True
 
     def __init__(
@@ -36,5 +33,6 @@ class FedAvgUDA(FederatedMethod):
         super().__init__(num_classes, in_channels, backbone, norm, optim)
         self.loss = loss
 
-    def client_objective(self, payload: Payload, client: ClientData, state: Any) -> Objective:
-        return UDA(self.client_model(payload), loss=self.loss, **self.client_kwargs())
+    def client_side(self) -> ObjectiveClientSide:
+        views = ("weak", "strong")
+        return ObjectiveClientSide(*self._client_basics(), views, UDA, loss=self.loss)
