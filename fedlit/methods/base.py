@@ -82,30 +82,12 @@ class FederatedMethod(LightningModule):
     #: standard FL's privacy (paper 003): announced and marked as the oracle is.
     private: ClassVar[bool] = True
     #: Every client receives each round's broadcast, sampled or not (paper 002's Algorithm 1,
-    #: line 6); those that do not train update their state in :meth:`clients_receive`.
+    #: line 6); those that do not train update their state in the client side's ``receive``.
     all_clients_receive: ClassVar[bool] = False
     #: The method can run with the labels at the clients (``data.labels_at: client``).
     supports_labels_at_client: ClassVar[bool] = False
     #: Epochs of the server objective on the labeled set before round 1 (0: none).
     bootstrap_epochs: int = 0
-    #: Client metrics that measure how much of a client's unlabeled data its loss used: the
-    #: confident fraction of pseudo-labelling objectives (FixMatch, UDA, the teacher-student
-    #: and consistency losses, FedMatch) and FedSEAL's positive and complementary sets. See
-    #: :meth:`client_contributed`.
-    activity_metrics: ClassVar[tuple[str, ...]] = (
-        "mask_rate",
-        "pseudo/pos_frac",
-        "pseudo/neg_frac",
-    )
-
-    @classmethod
-    def client_contributed(cls, metrics: dict[str, float]) -> bool:
-        """Whether a client's unlabeled loss was active in its round (``client/contributed``
-        averages this over the round's clients): some :attr:`activity_metrics` above 0. A
-        client that reports none of them has an objective without a confidence gate (SSL,
-        FedCon, FedSup, the FedAvg-SL oracle), which is always active."""
-        reported = [metrics[key] for key in cls.activity_metrics if key in metrics]
-        return not reported or any(value > 0 for value in reported)
 
     def __init__(
         self,
