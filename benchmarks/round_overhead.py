@@ -61,7 +61,9 @@ def plain_train(objective: Objective, loader: Iterable[Any], epochs: int) -> Non
 def plain_round(fed: Federation, round_idx: int) -> None:
     """One round of ``fed``'s method written directly in PyTorch (no Lightning, no logging)."""
     method, data, cfg = fed.method, fed.data, fed.config
+    side = method.client_side()
     method.on_round_start(round_idx, cfg.rounds)
+    side.on_round_start(round_idx, cfg.rounds)
     if method.server_first:
         seed_all(derive_seed(fed.seed, round_idx, SERVER))
         server = method.server_objective()
@@ -71,8 +73,8 @@ def plain_round(fed: Federation, round_idx: int) -> None:
     for cid in sample_clients(data.num_clients, cfg.clients_per_round, fed.seed, round_idx):
         seed_all(derive_seed(fed.seed, round_idx, int(cid)))
         client = data.client_data(int(cid))
-        objective = method.client_objective(payload, client, None)
-        loader = method.client_loader(client)
+        objective = side.objective(payload, client, None)
+        loader = side.loader(client)
         plain_train(objective, loader, cfg.local_epochs)
         uploads.append({k: v.detach().clone() for k, v in objective.network.state_dict().items()})
         weights.append(loader.num_examples)

@@ -13,39 +13,62 @@ from typing import Any
 from fedlit.data import ClientData
 from fedlit.methods import FedAvgFixMatch
 from fedlit.methods.base import Payload
-from fedlit.objectives import Objective
+from fedlit.methods.client_side import ClientSide, ObjectiveClientSide
+from fedlit.objectives import FixMatch, Objective
 
 #: The file whose absence makes a worker die (its creation marks that one died).
 MARKER = "FEDLIT_TEST_DIE_ONCE"
 
 
-class DiesOnce(FedAvgFixMatch):
-    """FedAvg-FixMatch whose worker process is killed (SIGKILL) while client 1 starts its
-    round-1 work, the first time only."""
+class FixMatchClient(ObjectiveClientSide):
+    """FedAvg-FixMatch's client side, for the test clients below to override."""
 
-    def client_objective(self, payload: Payload, client: ClientData, state: Any) -> Objective:
+    def __init__(self, method: FedAvgFixMatch) -> None:
+        basics = method._client_basics()
+        super().__init__(*basics, ("weak", "strong"), FixMatch, loss=method.loss)
+
+
+class DiesOnceClient(FixMatchClient):
+    """A client whose worker process is killed (SIGKILL) while client 1 starts its round-1
+    work, the first time only."""
+
+    def objective(self, payload: Payload, client: ClientData, state: Any) -> Objective:
         marker = Path(os.environ[MARKER])
         if self.round_idx == 1 and client.client_id == 1 and not marker.exists():
             marker.write_text(str(os.getpid()))
             os.kill(os.getpid(), signal.SIGKILL)
-        return super().client_objective(payload, client, state)
+        return super().objective(payload, client, state)
 
 
-class Unreliable(DiesOnce):
-    """DiesOnce whose client 3 also raises in round 2: a fault, not a dead worker."""
+class DiesOnce(FedAvgFixMatch):
+    """FedAvg-FixMatch with :class:`DiesOnceClient`."""
 
-    def client_objective(self, payload: Payload, client: ClientData, state: Any) -> Objective:
+    def client_side(self) -> ClientSide:
+        return DiesOnceClient(self)
+
+
+class UnreliableClient(DiesOnceClient):
+    """DiesOnceClient whose client 3 also raises in round 2: a fault, not a dead worker."""
+
+    def objective(self, payload: Payload, client: ClientData, state: Any) -> Objective:
         if self.round_idx == 2 and client.client_id == 3:
             raise ValueError("injected client failure")
-        return super().client_objective(payload, client, state)
+        return super().objective(payload, client, state)
 
 
-class SignalsDriver(FedAvgFixMatch):
-    """FedAvg-FixMatch whose round-2 clients take a minute, the first of them after sending
-    SIGTERM to the driver (its parent process) once: the run stops only if the driver stops
-    its workers."""
+class Unreliable(FedAvgFixMatch):
+    """FedAvg-FixMatch with :class:`UnreliableClient`."""
 
-    def client_objective(self, payload: Payload, client: ClientData, state: Any) -> Objective:
+    def client_side(self) -> ClientSide:
+        return UnreliableClient(self)
+
+
+class SignalsDriverClient(FixMatchClient):
+    """A client whose round-2 work takes a minute, the first of them after sending SIGTERM
+    to the driver (its parent process) once: the run stops only if the driver stops its
+    workers."""
+
+    def objective(self, payload: Payload, client: ClientData, state: Any) -> Objective:
         if self.round_idx == 2:
             try:  # created by one client only, whichever is first
                 os.close(os.open(os.environ[MARKER], os.O_CREAT | os.O_EXCL | os.O_WRONLY))
@@ -53,4 +76,11 @@ class SignalsDriver(FedAvgFixMatch):
             except FileExistsError:
                 pass
             time.sleep(60)
-        return super().client_objective(payload, client, state)
+        return super().objective(payload, client, state)
+
+
+class SignalsDriver(FedAvgFixMatch):
+    """FedAvg-FixMatch with :class:`SignalsDriverClient`."""
+
+    def client_side(self) -> ClientSide:
+        return SignalsDriverClient(self)

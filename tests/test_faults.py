@@ -34,8 +34,9 @@ from fedlit.federation import (
 )
 from fedlit.methods import ClientUpdate, FedAvgFixMatch, FederatedMethod, FedRGD
 from fedlit.methods.base import StateDict
+from fedlit.methods.client_side import ClientSide, ObjectiveClientSide
 from fedlit.methods.fedrgd import PeerUploadWarning
-from fedlit.objectives import Objective, Optimization
+from fedlit.objectives import FixMatch, Objective, Optimization
 
 REPO = Path(__file__).parents[1]
 FIXMATCH = REPO / "recipes" / "fedavg_fixmatch.yaml"
@@ -44,24 +45,38 @@ FIXMATCH = REPO / "recipes" / "fedavg_fixmatch.yaml"
 class Faulty(FedAvgFixMatch):
     """FedAvg-FixMatch whose client ``fault_client`` fails in round ``fault_round`` as
     ``fault`` says ("raise": its upload raises; "nan" / "inf": a weight of its upload is NaN /
-    inf), and which records every upload it makes, by (round, client)."""
+    inf), its client side (:class:`FaultyClient`) recording every upload it makes."""
 
     server_finetunes = False  # the global model is the aggregate the tests check
     fault: str | None = None
     fault_client = 1
     fault_round = 1
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def client_side(self) -> ClientSide:
+        return FaultyClient(self)
+
+
+class FaultyClient(ObjectiveClientSide):
+    """FedAvg-FixMatch's client, failing as its :class:`Faulty` method says, recording every
+    upload it makes by (round, client)."""
+
+    def __init__(self, method: Faulty) -> None:
+        basics = method._client_basics()
+        super().__init__(*basics, ("weak", "strong"), FixMatch, loss=method.loss)
+        self.fault, self.fault_client, self.fault_round = (
+            method.fault,
+            method.fault_client,
+            method.fault_round,
+        )
         self.uploads: dict[tuple[int, int], StateDict] = {}
         self.at = (0, -1)  # (round, client) of the client at work
 
-    def client_objective(self, payload: Payload, client: ClientData, state: Any) -> Objective:
+    def objective(self, payload: Payload, client: ClientData, state: Any) -> Objective:
         self.at = (self.round_idx, client.client_id)
-        return super().client_objective(payload, client, state)
+        return super().objective(payload, client, state)
 
-    def client_upload(self, objective: Objective) -> Payload:
-        upload = super().client_upload(objective)
+    def upload(self, objective: Objective) -> Payload:
+        upload = super().upload(objective)
         if self.at == (self.fault_round, self.fault_client):
             if self.fault == "raise":
                 raise ValueError("injected client failure")
@@ -157,7 +172,8 @@ def test_faulty_client_is_left_out_of_the_round(
     assert ("head.0.weight" in err) == (fault != "raise"), err
 
     # the global model is the FedAvg of the two others' uploads (equal shards: equal weights)
-    survivors = [method.uploads[(1, 0)], method.uploads[(1, 2)]]
+    uploads = fed.runner.client.uploads  # type: ignore[attr-defined]
+    survivors = [uploads[(1, 0)], uploads[(1, 2)]]
     expected = weighted_average(survivors, [64, 64])
     state = method.network.state_dict()
     for key, value in expected.items():

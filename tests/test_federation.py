@@ -195,7 +195,7 @@ def test_oracle_is_marked_and_uses_labels(
     assert Sharing.marks() == ("not private",)
     fed = _federation(fmnist_root, tmp_path / "run", FedAvgSL, rounds=1)
     fed.prepare()
-    _, y = next(iter(fed.method.client_loader(fed.data.client_data(0))))
+    _, y = next(iter(fed.method.client_side().loader(fed.data.client_data(0))))
     assert y.dtype == torch.long
     fed.run()
     first = capsys.readouterr().err.strip().splitlines()[0]
@@ -288,16 +288,17 @@ def test_client_hooks_get_only_the_clients_own_data(fmnist_root: Path, tmp_path:
     (and loaders over it), never the data module with other clients' or the server's data."""
     seen: list[ClientData] = []
 
-    class Recording(FedAvgFixMatch):
-        def client_loader(self, client: ClientData):  # type: ignore[no-untyped-def]
-            seen.append(client)
-            return super().client_loader(client)
+    fed = _federation(fmnist_root, tmp_path / "run", FedAvgFixMatch, rounds=1)
+    fed.prepare()
+    side = fed.runner.client
+    for hook in ("loader", "objective"):
+        original = getattr(side, hook)
 
-        def client_objective(self, payload, client: ClientData, state):  # type: ignore[no-untyped-def]
-            seen.append(client)
-            return super().client_objective(payload, client, state)
+        def recording(*args, _original=original):  # type: ignore[no-untyped-def]
+            seen.append(next(a for a in args if isinstance(a, ClientData)))
+            return _original(*args)
 
-    fed = _federation(fmnist_root, tmp_path / "run", Recording, rounds=1)
+        setattr(side, hook, recording)
     fed.run()
     assert len(seen) == 4  # two clients, two hooks each
     for client in seen:

@@ -172,7 +172,7 @@ def _one_step(objective: FedMatchClient | FedMatchServer, batch: tuple) -> tuple
 def test_client_step_moves_psi_only_and_server_step_sigma_only() -> None:
     method = _method(optim=Optimization(client_lr=0.1, server_lr=0.1, weight_decay=0.0))
     images = torch.randn(8, 1, 28, 28)
-    client = method.client_objective(method.broadcast(), _client(), None)
+    client = method.client_side().objective(method.broadcast(), _client(), None)
     assert isinstance(client, FedMatchClient)
     assert _one_step(client, (images, images)) == (False, True)  # sigma* frozen at a client
     server = method.server_objective()
@@ -201,7 +201,8 @@ def test_a_psi_with_k_nonzeros_costs_8k_bytes_or_the_dense_4p(k: int, want: int)
 def test_upload_sends_the_entries_changed_by_more_than_delta() -> None:
     method = _method(delta_threshold=1e-3, l1_threshold=1e-4)
     payload = method.broadcast()
-    objective = method.client_objective(payload, _client(), None)
+    side = method.client_side()
+    objective = side.objective(payload, _client(), None)
     assert isinstance(objective, FedMatchClient)
     received = objective.received
     assert torch.equal(received, method.psi)  # what was broadcast is what is received
@@ -210,10 +211,10 @@ def test_upload_sends_the_entries_changed_by_more_than_delta() -> None:
         flat = received.clone()
         flat[moved] += 0.01  # changed: sent
         flat[[4, 5]] += 1e-4  # within delta: not sent
-        parts = method.unflatten(flat)
+        parts = method.layout.unflatten(flat)
         for name, (_, psi) in decomposed_parameters(objective.network).items():
             psi.copy_(parts[name])
-    upload = method.client_upload(objective)
+    upload = side.upload(objective)
     part = state_part(upload, UPDATE)
     assert part["indices"].tolist() == moved.tolist()
     assert payload_bytes(upload) == {UPDATE: 8 * len(moved)}
@@ -256,7 +257,7 @@ def test_each_client_receives_the_models_nearest_to_its_own() -> None:
     them one class, or two): each client's helpers are the two nearest, sent as their psi."""
     method = _method(helper_interval=2)
     offset = 0
-    for name, _, numel in method.layout:
+    for name, _, numel in method.layout.entries:
         if name == "head.0.bias":
             break
         offset += numel
@@ -289,7 +290,8 @@ def test_each_client_receives_the_models_nearest_to_its_own() -> None:
     assert method.client_payload(payload, 0) is payload
     # the client builds each helper as the sigma it received + the helper's psi
     method.on_round_start(4, 10)
-    objective = method.client_objective(method.client_payload(payload, 0), _client(), None)
+    side = method.client_side()
+    objective = side.objective(method.client_payload(payload, 0), _client(), None)
     assert isinstance(objective, FedMatchClient) and len(objective.helpers) == 2
     want = method.theta(sparsify(psis[1], method.l1_threshold)).eval()
     x = torch.randn(2, 1, 28, 28)

@@ -166,7 +166,7 @@ def test_fedseal_clients_not_sampled_still_receive_every_model(
     expected = torch.stack(
         [
             predict_probabilities(
-                fed.method.client_model(p),
+                fed.method.client_side().model(p),
                 client.plain_dataloader(),
             )[0]
             for p in payloads
@@ -237,7 +237,7 @@ def test_fedseal_thresholds_travel_with_the_model() -> None:
     torch.testing.assert_close(payload[THRESHOLDS], method.thresholds)
     split = ImageSplit(torch.zeros(4, 1, 28, 28, dtype=torch.uint8), torch.zeros(4).long())
     client = ClientData(0, 1, split, None, SPECS["fashion_mnist"], 4, 4, 4)
-    objective = method.client_objective(payload, client, None)
+    objective = method.client_side().objective(payload, client, None)
     torch.testing.assert_close(objective.thresholds, method.thresholds)
 
 
@@ -355,11 +355,13 @@ def test_fedrgd_period_in_local_steps_and_self_training(fmnist_root: Path, tmp_p
         local_steps=3,
     )
     fed.prepare()
-    loader = fed.method.client_loader(fed.data.client_data(0))
+    side = fed.method.client_side()
+    loader = side.loader(fed.data.client_data(0))
     assert len(next(iter(loader))) == 1  # eq 3: one weak view
     fed.method.on_round_start(1, 1)
+    side.on_round_start(1, 1)
     payload = fed.method.broadcast()
-    objective = fed.method.client_objective(payload, fed.data.client_data(0), None)
+    objective = side.objective(payload, fed.data.client_data(0), None)
     fed.trainer.fit(objective, loader, 1, max_steps=3)
     assert objective.trainer.global_step == 3  # T local steps, not an epoch (2 batches)
     # eq 9 ran: the last step's rate is below the base rate
@@ -369,19 +371,23 @@ def test_fedrgd_period_in_local_steps_and_self_training(fmnist_root: Path, tmp_p
 def test_streaming_reveals_one_step_per_selection(fmnist_root: Path, tmp_path: Path) -> None:
     seen: list[tuple[int, int]] = []
 
-    class Recording(FedAvgFixMatch):
-        def client_loader(self, client: ClientData):  # type: ignore[no-untyped-def]
-            seen.append((client.client_id, client.visit))
-            return super().client_loader(client)
-
     fed = _fed(
         fmnist_root,
         tmp_path / "run",
-        Recording,
+        FedAvgFixMatch,
         data_kw={"num_clients": 3, "examples_per_client": 60, "stream_steps": 3},
         clients_per_round=2,
         rounds=4,
     )
+    fed.prepare()
+    side = fed.runner.client
+    loader = side.loader
+
+    def recording(client: ClientData):  # type: ignore[no-untyped-def]
+        seen.append((client.client_id, client.visit))
+        return loader(client)
+
+    side.loader = recording  # type: ignore[method-assign]
     fed.run()
     for cid in range(3):
         visits = [v for c, v in seen if c == cid]

@@ -159,9 +159,10 @@ def test_fedsup_sends_both_networks_and_weights_the_feature_loss(
     sizes = payload_bytes(payload)
     assert sizes["model"] == sizes["target"] == state_bytes(state_part(payload, "model"))
     assert not any(k.startswith("head.") for k in state_part(payload, "model"))
+    side = method.client_side()
     for t in (1, 2, 4):
-        method.on_round_start(t, 4)
-        objective = method.client_objective(payload, fed.data.client_data(0), None)
+        side.on_round_start(t, 4)
+        objective = side.objective(payload, fed.data.client_data(0), None)
         assert objective.mse_weight == pytest.approx(1e-4 ** (t / 4))
         assert objective.mse_weight == feature_map_weight(1e-4, t, 4)
     assert method.eval_network() is method.server_network

@@ -95,7 +95,7 @@ def test_run_level_schedule_values_at_known_steps(data: FederatedDataModule) -> 
     k-th of S steps is lr * cos(pi / 2 * (0.25 + 0.25 k / S)) (cosine to 0, no warm-up)."""
     method = ServerSL(num_classes=10, in_channels=1, optim=Optimization(server_lr=0.1))
     method.on_round_start(2, 4)
-    kw = method.server_kwargs()
+    kw = method._server_kwargs()
     assert kw["progress"] == (0.25, 0.5)
     seen: list[float] = []
 
@@ -114,6 +114,6 @@ def test_run_level_schedule_values_at_known_steps(data: FederatedDataModule) -> 
     constant = Optimization(lr_schedule="constant")
     assert "schedule" not in constant.objective_kwargs(0.1, 2, 4)
     method.on_round_start(0, 4)
-    assert "schedule" not in method.server_kwargs()
+    assert "schedule" not in method._server_kwargs()
     with pytest.raises(ValueError, match="optim.lr_schedule"):
         Optimization(lr_schedule="step")  # type: ignore[arg-type]

@@ -122,7 +122,7 @@ def test_the_oracle_and_hidden_labels_are_refused_naming_the_key(tmp_path: Path)
     data.setup_federation(0)
     client = data.client_data(0)
     with pytest.raises(ValueError, match="data.client_pool='unlabeled'.*no labels"):
-        FedAvgSL(num_classes=10, in_channels=3).client_loader(client)
+        FedAvgSL(num_classes=10, in_channels=3).client_side().loader(client)
     with pytest.raises(ValueError, match="data.client_pool='unlabeled': FedAvgSL is an oracle"):
         FedAvgSL(num_classes=10, in_channels=3).validate_data(data)  # before any work
     with pytest.raises(ValueError, match="data.client_pool"):

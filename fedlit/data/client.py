@@ -1,8 +1,9 @@
 """What one client holds in one round, and nothing else: its own shard's loaders.
 
-A method's client-side hooks (``client_loader``, ``client_objective``) receive a :class:`ClientData`
-built from that client's own tensors, not the data module: no other client's images, the
-server's labeled set or the test set are reachable from it.
+A method's client side (:class:`~fedlit.methods.client_side.ClientSide`: ``loader``,
+``objective``, ``receive``) receives a :class:`ClientData` built from that client's own
+tensors, not the data module: no other client's images, the server's labeled set or the test
+set are reachable from it.
 """
 
 from __future__ import annotations

@@ -165,9 +165,24 @@ class WeightDiversity(Callback):
         )
 
 
+#: Client metrics that measure how much of a client's unlabeled data its loss used: the
+#: confident fraction of pseudo-labelling objectives (FixMatch, UDA, the teacher-student and
+#: consistency losses, FedMatch) and FedSEAL's positive and complementary sets.
+ACTIVITY_METRICS = ("mask_rate", "pseudo/pos_frac", "pseudo/neg_frac")
+
+
+def client_contributed(metrics: dict[str, float]) -> bool:
+    """Whether a client's unlabeled loss was active in its round: some of its
+    :data:`ACTIVITY_METRICS` above 0. A client that reports none of them has an objective
+    without a confidence gate (SSL, FedCon, FedSup, the FedAvg-SL oracle), which is always
+    active."""
+    reported = [metrics[key] for key in ACTIVITY_METRICS if key in metrics]
+    return not reported or any(value > 0 for value in reported)
+
+
 class Contribution(Callback):
     """``client/contributed``: the fraction of the round's aggregated clients whose unlabeled
-    loss was active (:meth:`~fedlit.methods.FederatedMethod.client_contributed`: FixMatch's
+    loss was active (:func:`client_contributed`: FixMatch's
     ``mask_rate`` above 0, ...), and a warning (stderr, once) in a round where none was: that
     round's clients learned nothing from their unlabeled data, so what the round gains is the
     server's own training."""
@@ -182,10 +197,10 @@ class Contribution(Callback):
     ) -> None:
         if not updates:
             return
-        active = [fed.method.client_contributed(update.metrics) for update in updates]
+        active = [client_contributed(update.metrics) for update in updates]
         metrics["client/contributed"] = sum(active) / len(active)
         if not any(active):
-            keys = [k for k in fed.method.activity_metrics if k in updates[0].metrics]
+            keys = [k for k in ACTIVITY_METRICS if k in updates[0].metrics]
             warn(
                 f"round {round_idx}: no client's unlabeled loss was active ({', '.join(keys)} "
                 f"0 at all {len(updates)} clients: no pseudo-label passed its threshold), so the "

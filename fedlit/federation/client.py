@@ -9,7 +9,8 @@ from typing import Any
 from fedlit.data.datamodule import FederatedDataModule
 from fedlit.federation.seeding import derive_seed, seed_all
 from fedlit.federation.trainers import TrainerTemplate
-from fedlit.methods.base import ClientUpdate, FederatedMethod, Payload
+from fedlit.methods.base import ClientUpdate, Payload
+from fedlit.methods.client_side import ClientSide
 
 
 @dataclass(frozen=True)
@@ -23,14 +24,44 @@ class ClientJob:
 
 
 @dataclass(frozen=True)
+class ReceiveJob:
+    """Clients that receive a round's payload without training (the method's
+    ``all_clients_receive``): who they are, what they kept and how often they were selected."""
+
+    payload: Payload
+    client_ids: Sequence[int]
+    states: Sequence[Any]
+    visits: Sequence[int]
+
+    def chunks(self, count: int) -> list[slice]:
+        """The job split over ``count`` workers: worker i takes clients i, i + count, ...;
+        no empty chunk."""
+        return [slice(i, len(self.client_ids), count) for i in range(min(count, len(self)))]
+
+    def part(self, chunk: slice) -> ReceiveJob:
+        """The clients of ``chunk`` (a slice of :meth:`chunks`) without the payload (``{}``):
+        an executor sends the payload apart, once for all parts, and gives it back to each
+        part in the worker (:func:`dataclasses.replace`)."""
+        return ReceiveJob(
+            {},
+            list(self.client_ids[chunk]),
+            list(self.states[chunk]),
+            list(self.visits[chunk]),
+        )
+
+    def __len__(self) -> int:
+        return len(self.client_ids)
+
+
+@dataclass(frozen=True)
 class ClientRunner:
     """Everything a client's round needs besides its inputs: fixed for the whole run.
 
-    ``method`` is used only for its configuration and factories (never its global network),
-    ``data`` for the client's own shard, so a runner can be shipped to another process.
+    ``client`` is the method's client side (its client settings, none of its server state),
+    ``data`` is used for the client's own shard, so a runner can be shipped to another process.
     """
 
-    method: FederatedMethod
+    client: ClientSide
     data: FederatedDataModule
     trainer: TrainerTemplate
     seed: int
@@ -47,28 +78,23 @@ class ClientRunner:
         Returns the upload, the client's example count, its new persistent state and metrics.
         """
         seed_all(derive_seed(self.seed, round_idx, client_id))
-        method = self.method
-        method.on_round_start(round_idx, self.total_rounds)
+        side = self.client
+        side.on_round_start(round_idx, self.total_rounds)
         client = self.data.client_data(client_id, visit)  # its own data, nothing else
-        objective = method.client_objective(payload, client, state)
-        loader = method.client_loader(client)
+        objective = side.objective(payload, client, state)
+        loader = side.loader(client)
         self.trainer.fit(objective, loader, self.local_epochs, self.local_steps)
         return ClientUpdate(
             client_id=client_id,
-            upload=method.client_upload(objective),
+            upload=side.upload(objective),
             num_examples=len(client),
-            state=method.client_state(objective, state),
+            state=side.state(objective, state),
             metrics=objective.epoch_metrics(),
         )
 
-    def receive(
-        self,
-        payload: Payload,
-        client_ids: Sequence[int],
-        states: Sequence[Any],
-        visits: Sequence[int],
-    ) -> list[Any]:
-        """Clients ``client_ids`` receive ``payload`` without training
-        (``all_clients_receive``): their new persistent states, in order."""
-        clients = [self.data.client_data(c, v) for c, v in zip(client_ids, visits, strict=True)]
-        return self.method.clients_receive(payload, clients, states, self.trainer.device())
+    def receive(self, job: ReceiveJob) -> list[Any]:
+        """The job's clients receive its payload without training: their new persistent
+        states, in order."""
+        visits = zip(job.client_ids, job.visits, strict=True)
+        clients = [self.data.client_data(c, v) for c, v in visits]
+        return self.client.receive(job.payload, clients, job.states, self.trainer.device())

@@ -190,7 +190,7 @@ class Federation:
             seed_all(derive_seed(self.seed, 0, INIT))
             self.method.initialize()
         self.runner = ClientRunner(
-            method=self.method,
+            client=self.method.client_side(),
             data=self.data,
             trainer=self.trainer,
             seed=self.seed,

@@ -17,10 +17,10 @@ import socket
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from fedlit.federation.client import ClientJob, ClientRunner
+from fedlit.federation.client import ClientJob, ClientRunner, ReceiveJob
 from fedlit.federation.pool import PoolSettings, ProcessPool
 from fedlit.methods.base import ClientUpdate, Payload
 
@@ -30,14 +30,9 @@ class ClientExecutor(Protocol):
         """Each job's update, or the exception its work raised, in the jobs' order."""
         ...
 
-    def receive(
-        self,
-        payload: Payload,
-        client_ids: Sequence[int],
-        states: Sequence[Any],
-        visits: Sequence[int],
-    ) -> list[Any]:
-        """The new persistent states of clients that receive ``payload`` without training."""
+    def receive(self, job: ReceiveJob) -> list[Any]:
+        """The new persistent states of the job's clients, which receive its payload without
+        training, in order."""
         ...
 
     def close(self) -> None: ...
@@ -61,14 +56,8 @@ class InProcess:
                 results.append(err)
         return results
 
-    def receive(
-        self,
-        payload: Payload,
-        client_ids: Sequence[int],
-        states: Sequence[Any],
-        visits: Sequence[int],
-    ) -> list[Any]:
-        return self.runner.receive(payload, client_ids, states, visits)
+    def receive(self, job: ReceiveJob) -> list[Any]:
+        return self.runner.receive(job)
 
     def close(self) -> None:
         pass
@@ -118,8 +107,8 @@ def _worker_class() -> Any:
 
     @ray.remote
     class ClientWorker:
-        """A long-lived worker: holds the run's :class:`ClientRunner` (the method's
-        configuration, the data, the Trainer template), received once, and runs clients."""
+        """A long-lived worker: holds the run's :class:`ClientRunner` (the method's client
+        side, the data, the Trainer template), received once, and runs clients."""
 
         def __init__(self, runner: ClientRunner, threads: int) -> None:
             import torch
@@ -132,14 +121,8 @@ def _worker_class() -> Any:
         ) -> ClientUpdate:
             return self.runner(payload, client_id, round_idx, state, visit)
 
-        def receive(
-            self,
-            payload: Payload,
-            client_ids: Sequence[int],
-            states: Sequence[Any],
-            visits: Sequence[int],
-        ) -> list[Any]:
-            return self.runner.receive(payload, client_ids, states, visits)
+        def receive(self, payload: Payload, job: ReceiveJob) -> list[Any]:
+            return self.runner.receive(replace(job, payload=payload))
 
         def where(self) -> tuple[str, int]:
             """(node id, process id): where this worker runs."""
@@ -236,23 +219,17 @@ class RayPool:
                 results.append(_cause(err))
         return results
 
-    def receive(
-        self,
-        payload: Payload,
-        client_ids: Sequence[int],
-        states: Sequence[Any],
-        visits: Sequence[int],
-    ) -> list[Any]:
-        if not client_ids:
+    def receive(self, job: ReceiveJob) -> list[Any]:
+        """Spread over the actors: actor i takes clients i, i + actors, ..."""
+        if not len(job):
             return []
-        ref = self._ray.put(payload)
-        n = len(self.actors)
-        chunks = [slice(i, len(client_ids), n) for i in range(n)]
+        ref = self._ray.put(job.payload)  # the payload once in the object store, not per actor
+        chunks = job.chunks(len(self.actors))
         futures = [
-            actor.receive.remote(ref, client_ids[c], states[c], visits[c])
-            for actor, c in zip(self.actors, chunks, strict=True)
+            actor.receive.remote(ref, job.part(c))
+            for actor, c in zip(self.actors[: len(chunks)], chunks, strict=True)
         ]
-        out: list[Any] = [None] * len(client_ids)
+        out: list[Any] = [None] * len(job)
         for c, states_c in zip(chunks, self._ray.get(futures), strict=True):
             out[c] = states_c
         return out

@@ -4,7 +4,7 @@ Many clients at once on one machine, without Ray: the standard library's
 :class:`~concurrent.futures.ProcessPoolExecutor` with the ``spawn`` start method (each worker a
 fresh interpreter, so several workers may share one GPU, each with its own CUDA context). Each
 worker receives the run's :class:`~fedlit.federation.client.ClientRunner` (the method's
-configuration and the data) once, when it starts, sets torch's thread count, and runs one client
+client side and the data) once, when it starts, sets torch's thread count, and runs one client
 at a time for the whole run. What crosses between processes is pickled bytes (each round's
 payload pickled once, each client's state and update), so no tensor is shared in memory.
 
@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from multiprocessing.connection import wait
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -34,8 +34,8 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from fedlit.federation.trainers import TERMINATED
 
 if TYPE_CHECKING:
-    from fedlit.federation.client import ClientJob, ClientRunner
-    from fedlit.methods.base import ClientUpdate, Payload
+    from fedlit.federation.client import ClientJob, ClientRunner, ReceiveJob
+    from fedlit.methods.base import ClientUpdate
 
 
 @dataclass(frozen=True)
@@ -127,10 +127,10 @@ def _run_client(payload: bytes, job: bytes) -> bytes:
     return pickle.dumps(update, pickle.HIGHEST_PROTOCOL)
 
 
-def _receive(payload: bytes, clients: bytes) -> bytes:
-    """Clients that receive ``payload`` without training, in a worker: their pickled states."""
-    client_ids, states, visits = pickle.loads(clients)
-    new_states = _runner().receive(pickle.loads(payload), client_ids, states, visits)
+def _receive(payload: bytes, job: bytes) -> bytes:
+    """A receive job's clients (a :meth:`ReceiveJob.part`) receive ``payload`` without
+    training, in a worker: their pickled states."""
+    new_states = _runner().receive(replace(pickle.loads(job), payload=pickle.loads(payload)))
     return pickle.dumps(new_states, pickle.HIGHEST_PROTOCOL)
 
 
@@ -189,33 +189,16 @@ class ProcessPool:
             out if isinstance(out, Exception) else pickle.loads(out) for out in self._gather(calls)
         ]
 
-    def receive(
-        self,
-        payload: Payload,
-        client_ids: Sequence[int],
-        states: Sequence[Any],
-        visits: Sequence[int],
-    ) -> list[Any]:
+    def receive(self, job: ReceiveJob) -> list[Any]:
         """Spread over the workers: worker i takes clients i, i + workers, ..."""
-        if not client_ids:
+        if not len(job):
             return []
-        sent = pickle.dumps(payload, pickle.HIGHEST_PROTOCOL)
-        chunks = [slice(i, len(client_ids), self.workers) for i in range(self.workers)]
-        chunks = [c for c in chunks if len(client_ids[c])]
+        sent = pickle.dumps(job.payload, pickle.HIGHEST_PROTOCOL)  # once for all workers
+        chunks = job.chunks(self.workers)
         calls: list[Call] = [
-            (
-                _receive,
-                (
-                    sent,
-                    pickle.dumps(
-                        (list(client_ids[c]), list(states[c]), list(visits[c])),
-                        pickle.HIGHEST_PROTOCOL,
-                    ),
-                ),
-            )
-            for c in chunks
+            (_receive, (sent, pickle.dumps(job.part(c), pickle.HIGHEST_PROTOCOL))) for c in chunks
         ]
-        out: list[Any] = [None] * len(client_ids)
+        out: list[Any] = [None] * len(job)
         for c, result in zip(chunks, self._gather(calls), strict=True):
             if isinstance(result, Exception):
                 raise result

@@ -18,7 +18,7 @@ import numpy as np
 
 from fedlit.aggregation.payloads import payload_bytes
 from fedlit.data.sampling import sample_clients
-from fedlit.federation.client import ClientJob
+from fedlit.federation.client import ClientJob, ReceiveJob
 from fedlit.federation.console import first_line
 from fedlit.federation.executors import InProcess
 from fedlit.federation.faults import ClientFault, fault_metrics, upload_fault
@@ -105,10 +105,12 @@ def _clients(
         for part, n in payload_bytes(payload).items():
             down[part] += n * len(idle)
         states = fed.executor.receive(
-            payload,
-            idle,
-            [fed.store.get(cid) for cid in idle],
-            [max(fed.visits.get(cid, 0), 1) for cid in idle],
+            ReceiveJob(
+                payload,
+                idle,
+                [fed.store.get(cid) for cid in idle],
+                [max(fed.visits.get(cid, 0), 1) for cid in idle],
+            )
         )
         for cid, state in zip(idle, states, strict=True):
             fed.store.put(cid, state)

@@ -13,17 +13,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-import torch
 from lightning import LightningModule
 from lightning.pytorch.utilities import CombinedLoader
 from torch import Tensor, nn
 
 from fedlit.aggregation import Aggregated, Aggregator, WeightedMean
 from fedlit.aggregation.payloads import MODEL, Payload, StateDict, state_part
-from fedlit.data.client import ClientData
 from fedlit.data.datamodule import FederatedDataModule
 from fedlit.data.loaders import ImageBatches
-from fedlit.models import Backbone, Classifier, build_classifier
+from fedlit.methods.client_side import Architecture, ClientSide
+from fedlit.models import Backbone, Classifier
 from fedlit.objectives import Objective, Optimization, SupervisedCE
 
 if TYPE_CHECKING:
@@ -83,32 +82,12 @@ class FederatedMethod(LightningModule):
     #: standard FL's privacy (paper 003): announced and marked as the oracle is.
     private: ClassVar[bool] = True
     #: Every client receives each round's broadcast, sampled or not (paper 002's Algorithm 1,
-    #: line 6); those that do not train update their state in :meth:`clients_receive`.
+    #: line 6); those that do not train update their state in the client side's ``receive``.
     all_clients_receive: ClassVar[bool] = False
-    #: Augmented views of each unlabeled image a client's objective takes.
-    client_views: ClassVar[tuple[str, ...]] = ("weak",)
     #: The method can run with the labels at the clients (``data.labels_at: client``).
     supports_labels_at_client: ClassVar[bool] = False
     #: Epochs of the server objective on the labeled set before round 1 (0: none).
     bootstrap_epochs: int = 0
-    #: Client metrics that measure how much of a client's unlabeled data its loss used: the
-    #: confident fraction of pseudo-labelling objectives (FixMatch, UDA, the teacher-student
-    #: and consistency losses, FedMatch) and FedSEAL's positive and complementary sets. See
-    #: :meth:`client_contributed`.
-    activity_metrics: ClassVar[tuple[str, ...]] = (
-        "mask_rate",
-        "pseudo/pos_frac",
-        "pseudo/neg_frac",
-    )
-
-    @classmethod
-    def client_contributed(cls, metrics: dict[str, float]) -> bool:
-        """Whether a client's unlabeled loss was active in its round (``client/contributed``
-        averages this over the round's clients): some :attr:`activity_metrics` above 0. A
-        client that reports none of them has an objective without a confidence gate (SSL,
-        FedCon, FedSup, the FedAvg-SL oracle), which is always active."""
-        reported = [metrics[key] for key in cls.activity_metrics if key in metrics]
-        return not reported or any(value > 0 for value in reported)
 
     def __init__(
         self,
@@ -123,7 +102,7 @@ class FederatedMethod(LightningModule):
         self.backbone_name, self.norm = backbone, norm
         self.optim = optim
         self.save_hyperparameters()
-        self.network: Classifier = self.new_network()
+        self.network: Classifier = self._new_network()
         #: How the uploads become the global network: FedAvg by n_k unless the method says.
         self.aggregator: Aggregator = WeightedMean()
         #: The round being run and the run's length, set by :meth:`on_round_start`.
@@ -135,36 +114,36 @@ class FederatedMethod(LightningModule):
         return ("oracle",) * cls.oracle + ("not private",) * (not cls.private)
 
     # --- the network ---------------------------------------------------------------------
-    def new_network(self) -> Classifier:
+    def architecture(self) -> Architecture:
+        """The network this method's server and its clients build."""
+        return Architecture(self.backbone_name, self.num_classes, self.in_channels, self.norm)
+
+    def _new_network(self) -> Classifier:
         """A freshly initialised network of this method's architecture."""
-        return build_classifier(self.backbone_name, self.num_classes, self.in_channels, self.norm)
+        return self.architecture().build()
 
     def initialize(self) -> None:
         """Re-draw every network the method holds (the driver seeds this from the run seed)."""
-        self.network.load_state_dict(self.new_network().state_dict())
+        self.network.load_state_dict(self._new_network().state_dict())
 
     def forward(self, x: Tensor) -> Tensor:
         return self.network(x)
 
     def on_round_start(self, round_idx: int, total_rounds: int) -> None:
         """Round ``round_idx`` of ``total_rounds`` starts (0: the bootstrap before round 1):
-        a method computes its round's schedule values here (ramps, loss weights). Called by
-        the driver and, for a client's work, by the client runner; it only sets values, so
-        calling it twice for one round changes nothing."""
+        a method computes its server's round values here (its client side has its own
+        :meth:`~fedlit.methods.client_side.ClientSide.on_round_start`). Called by the driver;
+        it only sets values, so calling it twice for one round changes nothing."""
         self.round_idx, self.total_rounds = round_idx, total_rounds
 
-    def server_kwargs(self) -> dict[str, Any]:
+    def _server_kwargs(self) -> dict[str, Any]:
         """The server objective's optimiser settings this round."""
         return self.optim.objective_kwargs(self.optim.server_lr, self.round_idx, self.total_rounds)
-
-    def client_kwargs(self) -> dict[str, Any]:
-        """A client objective's optimiser settings this round."""
-        return self.optim.objective_kwargs(self.optim.client_lr, self.round_idx, self.total_rounds)
 
     # --- server ---------------------------------------------------------------------------
     def server_objective(self) -> Objective | None:
         """The objective the server trains ``self.network`` with (in place); None: no step."""
-        return SupervisedCE(self.network, **self.server_kwargs())
+        return SupervisedCE(self.network, **self._server_kwargs())
 
     def server_step_done(self, objective: Objective, data: FederatedDataModule) -> None:
         """Called after the server's objective has trained (e.g. to keep a step count, or to
@@ -180,7 +159,7 @@ class FederatedMethod(LightningModule):
         """Whether state key ``key`` of the global network is sent to clients and averaged."""
         return True
 
-    def shared_state(self) -> StateDict:
+    def _shared_state(self) -> StateDict:
         """A copy of the global network's shared weights."""
         return {
             k: v.detach().clone() for k, v in self.network.state_dict().items() if self.is_shared(k)
@@ -189,7 +168,7 @@ class FederatedMethod(LightningModule):
     def broadcast(self) -> Payload:
         """What the server sends to every sampled client this round: named parts, the shared
         weights as ``"model"`` (a method adds its own parts: a teacher, thresholds)."""
-        return {MODEL: self.shared_state()}
+        return {MODEL: self._shared_state()}
 
     def client_payload(self, payload: Payload, client_id: int) -> Payload:
         """What client ``client_id`` receives: the round's ``payload`` unless the method sends
@@ -197,51 +176,17 @@ class FederatedMethod(LightningModule):
         return payload
 
     # --- client ---------------------------------------------------------------------------
-    def client_loader(self, client: ClientData) -> ImageBatches | CombinedLoader:
-        """The client's training loader this round, from its own data only."""
-        return client.dataloader(self.client_views)
+    def client_side(self) -> ClientSide:
+        """What the clients run (built once per run, before round 1): a
+        :class:`~fedlit.methods.client_side.ClientSide` holding the method's client settings
+        and none of its server state. This default trains no client objective (Server-SL)."""
+        return ClientSide(*self._client_basics())
 
-    def client_network(self, weights: StateDict) -> Classifier:
-        """A new network holding ``weights`` (a payload's model part, or a teacher's). Client
-        code never reads ``self.network``."""
-        network = self.new_network()
-        names = network.state_dict().keys()  # once: a state_dict walks every module
-        missing = [k for k in weights if k not in names]
-        if missing:
-            raise ValueError(f"payload key {missing[0]!r} is not in the network")
-        network.load_state_dict(weights, strict=False)
-        return network
-
-    def client_model(self, payload: Payload) -> Classifier:
-        """A new network holding the payload's ``"model"`` part."""
-        return self.client_network(state_part(payload, MODEL))
-
-    def client_objective(self, payload: Payload, client: ClientData, state: Any) -> Objective:
-        """The objective ``client`` trains this round, from what it received and its state
-        (and, where the method needs it, the client's own data)."""
-        raise NotImplementedError
-
-    def client_upload(self, objective: Objective) -> Payload:
-        """What a client sends back after training: its shared weights, as ``"model"``."""
-        weights = objective.network.state_dict()
-        shared = {k: v.detach().cpu().clone() for k, v in weights.items() if self.is_shared(k)}
-        return {MODEL: shared}
-
-    def client_state(self, objective: Objective, previous: Any) -> Any:
-        """The client's persistent state after this round (stateless methods: None)."""
-        return None
-
-    def clients_receive(
-        self,
-        payload: Payload,
-        clients: Sequence[ClientData],
-        states: Sequence[Any],
-        device: torch.device,
-    ) -> list[Any]:
-        """The persistent states of the clients that received the round's ``payload`` but were
-        not sampled to train (only called where ``all_clients_receive``), all at once so that
-        what they share (the received network) is built once; work on ``device``."""
-        return list(states)
+    def _client_basics(self) -> tuple[Architecture, Optimization, frozenset[str]]:
+        """What every client side takes: the architecture, the optimiser settings and the
+        shared state keys (:meth:`is_shared` of the global network's keys)."""
+        shared = frozenset(k for k in self.network.state_dict() if self.is_shared(k))
+        return self.architecture(), self.optim, shared
 
     # --- aggregation ----------------------------------------------------------------------
     def aggregate(self, updates: Sequence[ClientUpdate]) -> Aggregated:

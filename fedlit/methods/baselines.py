@@ -7,6 +7,7 @@ from typing import Any
 from fedlit.data.client import ClientData
 from fedlit.data.loaders import ImageBatches
 from fedlit.methods.base import FederatedMethod, Payload
+from fedlit.methods.client_side import ClientSide
 from fedlit.objectives import Objective, SupervisedCE
 
 
@@ -30,8 +31,15 @@ class FedAvgSL(FederatedMethod):
     oracle = True
     server_first = False
 
-    def client_loader(self, client: ClientData) -> ImageBatches:
+    def client_side(self) -> OracleClient:
+        return OracleClient(*self._client_basics())
+
+
+class OracleClient(ClientSide):
+    """FedAvg-SL's client: CE on weak views of its images with their TRUE labels."""
+
+    def loader(self, client: ClientData) -> ImageBatches:
         return client.oracle_dataloader("weak")
 
-    def client_objective(self, payload: Payload, client: ClientData, state: Any) -> Objective:
-        return SupervisedCE(self.client_model(payload), **self.client_kwargs())
+    def objective(self, payload: Payload, client: ClientData, state: Any) -> Objective:
+        return SupervisedCE(self.model(payload), **self.optimizer_kwargs())

@@ -3,11 +3,11 @@ FedAvg-FixMatch and FedAvg-UDA, with FedProx's term (papers 000, 001, 002 and 00
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar
 
-from fedlit.data.client import ClientData
-from fedlit.methods.base import DEFAULT_OPTIMIZATION, FederatedMethod, Payload
-from fedlit.objectives import ConsistencyLoss, Objective, Optimization, WeakStrongObjective
+from fedlit.methods.base import DEFAULT_OPTIMIZATION, FederatedMethod
+from fedlit.methods.client_side import ObjectiveClientSide
+from fedlit.objectives import ConsistencyLoss, Optimization, WeakStrongObjective
 
 
 class FedAvgConsistency(FederatedMethod):
@@ -25,7 +25,6 @@ class FedAvgConsistency(FederatedMethod):
 
     #: The clients' objective, built from the received model and ``loss``.
     objective_class: ClassVar[type[WeakStrongObjective]]
-    client_views = ("weak", "strong")
     server_finetunes = True
 
     def __init__(
@@ -41,7 +40,8 @@ class FedAvgConsistency(FederatedMethod):
         super().__init__(num_classes, in_channels, backbone, norm, optim)
         self.loss = loss
 
-    def client_objective(self, payload: Payload, client: ClientData, state: Any) -> Objective:
-        return self.objective_class(
-            self.client_model(payload), loss=self.loss, **self.client_kwargs()
+    def client_side(self) -> ObjectiveClientSide:
+        views = ("weak", "strong")
+        return ObjectiveClientSide(
+            *self._client_basics(), views, self.objective_class, loss=self.loss
         )

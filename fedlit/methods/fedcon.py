@@ -15,6 +15,7 @@ from fedlit.data.client import ClientData
 from fedlit.data.datamodule import FederatedDataModule
 from fedlit.data.loaders import ImageBatches
 from fedlit.methods.base import DEFAULT_OPTIMIZATION, FederatedMethod, Payload
+from fedlit.methods.client_side import Architecture, ClientSide
 from fedlit.objectives import FedConClient, FedConServer, Objective, Optimization
 
 
@@ -46,8 +47,6 @@ class FedCon(FederatedMethod):
         server_unlabeled: apply J to the server's unlabeled images too (paper 001 IV-E).
         The others: see :class:`FederatedMethod`.
     """
-
-    client_views = ("weak", "weak")
 
     def __init__(
         self,
@@ -102,7 +101,7 @@ class FedCon(FederatedMethod):
             self.target,
             ema_decay=self.ema_decay,
             start_step=int(self.server_steps),
-            **self.server_kwargs(),
+            **self._server_kwargs(),
         )
 
     def server_step_done(self, objective: Objective, data: FederatedDataModule) -> None:
@@ -110,15 +109,38 @@ class FedCon(FederatedMethod):
         self.server_steps.fill_(objective.steps_done)
 
     # --- client ---------------------------------------------------------------------------
-    def client_objective(self, payload: Payload, client: ClientData, state: Any) -> Objective:
-        network = self.client_model(payload)
+    def client_side(self) -> FedConClientSide:
+        return FedConClientSide(*self._client_basics(), ema_decay=self.client_ema_decay)
+
+
+class FedConClientSide(ClientSide):
+    """FedCon's client (paper 001 eqs 5-6): its own projector, kept between rounds, on the
+    received backbone, trained on two weak views against an EMA of the backbone.
+
+    Args:
+        ema_decay: mu, the client target's EMA decay.
+        The others: see :class:`~fedlit.methods.client_side.ClientSide`.
+    """
+
+    def __init__(
+        self,
+        architecture: Architecture,
+        optim: Optimization,
+        shared: frozenset[str],
+        ema_decay: float,
+    ) -> None:
+        super().__init__(architecture, optim, shared, ("weak", "weak"))
+        self.ema_decay = ema_decay
+
+    def objective(self, payload: Payload, client: ClientData, state: Any) -> Objective:
+        network = self.model(payload)
         projector = fedcon_projector(network.backbone.feature_dim)
         if state is not None:
             projector.load_state_dict(state["projector"])
         network.projector = projector
-        return FedConClient(network, ema_decay=self.client_ema_decay, **self.client_kwargs())
+        return FedConClient(network, ema_decay=self.ema_decay, **self.optimizer_kwargs())
 
-    def client_state(self, objective: Objective, previous: Any) -> Any:
+    def state(self, objective: Objective, previous: Any) -> Any:
         assert objective.network.projector is not None
         projector = objective.network.projector.state_dict()
         return {"projector": {k: v.detach().cpu().clone() for k, v in projector.items()}}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -24,6 +25,7 @@ from fedlit.methods.base import (
     Payload,
     StateDict,
 )
+from fedlit.methods.client_side import Architecture, ClientSide
 from fedlit.models import Backbone, Classifier
 from fedlit.objectives import (
     FedMatchClient,
@@ -44,6 +46,49 @@ UPDATE = "psi_update"
 def helper_part(j: int) -> str:
     """The payload part of the j-th helper's psi (sparse)."""
     return f"helper{j}"
+
+
+# --- flat psi <-> parameters ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ParameterLayout:
+    """The parameters of a network as one flat vector: (name, shape, numel) of each, in
+    ``named_parameters()`` order."""
+
+    entries: tuple[tuple[str, torch.Size, int], ...]
+
+    @classmethod
+    def of(cls, network: nn.Module) -> ParameterLayout:
+        """The layout of ``network``'s parameters."""
+        return cls(tuple((n, p.shape, p.numel()) for n, p in network.named_parameters()))
+
+    @property
+    def size(self) -> int:
+        """P, the number of entries of the flat vector."""
+        return sum(numel for _, _, numel in self.entries)
+
+    def flatten(self, tensors: Mapping[str, Tensor]) -> Tensor:
+        """Tensors by parameter name -> one flat float32 (P,) vector on the CPU."""
+        return torch.cat(
+            [tensors[n].detach().reshape(-1).float().cpu() for n, _, _ in self.entries]
+        )
+
+    def unflatten(self, flat: Tensor) -> dict[str, Tensor]:
+        """A flat (P,) vector -> tensors by parameter name, of the parameters' shapes."""
+        out, offset = {}, 0
+        for name, shape, numel in self.entries:
+            out[name] = flat[offset : offset + numel].view(shape)
+            offset += numel
+        return out
+
+    def with_psi(self, network: Classifier, psi: Tensor) -> Classifier:
+        """``network`` (holding sigma) with psi added to its parameters, in place: theta."""
+        parts = self.unflatten(psi)
+        with torch.no_grad():
+            for name, param in network.named_parameters():
+                param.add_(parts[name].to(param.device))
+        return network
 
 
 # --- psi on the wire ----------------------------------------------------------------------
@@ -204,7 +249,6 @@ class FedMatch(FederatedMethod):
     """
 
     private = False
-    client_views = ("plain", "strong")
 
     def __init__(
         self,
@@ -241,44 +285,23 @@ class FedMatch(FederatedMethod):
         self.l1_threshold, self.delta_threshold = l1_threshold, delta_threshold
         self.server_augment = server_augment
         self.aggregator = Mean()  # the code's uniform_average of psi
-        self.layout = [(n, p.shape, p.numel()) for n, p in self.network.named_parameters()]
+        self.layout = ParameterLayout.of(self.network)
         self.psi: Tensor
-        self.register_buffer("psi", torch.zeros(sum(n for _, _, n in self.layout)))
+        self.register_buffer("psi", torch.zeros(self.layout.size))
         #: each client's latest psi (as sent) and embedding, for the clients that uploaded
         self.client_psi: dict[int, StateDict] = {}
         self.embeddings: dict[int, Tensor] = {}
         #: the fixed noise input of the embeddings (:meth:`validate_data`)
         self.probe: Tensor | None = None
 
-    # --- flat psi <-> parameters ----------------------------------------------------------
-    def flatten(self, tensors: Mapping[str, Tensor]) -> Tensor:
-        """Tensors by parameter name -> one flat float32 (P,) vector on the CPU."""
-        return torch.cat([tensors[n].detach().reshape(-1).float().cpu() for n, _, _ in self.layout])
-
-    def unflatten(self, flat: Tensor) -> dict[str, Tensor]:
-        """A flat (P,) vector -> tensors by parameter name, of the parameters' shapes."""
-        out, offset = {}, 0
-        for name, shape, numel in self.layout:
-            out[name] = flat[offset : offset + numel].view(shape)
-            offset += numel
-        return out
-
-    def with_psi(self, network: Classifier, psi: Tensor) -> Classifier:
-        """``network`` (holding sigma) with psi added to its parameters, in place: theta."""
-        parts = self.unflatten(psi)
-        with torch.no_grad():
-            for name, param in network.named_parameters():
-                param.add_(parts[name].to(param.device))
-        return network
-
     def theta(self, psi: Tensor) -> Classifier:
         """A new network sigma + ``psi`` with the global network's buffers."""
-        return self.with_psi(copy.deepcopy(self.network), psi)
+        return self.layout.with_psi(copy.deepcopy(self.network), psi)
 
     # --- state ----------------------------------------------------------------------------
     def initialize(self) -> None:
         super().initialize()
-        sigma = self.flatten(dict(self.network.named_parameters()))
+        sigma = self.layout.flatten(dict(self.network.named_parameters()))
         self.psi.copy_(sparsify(self.psi_factor * sigma, self.l1_threshold))
         self.client_psi, self.embeddings = {}, {}
 
@@ -295,8 +318,8 @@ class FedMatch(FederatedMethod):
 
     # --- server ---------------------------------------------------------------------------
     def server_objective(self) -> Objective:
-        network = decompose(copy.deepcopy(self.network), self.unflatten(self.psi), "sigma")
-        return FedMatchServer(network, lambda_s=self.lambda_s, **self.server_kwargs())
+        network = decompose(copy.deepcopy(self.network), self.layout.unflatten(self.psi), "sigma")
+        return FedMatchServer(network, lambda_s=self.lambda_s, **self._server_kwargs())
 
     def server_loader(self, data: FederatedDataModule) -> ImageBatches:
         return data.server_dataloader(("weak",) if self.server_augment else ("plain",))
@@ -325,28 +348,15 @@ class FedMatch(FederatedMethod):
         return payload | {helper_part(j): self.client_psi[h] for j, h in enumerate(helpers)}
 
     # --- client ---------------------------------------------------------------------------
-    def client_objective(self, payload: Payload, client: ClientData, state: Any) -> Objective:
-        sigma = state_part(payload, SIGMA)
-        zeros = torch.zeros_like(self.psi, device="cpu")
-        psi = decode_sparse(state_part(payload, PSI), zeros)
-        parts = [helper_part(j) for j in range(self.num_helpers) if helper_part(j) in payload]
-        helpers = [
-            self.with_psi(self.client_network(sigma), decode_sparse(state_part(payload, h), zeros))
-            for h in parts
-        ]
-        network = decompose(self.client_network(sigma), self.unflatten(psi), "psi")
-        return FedMatchClient(
-            network, helpers=helpers, received=psi, loss=self.loss, **self.client_kwargs()
+    def client_side(self) -> FedMatchClientSide:
+        return FedMatchClientSide(
+            *self._client_basics(),
+            layout=self.layout,
+            loss=self.loss,
+            num_helpers=self.num_helpers,
+            l1_threshold=self.l1_threshold,
+            delta_threshold=self.delta_threshold,
         )
-
-    def client_upload(self, objective: Objective) -> Payload:
-        """The entries of the client's sparsified psi that differ from the psi it received by
-        more than ``delta_threshold`` (the code's C2S), with their indices."""
-        assert isinstance(objective, FedMatchClient)
-        received = objective.received
-        trained = sparsify(self.flatten(objective.psi()), self.l1_threshold)
-        changed = (trained - received).abs() > self.delta_threshold
-        return {UPDATE: encode_sparse(torch.where(changed, trained, received), changed)}
 
     # --- aggregation ----------------------------------------------------------------------
     def aggregate(self, updates: Sequence[ClientUpdate]) -> Aggregated:
@@ -369,3 +379,56 @@ class FedMatch(FederatedMethod):
 
     def encoder(self) -> Backbone:
         return self.theta(self.psi).backbone
+
+
+class FedMatchClientSide(ClientSide):
+    """FedMatch's client: psi trained with sigma* frozen against its helpers
+    (:class:`~fedlit.objectives.FedMatchClient`) on (plain, strong) views; it uploads the
+    entries of psi that changed.
+
+    Args:
+        layout: the network's parameters as psi's flat vector.
+        loss: tau and the client loss's lambdas (:class:`~fedlit.objectives.FedMatchLoss`).
+        num_helpers: H, the most helpers a payload carries.
+        l1_threshold: |psi| at or below it counts as 0.
+        delta_threshold: an upload sends the entries that changed by more.
+        The others: see :class:`~fedlit.methods.client_side.ClientSide`.
+    """
+
+    def __init__(
+        self,
+        architecture: Architecture,
+        optim: Optimization,
+        shared: frozenset[str],
+        layout: ParameterLayout,
+        loss: FedMatchLoss,
+        num_helpers: int,
+        l1_threshold: float,
+        delta_threshold: float,
+    ) -> None:
+        super().__init__(architecture, optim, shared, ("plain", "strong"))
+        self.layout, self.loss, self.num_helpers = layout, loss, num_helpers
+        self.l1_threshold, self.delta_threshold = l1_threshold, delta_threshold
+
+    def objective(self, payload: Payload, client: ClientData, state: Any) -> Objective:
+        sigma = state_part(payload, SIGMA)
+        zeros = torch.zeros(self.layout.size)
+        psi = decode_sparse(state_part(payload, PSI), zeros)
+        parts = [helper_part(j) for j in range(self.num_helpers) if helper_part(j) in payload]
+        helpers = [
+            self.layout.with_psi(self.network(sigma), decode_sparse(state_part(payload, h), zeros))
+            for h in parts
+        ]
+        network = decompose(self.network(sigma), self.layout.unflatten(psi), "psi")
+        return FedMatchClient(
+            network, helpers=helpers, received=psi, loss=self.loss, **self.optimizer_kwargs()
+        )
+
+    def upload(self, objective: Objective) -> Payload:
+        """The entries of the client's sparsified psi that differ from the psi it received by
+        more than ``delta_threshold`` (the code's C2S), with their indices."""
+        assert isinstance(objective, FedMatchClient)
+        received = objective.received
+        trained = sparsify(self.layout.flatten(objective.psi()), self.l1_threshold)
+        changed = (trained - received).abs() > self.delta_threshold
+        return {UPDATE: encode_sparse(torch.where(changed, trained, received), changed)}

@@ -9,8 +9,6 @@ from typing import TYPE_CHECKING, Any
 
 from fedlit.aggregation import Aggregated, GroupwiseWithServer, MeanWithServer
 from fedlit.aggregation.payloads import MODEL
-from fedlit.data.client import ClientData
-from fedlit.data.loaders import ImageBatches
 from fedlit.methods.base import (
     DEFAULT_OPTIMIZATION,
     ClientUpdate,
@@ -18,6 +16,7 @@ from fedlit.methods.base import (
     Payload,
     StateDict,
 )
+from fedlit.methods.client_side import ObjectiveClientSide
 from fedlit.objectives import (
     FixMatch,
     FixMatchLoss,
@@ -108,8 +107,8 @@ class FedRGD(FederatedMethod):
 
     # --- server -------------------------------------------------------------------------
     def server_objective(self) -> Objective:
-        self.round_start = self.shared_state()  # before the server trains on it
-        return SupervisedCE(self.network, **self.server_kwargs())
+        self.round_start = self._shared_state()  # before the server trains on it
+        return SupervisedCE(self.network, **self._server_kwargs())
 
     # --- clients ------------------------------------------------------------------------
     def broadcast(self) -> Payload:
@@ -122,12 +121,15 @@ class FedRGD(FederatedMethod):
         group = self.client_group.get(client_id)
         return payload if group is None else {MODEL: self.group_models[group]}
 
-    def client_loader(self, client: ClientData) -> ImageBatches:
-        return client.dataloader(("weak",) if self.self_training else ("weak", "strong"))
-
-    def client_objective(self, payload: Payload, client: ClientData, state: Any) -> Objective:
-        objective = SelfTraining if self.self_training else FixMatch
-        return objective(self.client_model(payload), loss=self.loss, **self.client_kwargs())
+    def client_side(self) -> ObjectiveClientSide:
+        """CRL (FixMatch's loss on weak and strong views) or self-training (one weak view)."""
+        views: tuple[str, ...]
+        objective: type[Objective]
+        if self.self_training:
+            views, objective = ("weak",), SelfTraining
+        else:
+            views, objective = ("weak", "strong"), FixMatch
+        return ObjectiveClientSide(*self._client_basics(), views, objective, loss=self.loss)
 
     # --- aggregation --------------------------------------------------------------------
     def aggregate(self, updates: Sequence[ClientUpdate]) -> Aggregated:

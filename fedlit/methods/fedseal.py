@@ -14,6 +14,7 @@ from fedlit.data.datamodule import FederatedDataModule
 from fedlit.data.loaders import ImageBatches
 from fedlit.evaluation import scored
 from fedlit.methods.base import DEFAULT_OPTIMIZATION, FederatedMethod, Payload
+from fedlit.methods.client_side import Architecture, ClientSide
 from fedlit.objectives import (
     FedSEALClient,
     FedSEALLoss,
@@ -59,7 +60,6 @@ class FedSEAL(FederatedMethod):
 
     server_first = False
     all_clients_receive = True
-    client_views = ("plain", "strong")
 
     def __init__(
         self,
@@ -76,7 +76,6 @@ class FedSEAL(FederatedMethod):
             raise ValueError(f"model.bootstrap_epochs must be >= 0, got {bootstrap_epochs}")
         super().__init__(num_classes, in_channels, backbone, norm, optim)
         self.loss = loss
-        self.lam = loss.weight(0.0)  # lambda_t, set each round by on_round_start
         self.use_self_ensemble = self_ensemble
         self.aggregator = Mean()  # w_bar^t, the plain mean (paper 002 4.1.1)
         self.bootstrap_epochs = bootstrap_epochs
@@ -99,10 +98,6 @@ class FedSEAL(FederatedMethod):
                 "rounds, which streaming data does not keep"
             )
 
-    def on_round_start(self, round_idx: int, total_rounds: int) -> None:
-        super().on_round_start(round_idx, total_rounds)
-        self.lam = self.loss.weight(round_idx / total_rounds)
-
     # --- server -------------------------------------------------------------------------
     def server_step_done(self, objective: Objective, data: FederatedDataModule) -> None:
         """w^t becomes the model as it is scored (its BatchNorm statistics re-estimated on the
@@ -122,7 +117,8 @@ class FedSEAL(FederatedMethod):
     def round_metrics(self) -> dict[str, float]:
         """What the clients were sent this round: ``fedseal/lambda`` (lambda_t) and
         ``fedseal/tau_<m>``, each class's threshold tau_m."""
-        return {"fedseal/lambda": float(self.lam)} | {
+        lam = self.loss.weight(self.round_idx / self.total_rounds)  # as the clients' this round
+        return {"fedseal/lambda": float(lam)} | {
             f"fedseal/tau_{m}": float(t) for m, t in enumerate(self.sent_thresholds.tolist())
         }
 
@@ -132,18 +128,51 @@ class FedSEAL(FederatedMethod):
         return super().broadcast() | {THRESHOLDS: self.thresholds.clone()}
 
     # --- client -------------------------------------------------------------------------
-    def client_loader(self, client: ClientData) -> ImageBatches:
-        return client.dataloader(self.client_views, with_index=True)
+    def client_side(self) -> FedSEALClientSide:
+        return FedSEALClientSide(
+            *self._client_basics(), loss=self.loss, self_ensemble=self.use_self_ensemble
+        )
 
-    def client_objective(self, payload: Payload, client: ClientData, state: Any) -> Objective:
+
+class FedSEALClientSide(ClientSide):
+    """FedSEAL's client (paper 002 Algorithm 1): the self-ensemble of the received models'
+    predictions on its data (persistent state, never uploaded), the positive and complementary
+    sets from it and the received thresholds, and lambda_t L+ + L- on (plain, strong) views.
+
+    Args:
+        loss: theta, lambda_max, ramp and the ablations (:class:`~fedlit.objectives.FedSEALLoss`).
+        self_ensemble: False uses the received model's predictions only.
+        The others: see :class:`~fedlit.methods.client_side.ClientSide`.
+    """
+
+    def __init__(
+        self,
+        architecture: Architecture,
+        optim: Optimization,
+        shared: frozenset[str],
+        loss: FedSEALLoss,
+        self_ensemble: bool,
+    ) -> None:
+        super().__init__(architecture, optim, shared, ("plain", "strong"))
+        self.loss, self.use_self_ensemble = loss, self_ensemble
+        self.lam = loss.weight(0.0)  # lambda_t, set each round by on_round_start
+
+    def on_round_start(self, round_idx: int, total_rounds: int) -> None:
+        super().on_round_start(round_idx, total_rounds)
+        self.lam = self.loss.weight(round_idx / total_rounds)
+
+    def loader(self, client: ClientData) -> ImageBatches:
+        return client.dataloader(self.views, with_index=True)
+
+    def objective(self, payload: Payload, client: ClientData, state: Any) -> Objective:
         ensemble = (state["mean"], state["count"]) if state and self.use_self_ensemble else None
         objective = FedSEALClient(
-            self.client_model(payload),
+            self.model(payload),
             thresholds=tensor_part(payload, THRESHOLDS),
             lam=self.lam,
             loss=self.loss,
             ensemble=ensemble,
-            **self.client_kwargs(),
+            **self.optimizer_kwargs(),
         )
         # the hidden labels feed the pseudo/*_acc diagnostics only, computed on the client
         # (none where the clients' images come from an unlabeled split)
@@ -151,7 +180,7 @@ class FedSEAL(FederatedMethod):
         objective.attach(client.plain_dataloader(), hidden)
         return objective
 
-    def clients_receive(
+    def receive(
         self,
         payload: Payload,
         clients: Sequence[ClientData],
@@ -162,7 +191,7 @@ class FedSEAL(FederatedMethod):
         self-ensembles (eq 8), as a sampled client does before training; w^t is built once."""
         if not self.use_self_ensemble or not clients:
             return list(states)
-        network = self.client_model(payload).to(device)
+        network = self.model(payload).to(device)
         updated = []
         for client, state in zip(clients, states, strict=True):
             probs, _ = predict_probabilities(network, client.plain_dataloader())
@@ -170,7 +199,7 @@ class FedSEAL(FederatedMethod):
             updated.append({"mean": self_ensemble(previous, probs, count + 1), "count": count + 1})
         return updated
 
-    def client_state(self, objective: Objective, previous: Any) -> Any:
+    def state(self, objective: Objective, previous: Any) -> Any:
         assert isinstance(objective, FedSEALClient) and objective.ensemble is not None
         pbar, count = objective.ensemble
         return {"mean": pbar.detach().cpu().clone(), "count": int(count)}

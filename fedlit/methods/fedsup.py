@@ -10,6 +10,7 @@ from fedlit.aggregation import GroupwiseWithServer
 from fedlit.aggregation.payloads import state_part
 from fedlit.data.client import ClientData
 from fedlit.methods.base import DEFAULT_OPTIMIZATION, Payload, StateDict
+from fedlit.methods.client_side import Architecture, ClientSide
 from fedlit.methods.ssl import FedAvgSSL
 from fedlit.objectives import (
     FedSupClient,
@@ -43,7 +44,6 @@ class FedSup(FedAvgSSL):
     """
 
     ssl_kind = "byol"
-    client_views = ("strong", "plain")
 
     def __init__(
         self,
@@ -62,20 +62,15 @@ class FedSup(FedAvgSSL):
         super().__init__(num_classes, in_channels, backbone, norm, optim, proj_dim)
         self.lambda_s = lambda_s
         self.aggregator = aggregator
-        self.mse_weight = 1.0
-        self.server_network = self.new_network()
+        self.server_network = self._new_network()
 
     def initialize(self) -> None:
         super().initialize()
-        self.server_network.load_state_dict(self.new_network().state_dict())
+        self.server_network.load_state_dict(self._new_network().state_dict())
 
     # --- server: f_Server is trained, and evaluated each round ----------------------------
-    def on_round_start(self, round_idx: int, total_rounds: int) -> None:
-        super().on_round_start(round_idx, total_rounds)
-        self.mse_weight = feature_map_weight(self.lambda_s, round_idx, total_rounds)
-
     def server_objective(self) -> Objective:
-        return SupervisedCE(self.server_network, **self.server_kwargs())
+        return SupervisedCE(self.server_network, **self._server_kwargs())
 
     def eval_network(self) -> nn.Module:
         return self.server_network
@@ -86,15 +81,44 @@ class FedSup(FedAvgSSL):
         target = {k: v.detach().clone() for k, v in server.items() if self.is_shared(k)}
         return super().broadcast() | {TARGET: target}
 
-    def client_objective(self, payload: Payload, client: ClientData, state: Any) -> Objective:
-        return FedSupClient(
-            self.client_model(payload),
-            self.client_network(state_part(payload, TARGET)),
-            mse_weight=self.mse_weight,
-            **self.client_kwargs(),
-        )
+    def client_side(self) -> FedSupClientSide:
+        return FedSupClientSide(*self._client_basics(), lambda_s=self.lambda_s)
 
     def server_model(self) -> StateDict:
         """f_Server: the group-wise average (paper 004 eq 7, Algorithm 2) takes the server's
         supervised network."""
         return {k: v for k, v in self.server_network.state_dict().items() if self.is_shared(k)}
+
+
+class FedSupClientSide(ClientSide):
+    """FedSup's client: the online network trained against the received f_Server
+    (:class:`~fedlit.objectives.FedSupClient`) on (strong, plain) views, the feature-map MSE
+    weighted by lambda_s^(t/T).
+
+    Args:
+        lambda_s: base of the feature-map weight.
+        The others: see :class:`~fedlit.methods.client_side.ClientSide`.
+    """
+
+    def __init__(
+        self,
+        architecture: Architecture,
+        optim: Optimization,
+        shared: frozenset[str],
+        lambda_s: float,
+    ) -> None:
+        super().__init__(architecture, optim, shared, ("strong", "plain"))
+        self.lambda_s = lambda_s
+        self.mse_weight = 1.0  # lambda_s^(t/T), set by on_round_start
+
+    def on_round_start(self, round_idx: int, total_rounds: int) -> None:
+        super().on_round_start(round_idx, total_rounds)
+        self.mse_weight = feature_map_weight(self.lambda_s, round_idx, total_rounds)
+
+    def objective(self, payload: Payload, client: ClientData, state: Any) -> Objective:
+        return FedSupClient(
+            self.model(payload),
+            self.network(state_part(payload, TARGET)),
+            mse_weight=self.mse_weight,
+            **self.optimizer_kwargs(),
+        )

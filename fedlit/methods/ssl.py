@@ -12,10 +12,11 @@ linear protocols (``federation.final_eval``).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from fedlit.data.client import ClientData
-from fedlit.methods.base import DEFAULT_OPTIMIZATION, FederatedMethod, Payload
+from fedlit.methods.base import DEFAULT_OPTIMIZATION, FederatedMethod
+from fedlit.methods.client_side import Architecture, ClientSide, ObjectiveClientSide
 from fedlit.models import Classifier, ssl_heads
 from fedlit.objectives import BYOL, Objective, Optimization, SimCLR, SimSiam
 
@@ -23,6 +24,24 @@ from fedlit.objectives import BYOL, Objective, Optimization, SimCLR, SimSiam
 def default_proj_dim(backbone: str, feature_dim: int) -> int:
     """512 for ResNet-18 (paper 000); the backbone's feature width for the smaller CNNs."""
     return 512 if backbone == "resnet18" else feature_dim
+
+
+@dataclass(frozen=True)
+class SSLArchitecture(Architecture):
+    """The classifier with an SSL method's projector (and predictor) heads."""
+
+    ssl_kind: str = "byol"  # "simclr", "simsiam" or "byol": which heads
+    proj_dim: int | None = None  # the heads' width; None: default_proj_dim
+
+    def build(self) -> Classifier:
+        network = super().build()
+        feature_dim = network.backbone.feature_dim
+        dim = self.proj_dim or default_proj_dim(self.backbone, feature_dim)
+        projector, predictor = ssl_heads(self.ssl_kind, feature_dim, dim)
+        network.projector = projector
+        if predictor is not None:
+            network.predictor = predictor
+        return network
 
 
 class FedAvgSSL(FederatedMethod):
@@ -34,7 +53,8 @@ class FedAvgSSL(FederatedMethod):
     """
 
     ssl_kind: ClassVar[str]
-    client_views = ("strong", "strong")
+    #: The clients' objective class.
+    ssl_objective: ClassVar[type[Objective]]
     server_finetunes = True
 
     def __init__(
@@ -51,24 +71,29 @@ class FedAvgSSL(FederatedMethod):
         self.proj_dim = proj_dim  # before the base class builds the network
         super().__init__(num_classes, in_channels, backbone, norm, optim)
 
-    def new_network(self) -> Classifier:
-        network = super().new_network()
-        feature_dim = network.backbone.feature_dim
-        dim = self.proj_dim or default_proj_dim(self.backbone_name, feature_dim)
-        projector, predictor = ssl_heads(self.ssl_kind, feature_dim, dim)
-        network.projector = projector
-        if predictor is not None:
-            network.predictor = predictor
-        return network
+    def architecture(self) -> SSLArchitecture:
+        base = super().architecture()
+        return SSLArchitecture(
+            base.backbone,
+            base.num_classes,
+            base.in_channels,
+            base.norm,
+            self.ssl_kind,
+            self.proj_dim,
+        )
 
     def is_shared(self, key: str) -> bool:
         return not key.startswith("head.")
 
-    def ssl_objective(self, network: Classifier, kw: dict[str, Any]) -> Objective:
-        raise NotImplementedError
+    def ssl_settings(self) -> dict[str, Any]:
+        """The client objective's own keyword arguments (a temperature, a momentum)."""
+        return {}
 
-    def client_objective(self, payload: Payload, client: ClientData, state: Any) -> Objective:
-        return self.ssl_objective(self.client_model(payload), self.client_kwargs())
+    def client_side(self) -> ClientSide:
+        views = ("strong", "strong")
+        return ObjectiveClientSide(
+            *self._client_basics(), views, self.ssl_objective, **self.ssl_settings()
+        )
 
 
 class FedAvgSimCLR(FedAvgSSL):
@@ -80,6 +105,7 @@ class FedAvgSimCLR(FedAvgSSL):
     """
 
     ssl_kind = "simclr"
+    ssl_objective = SimCLR
 
     def __init__(
         self,
@@ -96,17 +122,15 @@ class FedAvgSimCLR(FedAvgSSL):
         super().__init__(num_classes, in_channels, backbone, norm, optim, proj_dim)
         self.temperature = temperature
 
-    def ssl_objective(self, network: Classifier, kw: dict[str, Any]) -> Objective:
-        return SimCLR(network, temperature=self.temperature, **kw)
+    def ssl_settings(self) -> dict[str, Any]:
+        return {"temperature": self.temperature}
 
 
 class FedAvgSimSiam(FedAvgSSL):
     """FedAvg-SimSiam: symmetrised negative cosine with stop-gradient (paper 000 eq 3.6)."""
 
     ssl_kind = "simsiam"
-
-    def ssl_objective(self, network: Classifier, kw: dict[str, Any]) -> Objective:
-        return SimSiam(network, **kw)
+    ssl_objective = SimSiam
 
 
 class FedAvgBYOL(FedAvgSSL):
@@ -118,6 +142,7 @@ class FedAvgBYOL(FedAvgSSL):
     """
 
     ssl_kind = "byol"
+    ssl_objective = BYOL
 
     def __init__(
         self,
@@ -134,5 +159,5 @@ class FedAvgBYOL(FedAvgSSL):
         super().__init__(num_classes, in_channels, backbone, norm, optim, proj_dim)
         self.byol_momentum = byol_momentum
 
-    def ssl_objective(self, network: Classifier, kw: dict[str, Any]) -> Objective:
-        return BYOL(network, ema_momentum=self.byol_momentum, **kw)
+    def ssl_settings(self) -> dict[str, Any]:
+        return {"ema_momentum": self.byol_momentum}

@@ -14,6 +14,7 @@ from fedlit.aggregation.payloads import state_part
 from fedlit.data.client import ClientData
 from fedlit.data.loaders import ImageBatches
 from fedlit.methods.base import DEFAULT_OPTIMIZATION, ClientUpdate, FederatedMethod, Payload
+from fedlit.methods.client_side import Architecture, ClientSide
 from fedlit.objectives import (
     Objective,
     Optimization,
@@ -51,7 +52,6 @@ class TeacherStudentEMA(FederatedMethod):
 
     server_first = False
     supports_labels_at_client = True
-    client_views = ("weak", "strong")
     local_teacher_adaptation: ClassVar[bool] = False
     upload_teacher: ClassVar[bool] = False
 
@@ -73,7 +73,7 @@ class TeacherStudentEMA(FederatedMethod):
         self.loss = loss
         self.ema_decay, self.client_ema_decay = ema_decay, client_ema_decay
         self.aggregator = Mean()  # the plain mean, as in the algorithms
-        self.teacher = self.new_network()
+        self.teacher = self._new_network()
         self.teacher_steps: torch.Tensor
         self.register_buffer("teacher_steps", torch.tensor(0))  # EMA steps taken (ramp-up)
 
@@ -94,30 +94,13 @@ class TeacherStudentEMA(FederatedMethod):
             payload[TEACHER] = {k: v.detach().clone() for k, v in teacher.items()}
         return payload
 
-    def client_upload(self, objective: Objective) -> Payload:
-        upload = super().client_upload(objective)
-        if self.upload_teacher:
-            teacher = objective.teacher.state_dict()  # type: ignore[union-attr]
-            upload[TEACHER] = {k: v.detach().cpu().clone() for k, v in teacher.items()}
-        return upload
-
     # --- client ---------------------------------------------------------------------------
-    def client_loader(self, client: ClientData) -> ImageBatches | CombinedLoader:
-        unlabeled = client.dataloader(self.client_views)
-        if client.labeled is None:
-            return unlabeled
-        labeled = client.labeled_dataloader(("weak",))
-        return CombinedLoader({"unlabeled": unlabeled, "labeled": labeled}, "max_size_cycle")
-
-    def client_objective(self, payload: Payload, client: ClientData, state: Any) -> Objective:
-        teacher = state_part(payload, TEACHER) if TEACHER in payload else None
-        return TeacherStudentClient(
-            self.client_model(payload),
-            teacher=self.client_network(teacher) if teacher is not None else None,
-            num_classes=self.num_classes,
-            teacher_ema=self.client_ema_decay if self.local_teacher_adaptation else None,
+    def client_side(self) -> TeacherStudentClientSide:
+        return TeacherStudentClientSide(
+            *self._client_basics(),
             loss=self.loss,
-            **self.client_kwargs(),
+            teacher_ema=self.client_ema_decay if self.local_teacher_adaptation else None,
+            upload_teacher=self.upload_teacher,
         )
 
     # --- server ---------------------------------------------------------------------------
@@ -139,6 +122,57 @@ class TeacherStudentEMA(FederatedMethod):
         )
         self.teacher.load_state_dict(ema)
         self.teacher_steps += 1
+
+
+class TeacherStudentClientSide(ClientSide):
+    """A teacher-student client: the student trained on the teacher's pseudo-labels (weak
+    view -> strong view), with CE on its own labels where it has them
+    (:class:`~fedlit.objectives.TeacherStudentClient`); the student alone where the payload
+    carries no teacher.
+
+    Args:
+        loss: lambda_u, tau and mu (:class:`~fedlit.objectives.TeacherStudentLoss`).
+        teacher_ema: the per-batch EMA decay of the local teacher; None: the teacher stays.
+        upload_teacher: the local teacher is uploaded with the student.
+        The others: see :class:`~fedlit.methods.client_side.ClientSide`.
+    """
+
+    def __init__(
+        self,
+        architecture: Architecture,
+        optim: Optimization,
+        shared: frozenset[str],
+        loss: TeacherStudentLoss,
+        teacher_ema: float | None,
+        upload_teacher: bool,
+    ) -> None:
+        super().__init__(architecture, optim, shared, ("weak", "strong"))
+        self.loss, self.teacher_ema, self.upload_teacher = loss, teacher_ema, upload_teacher
+
+    def loader(self, client: ClientData) -> ImageBatches | CombinedLoader:
+        unlabeled = client.dataloader(self.views)
+        if client.labeled is None:
+            return unlabeled
+        labeled = client.labeled_dataloader(("weak",))
+        return CombinedLoader({"unlabeled": unlabeled, "labeled": labeled}, "max_size_cycle")
+
+    def objective(self, payload: Payload, client: ClientData, state: Any) -> Objective:
+        teacher = state_part(payload, TEACHER) if TEACHER in payload else None
+        return TeacherStudentClient(
+            self.model(payload),
+            teacher=self.network(teacher) if teacher is not None else None,
+            num_classes=self.architecture.num_classes,
+            teacher_ema=self.teacher_ema,
+            loss=self.loss,
+            **self.optimizer_kwargs(),
+        )
+
+    def upload(self, objective: Objective) -> Payload:
+        upload = super().upload(objective)
+        if self.upload_teacher:
+            teacher = objective.teacher.state_dict()  # type: ignore[union-attr]
+            upload[TEACHER] = {k: v.detach().cpu().clone() for k, v in teacher.items()}
+        return upload
 
 
 class TSServerEMA(TeacherStudentEMA):

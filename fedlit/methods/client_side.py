@@ -1,0 +1,150 @@
+"""A method's client side: what one client's round needs of the method, and nothing more.
+
+A method (:class:`~fedlit.methods.FederatedMethod`) builds its client side once per run
+(:meth:`~fedlit.methods.FederatedMethod.client_side`) from its settings: the architecture the
+clients build, the clients' optimiser settings, the names of the shared state keys, the views
+and the method's client-loss settings. Executors receive and pickle the client side, never the
+method, so client code cannot reach the server's network, teacher or buffers under any
+executor: what a client knows of the server is what its payload carries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from lightning.pytorch.utilities import CombinedLoader
+
+from fedlit.aggregation.payloads import MODEL, Payload, StateDict, state_part
+from fedlit.data.client import ClientData
+from fedlit.data.loaders import ImageBatches
+from fedlit.models import Classifier, build_classifier
+from fedlit.objectives import Objective, Optimization
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """The network a method builds, on the server and on its clients alike."""
+
+    backbone: str  # a name from fedlit.models.BACKBONES
+    num_classes: int
+    in_channels: int
+    norm: str | None  # "bn", "gn", "none"; None: the backbone's own
+
+    def build(self) -> Classifier:
+        """A freshly initialised network (its initial weights drawn from torch's generator)."""
+        return build_classifier(self.backbone, self.num_classes, self.in_channels, self.norm)
+
+
+class ClientSide:
+    """The client side of a method: a client's loader, objective, upload and kept state.
+
+    Args:
+        architecture: the network a client builds from received weights.
+        optim: the clients' optimiser and learning-rate schedule.
+        shared: the state keys of the global network that are sent and averaged.
+        views: the augmented views of each unlabeled image the objective takes.
+
+    Round-dependent values reach it through :meth:`on_round_start`, called by the client
+    runner before a client's work; a subclass adds the method's client-loss settings.
+    """
+
+    def __init__(
+        self,
+        architecture: Architecture,
+        optim: Optimization,
+        shared: frozenset[str],
+        views: tuple[str, ...] = ("weak",),
+    ) -> None:
+        self.architecture, self.optim, self.shared, self.views = architecture, optim, shared, views
+        #: The round being run and the run's length, set by :meth:`on_round_start`.
+        self.round_idx, self.total_rounds = 0, 1
+
+    def on_round_start(self, round_idx: int, total_rounds: int) -> None:
+        """Round ``round_idx`` of ``total_rounds`` starts: a subclass computes its round's
+        values (ramps, loss weights) here. It only sets values, so calling it twice for one
+        round changes nothing."""
+        self.round_idx, self.total_rounds = round_idx, total_rounds
+
+    def optimizer_kwargs(self) -> dict[str, Any]:
+        """The client objective's optimiser settings this round."""
+        return self.optim.objective_kwargs(self.optim.client_lr, self.round_idx, self.total_rounds)
+
+    def is_shared(self, key: str) -> bool:
+        """Whether a client network's state key ``key`` is uploaded."""
+        return key in self.shared
+
+    def network(self, weights: StateDict) -> Classifier:
+        """A new network holding ``weights`` (a payload's model part, or a teacher's)."""
+        network = self.architecture.build()
+        names = network.state_dict().keys()  # once: a state_dict walks every module
+        missing = [k for k in weights if k not in names]
+        if missing:
+            raise ValueError(f"payload key {missing[0]!r} is not in the network")
+        network.load_state_dict(weights, strict=False)
+        return network
+
+    def model(self, payload: Payload) -> Classifier:
+        """A new network holding the payload's ``"model"`` part."""
+        return self.network(state_part(payload, MODEL))
+
+    def loader(self, client: ClientData) -> ImageBatches | CombinedLoader:
+        """The client's training loader this round, from its own data only."""
+        return client.dataloader(self.views)
+
+    def objective(self, payload: Payload, client: ClientData, state: Any) -> Objective:
+        """The objective ``client`` trains this round, from what it received and its state
+        (and, where the method needs it, the client's own data)."""
+        raise NotImplementedError(f"{type(self).__name__} trains no client objective")
+
+    def upload(self, objective: Objective) -> Payload:
+        """What a client sends back after training: its shared weights, as ``"model"``."""
+        weights = objective.network.state_dict()
+        shared = {k: v.detach().cpu().clone() for k, v in weights.items() if self.is_shared(k)}
+        return {MODEL: shared}
+
+    def state(self, objective: Objective, previous: Any) -> Any:
+        """The client's persistent state after this round (stateless methods: None)."""
+        return None
+
+    def receive(
+        self,
+        payload: Payload,
+        clients: Sequence[ClientData],
+        states: Sequence[Any],
+        device: torch.device,
+    ) -> list[Any]:
+        """The persistent states of the clients that received the round's ``payload`` but were
+        not sampled to train (only called where the method's ``all_clients_receive``), all at
+        once so that what they share (the received network) is built once; work on
+        ``device``."""
+        return list(states)
+
+
+class ObjectiveClientSide(ClientSide):
+    """A client that trains one objective class on the received model:
+    ``objective(model, **settings, **optimizer_kwargs)`` (FixMatch and UDA with their
+    ``loss``, the SSL objectives with theirs).
+
+    Args:
+        objective: the objective class.
+        settings: its keyword arguments besides the network and the optimiser's.
+        The others: see :class:`ClientSide`.
+    """
+
+    def __init__(
+        self,
+        architecture: Architecture,
+        optim: Optimization,
+        shared: frozenset[str],
+        views: tuple[str, ...],
+        objective: type[Objective],
+        **settings: Any,
+    ) -> None:
+        super().__init__(architecture, optim, shared, views)
+        self.objective_class, self.settings = objective, settings
+
+    def objective(self, payload: Payload, client: ClientData, state: Any) -> Objective:
+        return self.objective_class(self.model(payload), **self.settings, **self.optimizer_kwargs())
