@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from fedlit.data.datamodule import FederatedDataModule
 from fedlit.federation.checkpoint import RunCheckpoint
 from fedlit.federation.config import RESUME_MAY_CHANGE, FederationConfig
 from fedlit.federation.console import first_line, note
@@ -42,27 +43,40 @@ def load_resume(resume: str | None) -> RunCheckpoint | None:
 
 
 class Checkpointer:
-    """The run's checkpoint file at ``path``: :meth:`save` writes it after a round, :meth:`check`
-    refuses one this run cannot continue, :meth:`restore` continues from one.
+    """The checkpoint file at ``path`` of a run of ``method`` on ``data`` with ``seed``:
+    :meth:`save` writes it after a round, :meth:`check` refuses one this run cannot continue,
+    :meth:`restore` continues from one.
 
-    ``meta`` names who made a checkpoint (seed, method, number of clients, data set) and
-    ``hparams`` is the run's flat config: both are stored, and a resume must match them.
+    A checkpoint stores who made it (:attr:`meta`) and the run's flat config (``hparams``); a
+    resume must match both.
     """
 
     def __init__(
         self,
         path: Path,
         method: FederatedMethod,
+        data: FederatedDataModule,
         store: ClientStateStore,
-        meta: dict[str, Any],
+        seed: int,
         hparams: dict[str, Any],
     ) -> None:
         self.path = path
         self.method = method
+        self.data = data
         self.store = store
-        self.meta = meta
+        self.seed = seed
         self.hparams = hparams
         self.round = 0  # the round of the run's last checkpoint (0: none yet)
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        """Who makes the checkpoint: seed, method, number of clients, data set."""
+        return {
+            "seed": self.seed,
+            "method": type(self.method).__name__,
+            "num_clients": self.data.num_clients,
+            "dataset": self.data.dataset,
+        }
 
     def save(self, round_idx: int, visits: dict[int, int], history: list[dict[str, float]]) -> None:
         """Write the checkpoint of round ``round_idx``; the client states' files it no longer
@@ -84,10 +98,11 @@ class Checkpointer:
         """Refuse a checkpoint made by another run (seed, method, clients, data set), with
         other settings, or with no round left to run."""
         self._check_settings(ckpt.hparams or {}, config)
+        meta = self.meta
         other = [
-            f"{key}={value!r}, this run has {self.meta.get(key)!r}"
+            f"{key}={value!r}, this run has {meta.get(key)!r}"
             for key, value in ckpt.meta.items()
-            if self.meta.get(key) != value
+            if meta.get(key) != value
         ]
         if other:
             raise ValueError(f"federation.resume: the checkpoint was made with {'; '.join(other)}")
