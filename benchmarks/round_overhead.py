@@ -187,7 +187,7 @@ class Timed:
         self.gpu = GpuSampler()
         self.clients: list[float] = []  # every round's clients' phase
         fed.open_run_dir()
-        fed.callbacks.run_start(fed)
+        fed.callbacks.run_start()
         executor = fed.executor
         run = executor.run
 
@@ -213,9 +213,7 @@ class Timed:
             self.clients_s.append(self.clients[-1])
 
     def close(self) -> None:
-        if self.fed._executor is not None:
-            self.fed._executor.close()
-        self.fed.close_run_dir()
+        self.fed.close()
 
 
 def measure_pool(name: str, args: argparse.Namespace, workdir: Path) -> list[Timed]:

@@ -32,6 +32,7 @@ from fedlit.federation import (
     RoundFailed,
     load_checkpoint,
 )
+from fedlit.federation.resume import Checkpointer
 from fedlit.methods import ClientUpdate, FedAvgFixMatch, FederatedMethod, FedRGD
 from fedlit.methods.base import StateDict
 from fedlit.methods.client_side import ClientSide, ObjectiveClientSide
@@ -144,13 +145,13 @@ def _rows(run_dir: Path) -> list[dict[str, str]]:
 def _checkpoints_written(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
     """The bytes of every checkpoint the runs write from now on, in order."""
     written: list[bytes] = []
-    original = Federation._checkpoint
+    original = Checkpointer.save
 
-    def recorded(self: Federation, round_idx: int) -> None:
-        original(self, round_idx)
-        written.append(self.checkpoint_path.read_bytes())
+    def recorded(self: Checkpointer, round_idx: int, *state: Any) -> None:
+        original(self, round_idx, *state)
+        written.append(self.path.read_bytes())
 
-    monkeypatch.setattr(Federation, "_checkpoint", recorded)
+    monkeypatch.setattr(Checkpointer, "save", recorded)
     return written
 
 

@@ -18,7 +18,9 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from fedlit.aggregation import state_bytes
 from fedlit.data import ClientData, FederatedDataModule, ImageSplit
-from fedlit.federation import Callback, Federation, FederationConfig, load_checkpoint
+from fedlit.federation import Callback, Federation, FederationConfig, RunView, load_checkpoint
+from fedlit.federation.checkpoint import RunCheckpoint
+from fedlit.federation.server import Server
 from fedlit.federation.trainers import TrainerTemplate
 from fedlit.methods import (
     FedAvgFixMatch,
@@ -323,20 +325,58 @@ def test_checkpoint_of_an_earlier_format_is_refused_naming_it(tmp_path: Path, ve
         load_checkpoint(old)
 
 
-def test_extra_callbacks_see_every_round_and_the_ending(fmnist_root: Path, tmp_path: Path) -> None:
+def test_run_checkpoint_writes_its_declared_fields_and_reads_them_back(tmp_path: Path) -> None:
+    path = tmp_path / "checkpoints" / "last.ckpt"
+    saved = RunCheckpoint(
+        round=2,
+        method_state={"network.weight": torch.arange(3.0)},
+        client_states={0: 2, 3: 1},
+        visits={0: 2, 3: 1},
+        history=[{"round": 1.0, "test/acc": 0.25}, {"round": 2.0, "test/acc": 0.5}],
+        rng={"torch": torch.tensor([1, 2], dtype=torch.uint8)},
+        meta={"seed": 7, "method": "FedAvgFixMatch", "num_clients": 4, "dataset": "fmnist"},
+        hparams={"federation.rounds": 3},
+    )
+    saved.save(path)
+    raw = torch.load(path, weights_only=True)
+    assert list(raw) == ["format", *(f.name for f in fields(RunCheckpoint))]
+    assert raw["format"] == "fedlit-federation/4" and raw["visits"] == {0: 2, 3: 1}
+    loaded = RunCheckpoint.load(path)
+    assert torch.equal(loaded.method_state["network.weight"], torch.tensor([0.0, 1.0, 2.0]))
+    assert (loaded.round, loaded.client_states, loaded.history) == (2, {0: 2, 3: 1}, saved.history)
+    assert (loaded.meta, loaded.hparams) == (saved.meta, saved.hparams)
+
+
+def test_run_checkpoint_missing_a_field_is_refused_naming_it(tmp_path: Path) -> None:
+    path = tmp_path / "last.ckpt"
+    torch.save({"format": "fedlit-federation/4", "round": 1, "method_state": {}}, path)
+    with pytest.raises(ValueError, match="not a complete fedlit checkpoint.*'client_states'"):
+        RunCheckpoint.load(path)
+
+
+def test_extra_callbacks_see_every_round_and_the_ending(
+    fmnist_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The callbacks see each round after it is done, the last one with the final encoder
+    evaluation that the run makes after the last round (a step of the run, not a callback)."""
     seen: list[tuple[str, object]] = []
 
+    def encoder_evaluated(self: Server) -> dict[str, float]:
+        seen.append(("encoder evaluation", self.config.rounds))
+        return {"eval/linear_acc": 0.5}
+
     class Recording(Callback):
-        def on_run_start(self, fed: Federation) -> None:
-            seen.append(("start", fed.start_round))
+        def on_run_start(self, run: RunView) -> None:
+            seen.append(("start", run.start_round))
 
-        def on_round_end(self, fed: Federation, round_idx: int, metrics: dict[str, float]) -> None:
-            assert fed.checkpoint_path.is_file()  # after the default callbacks: checkpointed
-            seen.append(("round", (round_idx, metrics["test/acc"])))
+        def on_round_end(self, run: RunView, round_idx: int, metrics: dict[str, float]) -> None:
+            assert run.checkpoint_path.is_file()  # after the default callbacks: checkpointed
+            seen.append(("round", (round_idx, metrics["test/acc"], metrics.get("eval/linear_acc"))))
 
-        def on_run_end(self, fed: Federation, ending: str) -> None:
+        def on_run_end(self, run: RunView, ending: str) -> None:
             seen.append(("end", ending))
 
+    monkeypatch.setattr(Server, "evaluate_encoder", encoder_evaluated)
     fed = _federation(fmnist_root, tmp_path / "run")
     fed.extra_callbacks = [Recording()]
     fed.callbacks.items.extend(fed.extra_callbacks)
@@ -344,10 +384,12 @@ def test_extra_callbacks_see_every_round_and_the_ending(fmnist_root: Path, tmp_p
     accs = [h["test/acc"] for h in result.history]
     assert seen == [
         ("start", 1),
-        ("round", (1, accs[0])),
-        ("round", (2, accs[1])),
+        ("round", (1, accs[0], None)),
+        ("encoder evaluation", 2),
+        ("round", (2, accs[1], 0.5)),
         ("end", "success"),
     ]
+    assert load_checkpoint(result.checkpoint)["history"][-1]["eval/linear_acc"] == 0.5
 
 
 def test_the_round_of_a_checkpoint_of_any_format_is_read(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from conftest import stop_in_round, tiny_overrides
 
 from fedlit.cli import INTERRUPTED, main
 from fedlit.data import FederatedDataModule
-from fedlit.federation import Callback, Federation, FederationConfig
+from fedlit.federation import Callback, Federation, FederationConfig, RunView
 from fedlit.methods import FedAvgFixMatch
 
 
@@ -21,7 +21,7 @@ class Stages(Callback):
     def __init__(self) -> None:
         self.seen: list[tuple[int, str]] = []
 
-    def on_stage(self, fed: Federation, round_idx: int, stage: str) -> None:
+    def on_stage(self, run: RunView, round_idx: int, stage: str) -> None:
         self.seen.append((round_idx, stage))
 
 

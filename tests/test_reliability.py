@@ -7,12 +7,14 @@ import csv
 import random
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import lock_held_by_another_process, refused, stop_in_round, tiny_overrides
 
 from fedlit.cli import main
-from fedlit.federation import Federation, load_checkpoint
+from fedlit.federation import load_checkpoint
+from fedlit.federation.resume import Checkpointer
 from fedlit.federation.rundir import LOCK_FILE, RunLock
 
 RECIPES = Path(__file__).parents[1] / "recipes"
@@ -182,15 +184,15 @@ def test_run_stopped_before_its_first_checkpoint_starts_again_in_place(
     """Killed after round 1's metrics row, before its checkpoint: config.yaml and metrics.csv
     but nothing to resume from."""
     run_dir = tmp_path / "run"
-    original = Federation._checkpoint
+    original = Checkpointer.save
 
-    def killed(self: Federation, round_idx: int) -> None:
+    def killed(self: Checkpointer, round_idx: int, *state: Any) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(Federation, "_checkpoint", killed)
+    monkeypatch.setattr(Checkpointer, "save", killed)
     with pytest.raises(SystemExit, match="130"):  # Ctrl-C's status
         main(_fit(fmnist_root, run_dir))
-    monkeypatch.setattr(Federation, "_checkpoint", original)
+    monkeypatch.setattr(Checkpointer, "save", original)
     assert (run_dir / "config.yaml").is_file() and _rounds(run_dir) == [0, 1]
     assert not (run_dir / "checkpoints" / "last.ckpt").exists()
     (run_dir / "notes.txt").write_text("mine")
@@ -209,17 +211,17 @@ def test_resume_after_a_kill_between_metrics_and_checkpoint_logs_each_round_once
     """Round 2's row is written, then the process dies before round 2's checkpoint: the
     resume runs round 2 again and metrics.csv holds it once."""
     run_dir = tmp_path / "run"
-    original = Federation._checkpoint
+    original = Checkpointer.save
 
-    def killed_before_checkpoint(self: Federation, round_idx: int) -> None:
+    def killed_before_checkpoint(self: Checkpointer, round_idx: int, *state: Any) -> None:
         if round_idx == 2:
             raise KeyboardInterrupt
-        original(self, round_idx)
+        original(self, round_idx, *state)
 
-    monkeypatch.setattr(Federation, "_checkpoint", killed_before_checkpoint)
+    monkeypatch.setattr(Checkpointer, "save", killed_before_checkpoint)
     with pytest.raises(SystemExit, match="130"):  # Ctrl-C's status
         main(_fit(fmnist_root, run_dir, "--federation.rounds=3"))
-    monkeypatch.setattr(Federation, "_checkpoint", original)
+    monkeypatch.setattr(Checkpointer, "save", original)
     assert _rounds(run_dir) == [0, 1, 2]
     assert load_checkpoint(run_dir / "checkpoints" / "last.ckpt")["round"] == 1
     main(_fit(fmnist_root, run_dir, "--federation.rounds=3", _resume(run_dir)))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ from fedlit.aggregation import state_bytes
 from fedlit.aggregation.payloads import payload_bytes, state_part
 from fedlit.data import FederatedDataModule
 from fedlit.federation import Federation, FederationConfig, load_checkpoint, load_client_states
+from fedlit.federation.resume import Checkpointer
 from fedlit.methods import (
     FedAvgBYOL,
     FedAvgSimCLR,
@@ -116,14 +118,14 @@ def test_fedcon_resume_equals_uninterrupted(
     if kill == "before the round":
         undo = stop_in_round(monkeypatch, 2)
     else:
-        original = Federation._checkpoint
+        original = Checkpointer.save
 
-        def killed(self: Federation, round_idx: int) -> None:
+        def killed(self: Checkpointer, round_idx: int, *state: Any) -> None:
             if round_idx == 2:
                 raise KeyboardInterrupt
-            original(self, round_idx)
+            original(self, round_idx, *state)
 
-        monkeypatch.setattr(Federation, "_checkpoint", killed)
+        monkeypatch.setattr(Checkpointer, "save", killed)
         undo = monkeypatch.undo
     with pytest.raises(KeyboardInterrupt):  # stopped in round 2 of the same 2-round run
         _fed(fmnist_root, tmp_path / "cut", FedCon, rounds=2).run()

@@ -199,13 +199,13 @@ import sys
 sys.path.insert(0, sys.argv[1])
 from conftest import tiny_overrides
 from fedlit.cli import main
-from fedlit.federation import Federation
-real = Federation._checkpoint
-def checkpoint(self, round_idx):
-    real(self, round_idx)
+from fedlit.federation.resume import Checkpointer
+real = Checkpointer.save
+def checkpoint(self, round_idx, *state):
+    real(self, round_idx, *state)
     print("checkpointed", round_idx, flush=True)
     sys.stdin.readline()
-Federation._checkpoint = checkpoint
+Checkpointer.save = checkpoint
 main(["fit", f"--config={sys.argv[2]}", *tiny_overrides(sys.argv[3], rounds=3),
       "--federation.final_eval=[]", f"--trainer.default_root_dir={sys.argv[4]}"])
 """

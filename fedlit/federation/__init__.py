@@ -1,6 +1,6 @@
 """The federation driver: rounds, clients, Trainers, logging, checkpoints."""
 
-from fedlit.federation.callbacks import Callback
+from fedlit.federation.callbacks import Callback, RunView
 from fedlit.federation.checkpoint import load_checkpoint, save_checkpoint
 from fedlit.federation.client import ClientRunner
 from fedlit.federation.config import FederationConfig, FederationResult
@@ -28,6 +28,7 @@ __all__ = [
     "FederationResult",
     "RoundCSVLogger",
     "RoundFailed",
+    "RunView",
     "TrainerTemplate",
     "load_checkpoint",
     "load_client_states",

@@ -1,9 +1,11 @@
 """What happens around the rounds, one callback each: the start-of-run notes, ``run.json``,
 the rows of ``metrics.csv`` and the other loggers (W&B), the partition image, the weight
-diversity of the updates, the final encoder evaluation, checkpoints and progress.
+diversity of the updates, checkpoints and progress.
 
-The round loop (:mod:`fedlit.federation.rounds`) calls :class:`Callbacks`, which calls each
-callback in order; a callback that adds metrics comes before those that write them.
+Callbacks observe and never train: each sees the run through :class:`RunView`, a read-only
+view. The driver and the round loop (:mod:`fedlit.federation.rounds`) call the one dispatcher,
+:class:`Callbacks`, which calls each callback in order; a callback that adds metrics comes
+before those that write them.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ import json
 import sys
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from pathlib import Path
+from typing import Any, Literal, Protocol
 
 from lightning.pytorch.loggers import Logger, WandbLogger
 from torch import Tensor
@@ -20,40 +23,74 @@ from tqdm import tqdm  # text, also in notebooks (no widget: no ipywidgets neede
 
 from fedlit.aggregation import weight_diversity
 from fedlit.aggregation.payloads import Payload, flatten_payload
+from fedlit.data.datamodule import FederatedDataModule
+from fedlit.federation.config import FederationConfig
 from fedlit.federation.console import note, warn
 from fedlit.federation.faults import ROUND_FAILED, ClientFault
 from fedlit.federation.loggers import RoundCSVLogger
-from fedlit.methods.base import ClientUpdate
+from fedlit.federation.resume import Checkpointer
+from fedlit.methods.base import ClientUpdate, FederatedMethod
 from fedlit.run_layout import RUN_FILE
-
-if TYPE_CHECKING:
-    from fedlit.federation.driver import Federation
 
 #: How a run ended: all rounds done, stopped by a failed round, or stopped otherwise
 #: (interrupted, SIGTERM, an error).
 Ending = Literal["success", "failed", "stopped"]
 
 
+class RunView(Protocol):
+    """What a callback sees of a run (:class:`~fedlit.federation.driver.Federation` is one),
+    read and never changed: its method, data, settings, directory, seed, flat config
+    (``hparams``) and ``progress`` setting; the first round this process runs
+    (``start_round``: 1, or the round after a resumed checkpoint); each client's number of
+    visits; the metrics of the rounds run so far (``history``); and its checkpoint, written
+    through ``checkpointer``."""
+
+    @property
+    def method(self) -> FederatedMethod: ...
+    @property
+    def data(self) -> FederatedDataModule: ...
+    @property
+    def config(self) -> FederationConfig: ...
+    @property
+    def run_dir(self) -> Path: ...
+    @property
+    def seed(self) -> int: ...
+    @property
+    def hparams(self) -> dict[str, Any]: ...
+    @property
+    def progress(self) -> bool | None: ...
+    @property
+    def start_round(self) -> int: ...
+    @property
+    def visits(self) -> dict[int, int]: ...
+    @property
+    def history(self) -> list[dict[str, float]]: ...
+    @property
+    def checkpoint_path(self) -> Path: ...
+    @property
+    def checkpointer(self) -> Checkpointer: ...
+
+
 class Callback:
     """A no-op at every point of the run; subclasses override what they need."""
 
-    def on_run_start(self, fed: Federation) -> None:
+    def on_run_start(self, run: RunView) -> None:
         """The run starts (or resumes): before anything is trained."""
 
-    def on_first_row(self, fed: Federation, row0: dict[str, float]) -> None:
+    def on_first_row(self, run: RunView, row0: dict[str, float]) -> None:
         """A run that starts afresh has its round-0 row: the partition summary and the
         bootstrap's metrics."""
 
-    def on_stage(self, fed: Federation, round_idx: int, stage: str) -> None:
+    def on_stage(self, run: RunView, round_idx: int, stage: str) -> None:
         """A stage of the round starts: ``server step``, ``client k/C`` (in the driver's
         process; ``C clients`` where they run elsewhere), ``fine-tune``, ``evaluation``."""
 
-    def on_client_fault(self, fed: Federation, round_idx: int, fault: ClientFault) -> None:
+    def on_client_fault(self, run: RunView, round_idx: int, fault: ClientFault) -> None:
         """A client left out of its round."""
 
     def on_updates(
         self,
-        fed: Federation,
+        run: RunView,
         round_idx: int,
         received: Sequence[Payload],
         updates: Sequence[ClientUpdate],
@@ -62,74 +99,75 @@ class Callback:
         """The surviving clients' updates and what each received, before aggregation; may
         add to the round's ``metrics``."""
 
-    def on_round_end(self, fed: Federation, round_idx: int, metrics: dict[str, float]) -> None:
-        """After the round (its metrics in ``fed.history``); may add to ``metrics`` when it
+    def on_round_end(self, run: RunView, round_idx: int, metrics: dict[str, float]) -> None:
+        """After the round (its metrics in ``run.history``); may add to ``metrics`` when it
         comes before the callbacks that write them."""
 
-    def on_run_end(self, fed: Federation, ending: Ending) -> None:
+    def on_run_end(self, run: RunView, ending: Ending) -> None:
         """The run ends, however it ends."""
 
 
 class Callbacks:
-    """The run's callbacks, called in order."""
+    """The run's one dispatcher: each point of the run goes to its callbacks in order, each
+    with the run's read-only view ``run``."""
 
-    def __init__(self, callbacks: Sequence[Callback]) -> None:
+    def __init__(self, callbacks: Sequence[Callback], run: RunView) -> None:
         self.items = list(callbacks)
+        self.run = run
 
-    def run_start(self, fed: Federation) -> None:
+    def run_start(self) -> None:
         for cb in self.items:
-            cb.on_run_start(fed)
+            cb.on_run_start(self.run)
 
-    def first_row(self, fed: Federation, row0: dict[str, float]) -> None:
+    def first_row(self, row0: dict[str, float]) -> None:
         for cb in self.items:
-            cb.on_first_row(fed, row0)
+            cb.on_first_row(self.run, row0)
 
-    def stage(self, fed: Federation, round_idx: int, stage: str) -> None:
+    def stage(self, round_idx: int, stage: str) -> None:
         for cb in self.items:
-            cb.on_stage(fed, round_idx, stage)
+            cb.on_stage(self.run, round_idx, stage)
 
-    def client_fault(self, fed: Federation, round_idx: int, fault: ClientFault) -> None:
+    def client_fault(self, round_idx: int, fault: ClientFault) -> None:
         for cb in self.items:
-            cb.on_client_fault(fed, round_idx, fault)
+            cb.on_client_fault(self.run, round_idx, fault)
 
     def updates(
         self,
-        fed: Federation,
         round_idx: int,
         received: Sequence[Payload],
         updates: Sequence[ClientUpdate],
         metrics: dict[str, float],
     ) -> None:
         for cb in self.items:
-            cb.on_updates(fed, round_idx, received, updates, metrics)
+            cb.on_updates(self.run, round_idx, received, updates, metrics)
 
-    def round_end(self, fed: Federation, round_idx: int, metrics: dict[str, float]) -> None:
+    def round_end(self, round_idx: int, metrics: dict[str, float]) -> None:
         for cb in self.items:
-            cb.on_round_end(fed, round_idx, metrics)
+            cb.on_round_end(self.run, round_idx, metrics)
 
-    def run_end(self, fed: Federation, ending: Ending) -> None:
+    def run_end(self, ending: Ending) -> None:
         for cb in self.items:
-            cb.on_run_end(fed, ending)
+            cb.on_run_end(self.run, ending)
 
 
 class Announce(Callback):
     """Say what the method is when it is not an ordinary semi-supervised method (an oracle,
     not private), and each client left out of its round."""
 
-    def on_run_start(self, fed: Federation) -> None:
-        name = type(fed.method).__name__
-        if fed.method.oracle:
+    def on_run_start(self, run: RunView) -> None:
+        name = type(run.method).__name__
+        if run.method.oracle:
             note(
                 f"{name} is an oracle: its clients train on their true labels (an upper "
                 "bound, not a semi-supervised method)"
             )
-        if not fed.method.private:
+        if not run.method.private:
             note(
                 f"{name} is not private: it sends clients other clients' models, which "
                 "standard federated learning does not allow"
             )
 
-    def on_client_fault(self, fed: Federation, round_idx: int, fault: ClientFault) -> None:
+    def on_client_fault(self, run: RunView, round_idx: int, fault: ClientFault) -> None:
         warn(f"round {round_idx}: {fault.describe()}; left out of the round")
 
 
@@ -137,13 +175,13 @@ class RunFile(Callback):
     """``run.json``: who this run is (kept where a comparison already named it), how many
     rounds it is configured for and its marks, so reports can read runs without their config."""
 
-    def on_run_start(self, fed: Federation) -> None:
-        path = fed.run_dir / RUN_FILE
+    def on_run_start(self, run: RunView) -> None:
+        path = run.run_dir / RUN_FILE
         info = json.loads(path.read_text()) if path.is_file() else {}
-        info.setdefault("method", type(fed.method).__name__)
-        info.setdefault("seed", fed.seed)
-        info["rounds"] = fed.config.rounds
-        info["marks"] = list(fed.method.marks())
+        info.setdefault("method", type(run.method).__name__)
+        info.setdefault("seed", run.seed)
+        info["rounds"] = run.config.rounds
+        info["marks"] = list(run.method.marks())
         path.write_text(json.dumps(info))
 
 
@@ -153,7 +191,7 @@ class WeightDiversity(Callback):
 
     def on_updates(
         self,
-        fed: Federation,
+        run: RunView,
         round_idx: int,
         received: Sequence[Payload],
         updates: Sequence[ClientUpdate],
@@ -189,7 +227,7 @@ class Contribution(Callback):
 
     def on_updates(
         self,
-        fed: Federation,
+        run: RunView,
         round_idx: int,
         received: Sequence[Payload],
         updates: Sequence[ClientUpdate],
@@ -208,15 +246,6 @@ class Contribution(Callback):
             )
 
 
-class FinalEncoderEval(Callback):
-    """``eval/<protocol>_acc`` after the last round: the global encoder under each of
-    ``federation.final_eval``'s protocols (finetune, linear)."""
-
-    def on_round_end(self, fed: Federation, round_idx: int, metrics: dict[str, float]) -> None:
-        if round_idx == fed.config.rounds:
-            metrics |= fed.evaluate_encoder()
-
-
 class Rows(Callback):
     """The rows of ``metrics.csv`` and of the run's other loggers (W&B): the hyperparameters
     and row 0 at the start, one row per round, finalized (and a W&B run finished, so the next
@@ -225,20 +254,20 @@ class Rows(Callback):
     def __init__(self, loggers: Sequence[Logger]) -> None:
         self.loggers = list(loggers)
 
-    def on_run_start(self, fed: Federation) -> None:
-        self.loggers = [RoundCSVLogger(fed.run_dir), *self.loggers]
+    def on_run_start(self, run: RunView) -> None:
+        self.loggers = [RoundCSVLogger(run.run_dir), *self.loggers]
 
-    def on_first_row(self, fed: Federation, row0: dict[str, float]) -> None:
+    def on_first_row(self, run: RunView, row0: dict[str, float]) -> None:
         for logger in self.loggers:
-            logger.log_hyperparams(fed.hparams)
+            logger.log_hyperparams(run.hparams)
             logger.log_metrics(row0, step=0)
 
-    def on_round_end(self, fed: Federation, round_idx: int, metrics: dict[str, float]) -> None:
+    def on_round_end(self, run: RunView, round_idx: int, metrics: dict[str, float]) -> None:
         for logger in self.loggers:
             logger.log_metrics(metrics, step=round_idx)
             logger.save()  # on disk before the round's checkpoint
 
-    def on_run_end(self, fed: Federation, ending: Ending) -> None:
+    def on_run_end(self, run: RunView, ending: Ending) -> None:
         if ending == "stopped":
             return
         for logger in self.loggers:
@@ -256,15 +285,15 @@ class PartitionImage(Callback):
     def __init__(self, loggers: Sequence[Logger]) -> None:
         self.imaging = [logger for logger in loggers if hasattr(logger, "log_image")]
 
-    def on_first_row(self, fed: Federation, row0: dict[str, float]) -> None:
+    def on_first_row(self, run: RunView, row0: dict[str, float]) -> None:
         if not self.imaging:
             return
         from fedlit.reporting import plot_partition  # matplotlib only when it is needed
 
-        data = fed.data
+        data = run.data
         title = f"{data.dataset}: R = {data.non_iid_R:.3f}"
         path = plot_partition(
-            data.class_counts, fed.run_dir / "partition.png", title, data.class_names
+            data.class_counts, run.run_dir / "partition.png", title, data.class_names
         )
         for logger in self.imaging:
             logger.log_image(key="partition", images=[str(path)], step=0)
@@ -273,12 +302,12 @@ class PartitionImage(Callback):
 class Checkpoints(Callback):
     """``checkpoints/last.ckpt`` after every round, written after the round's rows."""
 
-    def on_round_end(self, fed: Federation, round_idx: int, metrics: dict[str, float]) -> None:
-        fed._checkpoint(round_idx)
+    def on_round_end(self, run: RunView, round_idx: int, metrics: dict[str, float]) -> None:
+        run.checkpointer.save(round_idx, run.visits, run.history)
 
 
 class Progress(Callback):
-    """A progress bar on a terminal (``fed.progress`` None) or when asked (True): the round,
+    """A progress bar on a terminal (``run.progress`` None) or when asked (True): the round,
     the stage within it (server step, client k of C, fine-tune, evaluation), the elapsed time
     and, from the end of the first round on, the estimated time left; a line per round with
     that estimate otherwise (None); nothing when False."""
@@ -288,45 +317,45 @@ class Progress(Callback):
         self.started = 0.0
         self.done = 0  # rounds run by this process
 
-    def on_run_start(self, fed: Federation) -> None:
+    def on_run_start(self, run: RunView) -> None:
         self.started, self.done = time.perf_counter(), 0
-        show = sys.stderr.isatty() if fed.progress is None else fed.progress
+        show = sys.stderr.isatty() if run.progress is None else run.progress
         if show:
             self.bar = tqdm(
-                total=fed.config.rounds,
-                initial=fed.start_round - 1,
+                total=run.config.rounds,
+                initial=run.start_round - 1,
                 desc="rounds",
                 unit="round",
                 dynamic_ncols=True,
                 smoothing=0,  # the estimate: the mean round time so far
             )
 
-    def on_stage(self, fed: Federation, round_idx: int, stage: str) -> None:
+    def on_stage(self, run: RunView, round_idx: int, stage: str) -> None:
         if self.bar is not None:
-            self.bar.set_description_str(f"round {round_idx}/{fed.config.rounds}: {stage}")
+            self.bar.set_description_str(f"round {round_idx}/{run.config.rounds}: {stage}")
 
-    def eta_s(self, fed: Federation, round_idx: int) -> float:
+    def eta_s(self, run: RunView, round_idx: int) -> float:
         """Seconds left: the rounds left times the mean time of this process's rounds."""
-        return (time.perf_counter() - self.started) / self.done * (fed.config.rounds - round_idx)
+        return (time.perf_counter() - self.started) / self.done * (run.config.rounds - round_idx)
 
-    def on_round_end(self, fed: Federation, round_idx: int, metrics: dict[str, float]) -> None:
+    def on_round_end(self, run: RunView, round_idx: int, metrics: dict[str, float]) -> None:
         self.done += 1
         acc = metrics.get("test/acc")
         text = f"acc {acc:.4f}" if acc is not None else "acc -"
         if self.bar is not None:
-            self.bar.set_description_str(f"round {round_idx}/{fed.config.rounds}: done")
+            self.bar.set_description_str(f"round {round_idx}/{run.config.rounds}: done")
             self.bar.set_postfix_str(f"{text}, {metrics['time/round_s']:.1f} s/round")
             self.bar.update(1)
-        elif fed.progress is None:
+        elif run.progress is None:
             seconds = metrics["time/round_s"]
-            left = f"  about {_duration(self.eta_s(fed, round_idx))} left"
+            left = f"  about {_duration(self.eta_s(run, round_idx))} left"
             print(
-                f"round {round_idx}/{fed.config.rounds}  {text}  {seconds:.1f} s"
-                + (left if round_idx < fed.config.rounds else ""),
+                f"round {round_idx}/{run.config.rounds}  {text}  {seconds:.1f} s"
+                + (left if round_idx < run.config.rounds else ""),
                 flush=True,
             )
 
-    def on_run_end(self, fed: Federation, ending: Ending) -> None:
+    def on_run_end(self, run: RunView, ending: Ending) -> None:
         if self.bar is not None:
             self.bar.close()
             self.bar = None
@@ -341,14 +370,12 @@ def _duration(seconds: float) -> str:
 
 def default_callbacks(loggers: Sequence[Logger]) -> list[Callback]:
     """The callbacks of every run, in order: notes, ``run.json``, the weight diversity, the
-    clients' contribution, the final encoder evaluation, the rows, the partition image, the
-    checkpoint, the progress."""
+    clients' contribution, the rows, the partition image, the checkpoint, the progress."""
     return [
         Announce(),
         RunFile(),
         WeightDiversity(),
         Contribution(),
-        FinalEncoderEval(),
         Rows(loggers),
         PartitionImage(loggers),
         Checkpoints(),

@@ -6,6 +6,7 @@ import errno
 import os
 import shutil
 from collections.abc import Callable
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -119,6 +120,44 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
         raise ValueError(f"{path} is not a fedlit federation checkpoint ({FORMAT})")
     return ckpt
+
+
+@dataclass
+class RunCheckpoint:
+    """What ``checkpoints/last.ckpt`` holds: everything needed to continue a run exactly. Its
+    fields are the file's keys (besides ``format``), written in this order."""
+
+    #: The last round the run finished.
+    round: int
+    #: The method's whole state (:meth:`~fedlit.methods.FederatedMethod.state_dict`).
+    method_state: dict[str, Any]
+    #: The client-state store's manifest: client -> round of its file in ``clients/``.
+    client_states: dict[int, int]
+    #: Client id -> the rounds it has been selected in.
+    visits: dict[int, int]
+    #: Each finished round's metrics.
+    history: list[dict[str, float]]
+    #: The global random generators' states (:func:`~fedlit.federation.seeding.rng_states`).
+    rng: dict[str, Any]
+    #: Who made it: seed, method, number of clients, data set (a resume must match them).
+    meta: dict[str, Any]
+    #: The run's flat config (a resume compares its settings with them).
+    hparams: dict[str, Any]
+
+    def save(self, path: Path) -> None:
+        """Write it to ``path`` (:func:`save_checkpoint`: atomically, :class:`WriteFailed`
+        when the disk is full)."""
+        save_checkpoint(path, {f.name: getattr(self, f.name) for f in fields(self)})
+
+    @classmethod
+    def load(cls, path: str | Path) -> RunCheckpoint:
+        """Read the checkpoint at ``path`` (:func:`load_checkpoint`); a ValueError names the
+        path if it is not one or lacks a key."""
+        ckpt = load_checkpoint(path)
+        missing = [f.name for f in fields(cls) if f.name not in ckpt]
+        if missing:
+            raise ValueError(f"{path} is not a complete fedlit checkpoint (no {missing})")
+        return cls(**{f.name: ckpt[f.name] for f in fields(cls)})
 
 
 def checkpoint_round(path: Path) -> int:

@@ -11,63 +11,88 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 from fedlit.aggregation.payloads import payload_bytes
+from fedlit.data.datamodule import FederatedDataModule
 from fedlit.data.sampling import sample_clients
+from fedlit.federation.callbacks import Callbacks
 from fedlit.federation.client import ClientJob, ReceiveJob
+from fedlit.federation.config import FederationConfig
 from fedlit.federation.console import first_line
-from fedlit.federation.executors import InProcess
+from fedlit.federation.executors import ClientExecutor, InProcess
 from fedlit.federation.faults import ClientFault, fault_metrics, upload_fault
-from fedlit.methods.base import ClientUpdate
+from fedlit.federation.server import Server
+from fedlit.federation.store import ClientStateStore
+from fedlit.methods.base import ClientUpdate, FederatedMethod
 
-if TYPE_CHECKING:
-    from fedlit.federation.driver import Federation
+
+@dataclass(frozen=True)
+class RoundContext:
+    """What a round works with: the run's method, settings and data, the client states and
+    visits it updates, the run's seed, the callbacks it announces stages to, the server's
+    steps and guards, and the clients' executor."""
+
+    method: FederatedMethod
+    config: FederationConfig
+    data: FederatedDataModule
+    store: ClientStateStore
+    visits: dict[int, int]  # client id -> rounds it has been selected in (updated here)
+    seed: int
+    callbacks: Callbacks
+    server: Server
+    #: The run's executor, started on its first call (the first round with clients).
+    start_executor: Callable[[], ClientExecutor]
+
+    @property
+    def executor(self) -> ClientExecutor:
+        """Where the clients' work runs (``federation.executor``)."""
+        return self.start_executor()
 
 
-def run_round(fed: Federation, round_idx: int) -> dict[str, float]:
-    """Round ``round_idx`` of ``fed``; returns its metrics."""
+def run_round(ctx: RoundContext, round_idx: int) -> dict[str, float]:
+    """Round ``round_idx`` of a run (``ctx``); returns its metrics."""
     t0 = time.perf_counter()
-    method, cfg = fed.method, fed.config
+    method, cfg = ctx.method, ctx.config
     metrics: dict[str, float] = {"round": float(round_idx)}
     method.on_round_start(round_idx, cfg.rounds)
-    fed.store.begin_round(round_idx)
+    ctx.store.begin_round(round_idx)
     if method.server_first or not method.uses_clients:
-        fed.callbacks.stage(fed, round_idx, "server step")
-        metrics |= fed.server_step(round_idx)
+        ctx.callbacks.stage(round_idx, "server step")
+        metrics |= ctx.server.server_step(round_idx)
     down: Counter[str] = Counter()  # bytes sent down / up, by payload part
     up: Counter[str] = Counter()
     if method.uses_clients:
-        updates = _clients(fed, round_idx, metrics, down, up)
+        updates = _clients(ctx, round_idx, metrics, down, up)
         method.aggregate(updates)
-        fed.check_finite(round_idx, "aggregation")
+        ctx.server.check_finite(round_idx, "aggregation")
         metrics |= mean_metrics("client", [u.metrics for u in updates])
         metrics |= method.round_metrics()
         if not method.server_first:
-            fed.callbacks.stage(fed, round_idx, "server step")
-            metrics |= fed.server_step(round_idx)
+            ctx.callbacks.stage(round_idx, "server step")
+            metrics |= ctx.server.server_step(round_idx)
         elif method.server_finetunes:  # paper 000's Algorithm 1: fine-tune the aggregate
-            fed.callbacks.stage(fed, round_idx, "fine-tune")
-            metrics |= fed.server_step(round_idx, stage="finetune")
+            ctx.callbacks.stage(round_idx, "fine-tune")
+            metrics |= ctx.server.server_step(round_idx, stage="finetune")
     method.end_round()
-    fed.check_finite(round_idx, "the end of the round (end_round)")
+    ctx.server.check_finite(round_idx, "the end of the round (end_round)")
     if round_idx % cfg.eval_every == 0 or round_idx == cfg.rounds:
-        fed.callbacks.stage(fed, round_idx, "evaluation")
-        metrics |= fed.evaluate()
+        ctx.callbacks.stage(round_idx, "evaluation")
+        metrics |= ctx.server.evaluate()
     for direction, counts in (("down", down), ("up", up)):  # in all, then by part
         metrics[f"comm/bytes_{direction}"] = float(sum(counts.values()))
         metrics |= {f"comm/bytes_{direction}/{part}": float(n) for part, n in counts.items()}
-    if fed.store.bytes_written:  # the client states this round wrote
-        metrics["state/bytes_written"] = float(fed.store.bytes_written)
+    if ctx.store.bytes_written:  # the client states this round wrote
+        metrics["state/bytes_written"] = float(ctx.store.bytes_written)
     metrics["time/round_s"] = time.perf_counter() - t0
     return metrics
 
 
 def _clients(
-    fed: Federation,
+    ctx: RoundContext,
     round_idx: int,
     metrics: dict[str, float],
     down: Counter[str],
@@ -75,18 +100,18 @@ def _clients(
 ) -> list[ClientUpdate]:
     """Sample, broadcast, run the clients, keep their states; the survivors' updates. A client
     that raises or uploads a non-finite value is left out of the round (``fault/*``)."""
-    method, cfg = fed.method, fed.config
-    clients = sample_clients(fed.data.num_clients, cfg.clients_per_round, fed.seed, round_idx)
+    method, cfg = ctx.method, ctx.config
+    clients = sample_clients(ctx.data.num_clients, cfg.clients_per_round, ctx.seed, round_idx)
     payload = method.broadcast()
     jobs = []
     for cid in clients.tolist():
-        fed.visits[cid] = fed.visits.get(cid, 0) + 1  # a faulty visit counts too
+        ctx.visits[cid] = ctx.visits.get(cid, 0) + 1  # a faulty visit counts too
         sent = method.client_payload(payload, cid)
         down.update(payload_bytes(sent))
-        jobs.append(ClientJob(cid, sent, fed.store.get(cid), fed.visits[cid]))
+        jobs.append(ClientJob(cid, sent, ctx.store.get(cid), ctx.visits[cid]))
     kept: list[tuple[ClientJob, ClientUpdate]] = []
     faults: list[ClientFault] = []
-    for job, result in zip(jobs, _run_clients(fed, round_idx, jobs), strict=True):
+    for job, result in zip(jobs, _run_clients(ctx, round_idx, jobs), strict=True):
         if isinstance(result, Exception):
             why = ": ".join(filter(None, (type(result).__name__, first_line(result))))
             fault: ClientFault | None = ClientFault(job.client_id, "raised", why)
@@ -95,44 +120,44 @@ def _clients(
             fault = upload_fault(job.client_id, result.upload)
         if fault is not None:  # left out; its persistent state stays as it was
             faults.append(fault)
-            fed.callbacks.client_fault(fed, round_idx, fault)
+            ctx.callbacks.client_fault(round_idx, fault)
             continue
         assert isinstance(result, ClientUpdate)
-        fed.store.put(job.client_id, result.state)
+        ctx.store.put(job.client_id, result.state)
         kept.append((job, result))
     if method.all_clients_receive:  # the others receive the round's broadcast too
-        idle = sorted(set(range(fed.data.num_clients)) - set(clients.tolist()))
+        idle = sorted(set(range(ctx.data.num_clients)) - set(clients.tolist()))
         for part, n in payload_bytes(payload).items():
             down[part] += n * len(idle)
-        states = fed.executor.receive(
+        states = ctx.executor.receive(
             ReceiveJob(
                 payload,
                 idle,
-                [fed.store.get(cid) for cid in idle],
-                [max(fed.visits.get(cid, 0), 1) for cid in idle],
+                [ctx.store.get(cid) for cid in idle],
+                [max(ctx.visits.get(cid, 0), 1) for cid in idle],
             )
         )
         for cid, state in zip(idle, states, strict=True):
-            fed.store.put(cid, state)
+            ctx.store.put(cid, state)
     updates = [update for _, update in kept]
-    fed.check_survivors(round_idx, len(clients), updates, faults)
+    ctx.server.check_survivors(round_idx, len(clients), updates, faults)
     metrics |= fault_metrics(faults)
-    fed.callbacks.updates(fed, round_idx, [job.payload for job, _ in kept], updates, metrics)
+    ctx.callbacks.updates(round_idx, [job.payload for job, _ in kept], updates, metrics)
     return updates
 
 
 def _run_clients(
-    fed: Federation, round_idx: int, jobs: Sequence[ClientJob]
+    ctx: RoundContext, round_idx: int, jobs: Sequence[ClientJob]
 ) -> list[ClientUpdate | Exception]:
     """The jobs through the run's executor; in the driver's process one at a time, each
     announced as a stage (``client k/C``), elsewhere all at once (``C clients``)."""
-    executor = fed.executor
+    executor = ctx.executor
     if not isinstance(executor, InProcess):
-        fed.callbacks.stage(fed, round_idx, f"{len(jobs)} clients")
+        ctx.callbacks.stage(round_idx, f"{len(jobs)} clients")
         return executor.run(jobs, round_idx)
     results: list[ClientUpdate | Exception] = []
     for k, job in enumerate(jobs, start=1):
-        fed.callbacks.stage(fed, round_idx, f"client {k}/{len(jobs)}")
+        ctx.callbacks.stage(round_idx, f"client {k}/{len(jobs)}")
         results += executor.run([job], round_idx)
     return results
 

@@ -1,5 +1,6 @@
-"""A run directory's state, its lock, and the clean-up of a run that died before its first
-checkpoint. Nothing here writes before the driver has checked every setting."""
+"""A run directory's life (:class:`RunDirectory`: checked, created, locked, made ready,
+released), its lock, and the clean-up of a run that died before its first checkpoint. Nothing
+here writes before the driver has checked every setting."""
 
 from __future__ import annotations
 
@@ -15,6 +16,9 @@ try:  # POSIX; elsewhere runs are not locked
 except ImportError:  # pragma: no cover
     fcntl = None  # type: ignore[assignment]
 
+from fedlit.federation.console import note
+from fedlit.federation.loggers import drop_rounds_after
+from fedlit.federation.store import ClientStateStore
 from fedlit.run_layout import CHECKPOINT, LOCK_FILE, RUN_FILES, RUN_MARKERS
 
 #: Kernel file systems a run directory can never be made in.
@@ -200,3 +204,94 @@ class RunLock:
         if self._file is not None:
             self._file.close()  # closing the file releases the flock
             self._file = None
+
+
+class RunDirectory:
+    """A run's directory over the run's life: checked before anything is written
+    (:meth:`reserve`, :meth:`check`), created, locked and made ready to write (:meth:`open`),
+    released (:meth:`close`). The lock (:class:`RunLock`) is held from :meth:`open` to
+    :meth:`close`."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.lock = RunLock(self.path)
+        self.dead = False  # it holds a run that died before its first checkpoint
+        self.opened = False  # open has run: the directory is locked and ready
+
+    @property
+    def checkpoint_path(self) -> Path:
+        """Where the run's checkpoint is written: ``<run>/checkpoints/last.ckpt``."""
+        return self.path / CHECKPOINT
+
+    def reserve(self) -> None:
+        """Refuse a directory this process cannot create or write into, or one another
+        process is writing (its lock is taken, where a lock file exists). Writes nothing."""
+        check_creatable(self.path)
+        self.lock.acquire(create=False)
+
+    def check(self, resume: str | None) -> None:
+        """Refuse a directory that holds a run this one does not continue (``resume``: the
+        checkpoint it continues, if any). A directory whose run died before its first
+        checkpoint is noted (:meth:`open` clears it)."""
+        self.dead = is_dead_run(self.path)
+        found = run_markers(self.path)
+        if not found or self.dead:
+            return
+        if resume is None:
+            raise ValueError(
+                f"trainer.default_root_dir: {self.path} already holds a run "
+                f"({', '.join(found)}); choose another directory, or continue it with "
+                f"--federation.resume {self.checkpoint_path}"
+            )
+        origin = checkpoint_run_dir(resume)
+        if not same_dir(origin, self.path):
+            raise ValueError(
+                f"federation.resume: the checkpoint {resume} belongs to the run in {origin}, "
+                f"but trainer.default_root_dir {self.path} holds a different run "
+                f"({', '.join(found)}); resume into {origin} or into a new directory"
+            )
+
+    def open(self, resume: str | None, store: ClientStateStore, start_round: int) -> None:
+        """Create and lock the directory, then make it ready to write: a run that died there
+        before its first checkpoint is removed (with a note), ``store`` is opened, and a
+        resume from round ``start_round`` drops the rows ``metrics.csv`` holds after the
+        checkpoint's round (logged by a run killed between its metrics and its checkpoint).
+        Raises ValueError if another process holds the lock or wrote a run there since
+        :meth:`check`. A no-op once open."""
+        if self.opened:
+            return
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise ValueError(
+                f"trainer.default_root_dir={str(self.path)!r}: cannot create it: "
+                f"{err.strerror or err}"
+            ) from err
+        self.lock.acquire()
+        try:
+            self.check(resume)  # again, under the lock
+            if self.dead:
+                removed = remove_dead_run(self.path, self.lock)
+                note(
+                    f"{self.path} held a run stopped before its first checkpoint; "
+                    f"removed its {', '.join(removed)} and started afresh"
+                )
+                self.dead = False
+            store.open()  # the resumed run's client states here, nothing else
+            if start_round > 1:
+                metrics = self.path / "metrics.csv"
+                dropped = drop_rounds_after(metrics, start_round - 1)
+                if dropped:
+                    note(
+                        f"{metrics}: dropped {dropped} row(s) logged after round "
+                        f"{start_round - 1}, the checkpoint's; they are run again"
+                    )
+            self.opened = True
+        except BaseException:
+            self.lock.release()
+            raise
+
+    def close(self) -> None:
+        """Release the directory's lock (a no-op if not held)."""
+        self.lock.release()
+        self.opened = False

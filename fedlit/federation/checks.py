@@ -1,0 +1,79 @@
+"""The checks a run makes before any work: its Trainer settings, and whether the method, the
+federation's settings and the data fit together. A refusal is a ValueError naming the key."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+
+from fedlit.data.datamodule import FederatedDataModule
+from fedlit.federation.config import FederationConfig
+from fedlit.federation.trainers import TrainerTemplate, compile_toolchain_missing
+from fedlit.methods.base import FederatedMethod
+
+
+def checked_trainer(
+    trainer: TrainerTemplate, method: FederatedMethod, config: FederationConfig
+) -> TrainerTemplate:
+    """``trainer`` once its settings and the method's federation settings are checked, with
+    ``federation.compile`` where it is set and torch.compile can build kernels here."""
+    trainer.check()
+    method.check_federation(config)
+    if config.compile is None:
+        return trainer
+    device = trainer.device()
+    missing = compile_toolchain_missing(device)
+    if missing:
+        raise ValueError(
+            f"federation.compile={config.compile!r}: torch.compile cannot build kernels "
+            f"for {device.type} here ({missing}); leave federation.compile null"
+        )
+    return replace(trainer, compile=config.compile)
+
+
+def check_fits(
+    method: FederatedMethod, data: FederatedDataModule, config: FederationConfig
+) -> None:
+    """Refuse settings that do not fit together: more clients per round than clients (or
+    than ``min_clients`` needs), labels at the clients for a method or an evaluation that
+    needs them at the server, a model for another number of classes or channels."""
+    if method.uses_clients and config.clients_per_round > data.num_clients:
+        raise ValueError(
+            f"federation.clients_per_round={config.clients_per_round} exceeds "
+            f"data.num_clients={data.num_clients}"
+        )
+    if method.uses_clients and config.min_clients > config.clients_per_round:
+        raise ValueError(
+            f"federation.min_clients={config.min_clients} exceeds "
+            f"federation.clients_per_round={config.clients_per_round}"
+        )
+    if data.labels_at == "client":
+        if not method.supports_labels_at_client:
+            raise ValueError(
+                f"data.labels_at='client': {type(method).__name__} trains on the "
+                "server's labels; use labels_at='server'"
+            )
+        if config.final_eval:
+            raise ValueError(
+                "federation.final_eval needs the server's labeled set, which "
+                "data.labels_at='client' leaves empty"
+            )
+    if (method.num_classes, method.in_channels) != (data.num_classes, data.in_channels):
+        raise ValueError(
+            "model.num_classes / model.in_channels do not match data.dataset "
+            f"{data.dataset!r} ({data.num_classes} classes, {data.in_channels} channels)"
+        )
+
+
+@contextmanager
+def loading_data(data: FederatedDataModule) -> Iterator[None]:
+    """Turn a data set that cannot be loaded (missing with ``data.download`` off, no network,
+    unreadable files) into a ValueError naming ``data.root`` and ``data.dataset``."""
+    try:
+        yield
+    except (RuntimeError, OSError) as err:
+        raise ValueError(
+            f"data.root: data.dataset={data.dataset!r} could not be loaded from {data.root} "
+            f"(data.download={data.download}): {err}"
+        ) from err

@@ -1,0 +1,127 @@
+"""The server's side of a run: its training steps, the bootstrap before round 1, the
+evaluations, and the guards that stop a run whose round failed (too few clients left, or a
+global model that is no longer finite) before the round is written."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from fedlit.data.datamodule import FederatedDataModule
+from fedlit.evaluation import Evaluator, evaluate_encoder, scored
+from fedlit.federation.config import FederationConfig
+from fedlit.federation.faults import ClientFault, RoundFailed, name_list, nonfinite_tensors
+from fedlit.federation.seeding import EVAL, FINETUNE, SERVER, derive_seed, seed_all
+from fedlit.federation.trainers import TrainerTemplate
+from fedlit.methods.base import ClientUpdate, FederatedMethod
+
+
+@dataclass
+class Server:
+    """The server of a run of ``method`` on ``data``: trains with ``trainer``, seeds each step
+    from the run's ``seed``, and names ``checkpoint_path`` (the last good round's) when a
+    guard stops the run."""
+
+    method: FederatedMethod
+    data: FederatedDataModule
+    config: FederationConfig
+    trainer: TrainerTemplate
+    seed: int
+    checkpoint_path: Path
+
+    def server_step(
+        self, round_idx: int, epochs: int | None = None, stage: str = "server"
+    ) -> dict[str, float]:
+        """The server's objective for ``epochs`` (``server_epochs``), logged as ``<stage>/*``
+        (``finetune``: a second step in the round, after aggregation, on its own seed)."""
+        if self.data.labels_at == "client":  # no labels at the server: nothing to train
+            return {}
+        objective = self.method.server_objective()
+        if objective is None:
+            return {}
+        seed_all(derive_seed(self.seed, round_idx, FINETUNE if stage == "finetune" else SERVER))
+        loader = self.method.server_loader(self.data)
+        self.trainer.fit(objective, loader, epochs or self.config.server_epochs)
+        self.method.server_step_done(objective, self.data)
+        self.check_finite(round_idx, f"the {stage} step")
+        return {f"{stage}/{k}": v for k, v in objective.epoch_metrics().items()}
+
+    def bootstrap(self) -> dict[str, float]:
+        """The method's bootstrap (FedSEAL): its server objective for ``bootstrap_epochs``
+        before round 1, logged in row 0 as ``bootstrap/*`` with w^0's ``bootstrap_test/acc``."""
+        epochs = self.method.bootstrap_epochs
+        if epochs == 0 or self.data.labels_at == "client":
+            return {}
+        self.method.on_round_start(0, self.config.rounds)
+        trained = self.server_step(0, epochs)
+        metrics = {k.replace("server/", "bootstrap/", 1): v for k, v in trained.items()}
+        return metrics | self.evaluate("bootstrap_test")
+
+    def evaluate(self, prefix: str = "test") -> dict[str, float]:
+        """Top-1 accuracy and loss of the method's evaluation network on the test set, its
+        BatchNorm statistics re-estimated on the server's clean images (:func:`scored`); with
+        ``prefix`` "test", also on the server's validation split (``val/acc``, ``val/loss``)
+        where it has images (``data.val_per_class``): what a model is selected by."""
+        seed_all(derive_seed(self.seed, 0, EVAL))
+        network = scored(self.method.eval_network(), self.data, self.trainer.device())
+        evaluator = Evaluator(network, self.data.num_classes)
+        self.trainer.test(evaluator, self.data.test_dataloader())
+        metrics = evaluator.metrics(prefix)
+        if prefix == "test" and len(self.data.val):
+            validation = Evaluator(network, self.data.num_classes)
+            self.trainer.test(validation, self.data.val_dataloader())
+            metrics |= validation.metrics("val")
+        return metrics
+
+    def evaluate_encoder(self) -> dict[str, float]:
+        """The configured protocols (finetune, linear) on the global encoder: ``eval/<p>_acc``."""
+        out = {}
+        for protocol in self.config.final_eval:
+            seed_all(derive_seed(self.seed, self.config.rounds, EVAL))
+            out[f"eval/{protocol}_acc"] = evaluate_encoder(
+                self.method.encoder(),
+                protocol,
+                self.data,
+                self.trainer,
+                epochs=self.config.eval_epochs,
+                lr=self.config.eval_lr,
+            )
+        return out
+
+    def check_survivors(
+        self,
+        round_idx: int,
+        sampled: int,
+        updates: Sequence[ClientUpdate],
+        faults: Sequence[ClientFault],
+    ) -> None:
+        """Stop the run (:class:`RoundFailed`) if fewer than ``federation.min_clients`` of the
+        round's ``sampled`` clients survived; the message names the round and the faults."""
+        if len(updates) >= self.config.min_clients:
+            return
+        raise RoundFailed(
+            f"round {round_idx}: {len(updates)} of {sampled} clients survived, fewer than "
+            f"federation.min_clients={self.config.min_clients} "
+            f"({'; '.join(f.describe() for f in faults)}); {self._kept(round_idx)}"
+        )
+
+    def check_finite(self, round_idx: int, stage: str) -> None:
+        """Stop the run (:class:`RoundFailed`) if a floating-point tensor of the method's state
+        (its networks, buffers and extra state) holds NaN or an infinity after
+        ``stage``: a model that is no longer finite is never evaluated or checkpointed."""
+        bad = nonfinite_tensors(self.method.state_dict())
+        if bad:
+            raise RoundFailed(
+                f"round {round_idx}: the global model is not finite after {stage} "
+                f"({name_list(bad)}); {self._kept(round_idx)}"
+            )
+
+    def _kept(self, round_idx: int) -> str:
+        """What a run stopped in round ``round_idx`` leaves: its last good checkpoint."""
+        if round_idx > 1 and self.checkpoint_path.is_file():
+            return (
+                f"the run stops; nothing of round {round_idx} is written and its last "
+                f"checkpoint, round {round_idx - 1}, is kept: {self.checkpoint_path}"
+            )
+        return f"the run stops in round {round_idx}, before its first checkpoint"
