@@ -35,6 +35,7 @@ from fedlit.federation import (
 from fedlit.methods import ClientUpdate, FedAvgFixMatch, FederatedMethod, FedRGD
 from fedlit.methods.base import StateDict
 from fedlit.methods.fedrgd import PeerUploadWarning
+from fedlit.methods.plan import SERVER_FIRST, RoundPlan
 from fedlit.objectives import Objective, Optimization
 
 REPO = Path(__file__).parents[1]
@@ -46,7 +47,6 @@ class Faulty(FedAvgFixMatch):
     ``fault`` says ("raise": its upload raises; "nan" / "inf": a weight of its upload is NaN /
     inf), and which records every upload it makes, by (round, client)."""
 
-    server_finetunes = False  # the global model is the aggregate the tests check
     fault: str | None = None
     fault_client = 1
     fault_round = 1
@@ -55,6 +55,9 @@ class Faulty(FedAvgFixMatch):
         super().__init__(*args, **kwargs)
         self.uploads: dict[tuple[int, int], StateDict] = {}
         self.at = (0, -1)  # (round, client) of the client at work
+
+    def round_plan(self) -> RoundPlan:
+        return SERVER_FIRST  # no fine-tune: the global model is the aggregate the tests check
 
     def client_objective(self, payload: Payload, client: ClientData, state: Any) -> Objective:
         self.at = (self.round_idx, client.client_id)

@@ -151,12 +151,13 @@ class Federation:
         self._check_run_dir()
         if ckpt is not None:  # before the data are loaded
             self._check_resume(ckpt)
-        if self.method.uses_clients and cfg.clients_per_round > self.data.num_clients:
+        uses_clients = self.method.round_plan().uses_clients
+        if uses_clients and cfg.clients_per_round > self.data.num_clients:
             raise ValueError(
                 f"federation.clients_per_round={cfg.clients_per_round} exceeds "
                 f"data.num_clients={self.data.num_clients}"
             )
-        if self.method.uses_clients and cfg.min_clients > cfg.clients_per_round:
+        if uses_clients and cfg.min_clients > cfg.clients_per_round:
             raise ValueError(
                 f"federation.min_clients={cfg.min_clients} exceeds "
                 f"federation.clients_per_round={cfg.clients_per_round}"
@@ -184,6 +185,7 @@ class Federation:
         with loading_data(self.data):
             self.data.setup_federation(self.seed)
         self.method.validate_data(self.data)
+        self.method.on_data_ready(self.data)
         if ckpt is not None:
             self._restore(ckpt)
         else:  # the initial global network comes from the run's seed too
@@ -199,7 +201,7 @@ class Federation:
             local_steps=cfg.local_steps,
         )
         self._executor: ClientExecutor | None = None
-        if cfg.executor == "ray" and self.method.uses_clients:
+        if cfg.executor == "ray" and uses_clients:
             # connected (or started) and checked against the cluster's resources now, before
             # anything is written; a refusal names the key (federation.ray.*)
             self._executor = self.executor
@@ -468,9 +470,9 @@ class Federation:
         return {f"{stage}/{k}": v for k, v in objective.epoch_metrics().items()}
 
     def _bootstrap(self) -> dict[str, float]:
-        """The method's bootstrap (FedSEAL): its server objective for ``bootstrap_epochs``
+        """The plan's bootstrap (FedSEAL): the server objective for its ``bootstrap_epochs``
         before round 1, logged in row 0 as ``bootstrap/*`` with w^0's ``bootstrap_test/acc``."""
-        epochs = self.method.bootstrap_epochs
+        epochs = self.method.round_plan().bootstrap_epochs
         if epochs == 0 or self.data.labels_at == "client":
             return {}
         self.method.on_round_start(0, self.config.rounds)

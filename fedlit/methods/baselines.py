@@ -7,6 +7,7 @@ from typing import Any
 from fedlit.data.client import ClientData
 from fedlit.data.loaders import ImageBatches
 from fedlit.methods.base import FederatedMethod, Payload
+from fedlit.methods.plan import SERVER_LAST, SERVER_ONLY, RoundPlan
 from fedlit.objectives import Objective, SupervisedCE
 
 
@@ -16,7 +17,8 @@ class ServerSL(FederatedMethod):
     Paper 002 section 5.1 ("Server-SL"); paper 000 "Centralized".
     """
 
-    uses_clients = False
+    def round_plan(self) -> RoundPlan:
+        return SERVER_ONLY
 
 
 class FedAvgSL(FederatedMethod):
@@ -28,7 +30,9 @@ class FedAvgSL(FederatedMethod):
     """
 
     oracle = True
-    server_first = False
+
+    def round_plan(self) -> RoundPlan:
+        return SERVER_LAST
 
     def client_loader(self, client: ClientData) -> ImageBatches:
         return client.oracle_dataloader("weak")

@@ -14,6 +14,7 @@ from fedlit.data.datamodule import FederatedDataModule
 from fedlit.data.loaders import ImageBatches
 from fedlit.evaluation import scored
 from fedlit.methods.base import DEFAULT_OPTIMIZATION, FederatedMethod, Payload
+from fedlit.methods.plan import RoundPlan, Step
 from fedlit.objectives import (
     FedSEALClient,
     FedSEALLoss,
@@ -57,8 +58,6 @@ class FedSEAL(FederatedMethod):
         The others: see :class:`FederatedMethod`.
     """
 
-    server_first = False
-    all_clients_receive = True
     client_views = ("plain", "strong")
 
     def __init__(
@@ -85,6 +84,12 @@ class FedSEAL(FederatedMethod):
         first = 1.0 if loss.fixed_tau is None else loss.fixed_tau
         self.register_buffer("thresholds", torch.full((self.num_classes,), first))
         self.sent_thresholds = self.thresholds.clone()  # those of the round's broadcast
+
+    def round_plan(self) -> RoundPlan:
+        """Aggregation, then the server's step (Algorithm 1); every client receives the
+        broadcast (line 6); ``bootstrap_epochs`` of the server's objective before round 1."""
+        steps = (Step.BROADCAST, Step.CLIENTS, Step.RECEIVE, Step.AGGREGATE, Step.SERVER)
+        return RoundPlan(steps, self.bootstrap_epochs)
 
     def validate_data(self, data: FederatedDataModule) -> None:
         super().validate_data(data)

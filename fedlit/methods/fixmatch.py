@@ -6,6 +6,7 @@ from typing import Any
 
 from fedlit.data.client import ClientData
 from fedlit.methods.base import DEFAULT_OPTIMIZATION, FederatedMethod, Payload
+from fedlit.methods.plan import SERVER_FIRST_AND_FINETUNE, RoundPlan
 from fedlit.objectives import FixMatch, FixMatchLoss, Objective, Optimization
 
 
@@ -15,7 +16,7 @@ class FedAvgFixMatch(FederatedMethod):
     l_u = mean_b 1[max p(alpha(u_b)) >= tau] CE(argmax p(alpha(u_b)), f(A(u_b))),
     plus (mu/2)||w - w_global||^2 when ``loss.mu > 0`` (FedProx-FixMatch); uploads are averaged
     with FedAvg weights n_k; the server fine-tunes the aggregate with CE before it is scored
-    (paper 000's Algorithm 1, ``server_finetunes``).
+    (paper 000's Algorithm 1, :data:`~fedlit.methods.plan.SERVER_FIRST_AND_FINETUNE`).
 
     Args:
         loss: tau, the confidence threshold, and mu, FedProx's coefficient
@@ -24,7 +25,6 @@ class FedAvgFixMatch(FederatedMethod):
     """
 
     client_views = ("weak", "strong")
-    server_finetunes = True
 
     def __init__(
         self,
@@ -37,6 +37,9 @@ class FedAvgFixMatch(FederatedMethod):
     ) -> None:
         super().__init__(num_classes, in_channels, backbone, norm, optim)
         self.loss = loss
+
+    def round_plan(self) -> RoundPlan:
+        return SERVER_FIRST_AND_FINETUNE
 
     def client_objective(self, payload: Payload, client: ClientData, state: Any) -> Objective:
         return FixMatch(self.client_model(payload), loss=self.loss, **self.client_kwargs())

@@ -6,6 +6,7 @@ from typing import Any
 
 from fedlit.data.client import ClientData
 from fedlit.methods.base import DEFAULT_OPTIMIZATION, FederatedMethod, Payload
+from fedlit.methods.plan import SERVER_FIRST_AND_FINETUNE, RoundPlan
 from fedlit.objectives import UDA, Objective, Optimization, UDALoss
 
 
@@ -22,7 +23,6 @@ class FedAvgUDA(FederatedMethod):
     """
 
     client_views = ("weak", "strong")
-    server_finetunes = True
 
     def __init__(
         self,
@@ -35,6 +35,9 @@ class FedAvgUDA(FederatedMethod):
     ) -> None:
         super().__init__(num_classes, in_channels, backbone, norm, optim)
         self.loss = loss
+
+    def round_plan(self) -> RoundPlan:
+        return SERVER_FIRST_AND_FINETUNE
 
     def client_objective(self, payload: Payload, client: ClientData, state: Any) -> Objective:
         return UDA(self.client_model(payload), loss=self.loss, **self.client_kwargs())
