@@ -69,6 +69,6 @@ class ClientRunner:
         visits: Sequence[int],
     ) -> list[Any]:
         """Clients ``client_ids`` receive ``payload`` without training
-        (``all_clients_receive``): their new persistent states, in order."""
+        (the plan's ``Step.RECEIVE``): their new persistent states, in order."""
         clients = [self.data.client_data(c, v) for c, v in zip(client_ids, visits, strict=True)]
         return self.method.clients_receive(payload, clients, states, self.trainer.device())
