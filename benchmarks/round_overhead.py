@@ -39,6 +39,7 @@ from fedlit.data import FederatedDataModule, sample_clients
 from fedlit.federation import Federation, FederationConfig, PoolSettings, TrainerTemplate
 from fedlit.federation.seeding import FINETUNE, SERVER, derive_seed, seed_all
 from fedlit.methods import FedAvgFixMatch, FedAvgSL, FederatedMethod
+from fedlit.methods.plan import Step
 from fedlit.objectives import Objective, Optimization
 
 METHODS: dict[str, type[FederatedMethod]] = {"fixmatch": FedAvgFixMatch, "sl": FedAvgSL}
@@ -64,7 +65,9 @@ def plain_round(fed: Federation, round_idx: int) -> None:
     side = method.client_side()
     method.on_round_start(round_idx, cfg.rounds)
     side.on_round_start(round_idx, cfg.rounds)
-    if method.server_first:
+    steps = method.round_plan().steps
+    server_first = steps.index(Step.SERVER) < steps.index(Step.CLIENTS)
+    if server_first:
         seed_all(derive_seed(fed.seed, round_idx, SERVER))
         server = method.server_objective()
         plain_train(server, method.server_loader(data), cfg.server_epochs)
@@ -79,8 +82,8 @@ def plain_round(fed: Federation, round_idx: int) -> None:
         uploads.append({k: v.detach().clone() for k, v in objective.network.state_dict().items()})
         weights.append(loader.num_examples)
     method.network.load_state_dict(weighted_average(uploads, weights))
-    if not method.server_first or method.server_finetunes:
-        seed_all(derive_seed(fed.seed, round_idx, SERVER if not method.server_first else FINETUNE))
+    if not server_first or Step.FINETUNE in steps:
+        seed_all(derive_seed(fed.seed, round_idx, SERVER if not server_first else FINETUNE))
         server = method.server_objective()
         plain_train(server, method.server_loader(data), cfg.server_epochs)
 

@@ -37,6 +37,7 @@ from fedlit.methods import ClientUpdate, FedAvgFixMatch, FederatedMethod, FedRGD
 from fedlit.methods.base import StateDict
 from fedlit.methods.client_side import ClientSide, ObjectiveClientSide
 from fedlit.methods.fedrgd import PeerUploadWarning
+from fedlit.methods.plan import SERVER_FIRST, RoundPlan
 from fedlit.objectives import FixMatch, Objective, Optimization
 
 REPO = Path(__file__).parents[1]
@@ -48,10 +49,12 @@ class Faulty(FedAvgFixMatch):
     ``fault`` says ("raise": its upload raises; "nan" / "inf": a weight of its upload is NaN /
     inf), its client side (:class:`FaultyClient`) recording every upload it makes."""
 
-    server_finetunes = False  # the global model is the aggregate the tests check
     fault: str | None = None
     fault_client = 1
     fault_round = 1
+
+    def round_plan(self) -> RoundPlan:
+        return SERVER_FIRST  # no fine-tune: the global model is the aggregate the tests check
 
     def client_side(self) -> ClientSide:
         return FaultyClient(self)

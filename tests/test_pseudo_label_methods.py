@@ -6,6 +6,7 @@ import copy
 import csv
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -26,8 +27,9 @@ from fedlit.methods import (
     TSClientEMA,
     TSServerEMA,
 )
+from fedlit.methods.base import Payload
 from fedlit.methods.fedseal import THRESHOLDS
-from fedlit.objectives import FedSEALLoss, Optimization
+from fedlit.objectives import FedSEALLoss, Objective, Optimization
 from fedlit.objectives.fedseal import predict_probabilities
 
 
@@ -264,9 +266,15 @@ def test_bytes_per_teacher_student_variant(fmnist_root: Path, tmp_path: Path) ->
     assert per_round[FedAvgFixMatch] == [(model, model)] * 3
     assert per_round[TSServerEMA] == [(2 * model, model)] * 3
     assert per_round[TSClientEMA] == [(2 * model, 2 * model)] * 3
-    # FedSwitch: the teacher costs bytes down only in the rounds it is sent; never uploaded
+    # FedSwitch: the teacher costs bytes down only in the rounds it is sent; never uploaded;
+    # each client reports D_KL^S, and D_KL^T where it had the teacher (float64: 8 bytes each)
     assert sent[0] == 1.0
-    assert per_round[FedSwitch] == [((1 + s) * model, model) for s in sent]
+    kl = [2 * 8 * (1 + s) for s in sent]  # two clients
+    assert per_round[FedSwitch] == [
+        ((1 + s) * model, model + k) for s, k in zip(sent, kl, strict=True)
+    ]
+    rows = _rows(tmp_path / FedSwitch.__name__)[1:]
+    assert [float(r["comm/bytes_up/kl"]) for r in rows] == kl
 
 
 @pytest.mark.parametrize("beta", [0.0, 10.0])
@@ -329,20 +337,32 @@ def test_fedrgd_groups_start_from_their_own_average() -> None:
     assert float(single.network.state_dict()[w][0, 0]) == pytest.approx(4.25)
 
 
-def test_fedrgd_clients_start_from_the_model_the_server_started_from() -> None:
+def test_fedrgd_clients_start_from_the_model_the_server_started_from(
+    fmnist_root: Path, tmp_path: Path
+) -> None:
     """Paper 004: server and clients train in parallel from w_avg; the server's trained w_s
-    only enters through the aggregation."""
-    method = FedRGD(num_classes=10, in_channels=1, num_groups=1)
-    before = {k: v.clone() for k, v in method.network.state_dict().items()}
-    method.on_round_start(1, 10)
-    objective = method.server_objective()
-    with torch.no_grad():  # the server's step moves the network
-        for param in objective.network.parameters():
-            param.add_(1.0)
-    payload = method.broadcast()
-    torch.testing.assert_close(payload, {"model": before})
-    assert method.round_start is None  # taken once: a later broadcast sends the current model
-    torch.testing.assert_close(method.broadcast(), {"model": method.network.state_dict()})
+    only enters through the aggregation (the plan broadcasts before the server's step)."""
+    received: list[Payload] = []
+    trained: list[dict[str, torch.Tensor]] = []
+
+    class Recording(FedRGD):
+        def client_objective(self, payload: Payload, client: ClientData, state: Any) -> Objective:
+            received.append(payload)
+            return super().client_objective(payload, client, state)
+
+        def server_step_done(self, objective: Objective, data: FederatedDataModule) -> None:
+            trained.append({k: v.clone() for k, v in self.network.state_dict().items()})
+
+    fed = _fed(fmnist_root, tmp_path / "run", Recording, method_kw={"num_groups": 1})
+    fed.prepare()
+    before = {k: v.clone() for k, v in fed.method.network.state_dict().items()}
+    fed.run_round(1)
+    (w_s,) = trained
+    w = "head.0.weight"
+    assert not torch.equal(w_s[w], before[w])  # the server's step moved the network
+    assert len(received) == 2
+    for payload in received:
+        torch.testing.assert_close(payload["model"], before)
 
 
 def test_fedrgd_period_in_local_steps_and_self_training(fmnist_root: Path, tmp_path: Path) -> None:

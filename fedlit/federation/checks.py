@@ -38,12 +38,13 @@ def check_fits(
     """Refuse settings that do not fit together: more clients per round than clients (or
     than ``min_clients`` needs), labels at the clients for a method or an evaluation that
     needs them at the server, a model for another number of classes or channels."""
-    if method.uses_clients and config.clients_per_round > data.num_clients:
+    uses_clients = method.round_plan().uses_clients
+    if uses_clients and config.clients_per_round > data.num_clients:
         raise ValueError(
             f"federation.clients_per_round={config.clients_per_round} exceeds "
             f"data.num_clients={data.num_clients}"
         )
-    if method.uses_clients and config.min_clients > config.clients_per_round:
+    if uses_clients and config.min_clients > config.clients_per_round:
         raise ValueError(
             f"federation.min_clients={config.min_clients} exceeds "
             f"federation.clients_per_round={config.clients_per_round}"

@@ -25,8 +25,8 @@ class ClientJob:
 
 @dataclass(frozen=True)
 class ReceiveJob:
-    """Clients that receive a round's payload without training (the method's
-    ``all_clients_receive``): who they are, what they kept and how often they were selected."""
+    """Clients that receive a round's payload without training (the plan's
+    ``Step.RECEIVE``): who they are, what they kept and how often they were selected."""
 
     payload: Payload
     client_ids: Sequence[int]
@@ -93,8 +93,8 @@ class ClientRunner:
         )
 
     def receive(self, job: ReceiveJob) -> list[Any]:
-        """The job's clients receive its payload without training: their new persistent
-        states, in order."""
+        """The job's clients receive its payload without training (the plan's
+        ``Step.RECEIVE``): their new persistent states, in order."""
         visits = zip(job.client_ids, job.visits, strict=True)
         clients = [self.data.client_data(c, v) for c, v in visits]
         return self.client.receive(job.payload, clients, job.states, self.trainer.device())

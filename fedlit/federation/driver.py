@@ -97,6 +97,7 @@ class Federation:
         with loading_data(self.data):
             self.data.setup_federation(self.seed)
         self.method.validate_data(self.data)
+        self.method.on_data_ready(self.data)
         if ckpt is not None:
             self.checkpointer.restore(ckpt, cfg)
             self.visits, self.history = dict(ckpt.visits), list(ckpt.history)
@@ -116,7 +117,7 @@ class Federation:
         self.server = Server(
             self.method, self.data, cfg, self.trainer, self.seed, self.checkpoint_path
         )
-        if cfg.executor == "ray" and self.method.uses_clients:
+        if cfg.executor == "ray" and self.method.round_plan().uses_clients:
             # connected (or started) and checked against the cluster's resources now, before
             # anything is written; a refusal names the key (federation.ray.*)
             self._executor = self.executor

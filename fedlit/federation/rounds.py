@@ -2,9 +2,9 @@
 metrics, and what happens around it (logging, checkpoints, progress) is a callback's
 (:mod:`fedlit.federation.callbacks`).
 
-Each round: (server step) -> sample C of K clients -> broadcast -> clients' work (through the
-run's executor) -> aggregate -> (server step) -> end of round -> evaluate. Whether the server
-trains before broadcasting or after aggregating is the method's ``server_first``.
+Each round: the method's ``on_round_start``, then the steps of its plan
+(:meth:`~fedlit.methods.FederatedMethod.round_plan`, :class:`~fedlit.methods.plan.Step`) in
+order, then its ``end_round`` and, every ``federation.eval_every`` rounds, the evaluation.
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from fedlit.aggregation.payloads import payload_bytes
+from fedlit.aggregation.payloads import Payload, payload_bytes
 from fedlit.data.datamodule import FederatedDataModule
 from fedlit.data.sampling import sample_clients
 from fedlit.federation.callbacks import Callbacks
@@ -28,6 +28,7 @@ from fedlit.federation.faults import ClientFault, fault_metrics, upload_fault
 from fedlit.federation.server import Server
 from fedlit.federation.store import ClientStateStore
 from fedlit.methods.base import ClientUpdate, FederatedMethod
+from fedlit.methods.plan import Step
 
 
 @dataclass(frozen=True)
@@ -53,36 +54,35 @@ class RoundContext:
         return self.start_executor()
 
 
+@dataclass
+class RoundWork:
+    """What a round's steps hand on to the later ones, and the round's metrics so far."""
+
+    metrics: dict[str, float]
+    down: Counter[str] = field(default_factory=Counter)  # bytes sent down / up, by part
+    up: Counter[str] = field(default_factory=Counter)
+    payload: Payload | None = None  # the round's broadcast
+    sampled: list[int] = field(default_factory=list)  # the clients sampled to train
+    kept: list[tuple[ClientJob, ClientUpdate]] = field(default_factory=list)  # the survivors
+    faults: list[ClientFault] = field(default_factory=list)  # the clients left out
+
+
 def run_round(ctx: RoundContext, round_idx: int) -> dict[str, float]:
     """Round ``round_idx`` of a run (``ctx``); returns its metrics."""
     t0 = time.perf_counter()
     method, cfg = ctx.method, ctx.config
-    metrics: dict[str, float] = {"round": float(round_idx)}
+    work = RoundWork({"round": float(round_idx)})
     method.on_round_start(round_idx, cfg.rounds)
     ctx.store.begin_round(round_idx)
-    if method.server_first or not method.uses_clients:
-        ctx.callbacks.stage(round_idx, "server step")
-        metrics |= ctx.server.server_step(round_idx)
-    down: Counter[str] = Counter()  # bytes sent down / up, by payload part
-    up: Counter[str] = Counter()
-    if method.uses_clients:
-        updates = _clients(ctx, round_idx, metrics, down, up)
-        method.aggregate(updates)
-        ctx.server.check_finite(round_idx, "aggregation")
-        metrics |= mean_metrics("client", [u.metrics for u in updates])
-        metrics |= method.round_metrics()
-        if not method.server_first:
-            ctx.callbacks.stage(round_idx, "server step")
-            metrics |= ctx.server.server_step(round_idx)
-        elif method.server_finetunes:  # paper 000's Algorithm 1: fine-tune the aggregate
-            ctx.callbacks.stage(round_idx, "fine-tune")
-            metrics |= ctx.server.server_step(round_idx, stage="finetune")
+    for step in method.round_plan().steps:
+        STEPS[step](ctx, round_idx, work)
     method.end_round()
     ctx.server.check_finite(round_idx, "the end of the round (end_round)")
+    metrics = work.metrics
     if round_idx % cfg.eval_every == 0 or round_idx == cfg.rounds:
         ctx.callbacks.stage(round_idx, "evaluation")
         metrics |= ctx.server.evaluate()
-    for direction, counts in (("down", down), ("up", up)):  # in all, then by part
+    for direction, counts in (("down", work.down), ("up", work.up)):  # in all, then by part
         metrics[f"comm/bytes_{direction}"] = float(sum(counts.values()))
         metrics |= {f"comm/bytes_{direction}/{part}": float(n) for part, n in counts.items()}
     if ctx.store.bytes_written:  # the client states this round wrote
@@ -91,59 +91,97 @@ def run_round(ctx: RoundContext, round_idx: int) -> dict[str, float]:
     return metrics
 
 
-def _clients(
-    ctx: RoundContext,
-    round_idx: int,
-    metrics: dict[str, float],
-    down: Counter[str],
-    up: Counter[str],
-) -> list[ClientUpdate]:
-    """Sample, broadcast, run the clients, keep their states; the survivors' updates. A client
-    that raises or uploads a non-finite value is left out of the round (``fault/*``)."""
+def _server(ctx: RoundContext, round_idx: int, work: RoundWork) -> None:
+    """:attr:`Step.SERVER`: the server's objective on its labeled set (``server/*``)."""
+    ctx.callbacks.stage(round_idx, "server step")
+    work.metrics |= ctx.server.server_step(round_idx)
+
+
+def _broadcast(ctx: RoundContext, round_idx: int, work: RoundWork) -> None:
+    """:attr:`Step.BROADCAST`: what the server sends this round."""
+    work.payload = ctx.method.broadcast()
+
+
+def _clients(ctx: RoundContext, round_idx: int, work: RoundWork) -> None:
+    """:attr:`Step.CLIENTS`: sample, send each its payload, run the clients, keep the states
+    of the survivors. A client that raises or uploads a non-finite value is left out of the
+    round (``fault/*``); its persistent state stays as it was."""
     method, cfg = ctx.method, ctx.config
-    clients = sample_clients(ctx.data.num_clients, cfg.clients_per_round, ctx.seed, round_idx)
-    payload = method.broadcast()
+    assert work.payload is not None  # the plan broadcasts before the clients (RoundPlan)
+    work.sampled = sample_clients(
+        ctx.data.num_clients, cfg.clients_per_round, ctx.seed, round_idx
+    ).tolist()
     jobs = []
-    for cid in clients.tolist():
+    for cid in work.sampled:
         ctx.visits[cid] = ctx.visits.get(cid, 0) + 1  # a faulty visit counts too
-        sent = method.client_payload(payload, cid)
-        down.update(payload_bytes(sent))
+        sent = method.client_payload(work.payload, cid)
+        work.down.update(payload_bytes(sent))
         jobs.append(ClientJob(cid, sent, ctx.store.get(cid), ctx.visits[cid]))
-    kept: list[tuple[ClientJob, ClientUpdate]] = []
-    faults: list[ClientFault] = []
     for job, result in zip(jobs, _run_clients(ctx, round_idx, jobs), strict=True):
         if isinstance(result, Exception):
             why = ": ".join(filter(None, (type(result).__name__, first_line(result))))
             fault: ClientFault | None = ClientFault(job.client_id, "raised", why)
         else:
-            up.update(payload_bytes(result.upload))
+            work.up.update(payload_bytes(result.upload))
             fault = upload_fault(job.client_id, result.upload)
-        if fault is not None:  # left out; its persistent state stays as it was
-            faults.append(fault)
+        if fault is not None:
+            work.faults.append(fault)
             ctx.callbacks.client_fault(round_idx, fault)
             continue
         assert isinstance(result, ClientUpdate)
         ctx.store.put(job.client_id, result.state)
-        kept.append((job, result))
-    if method.all_clients_receive:  # the others receive the round's broadcast too
-        idle = sorted(set(range(ctx.data.num_clients)) - set(clients.tolist()))
-        for part, n in payload_bytes(payload).items():
-            down[part] += n * len(idle)
-        states = ctx.executor.receive(
-            ReceiveJob(
-                payload,
-                idle,
-                [ctx.store.get(cid) for cid in idle],
-                [max(ctx.visits.get(cid, 0), 1) for cid in idle],
-            )
+        work.kept.append((job, result))
+
+
+def _receive(ctx: RoundContext, round_idx: int, work: RoundWork) -> None:
+    """:attr:`Step.RECEIVE`: the clients not sampled receive the round's broadcast and keep
+    their new states."""
+    assert work.payload is not None
+    idle = sorted(set(range(ctx.data.num_clients)) - set(work.sampled))
+    for part, n in payload_bytes(work.payload).items():
+        work.down[part] += n * len(idle)
+    states = ctx.executor.receive(
+        ReceiveJob(
+            work.payload,
+            idle,
+            [ctx.store.get(cid) for cid in idle],
+            [max(ctx.visits.get(cid, 0), 1) for cid in idle],
         )
-        for cid, state in zip(idle, states, strict=True):
-            ctx.store.put(cid, state)
-    updates = [update for _, update in kept]
-    ctx.server.check_survivors(round_idx, len(clients), updates, faults)
-    metrics |= fault_metrics(faults)
-    ctx.callbacks.updates(round_idx, [job.payload for job, _ in kept], updates, metrics)
-    return updates
+    )
+    for cid, state in zip(idle, states, strict=True):
+        ctx.store.put(cid, state)
+
+
+def _aggregate(ctx: RoundContext, round_idx: int, work: RoundWork) -> None:
+    """:attr:`Step.AGGREGATE`: stop the run if too few clients survived, let the callbacks
+    observe the updates, aggregate them; the clients' metrics averaged (``client/*``) and the
+    method's own (``round_metrics``)."""
+    method, metrics = ctx.method, work.metrics
+    updates = [update for _, update in work.kept]
+    ctx.server.check_survivors(round_idx, len(work.sampled), updates, work.faults)
+    metrics |= fault_metrics(work.faults)
+    ctx.callbacks.updates(round_idx, [job.payload for job, _ in work.kept], updates, metrics)
+    method.aggregate(updates)
+    ctx.server.check_finite(round_idx, "aggregation")
+    metrics |= mean_metrics("client", [u.metrics for u in updates])
+    metrics |= method.round_metrics()
+
+
+def _finetune(ctx: RoundContext, round_idx: int, work: RoundWork) -> None:
+    """:attr:`Step.FINETUNE`: the server's objective again, on the aggregate (``finetune/*``)."""
+    ctx.callbacks.stage(round_idx, "fine-tune")
+    work.metrics |= ctx.server.server_step(round_idx, stage="finetune")
+
+
+#: What the loop runs for each step of a plan.
+STEPS: dict[Step, Callable[[RoundContext, int, RoundWork], None]] = {
+    Step.SERVER: _server,
+    Step.BROADCAST: _broadcast,
+    Step.CLIENTS: _clients,
+    Step.RECEIVE: _receive,
+    Step.AGGREGATE: _aggregate,
+    Step.FINETUNE: _finetune,
+}
 
 
 def _run_clients(

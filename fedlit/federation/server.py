@@ -48,9 +48,9 @@ class Server:
         return {f"{stage}/{k}": v for k, v in objective.epoch_metrics().items()}
 
     def bootstrap(self) -> dict[str, float]:
-        """The method's bootstrap (FedSEAL): its server objective for ``bootstrap_epochs``
+        """The plan's bootstrap (FedSEAL): the server objective for its ``bootstrap_epochs``
         before round 1, logged in row 0 as ``bootstrap/*`` with w^0's ``bootstrap_test/acc``."""
-        epochs = self.method.bootstrap_epochs
+        epochs = self.method.round_plan().bootstrap_epochs
         if epochs == 0 or self.data.labels_at == "client":
             return {}
         self.method.on_round_start(0, self.config.rounds)

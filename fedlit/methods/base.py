@@ -22,6 +22,7 @@ from fedlit.aggregation.payloads import MODEL, Payload, StateDict, state_part
 from fedlit.data.datamodule import FederatedDataModule
 from fedlit.data.loaders import ImageBatches
 from fedlit.methods.client_side import Architecture, ClientSide
+from fedlit.methods.plan import SERVER_FIRST, RoundPlan
 from fedlit.models import Backbone, Classifier
 from fedlit.objectives import Objective, Optimization, SupervisedCE
 
@@ -67,13 +68,6 @@ class FederatedMethod(LightningModule):
     one hook, :meth:`on_round_start`, called before anything of a round is built.
     """
 
-    #: Clients take part (False for Server-SL, which trains on the server's labels only).
-    uses_clients: ClassVar[bool] = True
-    #: The server trains before broadcasting (True) or after aggregation (False).
-    server_first: ClassVar[bool] = True
-    #: A server-first method's server also fine-tunes the aggregate before it is scored
-    #: (paper 000's Algorithm 1 for its FixMatch and SSL baselines): a second server step.
-    server_finetunes: ClassVar[bool] = False
     #: Client loaders carry true labels: an oracle, not a semi-supervised method (announced
     #: when a run starts and marked in results tables, see :meth:`marks`).
     oracle: ClassVar[bool] = False
@@ -81,13 +75,8 @@ class FederatedMethod(LightningModule):
     #: method that sends clients other clients' models (FedMatch's helpers), which breaks
     #: standard FL's privacy (paper 003): announced and marked as the oracle is.
     private: ClassVar[bool] = True
-    #: Every client receives each round's broadcast, sampled or not (paper 002's Algorithm 1,
-    #: line 6); those that do not train update their state in the client side's ``receive``.
-    all_clients_receive: ClassVar[bool] = False
     #: The method can run with the labels at the clients (``data.labels_at: client``).
     supports_labels_at_client: ClassVar[bool] = False
-    #: Epochs of the server objective on the labeled set before round 1 (0: none).
-    bootstrap_epochs: int = 0
 
     def __init__(
         self,
@@ -107,6 +96,12 @@ class FederatedMethod(LightningModule):
         self.aggregator: Aggregator = WeightedMean()
         #: The round being run and the run's length, set by :meth:`on_round_start`.
         self.round_idx, self.total_rounds = 0, 1
+
+    def round_plan(self) -> RoundPlan:
+        """The method's round, step by step, and its bootstrap before round 1
+        (:class:`~fedlit.methods.plan.RoundPlan`): by default the server trains, broadcasts,
+        and aggregates the clients' uploads (:data:`~fedlit.methods.plan.SERVER_FIRST`)."""
+        return SERVER_FIRST
 
     @classmethod
     def marks(cls) -> tuple[str, ...]:
@@ -222,6 +217,11 @@ class FederatedMethod(LightningModule):
                 f"train on their true labels, and {data.dataset}'s unlabeled split has none; use "
                 "data.client_pool='train'"
             )
+
+    def on_data_ready(self, data: FederatedDataModule) -> None:
+        """The run's data are loaded and passed :meth:`validate_data`: the method takes what it
+        needs of them (FedMatch: its probe images, from the data set's spec). Called by the
+        driver once, before the networks are initialised or restored."""
 
     def check_federation(self, config: FederationConfig) -> None:
         """Raise ValueError, naming the key, if this method's settings cannot run with the

@@ -8,6 +8,7 @@ from fedlit.data.client import ClientData
 from fedlit.data.loaders import ImageBatches
 from fedlit.methods.base import FederatedMethod, Payload
 from fedlit.methods.client_side import ClientSide
+from fedlit.methods.plan import SERVER_LAST, SERVER_ONLY, RoundPlan
 from fedlit.objectives import Objective, SupervisedCE
 
 
@@ -17,7 +18,8 @@ class ServerSL(FederatedMethod):
     Paper 002 section 5.1 ("Server-SL"); paper 000 "Centralized".
     """
 
-    uses_clients = False
+    def round_plan(self) -> RoundPlan:
+        return SERVER_ONLY
 
 
 class FedAvgSL(FederatedMethod):
@@ -29,7 +31,9 @@ class FedAvgSL(FederatedMethod):
     """
 
     oracle = True
-    server_first = False
+
+    def round_plan(self) -> RoundPlan:
+        return SERVER_LAST
 
     def client_side(self) -> OracleClient:
         return OracleClient(*self._client_basics())

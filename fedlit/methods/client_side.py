@@ -117,7 +117,7 @@ class ClientSide:
         device: torch.device,
     ) -> list[Any]:
         """The persistent states of the clients that received the round's ``payload`` but were
-        not sampled to train (only called where the method's ``all_clients_receive``), all at
+        not sampled to train (the plan's ``Step.RECEIVE``), all at
         once so that what they share (the received network) is built once; work on
         ``device``."""
         return list(states)

@@ -7,6 +7,7 @@ from typing import ClassVar
 
 from fedlit.methods.base import DEFAULT_OPTIMIZATION, FederatedMethod
 from fedlit.methods.client_side import ObjectiveClientSide
+from fedlit.methods.plan import SERVER_FIRST_AND_FINETUNE, RoundPlan
 from fedlit.objectives import ConsistencyLoss, Optimization, WeakStrongObjective
 
 
@@ -16,7 +17,8 @@ class FedAvgConsistency(FederatedMethod):
     unlabeled loss on (weak, strong) views of its images, plus (mu/2)||w - w_global||^2 when
     ``loss.mu > 0`` (FedProx); uploads are averaged with FedAvg weights n_k; the server
     fine-tunes the aggregate with CE before it is scored (paper 000's Algorithm 1,
-    ``server_finetunes``). A subclass names the objective and declares its ``loss`` settings.
+    :data:`~fedlit.methods.plan.SERVER_FIRST_AND_FINETUNE`). A subclass names the objective
+    and declares its ``loss`` settings.
 
     Args:
         loss: the objective's settings (a :class:`~fedlit.objectives.ConsistencyLoss`).
@@ -25,7 +27,6 @@ class FedAvgConsistency(FederatedMethod):
 
     #: The clients' objective, built from the received model and ``loss``.
     objective_class: ClassVar[type[WeakStrongObjective]]
-    server_finetunes = True
 
     def __init__(
         self,
@@ -39,6 +40,9 @@ class FedAvgConsistency(FederatedMethod):
     ) -> None:
         super().__init__(num_classes, in_channels, backbone, norm, optim)
         self.loss = loss
+
+    def round_plan(self) -> RoundPlan:
+        return SERVER_FIRST_AND_FINETUNE
 
     def client_side(self) -> ObjectiveClientSide:
         views = ("weak", "strong")

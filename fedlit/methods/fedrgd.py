@@ -17,13 +17,13 @@ from fedlit.methods.base import (
     StateDict,
 )
 from fedlit.methods.client_side import ObjectiveClientSide
+from fedlit.methods.plan import RoundPlan, Step
 from fedlit.objectives import (
     FixMatch,
     FixMatchLoss,
     Objective,
     Optimization,
     SelfTraining,
-    SupervisedCE,
 )
 
 if TYPE_CHECKING:
@@ -86,8 +86,6 @@ class FedRGD(FederatedMethod):
         super().__init__(num_classes, in_channels, backbone, norm, optim)
         self.loss, self.self_training = loss, self_training
         self.aggregator = aggregator
-        #: w_avg as the round's server step found it: what the clients start from.
-        self.round_start: StateDict | None = None
         self.group_models: list[StateDict] = []
         self.client_group: dict[int, int] = {}
         self.warned_pairs = False  # PeerUploadWarning is given once per run
@@ -105,18 +103,12 @@ class FedRGD(FederatedMethod):
         super().initialize()
         self.group_models, self.client_group = [], {}
 
-    # --- server -------------------------------------------------------------------------
-    def server_objective(self) -> Objective:
-        self.round_start = self._shared_state()  # before the server trains on it
-        return SupervisedCE(self.network, **self._server_kwargs())
+    def round_plan(self) -> RoundPlan:
+        """The broadcast is w_avg, taken before the server's step (server and clients train
+        in parallel from it, section 3.2); the server's trained w_s enters the aggregate."""
+        return RoundPlan((Step.BROADCAST, Step.SERVER, Step.CLIENTS, Step.AGGREGATE))
 
     # --- clients ------------------------------------------------------------------------
-    def broadcast(self) -> Payload:
-        """w_avg, untouched by this round's server step (server and clients train in
-        parallel); the current model where the server took no step (labels at the clients)."""
-        start, self.round_start = self.round_start, None
-        return {MODEL: start} if start is not None else super().broadcast()
-
     def client_payload(self, payload: Payload, client_id: int) -> Payload:
         group = self.client_group.get(client_id)
         return payload if group is None else {MODEL: self.group_models[group]}

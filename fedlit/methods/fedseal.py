@@ -15,6 +15,7 @@ from fedlit.data.loaders import ImageBatches
 from fedlit.evaluation import scored
 from fedlit.methods.base import DEFAULT_OPTIMIZATION, FederatedMethod, Payload
 from fedlit.methods.client_side import Architecture, ClientSide
+from fedlit.methods.plan import RoundPlan, Step
 from fedlit.objectives import (
     FedSEALClient,
     FedSEALLoss,
@@ -58,9 +59,6 @@ class FedSEAL(FederatedMethod):
         The others: see :class:`FederatedMethod`.
     """
 
-    server_first = False
-    all_clients_receive = True
-
     def __init__(
         self,
         num_classes: int,
@@ -84,6 +82,12 @@ class FedSEAL(FederatedMethod):
         first = 1.0 if loss.fixed_tau is None else loss.fixed_tau
         self.register_buffer("thresholds", torch.full((self.num_classes,), first))
         self.sent_thresholds = self.thresholds.clone()  # those of the round's broadcast
+
+    def round_plan(self) -> RoundPlan:
+        """Aggregation, then the server's step (Algorithm 1); every client receives the
+        broadcast (line 6); ``bootstrap_epochs`` of the server's objective before round 1."""
+        steps = (Step.BROADCAST, Step.CLIENTS, Step.RECEIVE, Step.AGGREGATE, Step.SERVER)
+        return RoundPlan(steps, self.bootstrap_epochs)
 
     def validate_data(self, data: FederatedDataModule) -> None:
         super().validate_data(data)

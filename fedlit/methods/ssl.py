@@ -4,9 +4,10 @@ The server trains the aggregated network (backbone + classifier head) with CE on
 and broadcasts it; each client trains backbone + SSL heads on two strong views of its images with
 the SSL loss; backbones and heads are averaged with FedAvg weights n_k. The classifier head is
 trained, and stays, at the server. As in paper 000's Algorithm 1 the server trains before
-broadcasting and fine-tunes the aggregate right after aggregation (``server_finetunes``); the
-fine-tuned model is the one scored, and the last round's encoder is also judged by the finetune /
-linear protocols (``federation.final_eval``).
+broadcasting and fine-tunes the aggregate right after aggregation
+(:data:`~fedlit.methods.plan.SERVER_FIRST_AND_FINETUNE`); the fine-tuned model is the one scored,
+and the last round's encoder is also judged by the finetune / linear protocols
+(``federation.final_eval``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any, ClassVar
 
 from fedlit.methods.base import DEFAULT_OPTIMIZATION, FederatedMethod
 from fedlit.methods.client_side import Architecture, ClientSide, ObjectiveClientSide
+from fedlit.methods.plan import SERVER_FIRST_AND_FINETUNE, RoundPlan
 from fedlit.models import Classifier, ssl_heads
 from fedlit.objectives import BYOL, Objective, Optimization, SimCLR, SimSiam
 
@@ -55,7 +57,6 @@ class FedAvgSSL(FederatedMethod):
     ssl_kind: ClassVar[str]
     #: The clients' objective class.
     ssl_objective: ClassVar[type[Objective]]
-    server_finetunes = True
 
     def __init__(
         self,
@@ -70,6 +71,9 @@ class FedAvgSSL(FederatedMethod):
             raise ValueError(f"model.proj_dim must be positive, got {proj_dim}")
         self.proj_dim = proj_dim  # before the base class builds the network
         super().__init__(num_classes, in_channels, backbone, norm, optim)
+
+    def round_plan(self) -> RoundPlan:
+        return SERVER_FIRST_AND_FINETUNE
 
     def architecture(self) -> SSLArchitecture:
         base = super().architecture()

@@ -15,6 +15,7 @@ from fedlit.data.client import ClientData
 from fedlit.data.loaders import ImageBatches
 from fedlit.methods.base import DEFAULT_OPTIMIZATION, ClientUpdate, FederatedMethod, Payload
 from fedlit.methods.client_side import Architecture, ClientSide
+from fedlit.methods.plan import SERVER_LAST, RoundPlan
 from fedlit.objectives import (
     Objective,
     Optimization,
@@ -24,6 +25,9 @@ from fedlit.objectives import (
 )
 
 TEACHER = "teacher"  # the payload / upload part of the teacher's weights
+#: FedSwitch's upload part of a client's eq 2 measures: its mean D_KL^T (``"teacher"``, when it
+#: had a teacher) and D_KL^S (``"student"``), float64 scalars
+KL_REPORT = "kl"
 
 
 class TeacherStudentEMA(FederatedMethod):
@@ -50,7 +54,6 @@ class TeacherStudentEMA(FederatedMethod):
         The others: see :class:`FederatedMethod`.
     """
 
-    server_first = False
     supports_labels_at_client = True
     local_teacher_adaptation: ClassVar[bool] = False
     upload_teacher: ClassVar[bool] = False
@@ -76,6 +79,9 @@ class TeacherStudentEMA(FederatedMethod):
         self.teacher = self._new_network()
         self.teacher_steps: torch.Tensor
         self.register_buffer("teacher_steps", torch.tensor(0))  # EMA steps taken (ramp-up)
+
+    def round_plan(self) -> RoundPlan:
+        return SERVER_LAST
 
     def initialize(self) -> None:
         super().initialize()
@@ -195,7 +201,8 @@ class FedSwitch(TeacherStudentEMA):
 
     Clients adapt their copy of the teacher by EMA after every batch but upload the student
     only. Each client reports D_KL^T (the teacher's predicted-label distribution on weak views
-    against the uniform one) and D_KL^S (the student's on strong views), eq 2; the server
+    against the uniform one) and D_KL^S (the student's on strong views), eq 2, as its upload's
+    ``kl`` part (:data:`KL_REPORT`, 8 bytes a value, ``comm/bytes_up/kl``); the server
     averages them over the round's clients and sends the teacher next round only if
     |D_KL^T - beta| < |D_KL^S - beta| (eq 3); otherwise it sends the student alone and clients
     pseudo-label with it (FedProx-FixMatch's client). Algorithms 1-2 print the condition the
@@ -250,12 +257,39 @@ class FedSwitch(TeacherStudentEMA):
         kl_teacher, kl_student = self.kl.tolist()
         return abs(kl_teacher - beta) < abs(kl_student - beta)
 
+    def client_side(self) -> FedSwitchClientSide:
+        return FedSwitchClientSide(
+            *self._client_basics(),
+            loss=self.loss,
+            teacher_ema=self.client_ema_decay,
+            upload_teacher=self.upload_teacher,
+        )
+
     def aggregate(self, updates: Sequence[ClientUpdate]) -> Aggregated:
+        """The students' mean; the round's mean D_KL^T and D_KL^S from the clients' reports
+        (a client without a teacher reports no D_KL^T)."""
         result = super().aggregate(updates)
-        teacher = [u.metrics["kl/teacher"] for u in updates if "kl/teacher" in u.metrics]
-        student = [u.metrics["kl/student"] for u in updates if "kl/student" in u.metrics]
-        for i, values in enumerate((teacher, student)):
+        reports = [state_part(u.upload, KL_REPORT) for u in updates]
+        for i, name in enumerate(("teacher", "student")):
+            values = [float(report[name]) for report in reports if name in report]
             if values:
                 self.kl[i] = sum(values) / len(values)
                 self.kl_measured[i] = True
         return result
+
+
+class FedSwitchClientSide(TeacherStudentClientSide):
+    """FedSwitch's client: a teacher-student client that also reports eq 2's measures,
+    D_KL^T and D_KL^S (the means over its batches, as its metrics ``kl/teacher`` and
+    ``kl/student`` log them), as its upload's :data:`KL_REPORT` part; a client without a
+    teacher reports no D_KL^T."""
+
+    def upload(self, objective: Objective) -> Payload:
+        upload = super().upload(objective)
+        measured = objective.epoch_metrics()
+        upload[KL_REPORT] = {
+            name: torch.tensor(measured[f"kl/{name}"], dtype=torch.float64)
+            for name in ("teacher", "student")
+            if f"kl/{name}" in measured
+        }
+        return upload
