@@ -15,10 +15,11 @@ import fedlit.methods
 from fedlit.aggregation import Aggregated
 from fedlit.data import ClientData, FederatedDataModule
 from fedlit.federation import Federation, FederationConfig
-from fedlit.federation.callbacks import Callback
+from fedlit.federation.callbacks import Callback, RunView
 from fedlit.methods import (
     ClientUpdate,
     FedAvgBYOL,
+    FedAvgConsistency,
     FedAvgFixMatch,
     FedAvgSimCLR,
     FedAvgSimSiam,
@@ -38,9 +39,10 @@ from fedlit.methods import (
     TSServerEMA,
 )
 from fedlit.methods.base import Payload
+from fedlit.methods.client_side import ClientSide, ObjectiveClientSide
 from fedlit.methods.plan import RoundPlan, Step
 from fedlit.methods.teacher_student import KL_REPORT
-from fedlit.objectives import Objective, Optimization, TeacherStudentClient
+from fedlit.objectives import FixMatch, Objective, Optimization, TeacherStudentClient
 
 S, B, C, R, A, F = (
     Step.SERVER,
@@ -76,7 +78,7 @@ def _method(cls: type[FederatedMethod], **kw: Any) -> FederatedMethod:
 
 
 def test_every_method_has_a_written_out_plan() -> None:
-    abstract = {FederatedMethod, FedAvgSSL, TeacherStudentEMA}  # bases, not methods
+    abstract = {FederatedMethod, FedAvgConsistency, FedAvgSSL, TeacherStudentEMA}  # bases
     exported = {
         cls
         for cls in vars(fedlit.methods).values()
@@ -152,19 +154,8 @@ class Recording(FedAvgFixMatch):
         self.calls.append("broadcast")
         return super().broadcast()
 
-    def client_objective(self, payload: Payload, client: ClientData, state: Any) -> Objective:
-        self.calls.append(f"client {client.client_id}")
-        return super().client_objective(payload, client, state)
-
-    def clients_receive(
-        self,
-        payload: Payload,
-        clients: Sequence[ClientData],
-        states: Sequence[Any],
-        device: torch.device,
-    ) -> list[Any]:
-        self.calls.append(f"receive {[c.client_id for c in clients]}")
-        return super().clients_receive(payload, clients, states, device)
+    def client_side(self) -> ClientSide:
+        return RecordingClient(self)
 
     def aggregate(self, updates: Sequence[ClientUpdate]) -> Aggregated:
         self.calls.append(f"aggregate {[u.client_id for u in updates]}")
@@ -174,23 +165,47 @@ class Recording(FedAvgFixMatch):
         self.calls.append("end")
 
 
+class RecordingClient(ObjectiveClientSide):
+    """:class:`Recording`'s client side, recording into its method's record (its clients run
+    in the driver's process)."""
+
+    def __init__(self, method: Recording) -> None:
+        basics = method._client_basics()
+        super().__init__(*basics, ("weak", "strong"), FixMatch, loss=method.loss)
+        self.calls = method.calls
+
+    def objective(self, payload: Payload, client: ClientData, state: Any) -> Objective:
+        self.calls.append(f"client {client.client_id}")
+        return super().objective(payload, client, state)
+
+    def receive(
+        self,
+        payload: Payload,
+        clients: Sequence[ClientData],
+        states: Sequence[Any],
+        device: torch.device,
+    ) -> list[Any]:
+        self.calls.append(f"receive {[c.client_id for c in clients]}")
+        return super().receive(payload, clients, states, device)
+
+
 class Stages(Callback):
     """Writes each stage the loop announces into the method's record."""
 
-    def on_stage(self, fed: Federation, round_idx: int, stage: str) -> None:
-        assert isinstance(fed.method, Recording)
-        fed.method.calls.append(f"stage {stage}")
+    def on_stage(self, run: RunView, round_idx: int, stage: str) -> None:
+        assert isinstance(run.method, Recording)
+        run.method.calls.append(f"stage {stage}")
 
     def on_updates(
         self,
-        fed: Federation,
+        run: RunView,
         round_idx: int,
         received: Sequence[Payload],
         updates: Sequence[ClientUpdate],
         metrics: dict[str, float],
     ) -> None:
-        assert isinstance(fed.method, Recording)
-        fed.method.calls.append(f"updates {[u.client_id for u in updates]}")
+        assert isinstance(run.method, Recording)
+        run.method.calls.append(f"updates {[u.client_id for u in updates]}")
 
 
 def _recording_round(root: Path, run_dir: Path, steps: tuple[Step, ...]) -> Federation:
@@ -221,11 +236,9 @@ def test_the_loop_walks_the_plan_in_order(fmnist_root: Path, tmp_path: Path) -> 
         "broadcast",
         "stage server step",
         "server objective",
-        "stage client 1/2",
-        "start 1",  # the client's runner sets the round's values too
+        "stage client 1/2",  # the client side sets its own round's values
         f"client {trained[0]}",
         "stage client 2/2",
-        "start 1",
         f"client {trained[1]}",
         f"receive [{idle}]",
         f"updates {trained}",
@@ -255,11 +268,11 @@ def test_a_plan_without_clients_runs_the_server_alone(fmnist_root: Path, tmp_pat
 
 def _switch_client(method: FedSwitch, kl: Sequence[dict[str, float]]) -> TeacherStudentClient:
     """A FedSwitch client objective that measured the batches ``kl`` (eq 2's terms)."""
-    method.on_round_start(1, 10)
-    payload = method.broadcast()
-    network = method.client_model(payload)
+    side = method.client_side()
+    side.on_round_start(1, 10)
+    network = side.model(method.broadcast())
     objective = TeacherStudentClient(
-        network, teacher=None, num_classes=10, loss=method.loss, **method.client_kwargs()
+        network, teacher=None, num_classes=10, loss=method.loss, **side.optimizer_kwargs()
     )
     for batch in kl:
         objective.accumulate(1.0, **{f"kl/{k}": torch.tensor(v) for k, v in batch.items()})
@@ -271,21 +284,21 @@ def test_fedswitch_uploads_its_kl_report() -> None:
     objective = _switch_client(
         method, [{"teacher": 0.5, "student": 0.25}, {"teacher": 1.0, "student": 0.75}]
     )
-    upload = method.client_upload(objective)
+    upload = method.client_side().upload(objective)
     assert set(upload) == {"model", KL_REPORT}
     report = upload[KL_REPORT]
     assert isinstance(report, dict)
     assert {k: float(v) for k, v in report.items()} == {"teacher": 0.75, "student": 0.5}
     assert all(v.dtype == torch.float64 and v.shape == () for v in report.values())
     no_teacher = _switch_client(method, [{"student": 0.125}])  # a round without the teacher
-    report = method.client_upload(no_teacher)[KL_REPORT]
+    report = method.client_side().upload(no_teacher)[KL_REPORT]
     assert isinstance(report, dict)
     assert {k: float(v) for k, v in report.items()} == {"student": 0.125}
 
 
 def test_fedswitch_aggregates_the_reports_not_the_metrics() -> None:
     method = FedSwitch(num_classes=10, in_channels=1)
-    model = method.shared_state()
+    model = method._shared_state()
 
     def update(cid: int, report: dict[str, float]) -> ClientUpdate:
         kl = {k: torch.tensor(v, dtype=torch.float64) for k, v in report.items()}
