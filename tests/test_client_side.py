@@ -20,7 +20,7 @@ from fedlit.federation import PoolSettings, ProcessPool, RaySettings
 from fedlit.federation.client import ClientJob, ClientRunner, ReceiveJob
 from fedlit.federation.executors import InProcess
 from fedlit.methods import FederatedMethod, FedSEAL, FedSup, TSServerEMA
-from fedlit.methods.base import ClientUpdate
+from fedlit.methods.client_side import ClientUpdate
 
 REPO = Path(__file__).parents[1]
 

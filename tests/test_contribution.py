@@ -14,7 +14,7 @@ from conftest import tiny_overrides
 from fedlit.cli import main
 from fedlit.federation.callbacks import Contribution
 from fedlit.methods import FedAvgFixMatch, FedAvgSimCLR, FedSEAL
-from fedlit.methods.base import ClientUpdate
+from fedlit.methods.client_side import ClientUpdate
 
 QUICKSTART = Path(__file__).parents[1] / "recipes" / "quickstart.yaml"
 

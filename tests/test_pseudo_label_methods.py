@@ -6,7 +6,6 @@ import copy
 import csv
 import math
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -346,9 +345,10 @@ def test_fedrgd_clients_start_from_the_model_the_server_started_from(
     trained: list[dict[str, torch.Tensor]] = []
 
     class Recording(FedRGD):
-        def client_objective(self, payload: Payload, client: ClientData, state: Any) -> Objective:
-            received.append(payload)
-            return super().client_objective(payload, client, state)
+        def client_payload(self, payload: Payload, client_id: int) -> Payload:
+            sent = super().client_payload(payload, client_id)
+            received.append(sent)  # what the client receives
+            return sent
 
         def server_step_done(self, objective: Objective, data: FederatedDataModule) -> None:
             trained.append({k: v.clone() for k, v in self.network.state_dict().items()})

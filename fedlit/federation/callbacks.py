@@ -29,7 +29,8 @@ from fedlit.federation.console import note, warn
 from fedlit.federation.faults import ROUND_FAILED, ClientFault
 from fedlit.federation.loggers import RoundCSVLogger
 from fedlit.federation.resume import Checkpointer
-from fedlit.methods.base import ClientUpdate, FederatedMethod
+from fedlit.methods.base import FederatedMethod
+from fedlit.methods.client_side import ClientUpdate
 from fedlit.run_layout import RUN_FILE
 
 #: How a run ended: all rounds done, stopped by a failed round, or stopped otherwise

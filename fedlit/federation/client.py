@@ -6,11 +6,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from fedlit.aggregation.payloads import Payload
 from fedlit.data.datamodule import FederatedDataModule
 from fedlit.federation.seeding import derive_seed, seed_all
 from fedlit.federation.trainers import TrainerTemplate
-from fedlit.methods.base import ClientUpdate, Payload
-from fedlit.methods.client_side import ClientSide
+from fedlit.methods.client_side import ClientSide, ClientUpdate
 
 
 @dataclass(frozen=True)

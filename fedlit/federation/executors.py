@@ -20,9 +20,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
+from fedlit.aggregation.payloads import Payload
 from fedlit.federation.client import ClientJob, ClientRunner, ReceiveJob
 from fedlit.federation.pool import PoolSettings, ProcessPool
-from fedlit.methods.base import ClientUpdate, Payload
+from fedlit.methods.client_side import ClientUpdate
 
 
 class ClientExecutor(Protocol):

@@ -35,7 +35,7 @@ from fedlit.federation.trainers import TERMINATED
 
 if TYPE_CHECKING:
     from fedlit.federation.client import ClientJob, ClientRunner, ReceiveJob
-    from fedlit.methods.base import ClientUpdate
+    from fedlit.methods.client_side import ClientUpdate
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,8 @@ from fedlit.federation.executors import ClientExecutor, InProcess
 from fedlit.federation.faults import ClientFault, fault_metrics, upload_fault
 from fedlit.federation.server import Server
 from fedlit.federation.store import ClientStateStore
-from fedlit.methods.base import ClientUpdate, FederatedMethod
+from fedlit.methods.base import FederatedMethod
+from fedlit.methods.client_side import ClientUpdate
 from fedlit.methods.plan import Step
 
 

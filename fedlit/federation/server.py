@@ -14,7 +14,8 @@ from fedlit.federation.config import FederationConfig
 from fedlit.federation.faults import ClientFault, RoundFailed, name_list, nonfinite_tensors
 from fedlit.federation.seeding import EVAL, FINETUNE, SERVER, derive_seed, seed_all
 from fedlit.federation.trainers import TrainerTemplate
-from fedlit.methods.base import ClientUpdate, FederatedMethod
+from fedlit.methods.base import FederatedMethod
+from fedlit.methods.client_side import ClientUpdate
 
 
 @dataclass

@@ -1,7 +1,8 @@
 """Federated methods: each is a LightningModule holding the global network plus its rules."""
 
-from fedlit.methods.base import ClientUpdate, FederatedMethod
+from fedlit.methods.base import FederatedMethod
 from fedlit.methods.baselines import FedAvgSL, ServerSL
+from fedlit.methods.client_side import ClientUpdate
 from fedlit.methods.consistency import FedAvgConsistency
 from fedlit.methods.fedcon import FedCon
 from fedlit.methods.fedmatch import FedMatch

@@ -10,7 +10,6 @@ logging and checkpoints; it never knows which method it runs.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from lightning import LightningModule
@@ -18,10 +17,10 @@ from lightning.pytorch.utilities import CombinedLoader
 from torch import Tensor, nn
 
 from fedlit.aggregation import Aggregated, Aggregator, WeightedMean
-from fedlit.aggregation.payloads import MODEL, Payload, StateDict, state_part
+from fedlit.aggregation.payloads import MODEL, Payload, StateDict
 from fedlit.data.datamodule import FederatedDataModule
 from fedlit.data.loaders import ImageBatches
-from fedlit.methods.client_side import Architecture, ClientSide
+from fedlit.methods.client_side import Architecture, ClientSide, ClientUpdate
 from fedlit.methods.plan import SERVER_FIRST, RoundPlan
 from fedlit.models import Backbone, Classifier
 from fedlit.objectives import Objective, Optimization, SupervisedCE
@@ -30,22 +29,6 @@ if TYPE_CHECKING:
     from fedlit.federation.config import FederationConfig
 
 DEFAULT_OPTIMIZATION = Optimization()
-
-
-@dataclass(frozen=True)
-class ClientUpdate:
-    """What one client returns from a round."""
-
-    client_id: int
-    upload: Payload  # what is sent up: named parts, the network's shared weights as "model"
-    num_examples: int  # n_k, the FedAvg weight
-    state: Any = None  # the client's new persistent state (never uploaded)
-    metrics: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def model(self) -> StateDict:
-        """The upload's model part: the client's shared weights."""
-        return state_part(self.upload, MODEL)
 
 
 class FederatedMethod(LightningModule):

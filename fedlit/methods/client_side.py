@@ -11,7 +11,7 @@ executor: what a client knows of the server is what its payload carries.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -22,6 +22,22 @@ from fedlit.data.client import ClientData
 from fedlit.data.loaders import ImageBatches
 from fedlit.models import Classifier, build_classifier
 from fedlit.objectives import Objective, Optimization
+
+
+@dataclass(frozen=True)
+class ClientUpdate:
+    """What one client returns from a round."""
+
+    client_id: int
+    upload: Payload  # what is sent up: named parts, the network's shared weights as "model"
+    num_examples: int  # n_k, the FedAvg weight
+    state: Any = None  # the client's new persistent state (never uploaded)
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def model(self) -> StateDict:
+        """The upload's model part: the client's shared weights."""
+        return state_part(self.upload, MODEL)
 
 
 @dataclass(frozen=True)

@@ -20,12 +20,11 @@ from fedlit.data.datasets import DatasetSpec
 from fedlit.data.loaders import ImageBatches
 from fedlit.methods.base import (
     DEFAULT_OPTIMIZATION,
-    ClientUpdate,
     FederatedMethod,
     Payload,
     StateDict,
 )
-from fedlit.methods.client_side import Architecture, ClientSide
+from fedlit.methods.client_side import Architecture, ClientSide, ClientUpdate
 from fedlit.models import Backbone, Classifier
 from fedlit.objectives import (
     FedMatchClient,

@@ -11,12 +11,11 @@ from fedlit.aggregation import Aggregated, GroupwiseWithServer, MeanWithServer
 from fedlit.aggregation.payloads import MODEL
 from fedlit.methods.base import (
     DEFAULT_OPTIMIZATION,
-    ClientUpdate,
     FederatedMethod,
     Payload,
     StateDict,
 )
-from fedlit.methods.client_side import ObjectiveClientSide
+from fedlit.methods.client_side import ClientUpdate, ObjectiveClientSide
 from fedlit.methods.plan import RoundPlan, Step
 from fedlit.objectives import (
     FixMatch,

@@ -13,8 +13,8 @@ from fedlit.aggregation import Aggregated, Mean, weighted_average
 from fedlit.aggregation.payloads import state_part
 from fedlit.data.client import ClientData
 from fedlit.data.loaders import ImageBatches
-from fedlit.methods.base import DEFAULT_OPTIMIZATION, ClientUpdate, FederatedMethod, Payload
-from fedlit.methods.client_side import Architecture, ClientSide
+from fedlit.methods.base import DEFAULT_OPTIMIZATION, FederatedMethod, Payload
+from fedlit.methods.client_side import Architecture, ClientSide, ClientUpdate
 from fedlit.methods.plan import SERVER_LAST, RoundPlan
 from fedlit.objectives import (
     Objective,
