@@ -122,7 +122,7 @@ def measure(name: str, args: argparse.Namespace, workdir: Path) -> tuple[float, 
         federation(name, args, workdir / f"{name}-plain"),
     )
     fedlit_fed.open_run_dir()
-    fedlit_fed.callbacks.run_start(fedlit_fed)  # its rows and checkpoints, as in a run
+    fedlit_fed.callbacks.run_start()  # its rows and checkpoints, as in a run
     fedlit_s, plain_s = [], []
     for r in range(1, args.rounds + 2):  # round 1 warms both paths up and is not counted
         t0 = time.perf_counter()
