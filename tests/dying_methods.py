@@ -24,8 +24,8 @@ class FixMatchClient(ObjectiveClientSide):
     """FedAvg-FixMatch's client side, for the test clients below to override."""
 
     def __init__(self, method: FedAvgFixMatch) -> None:
-        basics = method._client_basics()
-        super().__init__(*basics, ("weak", "strong"), FixMatch, loss=method.loss)
+        setup = method._client_setup()
+        super().__init__(setup, ("weak", "strong"), FixMatch, loss=method.loss)
 
 
 class DiesOnceClient(FixMatchClient):

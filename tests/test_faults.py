@@ -65,8 +65,8 @@ class FaultyClient(ObjectiveClientSide):
     upload it makes by (round, client)."""
 
     def __init__(self, method: Faulty) -> None:
-        basics = method._client_basics()
-        super().__init__(*basics, ("weak", "strong"), FixMatch, loss=method.loss)
+        setup = method._client_setup()
+        super().__init__(setup, ("weak", "strong"), FixMatch, loss=method.loss)
         self.fault, self.fault_client, self.fault_round = (
             method.fault,
             method.fault_client,

@@ -170,8 +170,8 @@ class RecordingClient(ObjectiveClientSide):
     in the driver's process)."""
 
     def __init__(self, method: Recording) -> None:
-        basics = method._client_basics()
-        super().__init__(*basics, ("weak", "strong"), FixMatch, loss=method.loss)
+        setup = method._client_setup()
+        super().__init__(setup, ("weak", "strong"), FixMatch, loss=method.loss)
         self.calls = method.calls
 
     def objective(self, payload: Payload, client: ClientData, state: Any) -> Objective:

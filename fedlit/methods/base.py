@@ -20,7 +20,7 @@ from fedlit.aggregation import Aggregated, Aggregator, WeightedMean
 from fedlit.aggregation.payloads import MODEL, Payload, StateDict
 from fedlit.data.datamodule import FederatedDataModule
 from fedlit.data.loaders import ImageBatches
-from fedlit.methods.client_side import Architecture, ClientSide, ClientUpdate
+from fedlit.methods.client_side import Architecture, ClientSetup, ClientSide, ClientUpdate
 from fedlit.methods.plan import SERVER_FIRST, RoundPlan
 from fedlit.models import Backbone, Classifier
 from fedlit.objectives import Objective, Optimization, SupervisedCE
@@ -158,13 +158,14 @@ class FederatedMethod(LightningModule):
         """What the clients run (built once per run, before round 1): a
         :class:`~fedlit.methods.client_side.ClientSide` holding the method's client settings
         and none of its server state. This default trains no client objective (Server-SL)."""
-        return ClientSide(*self._client_basics())
+        return ClientSide(self._client_setup())
 
-    def _client_basics(self) -> tuple[Architecture, Optimization, frozenset[str]]:
-        """What every client side takes: the architecture, the optimiser settings and the
-        shared state keys (:meth:`is_shared` of the global network's keys)."""
+    def _client_setup(self) -> ClientSetup:
+        """What every client side is built from (a subclass's :meth:`client_side` passes it
+        on): the architecture, the optimiser settings and the shared state keys
+        (:meth:`is_shared` of the global network's keys)."""
         shared = frozenset(k for k in self.network.state_dict() if self.is_shared(k))
-        return self.architecture(), self.optim, shared
+        return ClientSetup(self.architecture(), self.optim, shared)
 
     # --- aggregation ----------------------------------------------------------------------
     def aggregate(self, updates: Sequence[ClientUpdate]) -> Aggregated:

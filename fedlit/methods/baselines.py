@@ -36,7 +36,7 @@ class FedAvgSL(FederatedMethod):
         return SERVER_LAST
 
     def client_side(self) -> OracleClient:
-        return OracleClient(*self._client_basics())
+        return OracleClient(self._client_setup())
 
 
 class OracleClient(ClientSide):

@@ -54,27 +54,29 @@ class Architecture:
         return build_classifier(self.backbone, self.num_classes, self.in_channels, self.norm)
 
 
+@dataclass(frozen=True)
+class ClientSetup:
+    """What every client side is built from, whatever its method."""
+
+    architecture: Architecture  # the network a client builds from received weights
+    optim: Optimization  # the clients' optimiser and learning-rate schedule
+    shared: frozenset[str]  # the state keys of the global network that are sent and averaged
+
+
 class ClientSide:
     """The client side of a method: a client's loader, objective, upload and kept state.
 
     Args:
-        architecture: the network a client builds from received weights.
-        optim: the clients' optimiser and learning-rate schedule.
-        shared: the state keys of the global network that are sent and averaged.
+        setup: what every client side is built from (:class:`ClientSetup`).
         views: the augmented views of each unlabeled image the objective takes.
 
     Round-dependent values reach it through :meth:`on_round_start`, called by the client
     runner before a client's work; a subclass adds the method's client-loss settings.
     """
 
-    def __init__(
-        self,
-        architecture: Architecture,
-        optim: Optimization,
-        shared: frozenset[str],
-        views: tuple[str, ...] = ("weak",),
-    ) -> None:
-        self.architecture, self.optim, self.shared, self.views = architecture, optim, shared, views
+    def __init__(self, setup: ClientSetup, views: tuple[str, ...] = ("weak",)) -> None:
+        self.architecture, self.optim, self.shared = setup.architecture, setup.optim, setup.shared
+        self.views = views
         #: The round being run and the run's length, set by :meth:`on_round_start`.
         self.round_idx, self.total_rounds = 0, 1
 
@@ -152,14 +154,12 @@ class ObjectiveClientSide(ClientSide):
 
     def __init__(
         self,
-        architecture: Architecture,
-        optim: Optimization,
-        shared: frozenset[str],
+        setup: ClientSetup,
         views: tuple[str, ...],
         objective: type[Objective],
         **settings: Any,
     ) -> None:
-        super().__init__(architecture, optim, shared, views)
+        super().__init__(setup, views)
         self.objective_class, self.settings = objective, settings
 
     def objective(self, payload: Payload, client: ClientData, state: Any) -> Objective:

@@ -47,5 +47,5 @@ class FedAvgConsistency(FederatedMethod):
     def client_side(self) -> ObjectiveClientSide:
         views = ("weak", "strong")
         return ObjectiveClientSide(
-            *self._client_basics(), views, self.objective_class, loss=self.loss
+            self._client_setup(), views, self.objective_class, loss=self.loss
         )

@@ -15,7 +15,7 @@ from fedlit.data.client import ClientData
 from fedlit.data.datamodule import FederatedDataModule
 from fedlit.data.loaders import ImageBatches
 from fedlit.methods.base import DEFAULT_OPTIMIZATION, FederatedMethod, Payload
-from fedlit.methods.client_side import Architecture, ClientSide
+from fedlit.methods.client_side import ClientSetup, ClientSide
 from fedlit.objectives import FedConClient, FedConServer, Objective, Optimization
 
 
@@ -110,7 +110,7 @@ class FedCon(FederatedMethod):
 
     # --- client ---------------------------------------------------------------------------
     def client_side(self) -> FedConClientSide:
-        return FedConClientSide(*self._client_basics(), ema_decay=self.client_ema_decay)
+        return FedConClientSide(self._client_setup(), ema_decay=self.client_ema_decay)
 
 
 class FedConClientSide(ClientSide):
@@ -124,12 +124,10 @@ class FedConClientSide(ClientSide):
 
     def __init__(
         self,
-        architecture: Architecture,
-        optim: Optimization,
-        shared: frozenset[str],
+        setup: ClientSetup,
         ema_decay: float,
     ) -> None:
-        super().__init__(architecture, optim, shared, ("weak", "weak"))
+        super().__init__(setup, ("weak", "weak"))
         self.ema_decay = ema_decay
 
     def objective(self, payload: Payload, client: ClientData, state: Any) -> Objective:

@@ -24,7 +24,7 @@ from fedlit.methods.base import (
     Payload,
     StateDict,
 )
-from fedlit.methods.client_side import Architecture, ClientSide, ClientUpdate
+from fedlit.methods.client_side import ClientSetup, ClientSide, ClientUpdate
 from fedlit.models import Backbone, Classifier
 from fedlit.objectives import (
     FedMatchClient,
@@ -349,7 +349,7 @@ class FedMatch(FederatedMethod):
     # --- client ---------------------------------------------------------------------------
     def client_side(self) -> FedMatchClientSide:
         return FedMatchClientSide(
-            *self._client_basics(),
+            self._client_setup(),
             layout=self.layout,
             loss=self.loss,
             num_helpers=self.num_helpers,
@@ -396,16 +396,14 @@ class FedMatchClientSide(ClientSide):
 
     def __init__(
         self,
-        architecture: Architecture,
-        optim: Optimization,
-        shared: frozenset[str],
+        setup: ClientSetup,
         layout: ParameterLayout,
         loss: FedMatchLoss,
         num_helpers: int,
         l1_threshold: float,
         delta_threshold: float,
     ) -> None:
-        super().__init__(architecture, optim, shared, ("plain", "strong"))
+        super().__init__(setup, ("plain", "strong"))
         self.layout, self.loss, self.num_helpers = layout, loss, num_helpers
         self.l1_threshold, self.delta_threshold = l1_threshold, delta_threshold
 

@@ -120,7 +120,7 @@ class FedRGD(FederatedMethod):
             views, objective = ("weak",), SelfTraining
         else:
             views, objective = ("weak", "strong"), FixMatch
-        return ObjectiveClientSide(*self._client_basics(), views, objective, loss=self.loss)
+        return ObjectiveClientSide(self._client_setup(), views, objective, loss=self.loss)
 
     # --- aggregation --------------------------------------------------------------------
     def aggregate(self, updates: Sequence[ClientUpdate]) -> Aggregated:

@@ -14,7 +14,7 @@ from fedlit.data.datamodule import FederatedDataModule
 from fedlit.data.loaders import ImageBatches
 from fedlit.evaluation import scored
 from fedlit.methods.base import DEFAULT_OPTIMIZATION, FederatedMethod, Payload
-from fedlit.methods.client_side import Architecture, ClientSide
+from fedlit.methods.client_side import ClientSetup, ClientSide
 from fedlit.methods.plan import RoundPlan, Step
 from fedlit.objectives import (
     FedSEALClient,
@@ -134,7 +134,7 @@ class FedSEAL(FederatedMethod):
     # --- client -------------------------------------------------------------------------
     def client_side(self) -> FedSEALClientSide:
         return FedSEALClientSide(
-            *self._client_basics(), loss=self.loss, self_ensemble=self.use_self_ensemble
+            self._client_setup(), loss=self.loss, self_ensemble=self.use_self_ensemble
         )
 
 
@@ -151,13 +151,11 @@ class FedSEALClientSide(ClientSide):
 
     def __init__(
         self,
-        architecture: Architecture,
-        optim: Optimization,
-        shared: frozenset[str],
+        setup: ClientSetup,
         loss: FedSEALLoss,
         self_ensemble: bool,
     ) -> None:
-        super().__init__(architecture, optim, shared, ("plain", "strong"))
+        super().__init__(setup, ("plain", "strong"))
         self.loss, self.use_self_ensemble = loss, self_ensemble
         self.lam = loss.weight(0.0)  # lambda_t, set each round by on_round_start
 

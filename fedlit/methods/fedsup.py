@@ -10,7 +10,7 @@ from fedlit.aggregation import GroupwiseWithServer
 from fedlit.aggregation.payloads import state_part
 from fedlit.data.client import ClientData
 from fedlit.methods.base import DEFAULT_OPTIMIZATION, Payload, StateDict
-from fedlit.methods.client_side import Architecture, ClientSide
+from fedlit.methods.client_side import ClientSetup, ClientSide
 from fedlit.methods.ssl import FedAvgSSL
 from fedlit.objectives import (
     FedSupClient,
@@ -82,7 +82,7 @@ class FedSup(FedAvgSSL):
         return super().broadcast() | {TARGET: target}
 
     def client_side(self) -> FedSupClientSide:
-        return FedSupClientSide(*self._client_basics(), lambda_s=self.lambda_s)
+        return FedSupClientSide(self._client_setup(), lambda_s=self.lambda_s)
 
     def server_model(self) -> StateDict:
         """f_Server: the group-wise average (paper 004 eq 7, Algorithm 2) takes the server's
@@ -102,12 +102,10 @@ class FedSupClientSide(ClientSide):
 
     def __init__(
         self,
-        architecture: Architecture,
-        optim: Optimization,
-        shared: frozenset[str],
+        setup: ClientSetup,
         lambda_s: float,
     ) -> None:
-        super().__init__(architecture, optim, shared, ("strong", "plain"))
+        super().__init__(setup, ("strong", "plain"))
         self.lambda_s = lambda_s
         self.mse_weight = 1.0  # lambda_s^(t/T), set by on_round_start
 

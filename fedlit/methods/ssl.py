@@ -96,7 +96,7 @@ class FedAvgSSL(FederatedMethod):
     def client_side(self) -> ClientSide:
         views = ("strong", "strong")
         return ObjectiveClientSide(
-            *self._client_basics(), views, self.ssl_objective, **self.ssl_settings()
+            self._client_setup(), views, self.ssl_objective, **self.ssl_settings()
         )
 
 

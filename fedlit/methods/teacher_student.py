@@ -14,7 +14,7 @@ from fedlit.aggregation.payloads import state_part
 from fedlit.data.client import ClientData
 from fedlit.data.loaders import ImageBatches
 from fedlit.methods.base import DEFAULT_OPTIMIZATION, FederatedMethod, Payload
-from fedlit.methods.client_side import Architecture, ClientSide, ClientUpdate
+from fedlit.methods.client_side import ClientSetup, ClientSide, ClientUpdate
 from fedlit.methods.plan import SERVER_LAST, RoundPlan
 from fedlit.objectives import (
     Objective,
@@ -103,7 +103,7 @@ class TeacherStudentEMA(FederatedMethod):
     # --- client ---------------------------------------------------------------------------
     def client_side(self) -> TeacherStudentClientSide:
         return TeacherStudentClientSide(
-            *self._client_basics(),
+            self._client_setup(),
             loss=self.loss,
             teacher_ema=self.client_ema_decay if self.local_teacher_adaptation else None,
             upload_teacher=self.upload_teacher,
@@ -145,14 +145,12 @@ class TeacherStudentClientSide(ClientSide):
 
     def __init__(
         self,
-        architecture: Architecture,
-        optim: Optimization,
-        shared: frozenset[str],
+        setup: ClientSetup,
         loss: TeacherStudentLoss,
         teacher_ema: float | None,
         upload_teacher: bool,
     ) -> None:
-        super().__init__(architecture, optim, shared, ("weak", "strong"))
+        super().__init__(setup, ("weak", "strong"))
         self.loss, self.teacher_ema, self.upload_teacher = loss, teacher_ema, upload_teacher
 
     def loader(self, client: ClientData) -> ImageBatches | CombinedLoader:
@@ -259,7 +257,7 @@ class FedSwitch(TeacherStudentEMA):
 
     def client_side(self) -> FedSwitchClientSide:
         return FedSwitchClientSide(
-            *self._client_basics(),
+            self._client_setup(),
             loss=self.loss,
             teacher_ema=self.client_ema_decay,
             upload_teacher=self.upload_teacher,
