@@ -135,9 +135,8 @@ class ClientSide:
         device: torch.device,
     ) -> list[Any]:
         """The persistent states of the clients that received the round's ``payload`` but were
-        not sampled to train (the plan's ``Step.RECEIVE``), all at
-        once so that what they share (the received network) is built once; work on
-        ``device``."""
+        not sampled to train (the plan's ``Step.RECEIVE``), all at once so that what they
+        share (the received network) is built once; work on ``device``."""
         return list(states)
 
 

@@ -21,9 +21,8 @@ class Step(Enum):
     #: C of K clients are sampled, each sent its payload (``client_payload``) and run through
     #: the run's executor; a client that raises or uploads a non-finite value is left out.
     CLIENTS = "clients"
-    #: The clients not sampled receive the broadcast without training (their client
-    #: side's ``receive``;
-    #: paper 002's Algorithm 1, line 6: FedSEAL).
+    #: The clients not sampled receive the broadcast without training (their client side's
+    #: ``receive``; paper 002's Algorithm 1, line 6: FedSEAL).
     RECEIVE = "receive"
     #: The survivors' updates: checked against ``federation.min_clients``, observed by the
     #: callbacks, aggregated into the global network, averaged into ``client/*``.
