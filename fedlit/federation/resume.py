@@ -3,6 +3,7 @@ against the run that continues it and restored."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,7 @@ def load_resume(resume: str | None) -> RunCheckpoint | None:
         raise ValueError(str(err) if named else f"federation.resume: {err}") from err
 
 
+@dataclass(eq=False)
 class Checkpointer:
     """The checkpoint file at ``path`` of a run of ``method`` on ``data`` with ``seed``:
     :meth:`save` writes it after a round, :meth:`check` refuses one this run cannot continue,
@@ -51,22 +53,14 @@ class Checkpointer:
     resume must match both.
     """
 
-    def __init__(
-        self,
-        path: Path,
-        method: FederatedMethod,
-        data: FederatedDataModule,
-        store: ClientStateStore,
-        seed: int,
-        hparams: dict[str, Any],
-    ) -> None:
-        self.path = path
-        self.method = method
-        self.data = data
-        self.store = store
-        self.seed = seed
-        self.hparams = hparams
-        self.round = 0  # the round of the run's last checkpoint (0: none yet)
+    path: Path
+    method: FederatedMethod
+    data: FederatedDataModule
+    store: ClientStateStore
+    seed: int
+    hparams: dict[str, Any]
+    #: The round of the run's last checkpoint (0: none yet).
+    round: int = field(default=0, init=False)
 
     @property
     def meta(self) -> dict[str, Any]:

@@ -80,16 +80,6 @@ class RoundPlan:
         """Clients take part (not Server-SL's plan, the server's step alone)."""
         return Step.CLIENTS in self.steps
 
-    @property
-    def all_clients_receive(self) -> bool:
-        """Every client receives each round's broadcast, sampled or not."""
-        return Step.RECEIVE in self.steps
-
-    @property
-    def bootstraps(self) -> bool:
-        """The server trains before round 1."""
-        return self.bootstrap_epochs > 0
-
 
 #: The server trains, then broadcasts; the clients' uploads are aggregated (FedAvg's default:
 #: FedCon, FedMatch).
