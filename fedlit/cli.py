@@ -40,12 +40,22 @@ from fedlit.evaluation import Evaluator, scored
 from fedlit.federation import Federation, FederationConfig, TrainerTemplate, load_checkpoint
 from fedlit.federation.checkpoint import WRITE_FAILED, WriteFailed, write_error
 from fedlit.federation.checks import loading_data
+from fedlit.federation.config import DEFAULT_POOL, DEFAULT_RAY
+from fedlit.federation.console import warn
 from fedlit.federation.faults import ROUND_FAILED, RoundFailed
+from fedlit.federation.pool import available_cores
 from fedlit.federation.rundir import free_config_name
 from fedlit.federation.trainers import TERMINATED, stop_on_sigterm
 from fedlit.methods import FederatedMethod
-from fedlit.refusals import OneLineLightningParser, OneLineParser, flat_keys, one_line
-from fedlit.run_layout import MAX_SEED, output_dir_error
+from fedlit.refusals import (
+    DuplicateKey,
+    OneLineLightningParser,
+    OneLineParser,
+    flat_keys,
+    one_line,
+    refuse_duplicate_keys,
+)
+from fedlit.run_layout import MAX_SEED, write_path_error
 
 #: The ``trainer`` group's keys: the per-step Trainers' settings, the run directory, the loggers.
 TRAINER_KEYS = (
@@ -102,8 +112,10 @@ def without_lightning_defaults(trainer: dict[str, Any]) -> dict[str, Any]:
 
 
 def load_config(text: str) -> Any:
-    """jsonargparse's YAML loader, a config's ``trainer`` group read tolerantly
+    """jsonargparse's YAML loader, refusing a key given twice in one mapping
+    (:class:`~fedlit.refusals.DuplicateKey`), a config's ``trainer`` group read tolerantly
     (:func:`without_lightning_defaults`)."""
+    refuse_duplicate_keys(text)
     value = get_loader("yaml")(text)
     if isinstance(value, dict) and isinstance(value.get("trainer"), dict):
         value["trainer"] = without_lightning_defaults(value["trainer"])
@@ -237,6 +249,10 @@ class FedlitCLI(LightningCLI):
                 f"trainer.default_root_dir={root!r}: empty; name the run's directory "
                 "(e.g. runs/<name>)"
             )
+        if self.subcommand == "fit":
+            error = write_path_error(str(root), "trainer.default_root_dir", "run")
+            if error:
+                self.parser.error(error)
         for key, value in _floats(config):
             if not math.isfinite(value):
                 self.parser.error(f"{key}: must be a finite number, got {value}")
@@ -245,6 +261,9 @@ class FedlitCLI(LightningCLI):
                 template(config["trainer"]).check()
             except ValueError as err:
                 self.parser.error(str(err))
+        if self.subcommand == "fit":
+            for line in executor_warnings(config.get("federation") or {}):
+                warn(line)
 
     def _wandb_into_run_dir(self) -> None:
         """A ``WandbLogger`` whose ``save_dir`` is left at its default (``.``, the current
@@ -380,6 +399,40 @@ class FedlitCLI(LightningCLI):
         print(json_line(result))
 
 
+#: Each executor's own settings group: given with another executor, it is not used.
+EXECUTOR_GROUPS: dict[str, Any] = {"pool": DEFAULT_POOL, "ray": DEFAULT_RAY}
+
+
+def executor_warnings(federation: dict[str, Any], cores: int | None = None) -> list[str]:
+    """Lines warning of settings of a ``federation`` group (a dict) that do not apply as given:
+    ``federation.pool.*`` or ``federation.ray.*`` set for another executor (unused), and
+    ``federation.pool.threads`` above this machine's ``cores`` (default: those this process
+    may run on)."""
+    executor = federation.get("executor", "local")
+    lines = []
+    for group, default in EXECUTOR_GROUPS.items():
+        given = federation.get(group) or {}
+        changed = [
+            f"federation.{group}.{f.name}={given[f.name]!r}"
+            for f in fields(default)
+            if f.name in given and given[f.name] != getattr(default, f.name)
+        ]
+        if changed and executor != group:
+            lines.append(
+                f"{', '.join(changed)}: not used, federation.executor is {executor!r} "
+                f"(these settings are the {group} executor's)"
+            )
+    threads = (federation.get("pool") or {}).get("threads", DEFAULT_POOL.threads)
+    cores = available_cores() if cores is None else cores
+    if executor == "pool" and isinstance(threads, int) and threads > cores:
+        lines.append(
+            f"federation.pool.threads={threads} exceeds the {cores} CPU core(s) this process "
+            "may use: each worker's threads wait on each other (a round may take many times "
+            f"longer); give at most {cores}"
+        )
+    return lines
+
+
 def template(trainer: Any) -> TrainerTemplate:
     """The per-step Trainers' settings of a parsed ``trainer`` group (a dict or Namespace)."""
     return TrainerTemplate(
@@ -451,18 +504,28 @@ def _config_paths(argv: Sequence[str]) -> Iterator[str]:
             yield arg.split("=", 1)[1]
 
 
-def config_file_error(argv: Sequence[str]) -> str | None:
+#: The groups of ``fit``'s settings a config gives as a mapping (``model`` may also be a
+#: class name, which its parser checks).
+FIT_GROUPS = ("trainer", "data", "federation", "federation.pool", "federation.ray")
+
+
+def config_file_error(argv: Sequence[str], groups: Sequence[str] = FIT_GROUPS) -> str | None:
     """What is wrong with a config file named in ``argv`` (a YAML error with its file and line,
-    an empty file, a file that is not a mapping of settings), or None. Names that are not
-    files are left to the parser."""
+    a key given twice in one mapping with its lines, an empty file, a file that is not a
+    mapping of settings, one of ``groups`` that is not a mapping), or None. Names that are
+    not files are left to the parser."""
     for name in _config_paths(argv):
         path = Path(name)
         if not path.is_file():
             continue
         try:
-            loaded = yaml.safe_load(path.read_text())
+            text = path.read_text()
+            refuse_duplicate_keys(text)
+            loaded = yaml.safe_load(text)
         except (OSError, UnicodeDecodeError) as err:
             return f"--config {path}: cannot read it: {err}"
+        except DuplicateKey as err:
+            return f"--config {path}, {err}; give each setting once"
         except yaml.YAMLError as err:
             mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
             where = f", line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -475,7 +538,24 @@ def config_file_error(argv: Sequence[str]) -> str | None:
                 f"--config {path}: expected a YAML mapping of settings, "
                 f"got a {type(loaded).__name__}"
             )
+        for group in groups:
+            value = _nested(loaded, group)
+            if value is not None and not isinstance(value, dict):
+                return (
+                    f"--config {path}: {group}={value!r}: a group of settings is a mapping "
+                    f"(key: value), not a {type(value).__name__}"
+                )
     return None
+
+
+def _nested(config: dict[str, Any], key: str) -> Any:
+    """The value of dotted ``key`` in a nested mapping (None where any part is absent)."""
+    value: Any = config
+    for part in key.split("."):
+        if not isinstance(value, dict):
+            return None
+        value = value.get(part)
+    return value
 
 
 def resolve(args: Sequence[str]) -> FedlitCLI:
@@ -483,15 +563,21 @@ def resolve(args: Sequence[str]) -> FedlitCLI:
     return FedlitCLI(args=list(args), run=False)
 
 
+#: The groups of a comparison spec given as a mapping.
+COMPARE_GROUPS = ("settings", "published", "wandb")
+
+
 def compare_main(argv: Sequence[str]) -> None:
     """``fedlit compare --config comparison.yaml [--seeds [0,1] ...]``."""
     from fedlit.comparison import Comparison, run_comparison  # needs matplotlib
     from fedlit.comparison.runner import Refused
 
-    parser = OneLineParser(prog="fedlit compare", description=Comparison.__doc__)
+    parser = OneLineParser(
+        prog="fedlit compare", description=Comparison.__doc__, parser_mode=CONFIG_MODE
+    )
     parser.add_argument("--config", action=ActionConfigFile)
     parser.add_class_arguments(Comparison)
-    error = config_file_error(argv)
+    error = config_file_error(argv, COMPARE_GROUPS)
     if error:
         parser.error(error)
     cfg = parser.parse_args(list(argv))
@@ -521,7 +607,7 @@ def report_main(argv: Sequence[str]) -> None:
     """``fedlit report RUN_OR_FOLDER... [--target 0.8] [--baseline M] [--last_k K] [--out DIR]
     [--title T]``."""
     from fedlit.comparison.report import write_report
-    from fedlit.reporting import find_runs, summarize
+    from fedlit.reporting import find_runs, last_k_warning, summarize
 
     parser = OneLineParser(prog="fedlit report", description="Results table and plots of runs.")
     parser.add_argument("paths", nargs="+", type=str, help="run directories or folders of runs")
@@ -531,7 +617,7 @@ def report_main(argv: Sequence[str]) -> None:
     parser.add_argument("--out", type=str, default="report")
     parser.add_argument("--title", type=str, default="fedlit runs")
     cfg = parser.parse_args(list(argv))
-    error = output_dir_error(cfg.out, "--out")
+    error = write_path_error(cfg.out, "--out", "folder")
     if error:
         parser.error(error)
     try:
@@ -540,6 +626,9 @@ def report_main(argv: Sequence[str]) -> None:
         summarize(runs, baseline=cfg.baseline, last_k=cfg.last_k)
     except ValueError as err:
         parser.error(str(err))
+    short = last_k_warning(runs, cfg.last_k, "--last_k")
+    if short:
+        warn(short)
     written = write_report(
         runs, cfg.out, cfg.title, target=cfg.target, baseline=cfg.baseline, last_k=cfg.last_k
     )
@@ -564,11 +653,7 @@ def partition_main(argv: Sequence[str]) -> None:
 
     cli = PartitionCLI(args=list(argv), run=False)
     out = cli.config["out"]
-    if not out or Path(out).is_dir():
-        what = "a folder" if out else "empty"
-        error: str | None = f"--out={out!r}: {what}; name the plot's file (e.g. partition.png)"
-    else:
-        error = output_dir_error(Path(out).parent, "--out", out)
+    error = write_path_error(out or "", "--out", "file")
     if error:
         cli.parser.error(error)
     data = cli.datamodule

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
+import yaml
 from jsonargparse import ArgumentParser
 from lightning.pytorch.cli import LightningArgumentParser
 
@@ -258,3 +259,53 @@ class OneLineParser(_OneLineErrors, ArgumentParser):
 
 class OneLineLightningParser(_OneLineErrors, LightningArgumentParser):
     """LightningCLI's parser whose refusals are one sentence."""
+
+
+class DuplicateKey(yaml.YAMLError):
+    """A YAML mapping that gives one key twice (PyYAML keeps the last silently)."""
+
+
+def duplicate_key(text: str) -> tuple[str, int, int] | None:
+    """The first key a YAML mapping in ``text`` gives twice, as (its dotted key, the line of
+    the second, the line of the first; lines from 1), or None. Text that is not one YAML
+    document is left to the loader."""
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return None
+    return _repeated(node, "", set())
+
+
+def _repeated(node: yaml.Node | None, prefix: str, seen: set[int]) -> tuple[str, int, int] | None:
+    if node is None or id(node) in seen:  # an alias met again
+        return None
+    seen.add(id(node))
+    children: list[tuple[str, yaml.Node]] = []
+    if isinstance(node, yaml.MappingNode):
+        first: dict[tuple[str, str], int] = {}
+        for key, value in node.value:
+            name = prefix
+            if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
+                name = f"{prefix}.{key.value}" if prefix else str(key.value)
+                line = key.start_mark.line + 1
+                ident = (key.tag, key.value)
+                if ident in first:
+                    return name, line, first[ident]
+                first[ident] = line
+            children.append((name, value))
+    elif isinstance(node, yaml.SequenceNode):
+        children = [(f"{prefix}[{i}]", item) for i, item in enumerate(node.value)]
+    for name, child in children:
+        found = _repeated(child, name, seen)
+        if found is not None:
+            return found
+    return None
+
+
+def refuse_duplicate_keys(text: str) -> None:
+    """Raise :class:`DuplicateKey` naming the key and its lines if a mapping in ``text``
+    gives a key twice."""
+    found = duplicate_key(text)
+    if found is not None:
+        key, line, first = found
+        raise DuplicateKey(f"line {line}: {key} is given twice (first on line {first})")

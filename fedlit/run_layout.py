@@ -1,5 +1,6 @@
-"""What a run directory holds and the metric keys reports read: names (and the path checks
-that read them), no imports of fedlit.
+"""What a run directory holds and the metric keys reports read: names, the path checks that
+read them, and :func:`write_path_error`, the one check of every path fedlit writes (a run
+directory, a report's folder, a plot's file); no imports of fedlit.
 
 The driver writes these files, and reporting and comparisons read them; all three take the
 names from here, so reading runs (``fedlit.reporting``) needs neither torch's training stack
@@ -8,7 +9,11 @@ nor the driver.
 
 from __future__ import annotations
 
+import errno
+import os
+import stat
 from pathlib import Path, PurePath
+from typing import Literal
 
 METRICS_FILE = "metrics.csv"  # one row per round
 CONFIG_FILE = "config.yaml"  # the run's full config (config.resumeN.yaml for each resume)
@@ -42,37 +47,131 @@ def is_run_dir(folder: Path) -> bool:
     )
 
 
-def enclosing_run(path: str | Path) -> Path | None:
-    """The run directory (:func:`is_run_dir`) ``path`` is or lies inside, or None."""
-    here = Path(path).resolve()
-    for folder in (here, *here.parents):
+def enclosing_run(path: str | Path, include_self: bool = True) -> Path | None:
+    """The run directory (:func:`is_run_dir`) ``path`` is or lies inside (only lies inside,
+    with ``include_self`` False), or None."""
+    here = Path(os.path.realpath(path))
+    for folder in (here, *here.parents) if include_self else here.parents:
         if is_run_dir(folder):
             return folder
     return None
 
 
-def output_dir_error(folder: str | Path, key: str, given: str | Path | None = None) -> str | None:
-    """Why ``folder`` cannot take the output of ``report``, ``compare`` or ``partition``
-    (``key`` names the setting, ``given`` its value where it names a file in ``folder``), or
-    None. Creates nothing: a folder that is a run directory or lies inside one (its files are
-    the run's), or one whose path passes through a file."""
-    path = Path(folder)
-    value = str(folder if given is None else given)
-    if value == "":
-        return f"{key}='': empty; name a folder"
-    existing = path
-    while not existing.exists() and existing.parent != existing:
-        existing = existing.parent
-    if not existing.is_dir():
-        what = "is a file" if existing == path else f"lies under {existing}, a file"
-        return f"{key}={value!r}: {path} cannot be a folder: it {what}"
-    run = enclosing_run(path)
+#: Kernel file systems nothing is ever written into.
+PSEUDO_FILESYSTEMS = ("/proc", "/sys", "/dev")
+#: Room kept below ``PATH_MAX`` for the files fedlit writes inside a folder it is given
+#: (``checkpoints/clients/<client>.pt.tmp``, ``<stem>_partition_<setting>.png``).
+PATH_ROOM = 100
+
+#: What a path fedlit writes is: a folder of outputs (``report --out``, compare ``out:``), a
+#: file (``partition --out``, compare ``report:``) or a run directory (``fit``'s
+#: ``trainer.default_root_dir``, a comparison's runs).
+PathKind = Literal["folder", "file", "run"]
+
+
+def write_path_error(
+    path: str | Path, key: str, kind: PathKind = "folder", given: str | Path | None = None
+) -> str | None:
+    """Why fedlit cannot write ``path`` (``key`` names the setting, ``given`` its value where
+    it differs from ``path``), or None: the one check of every path fedlit writes, made before
+    anything is written. Creates nothing. Refused: an empty path; a name over the file
+    system's ``NAME_MAX`` or a path over its ``PATH_MAX``; a symlink loop, or a path under
+    one; a dangling symlink; a path under ``/proc``, ``/sys`` or ``/dev``; a path under a
+    regular file; a folder (or run directory) that is a file, or a file that is a folder; a
+    place this process cannot write; a path inside a run directory (a run directory may be
+    one, to resume it, but not lie inside another)."""
+    value = str(path if given is None else given)
+    shown = f"{key}={_short(value)!r}"
+    if not str(path).strip():
+        return f"{shown}: empty; name a {'file' if kind == 'file' else 'folder'}"
+    absolute = Path.cwd() / path
+    error = _length_error(absolute, kind)
+    if error:
+        return f"{shown}: {error}"
+    existing, error = _walk(absolute)
+    if error:
+        return f"{shown}: {error}"
+    resolved = Path(os.path.realpath(absolute))
+    for system in PSEUDO_FILESYSTEMS:
+        if resolved == Path(system) or Path(system) in resolved.parents:
+            return f"{shown}: {resolved} is under {system}, the kernel's, not a place for output"
+    if existing == absolute:
+        if kind == "file" and absolute.is_dir():
+            return f"{shown}: {absolute} is a folder; name a file in it"
+        if kind != "file" and not absolute.is_dir():
+            return f"{shown}: {absolute} is a file, not a folder"
+    folder = existing if existing != absolute or kind != "file" else absolute.parent
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"{shown}: cannot write into {folder} (permission denied)"
+    run = enclosing_run(resolved, include_self=kind == "folder")
     if run is not None:
-        return (
-            f"{key}={value!r}: {path} is inside the run directory {run}; "
-            "write the output outside any run"
-        )
+        what = "is the run directory" if run == resolved else "lies inside the run directory"
+        return f"{shown}: {absolute} {what} {run}; write it outside any run"
     return None
+
+
+def _limits(folder: Path) -> tuple[int, int]:
+    """(NAME_MAX, PATH_MAX) of the file system holding ``folder`` (255, 4096 if unknown)."""
+    try:
+        return os.pathconf(folder, "PC_NAME_MAX"), os.pathconf(folder, "PC_PATH_MAX")
+    except (OSError, ValueError):
+        return 255, 4096
+
+
+def _length_error(absolute: Path, kind: PathKind) -> str | None:
+    """A component over NAME_MAX, or a path (with room for what a folder holds) over
+    PATH_MAX, as the file system of ``absolute``'s first existing folder counts them."""
+    top = absolute.anchor or "/"
+    name_max, path_max = _limits(Path(top))
+    for part in absolute.parts[1:]:
+        size = len(os.fsencode(part))
+        if size > name_max:
+            return (
+                f"the name {_short(part, 24)!r} is {size} bytes long, over the {name_max} of "
+                "NAME_MAX"
+            )
+    size = len(os.fsencode(str(absolute)))
+    room = 0 if kind == "file" else PATH_ROOM
+    if size + room >= path_max:
+        kept = f", less {room} kept for the files written in it" if room else ""
+        return f"the path is {size} bytes long, over the {path_max} of PATH_MAX{kept}"
+    return None
+
+
+def _short(value: str, keep: int = 60) -> str:
+    """``value``, its middle cut out if it is longer than ``keep`` characters."""
+    if len(value) <= keep:
+        return value
+    return f"{value[: keep // 2]}...{value[-keep // 2 :]}"
+
+
+def _walk(absolute: Path) -> tuple[Path, str | None]:
+    """(the deepest existing part of ``absolute``, why it cannot be written under or None):
+    each leading part is looked up as the kernel would (following symlinks), so a loop, a
+    dangling symlink or a file on the way is found without creating anything."""
+    parts = absolute.parts
+    existing = Path(parts[0])
+    for i in range(1, len(parts) + 1):
+        prefix = Path(*parts[:i])
+        try:
+            info = os.stat(prefix)
+        except OSError as err:
+            if err.errno == errno.ELOOP:
+                return existing, f"{prefix} is a symlink loop (it resolves to itself)"
+            if err.errno == errno.ENOTDIR:
+                return existing, f"it lies under {existing}, a file"
+            if err.errno == errno.ENOENT:
+                if os.path.islink(prefix):
+                    target = os.readlink(prefix)
+                    return existing, f"{prefix} is a symlink to {target}, which does not exist"
+                return existing, None
+            if err.errno == errno.ENAMETOOLONG:
+                return existing, "the path is longer than the file system allows"
+            return existing, f"cannot look up {prefix}: {err.strerror}"
+        if i < len(parts) and not stat.S_ISDIR(info.st_mode):
+            return prefix, f"it lies under {prefix}, a file"
+        existing = prefix
+    return existing, None
 
 
 #: Flat-config keys (and the groups under them) that say where a run is written and read

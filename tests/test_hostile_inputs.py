@@ -17,7 +17,7 @@ from conftest import tiny_overrides
 from fedlit.cli import main
 from fedlit.federation import TrainerTemplate
 from fedlit.refusals import with_full_key
-from fedlit.run_layout import enclosing_run, output_dir_error
+from fedlit.run_layout import enclosing_run, write_path_error
 
 REPO = Path(__file__).parents[1]
 RECIPES = REPO / "recipes"
@@ -444,13 +444,13 @@ def test_a_run_directory_is_a_folder_holding_what_a_run_writes(tmp_path: Path) -
     project.mkdir()
     (project / "config.yaml").write_text("anyone: 1\n")
     assert enclosing_run(project / "report") is None
-    assert output_dir_error(project / "report", "--out") is None
+    assert write_path_error(project / "report", "--out") is None
     (project / "hparams.yaml").write_text("")  # the two files a run writes first
     assert enclosing_run(project / "report" / "deeper") == project.resolve()
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)
     (run / "checkpoints" / "last.ckpt").write_bytes(b"")
-    error = output_dir_error(run / "checkpoints", "out")
+    error = write_path_error(run / "checkpoints", "out")
     assert error is not None and f"inside the run directory {run.resolve()}" in error
 
 

@@ -36,9 +36,10 @@ import numpy as np
 
 from fedlit.comparison.report import log_to_wandb, write_report
 from fedlit.federation.checkpoint import checkpoint_round
+from fedlit.federation.console import warn
 from fedlit.federation.rundir import holding, set_aside_dead_run
-from fedlit.reporting import FINAL_EVAL_KEYS, load_run
-from fedlit.run_layout import CHECKPOINT, MAX_SEED, RUN_FILE, RUN_MARKERS, output_dir_error
+from fedlit.reporting import FINAL_EVAL_KEYS, last_k_warning, load_run
+from fedlit.run_layout import CHECKPOINT, MAX_SEED, RUN_FILE, RUN_MARKERS, write_path_error
 
 
 @dataclass(frozen=True)
@@ -119,9 +120,13 @@ class Comparison:
             raise ValueError(f"jobs must be a positive integer, got {self.jobs!r}")
         if self.target is not None and not 0 < self.target <= 1:
             raise ValueError(f"target must be in (0, 1], got {self.target}")
-        error = output_dir_error(self.out, "out")
+        error = write_path_error(self.out, "out", "folder")
         if error is None and self.report is not None:
-            error = output_dir_error(Path(self.report).parent, "report", self.report)
+            error = write_path_error(self.report, "report", "file")
+        for run in plan(self) if error is None else ():
+            error = write_path_error(run.run_dir, f"settings.{run.setting}", "run")
+            if error:
+                break
         if error:
             raise ValueError(error)
 
@@ -420,6 +425,9 @@ def run_comparison(
     counts = execute(runs, per_run, fit, log, comparison.jobs, children)
     minutes = (time.perf_counter() - start) / 60
     records = [load_run(run.run_dir) for run in runs]
+    short = last_k_warning(records, comparison.last_k)
+    if short:
+        warn(short)
     compute = sum(row.get("time/round_s", 0.0) for r in records for row in r.history) / 60
     settings = [
         f"- setting `{name}`: `{' '.join(args) or '(the recipes as they are)'}`"

@@ -19,10 +19,7 @@ except ImportError:  # pragma: no cover
 from fedlit.federation.console import note
 from fedlit.federation.loggers import drop_rounds_after
 from fedlit.federation.store import ClientStateStore
-from fedlit.run_layout import CHECKPOINT, LOCK_FILE, RUN_FILES, RUN_MARKERS
-
-#: Kernel file systems a run directory can never be made in.
-PSEUDO_FILESYSTEMS = ("/proc", "/sys", "/dev")
+from fedlit.run_layout import CHECKPOINT, LOCK_FILE, RUN_FILES, RUN_MARKERS, write_path_error
 
 
 def run_markers(run_dir: Path) -> list[str]:
@@ -48,25 +45,11 @@ def same_dir(a: Path, b: Path) -> bool:
 
 def check_creatable(run_dir: Path) -> None:
     """Raise ValueError naming ``trainer.default_root_dir`` if ``run_dir`` is not a directory
-    this process can create or write into. Creates nothing."""
-    key = "trainer.default_root_dir"
-    resolved = run_dir.resolve()
-    for system in PSEUDO_FILESYSTEMS:
-        if resolved == Path(system) or Path(system) in resolved.parents:
-            raise ValueError(
-                f"{key}={str(run_dir)!r}: {system} is the kernel's, not a place for runs"
-            )
-    if run_dir.exists() and not run_dir.is_dir():
-        raise ValueError(f"{key}: {run_dir} exists and is not a directory")
-    existing = run_dir
-    while not existing.exists():
-        if existing.parent == existing:
-            break
-        existing = existing.parent
-    if not existing.is_dir():
-        raise ValueError(f"{key}: cannot create {run_dir}: {existing} is not a directory")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise ValueError(f"{key}: cannot write into {existing} (to make the run {run_dir})")
+    this process can create or write into, or lies inside another run
+    (:func:`~fedlit.run_layout.write_path_error`). Creates nothing."""
+    error = write_path_error(run_dir, "trainer.default_root_dir", "run")
+    if error:
+        raise ValueError(error)
 
 
 @contextmanager

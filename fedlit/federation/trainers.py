@@ -5,8 +5,10 @@ from __future__ import annotations
 import functools
 import importlib.util
 import logging
-import shutil
+import os
+import shlex
 import signal
+import subprocess
 import threading
 import warnings
 from collections.abc import Iterable, Iterator
@@ -66,10 +68,20 @@ def compile_toolchain_missing(device: torch.device) -> str | None:
     here, or None: it compiles C++ on a CPU and Triton kernels on a GPU."""
     if device.type == "cuda":
         return None if importlib.util.find_spec("triton") else "the triton package is missing"
-    compilers = ("c++", "g++", "clang++")
-    if any(shutil.which(c) for c in compilers):
-        return None
-    return f"no C++ compiler ({', '.join(compilers)}) on the PATH"
+    from torch._inductor import config as inductor_config
+
+    # inductor's own test of a compiler (``$CXX``, else g++): it answers ``--version``
+    compilers = [c for c in inductor_config.cpp.cxx if c]
+    for compiler in compilers:
+        try:
+            subprocess.run(
+                [*shlex.split(compiler), "--version"], capture_output=True, check=True, timeout=60
+            )
+            return None
+        except (OSError, ValueError, subprocess.SubprocessError):
+            continue
+    source = f"$CXX={os.environ['CXX']!r}" if os.environ.get("CXX") else "g++"
+    return f"the C++ compiler inductor uses, {source}, does not run"
 
 
 @contextmanager
@@ -172,7 +184,7 @@ class TrainerTemplate:
                 raise ValueError(f"trainer.{key}={value!r}: {rule}")
         refused = (MisconfigurationException, ValueError, TypeError, ImportError)
         try:
-            self.build()
+            built = self.build()
         except refused as err:
             reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
             for key, value in settings.items():  # the one a Trainer refuses on its own
@@ -181,6 +193,13 @@ class TrainerTemplate:
                 except refused:
                     raise ValueError(f"trainer.{key}={value!r}: {reason}") from err
             raise ValueError(f"trainer: Lightning refuses these settings: {reason}") from err
+        if built.num_devices > 1:  # a process per device, each re-running the whole command
+            raise ValueError(
+                f"trainer.devices={self.devices!r}: {built.num_devices} devices; fedlit trains "
+                "each step on one device (--trainer.devices 1). Clients in parallel: "
+                "federation.executor pool (several workers may share one GPU) or ray; runs in "
+                "parallel: fedlit compare's jobs"
+            )
 
     def device(self) -> torch.device:
         """The device the per-step Trainers train on (the first GPU where there is one and

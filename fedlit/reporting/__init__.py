@@ -5,6 +5,7 @@ from fedlit.reporting.runs import RunRecord, find_runs, load_run
 from fedlit.reporting.table import (
     FINAL_EVAL_KEYS,
     ResultRow,
+    last_k_warning,
     summarize,
     to_markdown,
     write_csv,
@@ -16,6 +17,7 @@ __all__ = [
     "ResultRow",
     "RunRecord",
     "find_runs",
+    "last_k_warning",
     "load_run",
     "plot_curves",
     "plot_diagnostics",

@@ -132,6 +132,23 @@ def _score(run: RunRecord, metric: str, last_k: int) -> float:
     return float(np.mean(values[-last_k:])) if values.size else math.nan
 
 
+def last_k_warning(
+    runs: Sequence[RunRecord], last_k: int, key: str = "last_k", metric: str = "test/acc"
+) -> str | None:
+    """A line saying which runs logged ``metric`` in fewer than ``last_k`` rounds (their score
+    is then the mean of all those rounds), or None."""
+    short = [(run, run.series(metric)[1].size) for run in runs]
+    short = [(run, n) for run, n in short if n < last_k]
+    if not short:
+        return None
+    run, n = short[0]
+    others = f" and {len(short) - 1} other run(s)" if len(short) > 1 else ""
+    return (
+        f"{key}={last_k} exceeds the {n} round(s) in which {run.run_dir}{others} logged "
+        f"{metric}; such a run's score is the mean of all its rounds"
+    )
+
+
 def _summarize_group(
     runs: Sequence[RunRecord],
     target: float | None,
@@ -234,7 +251,8 @@ def summarize(
     ``target`` is in the metric's units (a fraction for test/acc). A run that never logs the
     metric counts as a seed but not towards the means. ``baseline`` names the method every
     row is compared with, seed by seed (``delta_*``). Raises ValueError naming both run
-    directories if two runs share (setting, method, seed), as they would be counted twice,
+    directories if two runs share (setting, method, seed), as they would be counted twice
+    (and the keys their flat configs differ in, where they do: two settings of one method),
     naming every key in which the runs of one (setting, method) differ other than the seed
     (their flat configs: :func:`setting_differences`), as their mean ± std would mix settings,
     and naming ``baseline`` if no run is of that method.
@@ -244,8 +262,20 @@ def summarize(
     for run in runs:
         ident = (run.setting, run.method, run.seed)
         if ident in seen:
+            first = seen[ident]
+            differ = setting_differences([first, run])
+            if differ:  # two settings of one method, not told apart by run.json
+                shown = "; ".join(
+                    f"{key}={values[0][0]!r} in {first.run_dir}, {values[1][0]!r} in {run.run_dir}"
+                    for key, values in differ.items()
+                )
+                raise ValueError(
+                    f"runs {first.run_dir} and {run.run_dir} (both method={run.method!r}, "
+                    f"seed={run.seed}) differ in {', '.join(differ)}: {shown}. Report them "
+                    "separately, or run them as settings of a comparison (fedlit compare)"
+                )
             raise ValueError(
-                f"runs {seen[ident].run_dir} and {run.run_dir} are both "
+                f"runs {first.run_dir} and {run.run_dir} are both "
                 f"setting={run.setting!r}, method={run.method!r}, seed={run.seed}"
             )
         seen[ident] = run
