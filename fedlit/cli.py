@@ -541,9 +541,10 @@ def config_file_error(argv: Sequence[str], groups: Sequence[str] = FIT_GROUPS) -
         for group in groups:
             value = _nested(loaded, group)
             if value is not None and not isinstance(value, dict):
+                kind = type(value).__name__
                 return (
                     f"--config {path}: {group}={value!r}: a group of settings is a mapping "
-                    f"(key: value), not a {type(value).__name__}"
+                    f"(key: value), not {'an' if kind[0] in 'aeiou' else 'a'} {kind}"
                 )
     return None
 

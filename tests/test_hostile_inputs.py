@@ -23,10 +23,27 @@ REPO = Path(__file__).parents[1]
 RECIPES = REPO / "recipes"
 DUMPS = ("Union subtypes", "Namespace(", "NestedArg(", "Traceback")
 NO_GPU = "--trainer.accelerator=gpu"
+#: A name over NAME_MAX (255 bytes), and a path over PATH_MAX (4096 bytes) of names within it.
+LONG_NAME = "n" * 300
+LONG_PATH = "/".join(["d" * 200] * 23)
+#: Files of the working folder: YAML a parser would read wrongly (a key given twice keeps the
+#: last; a group that is not a mapping was dropped).
+YAMLS = {
+    "twice.yaml": "federation:\n  rounds: 2\n  rounds: 3\n",
+    "two_models.yaml": (
+        "model:\n  class_path: fedlit.methods.ServerSL\n"
+        "model:\n  class_path: fedlit.methods.FedAvgFixMatch\n"
+    ),
+    "trainer_list.yaml": "trainer: [1, 2]\n",
+    "pool_number.yaml": "federation:\n  pool: 3\n",
+    "compare_twice.yaml": "seeds: [0]\nseeds: [1]\n",
+    "compare_settings_list.yaml": "settings: [iid, noniid]\n",
+}
 
 #: (recipe, overrides, key, value): ``fedlit fit --config <recipe> <tiny run> <overrides>``.
 #: The run directory is ``{work}/run``; ``{work}`` is the (snapshotted) working folder, which
-#: holds ``afile``, a regular file.
+#: holds ``afile``, a regular file, ``loop``, a symlink to itself, ``dangling``, a symlink to
+#: nothing, and the :data:`YAMLS`; ``{run}`` is a finished run.
 FIT = [
     # data
     ("server_sl", ["--data.num_clients=0"], "data.num_clients", "0"),
@@ -186,6 +203,20 @@ FIT = [
     ("server_sl", ["--trainer.fast_dev_run=true"], "trainer.fast_dev_run", "true"),
     ("server_sl", ["--trainer.callbacks=[]"], "trainer.callbacks", "[]"),
     ("server_sl", ["--trainer.nope=1"], "trainer.nope", "1"),
+    ("server_sl", ["--trainer.default_root_dir=/sys/fedlit-run"], "default_root_dir", "/sys"),
+    ("server_sl", ["--trainer.default_root_dir={work}/loop"], "default_root_dir", "symlink loop"),
+    ("server_sl", ["--trainer.default_root_dir={work}/loop/run"], "default_root_dir", "loop"),
+    ("server_sl", ["--trainer.default_root_dir={work}/dangling/run"], "dangling", "not exist"),
+    ("server_sl", [f"--trainer.default_root_dir={{work}}/{LONG_NAME}"], "root_dir", "NAME_MAX"),
+    ("server_sl", [f"--trainer.default_root_dir={{work}}/{LONG_PATH}"], "root_dir", "PATH_MAX"),
+    ("server_sl", ["--trainer.default_root_dir={run}/checkpoints"], "root_dir", "inside the run"),
+    ("server_sl", ["--trainer.default_root_dir={run}/fork"], "root_dir", "inside the run"),
+    ("server_sl", ["--trainer.devices=2"], "trainer.devices", "federation.executor pool"),
+    # config files
+    ("server_sl", ["--config={work}/twice.yaml"], "federation.rounds is given twice", "line 3"),
+    ("server_sl", ["--config={work}/two_models.yaml"], "model is given twice", "line 3"),
+    ("server_sl", ["--config={work}/trainer_list.yaml"], "trainer=[1, 2]", "not a list"),
+    ("server_sl", ["--config={work}/pool_number.yaml"], "federation.pool=3", "not an int"),
     # seed
     ("server_sl", ["--seed_everything=-1"], "seed_everything", "-1"),
     ("server_sl", ["--seed_everything=4294967296"], "seed_everything", "4294967296"),
@@ -208,6 +239,18 @@ COMPARE = [
     (["--out={work}/afile/compare"], "out", "afile"),
     (["--report={work}/afile/report.md"], "report", "report.md"),
     (["--report={run}/report.md"], "report", "report.md"),
+    (["--out={work}/loop"], "out", "symlink loop"),
+    (["--out={work}/loop/compare"], "out", "symlink loop"),
+    (["--out=/proc/fedlit-compare"], "out", "/proc"),
+    ([f"--out={{work}}/{LONG_NAME}"], "out", "NAME_MAX"),
+    ([f"--out={{work}}/{LONG_PATH}"], "out", "PATH_MAX"),
+    (["--report={run}"], "report", "is a folder"),
+    (["--report={work}"], "report", "is a folder"),
+    (["--report=/proc/report.md"], "report", "/proc"),
+    (["--report={work}/loop/report.md"], "report", "symlink loop"),
+    ([f"--settings={{{LONG_NAME}: []}}"], "settings.nnn", "NAME_MAX"),
+    (["--config={work}/compare_twice.yaml"], "seeds is given twice", "line 2"),
+    (["--config={work}/compare_settings_list.yaml"], "settings=", "not a list"),
     (["--jobs=0"], "jobs", "0"),
     (["--jobs=abc"], "jobs", "abc"),
     (["--last_k=0"], "last_k", "0"),
@@ -224,6 +267,13 @@ REPORT = [
     (["--out={work}/afile"], "--out", "afile"),
     (["--out={work}/afile/report"], "--out", "afile"),
     (["--out="], "--out", "''"),
+    (["--out={work}/loop"], "--out", "symlink loop"),
+    (["--out={work}/loop/report"], "--out", "symlink loop"),
+    (["--out={work}/dangling/report"], "--out", "not exist"),
+    (["--out=/proc/fedlit-report"], "--out", "/proc"),
+    (["--out=/dev/fedlit-report"], "--out", "/dev"),
+    ([f"--out={{work}}/{LONG_NAME}"], "--out", "NAME_MAX"),
+    ([f"--out={{work}}/{LONG_PATH}"], "--out", "PATH_MAX"),
     (["--last_k=0"], "last_k", "0"),
     (["--last_k=abc"], "last_k", "abc"),
     (["--baseline=nope"], "baseline", "nope"),
@@ -237,6 +287,11 @@ PARTITION = [
     (["--out={work}/afile/sub/partition.png"], "--out", "afile"),
     (["--out={work}"], "--out", "a folder"),
     (["--out="], "--out='': empty", ""),
+    (["--out={work}/loop/p.png"], "--out", "symlink loop"),
+    (["--out=/proc/p.png"], "--out", "/proc"),
+    ([f"--out={{work}}/{LONG_NAME}.png"], "--out", "NAME_MAX"),
+    (["--out={run}/checkpoints/p.png"], "--out", "inside the run directory"),
+    (["--config={work}/twice.yaml"], "federation.rounds is given twice", "line 3"),
     (["--data.num_clients=0"], "data.num_clients", "0"),
     (["--data.partitioner=Dirichlet", "--data.partitioner.alpha=-1"], "alpha", "-1"),
     (["--seed_everything=-1"], "seed_everything", "-1"),
@@ -270,10 +325,15 @@ def finished(fmnist_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
 
 @pytest.fixture
 def work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The working folder (also the current directory), holding a regular file ``afile``."""
+    """The working folder (also the current directory), holding a regular file ``afile``,
+    the symlinks ``loop`` (to itself) and ``dangling`` (to nothing) and the :data:`YAMLS`."""
     folder = tmp_path / "work"
     folder.mkdir()
     (folder / "afile").write_text("not a folder\n")
+    (folder / "loop").symlink_to("loop")
+    (folder / "dangling").symlink_to("nowhere")
+    for name, text in YAMLS.items():
+        (folder / name).write_text(text)
     monkeypatch.chdir(folder)
     return folder
 
@@ -494,3 +554,98 @@ def test_a_recipe_of_the_previous_schema_is_told_where_its_settings_went(
     argv.append(f"--trainer.default_root_dir={work / 'run'}")
     key = "model.init_args.client_lr=0.003"
     _refused_by_name(argv, key, "it moved to model.init_args.optim.client_lr", capsys, (work,))
+
+
+def _fit_argv(fmnist_root: Path, run_dir: Path, *args: str, rounds: int = 1) -> list[str]:
+    return [
+        "fit",
+        f"--config={RECIPES / 'server_sl.yaml'}",
+        *tiny_overrides(fmnist_root, rounds=rounds),
+        "--federation.final_eval=[]",
+        f"--trainer.default_root_dir={run_dir}",
+        *args,
+    ]
+
+
+def test_a_compiler_that_does_not_run_is_refused_before_the_run_directory(
+    fmnist_root: Path,
+    work: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``CXX=/nonexistent/g++``: inductor's compiler is set but broken, and ``g++`` on the PATH
+    does not make it work; refused naming the setting and the compiler, nothing written."""
+    from torch._inductor import config as inductor_config
+
+    monkeypatch.setenv("CXX", "/nonexistent/g++")
+    monkeypatch.setattr(inductor_config.cpp, "cxx", (None, "/nonexistent/g++"))
+    argv = _fit_argv(fmnist_root, work / "run", "--federation.compile=default")
+    _refused_by_name(argv, "federation.compile='default'", "/nonexistent/g++", capsys, (work,))
+    assert not (work / "run").exists()
+
+
+@pytest.fixture(scope="module")
+def finished_two_rounds(fmnist_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``finished``'s recipe and seed, run for two rounds instead of one."""
+    run_dir = tmp_path_factory.mktemp("finished2") / "run"
+    main(_fit_argv(fmnist_root, run_dir, rounds=2))
+    return run_dir
+
+
+def test_report_names_the_key_two_runs_of_one_seed_differ_in(
+    finished: Path, finished_two_rounds: Path, work: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two seed-0 runs of one method differing in ``federation.rounds``: not "both seed=0"."""
+    argv = ["report", str(finished), str(finished_two_rounds), f"--out={work / 'report'}"]
+    _refused_by_name(argv, "differ in federation.rounds", "federation.rounds=1", capsys, (work,))
+
+
+def test_report_warns_of_a_last_k_above_the_rounds(
+    finished_two_rounds: Path, work: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A warning naming --last_k and the run; the report is written (over both rounds)."""
+    capsys.readouterr()
+    main(["report", str(finished_two_rounds), "--last_k=100", f"--out={work / 'report'}"])
+    err = capsys.readouterr().err
+    warnings = [line for line in err.splitlines() if line.startswith("warning: ")]
+    assert len(warnings) == 1, err
+    assert "--last_k=100 exceeds the 2 round(s)" in warnings[0]
+    assert str(finished_two_rounds) in warnings[0]
+    assert (work / "report" / "results.md").is_file()
+
+
+def test_settings_of_another_executor_and_too_many_threads_are_warned_of() -> None:
+    from fedlit.cli import executor_warnings
+
+    assert executor_warnings({"executor": "ray", "ray": {"cpus": 2.0}}, cores=2) == []
+    assert executor_warnings({"executor": "pool", "pool": {"threads": 2}}, cores=2) == []
+    (ray,) = executor_warnings({"executor": "pool", "ray": {"cpus": 4.0, "gpus": 0.0}}, cores=2)
+    assert ray.startswith("federation.ray.cpus=4.0: not used, federation.executor is 'pool'")
+    (pool,) = executor_warnings({"executor": "local", "pool": {"workers": 4}}, cores=2)
+    assert pool.startswith("federation.pool.workers=4: not used")
+    (threads,) = executor_warnings({"executor": "pool", "pool": {"threads": 64}}, cores=2)
+    assert threads.startswith("federation.pool.threads=64 exceeds the 2 CPU core(s)")
+
+
+def test_a_fit_with_ray_settings_and_a_local_executor_warns_and_runs(
+    fmnist_root: Path, work: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    capsys.readouterr()
+    main(_fit_argv(fmnist_root, work / "run", "--federation.ray.cpus=2"))
+    err = capsys.readouterr().err
+    warnings = [line for line in err.splitlines() if line.startswith("warning: ")]
+    assert warnings == [
+        "warning: federation.ray.cpus=2.0: not used, federation.executor is 'local' "
+        "(these settings are the ray executor's)"
+    ], err
+    assert (work / "run" / "checkpoints" / "last.ckpt").is_file()
+
+
+def test_a_key_given_twice_is_found_at_any_depth() -> None:
+    from fedlit.refusals import duplicate_key
+
+    assert duplicate_key("a: 1\nb:\n  c: 1\n  c: 2\n") == ("b.c", 4, 3)
+    assert duplicate_key("model: {x: 1}\nmodel: {y: 2}\n") == ("model", 2, 1)
+    assert duplicate_key("s:\n  - {e: 1, e: 2}\n") == ("s[0].e", 2, 2)
+    assert duplicate_key("a: &x {b: 1}\nc: *x\n1: 2\n'1': 3\n") is None  # int 1, str '1'
+    assert duplicate_key("a: [1\n") is None  # a syntax error: the loader's to report
