@@ -1,85 +1,42 @@
-"""The ``fedlit`` command.
-
-``fedlit fit|test --config recipe.yaml``: a short LightningCLI subclass. The recipe's groups:
-``model`` (a :class:`~fedlit.methods.FederatedMethod`), ``data`` (the
-:class:`~fedlit.data.FederatedDataModule`), ``federation`` (:class:`FederationConfig`),
-``trainer`` (settings every per-step Trainer shares; ``default_root_dir`` is the run
-directory and ``logger`` adds loggers such as WandbLogger) and ``seed_everything``.
-
-``fedlit compare --config comparison.yaml``: recipes x settings x seeds, then a report
-(:mod:`fedlit.comparison`). ``fedlit report RUN_DIR...``: the results table and plots of
-finished runs. ``fedlit partition --config recipe.yaml``: plot a recipe's partition.
-"""
+"""``fedlit fit`` (and ``test``): a short LightningCLI subclass that runs a federation."""
 
 from __future__ import annotations
 
 import errno
 import importlib.util
-import inspect
-import json
 import math
 import shlex
 import sys
-import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import yaml
-from jsonargparse import ActionConfigFile, get_loader, set_loader
-from lightning import Trainer
 from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
-from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from fedlit.cli.common import CONFIG_MODE, config_file_error, json_line
+from fedlit.cli.test import TEST_HELP, run_test
 from fedlit.data.datamodule import FederatedDataModule
-from fedlit.evaluation import Evaluator, scored
 from fedlit.federation import Federation, FederationConfig, TrainerTemplate, load_checkpoint
 from fedlit.federation.checkpoint import WRITE_FAILED, WriteFailed, write_error
-from fedlit.federation.checks import loading_data
 from fedlit.federation.config import DEFAULT_POOL, DEFAULT_RAY
 from fedlit.federation.console import warn
 from fedlit.federation.faults import ROUND_FAILED, RoundFailed
 from fedlit.federation.pool import available_cores
 from fedlit.federation.rundir import free_config_name
-from fedlit.federation.trainers import TERMINATED, stop_on_sigterm
+from fedlit.federation.trainers import stop_on_sigterm
 from fedlit.methods import FederatedMethod
 from fedlit.refusals import (
-    DuplicateKey,
     OneLineLightningParser,
-    OneLineParser,
     flat_keys,
     one_line,
-    refuse_duplicate_keys,
 )
 from fedlit.run_layout import MAX_SEED, write_path_error
 
-#: The ``trainer`` group's keys: the per-step Trainers' settings, the run directory, the loggers.
-TRAINER_KEYS = (
-    *(f.name for f in fields(TrainerTemplate) if f.name != "compile"),
-    "default_root_dir",
-    "logger",
-)
-#: ``lightning.Trainer``'s other arguments and their defaults: a run directory's config.yaml
-#: written before fedlit had a ``trainer`` group of its own lists them all.
-LIGHTNING_ONLY = {
-    name: parameter.default
-    for name, parameter in inspect.signature(Trainer.__init__).parameters.items()
-    if name != "self" and name not in TRAINER_KEYS
-}
-#: The parser mode of fedlit's parsers: YAML, with a config's ``trainer`` group read tolerantly
-#: (:func:`without_lightning_defaults`).
-CONFIG_MODE = "fedlit_yaml"
-
-
 #: The exit status of a run stopped by Ctrl-C (SIGINT), as shells report it: 128 + 2.
 INTERRUPTED = 130
-
-#: Data settings that change neither the split ``fedlit test`` re-draws nor the scoring.
-SPLIT_FREE = ("data.root", "data.download", "data.batch_size", "data.client_batch_size")
 
 
 FIT_HELP = (
@@ -87,42 +44,6 @@ FIT_HELP = (
     "dotted overrides), or continue one with --federation.resume; writes the run directory "
     "trainer.default_root_dir."
 )
-TEST_HELP = (
-    "Evaluate a run's checkpoint on the test set: --config RUN/config.yaml "
-    "--ckpt_path RUN/checkpoints/last.ckpt."
-)
-PARTITION_HELP = "Plot and summarise a recipe's partition (for its seed_everything), no training."
-
-
-def without_lightning_defaults(trainer: dict[str, Any]) -> dict[str, Any]:
-    """A config's ``trainer`` group without the ``lightning.Trainer`` arguments fedlit never
-    applied (:data:`LIGHTNING_ONLY`) that hold Lightning's default, as a run directory's
-    config.yaml of an earlier fedlit lists them. Raises ValueError naming one that holds
-    another value."""
-    for key, value in trainer.items():
-        if key in LIGHTNING_ONLY and value != LIGHTNING_ONLY[key]:
-            raise ValueError(
-                f"trainer.{key}={value!r}: a Lightning Trainer setting fedlit never applied "
-                "(it builds a Trainer per server and client step: lengths are "
-                "federation.rounds, federation.local_epochs, federation.server_epochs; logging "
-                "and checkpoints are the federation's); remove it. trainer keys: "
-                + ", ".join(TRAINER_KEYS)
-            )
-    return {k: v for k, v in trainer.items() if k not in LIGHTNING_ONLY}
-
-
-def load_config(text: str) -> Any:
-    """jsonargparse's YAML loader, refusing a key given twice in one mapping
-    (:class:`~fedlit.refusals.DuplicateKey`), a config's ``trainer`` group read tolerantly
-    (:func:`without_lightning_defaults`)."""
-    refuse_duplicate_keys(text)
-    value = get_loader("yaml")(text)
-    if isinstance(value, dict) and isinstance(value.get("trainer"), dict):
-        value["trainer"] = without_lightning_defaults(value["trainer"])
-    return value
-
-
-set_loader(CONFIG_MODE, load_config, exceptions=(yaml.YAMLError, ValueError))
 
 
 def loggers(logger: Any, run_dir: Path) -> list[Logger]:
@@ -317,6 +238,15 @@ class FedlitCLI(LightningCLI):
         return flat
 
     # --- subcommands -------------------------------------------------------------------------
+    def test(
+        self,
+        model: FederatedMethod,
+        datamodule: FederatedDataModule,
+        ckpt_path: str | None = None,
+        **_: Any,
+    ) -> None:
+        run_test(self, model, datamodule, ckpt_path)
+
     def fit(self, model: FederatedMethod, datamodule: FederatedDataModule, **_: Any) -> None:
         with stop_on_sigterm():  # from the checks on, a SIGTERM exits with 143 cleanly
             self._fit(model, datamodule)
@@ -362,41 +292,6 @@ class FedlitCLI(LightningCLI):
         finally:
             federation.close()
         print(json_line({"run_dir": str(run_dir), **result.final}))
-
-    def test(
-        self,
-        model: FederatedMethod,
-        datamodule: FederatedDataModule,
-        ckpt_path: str | None = None,
-        **_: Any,
-    ) -> None:
-        if not ckpt_path:
-            self.parser.error("test: --ckpt_path <run>/checkpoints/last.ckpt is required")
-        try:
-            ckpt = load_checkpoint(ckpt_path)
-            model.load_state_dict(ckpt["method_state"])
-        except (ValueError, RuntimeError) as err:
-            self.parser.error(f"ckpt_path: {err}")
-        # the run's own split (its seed): the scored network's BatchNorm statistics are
-        # re-estimated on the server's clean images, as every round's test/acc is
-        saved, flat = ckpt.get("hparams") or {}, self._flat_config()
-        for key in sorted(k for k in saved if k == "seed_everything" or k.startswith("data.")):
-            if key not in SPLIT_FREE and key in flat and flat[key] != saved[key]:
-                self.parser.error(
-                    f"test: {key}={flat[key]!r}, the run had {saved[key]!r}; the scored model's "
-                    "statistics come from the run's own server split: give the run's config "
-                    "(--config <run>/config.yaml)"
-                )
-        try:
-            with loading_data(datamodule):
-                datamodule.setup_federation(int(self.config[self.subcommand].seed_everything))
-        except ValueError as err:
-            self.parser.error(str(err))
-        network = scored(model.eval_network(), datamodule, self.trainer.device())
-        evaluator = Evaluator(network, datamodule.num_classes)
-        self.trainer.test(evaluator, datamodule.test_dataloader())
-        result = {"ckpt_path": str(ckpt_path), "round": ckpt["round"], **evaluator.metrics()}
-        print(json_line(result))
 
 
 #: Each executor's own settings group: given with another executor, it is not used.
@@ -450,22 +345,6 @@ def write_failure(err: OSError) -> str | None:
     return None
 
 
-def json_line(values: dict[str, Any]) -> str:
-    """``values`` as one line of strict JSON: a NaN or infinite number (a diagnostic such as
-    ``diag/weight_diversity`` that could not be computed) is written as ``null``."""
-
-    def finite(value: Any) -> Any:
-        if isinstance(value, float) and not math.isfinite(value):
-            return None
-        if isinstance(value, dict):
-            return {k: finite(v) for k, v in value.items()}
-        if isinstance(value, (list, tuple)):
-            return [finite(v) for v in value]
-        return value
-
-    return json.dumps(finite(values), allow_nan=False)
-
-
 def interrupted(federation: Federation, config: Path) -> str:
     """What a run stopped by Ctrl-C kept, and the command that continues it."""
     done, ckpt = federation.checkpointed_round, federation.checkpoint_path
@@ -495,224 +374,6 @@ def _floats(value: Any, key: str = "") -> Iterator[tuple[str, float]]:
         yield key, value
 
 
-def _config_paths(argv: Sequence[str]) -> Iterator[str]:
-    """The files given with ``--config``/``-c`` (``--config X`` or ``--config=X``)."""
-    for i, arg in enumerate(argv):
-        if arg in ("--config", "-c") and i + 1 < len(argv):
-            yield argv[i + 1]
-        elif arg.startswith("--config="):
-            yield arg.split("=", 1)[1]
-
-
-#: The groups of ``fit``'s settings a config gives as a mapping (``model`` may also be a
-#: class name, which its parser checks).
-FIT_GROUPS = ("trainer", "data", "federation", "federation.pool", "federation.ray")
-
-
-def config_file_error(argv: Sequence[str], groups: Sequence[str] = FIT_GROUPS) -> str | None:
-    """What is wrong with a config file named in ``argv`` (a YAML error with its file and line,
-    a key given twice in one mapping with its lines, an empty file, a file that is not a
-    mapping of settings, one of ``groups`` that is not a mapping), or None. Names that are
-    not files are left to the parser."""
-    for name in _config_paths(argv):
-        path = Path(name)
-        if not path.is_file():
-            continue
-        try:
-            text = path.read_text()
-            refuse_duplicate_keys(text)
-            loaded = yaml.safe_load(text)
-        except (OSError, UnicodeDecodeError) as err:
-            return f"--config {path}: cannot read it: {err}"
-        except DuplicateKey as err:
-            return f"--config {path}, {err}; give each setting once"
-        except yaml.YAMLError as err:
-            mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
-            where = f", line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-            problem = getattr(err, "problem", None) or str(err)
-            return f"--config {path}{where}: not valid YAML ({problem})"
-        if loaded is None:
-            return f"--config {path}: the file is empty (expected a YAML mapping of settings)"
-        if not isinstance(loaded, dict):
-            return (
-                f"--config {path}: expected a YAML mapping of settings, "
-                f"got a {type(loaded).__name__}"
-            )
-        for group in groups:
-            value = _nested(loaded, group)
-            if value is not None and not isinstance(value, dict):
-                kind = type(value).__name__
-                return (
-                    f"--config {path}: {group}={value!r}: a group of settings is a mapping "
-                    f"(key: value), not {'an' if kind[0] in 'aeiou' else 'a'} {kind}"
-                )
-    return None
-
-
-def _nested(config: dict[str, Any], key: str) -> Any:
-    """The value of dotted ``key`` in a nested mapping (None where any part is absent)."""
-    value: Any = config
-    for part in key.split("."):
-        if not isinstance(value, dict):
-            return None
-        value = value.get(part)
-    return value
-
-
 def resolve(args: Sequence[str]) -> FedlitCLI:
     """A recipe and its overrides (``fit``'s arguments), parsed and instantiated, not run."""
     return FedlitCLI(args=list(args), run=False)
-
-
-#: The groups of a comparison spec given as a mapping.
-COMPARE_GROUPS = ("settings", "published", "wandb")
-
-
-def compare_main(argv: Sequence[str]) -> None:
-    """``fedlit compare --config comparison.yaml [--seeds [0,1] ...]``."""
-    from fedlit.comparison import Comparison, run_comparison  # needs matplotlib
-    from fedlit.comparison.runner import Refused
-
-    parser = OneLineParser(
-        prog="fedlit compare", description=Comparison.__doc__, parser_mode=CONFIG_MODE
-    )
-    parser.add_argument("--config", action=ActionConfigFile)
-    parser.add_class_arguments(Comparison)
-    error = config_file_error(argv, COMPARE_GROUPS)
-    if error:
-        parser.error(error)
-    cfg = parser.parse_args(list(argv))
-    cfg.pop("config")
-    try:
-        comparison = Comparison(**vars(parser.instantiate_classes(cfg)))
-    except ValueError as err:
-        parser.error(str(err))
-
-    def rounds(args: Sequence[str]) -> int:
-        return int(resolve(args).config["federation"]["rounds"])
-
-    def partition(args: Sequence[str], seed: int) -> np.ndarray:
-        data = resolve(args).datamodule
-        data.setup_federation(seed)
-        return data.class_counts
-
-    command = shlex.join(["fedlit", "compare", *argv])
-    try:
-        written = run_comparison(comparison, command, main, rounds, partition)
-    except Refused as err:  # a run directory a live fit is writing
-        parser.error(str(err))
-    print(json.dumps({k: str(v) for k, v in written.items()}))
-
-
-def report_main(argv: Sequence[str]) -> None:
-    """``fedlit report RUN_OR_FOLDER... [--target 0.8] [--baseline M] [--last_k K] [--out DIR]
-    [--title T]``."""
-    from fedlit.comparison.report import write_report
-    from fedlit.reporting import find_runs, last_k_warning, summarize
-
-    parser = OneLineParser(prog="fedlit report", description="Results table and plots of runs.")
-    parser.add_argument("paths", nargs="+", type=str, help="run directories or folders of runs")
-    parser.add_argument("--target", type=float | None, default=None)
-    parser.add_argument("--baseline", type=str | None, default=None, help="method to compare with")
-    parser.add_argument("--last_k", type=int, default=1, help="score: mean of the last K rounds")
-    parser.add_argument("--out", type=str, default="report")
-    parser.add_argument("--title", type=str, default="fedlit runs")
-    cfg = parser.parse_args(list(argv))
-    error = write_path_error(cfg.out, "--out", "folder")
-    if error:
-        parser.error(error)
-    try:
-        runs = find_runs(cfg.paths)
-        # a bad baseline or last_k fails before anything is written
-        summarize(runs, baseline=cfg.baseline, last_k=cfg.last_k)
-    except ValueError as err:
-        parser.error(str(err))
-    short = last_k_warning(runs, cfg.last_k, "--last_k")
-    if short:
-        warn(short)
-    written = write_report(
-        runs, cfg.out, cfg.title, target=cfg.target, baseline=cfg.baseline, last_k=cfg.last_k
-    )
-    print(json.dumps({k: str(v) for k, v in written.items()}))
-
-
-class PartitionCLI(FedlitCLI):
-    """``fedlit partition``'s parser: a recipe, its overrides and ``--out``."""
-
-    def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
-        return super().init_parser(prog="fedlit partition", description=PARTITION_HELP, **kwargs)
-
-    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        super().add_arguments_to_parser(parser)
-        parser.add_argument("--out", type=str, default="partition.png", help="the plot's file")
-
-
-def partition_main(argv: Sequence[str]) -> None:
-    """``fedlit partition --config recipe.yaml [overrides] [--out partition.png]``: the
-    recipe's partition (for its ``seed_everything``), plotted and summarised, no training."""
-    from fedlit.reporting import plot_partition
-
-    cli = PartitionCLI(args=list(argv), run=False)
-    out = cli.config["out"]
-    error = write_path_error(out or "", "--out", "file")
-    if error:
-        cli.parser.error(error)
-    data = cli.datamodule
-    try:
-        data.setup_federation(int(cli.config["seed_everything"]))
-    except ValueError as err:
-        cli.parser.error(str(err))
-    summary = data.partition_summary()
-    title = f"{data.dataset}, {type(data.partitioner).__name__}: R = {data.non_iid_R:.3f}"
-    path = plot_partition(data.class_counts, out, title=title, class_names=data.class_names)
-    counts = {f"client {k}": row.tolist() for k, row in enumerate(data.class_counts)}
-    print(json.dumps({"plot": str(path), **summary, "class_counts": counts}))
-
-
-# ``fedlit compare`` runs ``fit`` in-process with its own arguments, by design.
-warnings.filterwarnings("ignore", message=r".*LightningCLI's args parameter is intended.*")
-
-COMMANDS = {"compare": compare_main, "report": report_main, "partition": partition_main}
-
-#: ``fedlit``, ``fedlit -h``, ``fedlit --help``: the commands, a line each.
-USAGE = """usage: fedlit {fit,test,compare,report,partition} ...
-
-Federated semi-supervised learning with labels at the server.
-
-commands:
-  fit        train a federation from a recipe, or continue one:
-               fedlit fit --config recipes/quickstart.yaml
-  test       evaluate a run's checkpoint on the test set:
-               fedlit test --config RUN/config.yaml --ckpt_path RUN/checkpoints/last.ckpt
-  compare    recipes x settings x seeds (resumable), then the results table and plots:
-               fedlit compare --config comparison.yaml
-  report     the results table and plots of finished runs:
-               fedlit report RUN_OR_FOLDER... [--baseline METHOD] [--out DIR]
-  partition  plot and summarise a recipe's partition, without training:
-               fedlit partition --config recipe.yaml [--out partition.png]
-
-fedlit COMMAND --help lists a command's settings.
-"""
-
-
-def main(args: Sequence[str] | None = None) -> None:
-    """The ``fedlit`` console script: ``fit``/``test`` (LightningCLI) or ``compare``,
-    ``report``, ``partition``."""
-    argv = list(sys.argv[1:] if args is None else args)
-    if not argv or argv[0] in ("-h", "--help"):
-        print(USAGE, end="", file=sys.stdout if argv else sys.stderr)
-        raise SystemExit(0 if argv else 2)
-    try:
-        if argv and argv[0] in COMMANDS:
-            COMMANDS[argv[0]](argv[1:])
-            return
-        FedlitCLI(args=argv)
-    except SIGTERMException as stop:  # Lightning's own raise carries no status: not a success
-        raise SystemExit(stop.code or TERMINATED) from None
-    except KeyboardInterrupt:  # Ctrl-C outside a run's rounds
-        print("fedlit: interrupted", file=sys.stderr, flush=True)
-        raise SystemExit(INTERRUPTED) from None
-
-
-if __name__ == "__main__":
-    main()

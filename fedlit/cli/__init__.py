@@ -1,0 +1,126 @@
+"""The ``fedlit`` command.
+
+``fedlit fit|test --config recipe.yaml``: a short LightningCLI subclass. The recipe's groups:
+``model`` (a :class:`~fedlit.methods.FederatedMethod`), ``data`` (the
+:class:`~fedlit.data.FederatedDataModule`), ``federation`` (:class:`FederationConfig`),
+``trainer`` (settings every per-step Trainer shares; ``default_root_dir`` is the run
+directory and ``logger`` adds loggers such as WandbLogger) and ``seed_everything``.
+
+``fedlit compare --config comparison.yaml``: recipes x settings x seeds, then a report
+(:mod:`fedlit.comparison`). ``fedlit report RUN_DIR...``: the results table and plots of
+finished runs. ``fedlit partition --config recipe.yaml``: plot a recipe's partition.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from collections.abc import Sequence
+
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from fedlit.cli.common import (
+    CONFIG_MODE,
+    FIT_GROUPS,
+    LIGHTNING_ONLY,
+    TRAINER_KEYS,
+    config_file_error,
+    json_line,
+    load_config,
+    without_lightning_defaults,
+)
+from fedlit.cli.compare import COMPARE_GROUPS, compare_main
+from fedlit.cli.fit import (
+    EXECUTOR_GROUPS,
+    FIT_HELP,
+    INTERRUPTED,
+    FedlitCLI,
+    executor_warnings,
+    interrupted,
+    loggers,
+    resolve,
+    template,
+    write_failure,
+)
+from fedlit.cli.partition import PARTITION_HELP, PartitionCLI, partition_main
+from fedlit.cli.report import report_main
+from fedlit.cli.test import SPLIT_FREE, TEST_HELP, run_test
+from fedlit.federation.trainers import TERMINATED
+
+__all__ = [
+    "COMMANDS",
+    "COMPARE_GROUPS",
+    "CONFIG_MODE",
+    "EXECUTOR_GROUPS",
+    "FIT_GROUPS",
+    "FIT_HELP",
+    "INTERRUPTED",
+    "LIGHTNING_ONLY",
+    "PARTITION_HELP",
+    "SPLIT_FREE",
+    "TEST_HELP",
+    "TRAINER_KEYS",
+    "USAGE",
+    "FedlitCLI",
+    "PartitionCLI",
+    "compare_main",
+    "config_file_error",
+    "executor_warnings",
+    "interrupted",
+    "json_line",
+    "load_config",
+    "loggers",
+    "main",
+    "partition_main",
+    "report_main",
+    "resolve",
+    "run_test",
+    "template",
+    "without_lightning_defaults",
+    "write_failure",
+]
+
+
+# ``fedlit compare`` runs ``fit`` in-process with its own arguments, by design.
+warnings.filterwarnings("ignore", message=r".*LightningCLI's args parameter is intended.*")
+
+COMMANDS = {"compare": compare_main, "report": report_main, "partition": partition_main}
+
+#: ``fedlit``, ``fedlit -h``, ``fedlit --help``: the commands, a line each.
+USAGE = """usage: fedlit {fit,test,compare,report,partition} ...
+
+Federated semi-supervised learning with labels at the server.
+
+commands:
+  fit        train a federation from a recipe, or continue one:
+               fedlit fit --config recipes/quickstart.yaml
+  test       evaluate a run's checkpoint on the test set:
+               fedlit test --config RUN/config.yaml --ckpt_path RUN/checkpoints/last.ckpt
+  compare    recipes x settings x seeds (resumable), then the results table and plots:
+               fedlit compare --config comparison.yaml
+  report     the results table and plots of finished runs:
+               fedlit report RUN_OR_FOLDER... [--baseline METHOD] [--out DIR]
+  partition  plot and summarise a recipe's partition, without training:
+               fedlit partition --config recipe.yaml [--out partition.png]
+
+fedlit COMMAND --help lists a command's settings.
+"""
+
+
+def main(args: Sequence[str] | None = None) -> None:
+    """The ``fedlit`` console script: ``fit``/``test`` (LightningCLI) or ``compare``,
+    ``report``, ``partition``."""
+    argv = list(sys.argv[1:] if args is None else args)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE, end="", file=sys.stdout if argv else sys.stderr)
+        raise SystemExit(0 if argv else 2)
+    try:
+        if argv and argv[0] in COMMANDS:
+            COMMANDS[argv[0]](argv[1:])
+            return
+        FedlitCLI(args=argv)
+    except SIGTERMException as stop:  # Lightning's own raise carries no status: not a success
+        raise SystemExit(stop.code or TERMINATED) from None
+    except KeyboardInterrupt:  # Ctrl-C outside a run's rounds
+        print("fedlit: interrupted", file=sys.stderr, flush=True)
+        raise SystemExit(INTERRUPTED) from None

@@ -1,0 +1,150 @@
+"""What every ``fedlit`` command shares: how config files are read (YAML, a key given
+twice refused, a group that is not a mapping refused) and results printed as JSON."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+from jsonargparse import get_loader, set_loader
+from lightning import Trainer
+
+from fedlit.federation import TrainerTemplate
+from fedlit.refusals import (
+    DuplicateKey,
+    refuse_duplicate_keys,
+)
+
+#: The ``trainer`` group's keys: the per-step Trainers' settings, the run directory, the loggers.
+TRAINER_KEYS = (
+    *(f.name for f in fields(TrainerTemplate) if f.name != "compile"),
+    "default_root_dir",
+    "logger",
+)
+#: ``lightning.Trainer``'s other arguments and their defaults: a run directory's config.yaml
+#: written before fedlit had a ``trainer`` group of its own lists them all.
+LIGHTNING_ONLY = {
+    name: parameter.default
+    for name, parameter in inspect.signature(Trainer.__init__).parameters.items()
+    if name != "self" and name not in TRAINER_KEYS
+}
+#: The parser mode of fedlit's parsers: YAML, with a config's ``trainer`` group read tolerantly
+#: (:func:`without_lightning_defaults`).
+CONFIG_MODE = "fedlit_yaml"
+
+
+def without_lightning_defaults(trainer: dict[str, Any]) -> dict[str, Any]:
+    """A config's ``trainer`` group without the ``lightning.Trainer`` arguments fedlit never
+    applied (:data:`LIGHTNING_ONLY`) that hold Lightning's default, as a run directory's
+    config.yaml of an earlier fedlit lists them. Raises ValueError naming one that holds
+    another value."""
+    for key, value in trainer.items():
+        if key in LIGHTNING_ONLY and value != LIGHTNING_ONLY[key]:
+            raise ValueError(
+                f"trainer.{key}={value!r}: a Lightning Trainer setting fedlit never applied "
+                "(it builds a Trainer per server and client step: lengths are "
+                "federation.rounds, federation.local_epochs, federation.server_epochs; logging "
+                "and checkpoints are the federation's); remove it. trainer keys: "
+                + ", ".join(TRAINER_KEYS)
+            )
+    return {k: v for k, v in trainer.items() if k not in LIGHTNING_ONLY}
+
+
+def load_config(text: str) -> Any:
+    """jsonargparse's YAML loader, refusing a key given twice in one mapping
+    (:class:`~fedlit.refusals.DuplicateKey`), a config's ``trainer`` group read tolerantly
+    (:func:`without_lightning_defaults`)."""
+    refuse_duplicate_keys(text)
+    value = get_loader("yaml")(text)
+    if isinstance(value, dict) and isinstance(value.get("trainer"), dict):
+        value["trainer"] = without_lightning_defaults(value["trainer"])
+    return value
+
+
+set_loader(CONFIG_MODE, load_config, exceptions=(yaml.YAMLError, ValueError))
+
+
+def json_line(values: dict[str, Any]) -> str:
+    """``values`` as one line of strict JSON: a NaN or infinite number (a diagnostic such as
+    ``diag/weight_diversity`` that could not be computed) is written as ``null``."""
+
+    def finite(value: Any) -> Any:
+        if isinstance(value, float) and not math.isfinite(value):
+            return None
+        if isinstance(value, dict):
+            return {k: finite(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [finite(v) for v in value]
+        return value
+
+    return json.dumps(finite(values), allow_nan=False)
+
+
+def _config_paths(argv: Sequence[str]) -> Iterator[str]:
+    """The files given with ``--config``/``-c`` (``--config X`` or ``--config=X``)."""
+    for i, arg in enumerate(argv):
+        if arg in ("--config", "-c") and i + 1 < len(argv):
+            yield argv[i + 1]
+        elif arg.startswith("--config="):
+            yield arg.split("=", 1)[1]
+
+
+#: The groups of ``fit``'s settings a config gives as a mapping (``model`` may also be a
+#: class name, which its parser checks).
+FIT_GROUPS = ("trainer", "data", "federation", "federation.pool", "federation.ray")
+
+
+def config_file_error(argv: Sequence[str], groups: Sequence[str] = FIT_GROUPS) -> str | None:
+    """What is wrong with a config file named in ``argv`` (a YAML error with its file and line,
+    a key given twice in one mapping with its lines, an empty file, a file that is not a
+    mapping of settings, one of ``groups`` that is not a mapping), or None. Names that are
+    not files are left to the parser."""
+    for name in _config_paths(argv):
+        path = Path(name)
+        if not path.is_file():
+            continue
+        try:
+            text = path.read_text()
+            refuse_duplicate_keys(text)
+            loaded = yaml.safe_load(text)
+        except (OSError, UnicodeDecodeError) as err:
+            return f"--config {path}: cannot read it: {err}"
+        except DuplicateKey as err:
+            return f"--config {path}, {err}; give each setting once"
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
+            where = f", line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            problem = getattr(err, "problem", None) or str(err)
+            return f"--config {path}{where}: not valid YAML ({problem})"
+        if loaded is None:
+            return f"--config {path}: the file is empty (expected a YAML mapping of settings)"
+        if not isinstance(loaded, dict):
+            return (
+                f"--config {path}: expected a YAML mapping of settings, "
+                f"got a {type(loaded).__name__}"
+            )
+        for group in groups:
+            value = _nested(loaded, group)
+            if value is not None and not isinstance(value, dict):
+                kind = type(value).__name__
+                return (
+                    f"--config {path}: {group}={value!r}: a group of settings is a mapping "
+                    f"(key: value), not {'an' if kind[0] in 'aeiou' else 'a'} {kind}"
+                )
+    return None
+
+
+def _nested(config: dict[str, Any], key: str) -> Any:
+    """The value of dotted ``key`` in a nested mapping (None where any part is absent)."""
+    value: Any = config
+    for part in key.split("."):
+        if not isinstance(value, dict):
+            return None
+        value = value.get(part)
+    return value

@@ -1,0 +1,44 @@
+"""``fedlit report``: the results table and plots of finished runs."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+from fedlit.federation.console import warn
+from fedlit.refusals import (
+    OneLineParser,
+)
+from fedlit.run_layout import write_path_error
+
+
+def report_main(argv: Sequence[str]) -> None:
+    """``fedlit report RUN_OR_FOLDER... [--target 0.8] [--baseline M] [--last_k K] [--out DIR]
+    [--title T]``."""
+    from fedlit.comparison.report import write_report
+    from fedlit.reporting import find_runs, last_k_warning, summarize
+
+    parser = OneLineParser(prog="fedlit report", description="Results table and plots of runs.")
+    parser.add_argument("paths", nargs="+", type=str, help="run directories or folders of runs")
+    parser.add_argument("--target", type=float | None, default=None)
+    parser.add_argument("--baseline", type=str | None, default=None, help="method to compare with")
+    parser.add_argument("--last_k", type=int, default=1, help="score: mean of the last K rounds")
+    parser.add_argument("--out", type=str, default="report")
+    parser.add_argument("--title", type=str, default="fedlit runs")
+    cfg = parser.parse_args(list(argv))
+    error = write_path_error(cfg.out, "--out", "folder")
+    if error:
+        parser.error(error)
+    try:
+        runs = find_runs(cfg.paths)
+        # a bad baseline or last_k fails before anything is written
+        summarize(runs, baseline=cfg.baseline, last_k=cfg.last_k)
+    except ValueError as err:
+        parser.error(str(err))
+    short = last_k_warning(runs, cfg.last_k, "--last_k")
+    if short:
+        warn(short)
+    written = write_report(
+        runs, cfg.out, cfg.title, target=cfg.target, baseline=cfg.baseline, last_k=cfg.last_k
+    )
+    print(json.dumps({k: str(v) for k, v in written.items()}))
