@@ -129,7 +129,7 @@ class FederatedDataModule(L.LightningDataModule):
 
     def __init__(
         self,
-        dataset: str = "fashion_mnist",
+        dataset: str | Dataset = "fashion_mnist",
         root: str = "data",
         num_clients: int = 10,
         examples_per_client: int | None = None,
