@@ -539,14 +539,14 @@ def _check_client_folders(
     labels_at: str, partitioner: Partitioner | None, examples_per_client: int | None
 ) -> None:
     """Refuse, naming the key, what clients as folders cannot do: their shards are their
-    folders (no partitioner, no ``examples_per_client``) and have no labels (no
-    labels-at-client)."""
+    folders (no partitioner but the default IID, which is not used; no
+    ``examples_per_client``) and have no labels (no labels-at-client)."""
     if labels_at == "client":
         raise ValueError(
             "data.labels_at='client': data.dataset='client_folders' holds its labels at the "
             "server (data.path/labeled) and none at the clients; use data.labels_at='server'"
         )
-    if partitioner is not None:
+    if partitioner is not None and type(partitioner) is not IID:  # IID: the default, unused
         raise ValueError(
             f"data.partitioner={partitioner!r}: with data.dataset='client_folders' the "
             "clients' shards are their folders (data.path/clients); leave data.partitioner unset"
