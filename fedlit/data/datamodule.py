@@ -154,7 +154,7 @@ class FederatedDataModule(L.LightningDataModule):
         super().__init__()
         own = not isinstance(dataset, str) or dataset in USER_DATASETS
         folders = dataset == "client_folders"
-        if not own:
+        if isinstance(dataset, str) and not own:
             self.spec: DatasetSpec = dataset_spec(dataset)
             _only_for_own_data(path=path, image_size=image_size, test_dataset=test_dataset)
         _positive("data.num_clients", num_clients)

@@ -165,7 +165,10 @@ def uniform_images(
     return {name: stacked(split) for name, split in splits.items()}, channels, image_size
 
 
-def channel_statistics(images: Tensor, chunk: int = 4096) -> tuple[tuple[float, ...], ...]:
+Statistics = tuple[tuple[float, ...], tuple[float, ...]]  # (mean, std), one float a channel
+
+
+def channel_statistics(images: Tensor, chunk: int = 4096) -> Statistics:
     """The per-channel mean and standard deviation (sample, as torch's ``std``) of uint8
     ``images`` (N, C, H, W) as pixel values in [0, 1]: ``(mean, std)``, each C floats."""
     total = torch.zeros(images.shape[1], dtype=torch.float64)
@@ -200,7 +203,7 @@ class StatisticsCache:
     path: Path
     key: str
 
-    def read(self) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
+    def read(self) -> Statistics | None:
         """The cached ``(mean, std)`` if the file holds them for this ``key``, else None."""
         try:
             saved = json.loads(self.path.read_text())
@@ -244,7 +247,7 @@ class ReadImages:
         clients: list[Tensor] | None,
         client_names: Sequence[str] = (),
         cache: StatisticsCache | None = None,
-        statistics: tuple[tuple[float, ...], tuple[float, ...]] | None = None,
+        statistics: Statistics | None = None,
     ) -> None:
         self._splits: dict[str, Images] | None = splits
         self._clients = clients
@@ -288,7 +291,7 @@ def class_folders(split_dir: Path, classes: Sequence[str] | None) -> list[tuple[
     folders = sub_folders(split_dir)
     if not folders:
         raise ValueError(f"data.path: {split_dir} holds no class folders")
-    out = []
+    out: list[tuple[int, list[Path]]] = []
     for folder in folders:
         if classes is not None and folder.name not in classes:
             raise ValueError(
