@@ -577,7 +577,7 @@ USER_DATA = [
     ("fedavg_sl", "", CLIENTS, "data.dataset='client_folders'", "FedAvgSL is an oracle"),
     ("server_sl", "", [*CLIENTS, "--data.labels_at=client"], "data.labels_at", "client_folders"),
     ("server_sl", "", [*CLIENTS, "--data.num_clients=3"], "data.num_clients=3", "2 client"),
-    ("server_sl", "", [*CLIENTS, "--data.partitioner=RandomProportions"], "partitioner", "their folders"),
+    ("server_sl", "", [*CLIENTS, "--data.partitioner=RandomProportions"], "partitioner", "folders"),
     (
         "server_sl",
         "",

@@ -317,3 +317,24 @@ def test_a_torch_dataset_by_class_path_runs_a_round(
     assert 0 <= final_line(capsys)["test/acc"] <= 1
     saved = (tmp_path / "run" / "config.yaml").read_text()
     assert fake in saved  # the run's config names the data set's class
+
+
+def test_fedlit_partition_on_clients_as_folders_and_an_image_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``fedlit partition``: clients as folders show their folders' sizes and say that no R
+    is measured; an image folder is divided by the recipe's partitioner, its R measured."""
+    clients = client_folders(tmp_path / "clients", labeled=100, test=20)
+    main(["partition", f"--config={EXAMPLES / 'client_folders.yaml'}", f"--data.path={clients}",
+          "--data.num_clients=3", f"--out={tmp_path / 'clients.png'}"])  # fmt: skip
+    shown = final_line(capsys)
+    assert shown["title"] == "client_folders: the clients' own folders (no labels: R not measured)"
+    assert shown["class_counts"] == {f"client {k}": [n] for k, n in enumerate(CLIENT_SIZES)}
+    assert (tmp_path / "clients.png").is_file()
+    images = image_folder(tmp_path / "images", train=200, test=20)
+    main(["partition", f"--config={EXAMPLES / 'image_folder.yaml'}", f"--data.path={images}",
+          "--data.num_clients=2", "--data.labeled_per_class=5", "--data.partitioner=Dirichlet",
+          "--data.partitioner.alpha=0.1", f"--out={tmp_path / 'images.png'}"])  # fmt: skip
+    shown = final_line(capsys)
+    assert shown["title"].startswith("folder, Dirichlet: R = ") and shown["partition/R"] > 0.3
+    assert sum(sum(row) for row in shown["class_counts"].values()) == 200 - 50 - 100

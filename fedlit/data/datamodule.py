@@ -510,6 +510,15 @@ class FederatedDataModule(L.LightningDataModule):
         """:meth:`ClientPool.client_data`: what a method's client hooks get."""
         return self.pool.client_data(client_id, visit)
 
+    def partition_title(self) -> str:
+        """One line naming the data set and its partition, with its R where the clients'
+        images have labels to measure it with, and saying so where they have none."""
+        if self.client_pool == "folders":
+            return f"{self.dataset}: the clients' own folders (no labels: R not measured)"
+        if self.client_pool == "unlabeled":
+            return f"{self.dataset}, IID over its unlabeled split (no labels: R not measured)"
+        return f"{self.dataset}, {type(self.partitioner).__name__}: R = {self.non_iid_R:.3f}"
+
     def partition_summary(self) -> dict[str, float]:
         """Numbers that describe the partition, for logging once per run."""
         sizes = self.class_counts.sum(axis=1)
