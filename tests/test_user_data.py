@@ -79,15 +79,16 @@ def snapshot(folder: Path) -> dict[Path, bytes]:
 def test_an_image_folder_learns_through_the_cli(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """recipes/examples/image_folder.yaml on a folder of 600 PNGs (resized 28 -> 32), shrunk to
-    2 clients and 1 round: far above chance (0.1); only the statistics cache is written into
-    the folder, and a second run reads it."""
+    """recipes/examples/image_folder.yaml on a folder of 400 training and 200 test PNGs (at
+    their own 28x28), shrunk to 2 clients and 1 round: far above chance (0.1); only the
+    statistics cache is written into the folder, and a data module made afterwards reads it."""
     root = image_folder(tmp_path / "images", train=400, test=200)
     before = snapshot(root)
     args = [
         "fit",
         f"--config={EXAMPLES / 'image_folder.yaml'}",
         f"--data.path={root}",
+        "--data.image_size=null",
         "--data.num_clients=2",
         "--data.client_batch_size=32",
         "--data.labeled_per_class=20",
@@ -102,9 +103,9 @@ def test_an_image_folder_learns_through_the_cli(
     after = snapshot(root)
     assert set(after) - set(before) == {root / STATS_FILE} and before.items() <= after.items()
     saved = json.loads((root / STATS_FILE).read_text())
-    data = FederatedDataModule("folder", path=str(root), image_size=32)
+    data = FederatedDataModule("folder", path=str(root))
     assert (data.spec.mean, data.spec.std) == (tuple(saved["mean"]), tuple(saved["std"]))
-    assert (data.in_channels, data.spec.size, data.num_classes) == (1, 32, 10)
+    assert (data.in_channels, data.spec.size, data.num_classes) == (1, 28, 10)
     assert data.class_names == tuple(f"c{k}" for k in range(10))
 
 
