@@ -19,7 +19,7 @@ from torch.utils.data import TensorDataset
 from torchvision.io import write_png
 
 from fedlit.cli import main
-from fedlit.data import FederatedDataModule
+from fedlit.data import Dirichlet, FederatedDataModule
 from fedlit.data.datasets import synthetic_images
 from fedlit.data.user_data import STATS_FILE, channel_statistics
 from fedlit.federation.checkpoint import load_checkpoint
@@ -137,8 +137,9 @@ def test_clients_as_folders_learn_through_the_cli(
     assert float(row0["partition/max_client_size"]) == max(CLIENT_SIZES)
     assert float(row0["data/server_labeled"]) == 200 - 5 * 10  # all of labeled/ less val
 
-    data = FederatedDataModule("client_folders", path=str(root), num_clients=3,
-                               labeled_per_class=None, val_per_class=5)  # fmt: skip
+    data = FederatedDataModule(
+        "client_folders", path=str(root), num_clients=3, labeled_per_class=None, val_per_class=5
+    )
     data.setup_federation(0)
     assert [len(c) for c in data.clients] == list(CLIENT_SIZES)
     assert data.class_counts.tolist() == [[n] for n in CLIENT_SIZES]
@@ -157,8 +158,9 @@ def test_arrays_equal_the_same_images_as_a_folder_bit_for_bit(
     xt, yt = class_major(*synthetic_images(100, 1, 10, 1, 28))
     npz = tmp_path / "arrays" / "images.npz"
     npz.parent.mkdir()
-    np.savez(npz, x_train=x[:, 0].numpy(), y_train=y.numpy(), x_test=xt[:, 0].numpy(),
-             y_test=yt.numpy())  # fmt: skip
+    np.savez(
+        npz, x_train=x[:, 0].numpy(), y_train=y.numpy(), x_test=xt[:, 0].numpy(), y_test=yt.numpy()
+    )
 
     def run(name: str, *data: str) -> dict[str, torch.Tensor]:
         main(
@@ -226,8 +228,9 @@ def test_a_worker_gets_the_shards_without_the_images_read(tmp_path: Path) -> Non
     """What a pool or Ray worker receives, the data module pickled: every client's shard and
     the spec, but not a second copy of the images read (its loader holds none)."""
     root = client_folders(tmp_path / "clients", labeled=50, test=20)
-    data = FederatedDataModule("client_folders", path=str(root), num_clients=3,
-                               labeled_per_class=None, val_per_class=1)  # fmt: skip
+    data = FederatedDataModule(
+        "client_folders", path=str(root), num_clients=3, labeled_per_class=None, val_per_class=1
+    )
     data.setup_federation(0)
     copy = pickle.loads(pickle.dumps(data))
     assert copy.spec == data.spec
@@ -326,16 +329,66 @@ def test_fedlit_partition_on_clients_as_folders_and_an_image_folder(
     """``fedlit partition``: clients as folders show their folders' sizes and say that no R
     is measured; an image folder is divided by the recipe's partitioner, its R measured."""
     clients = client_folders(tmp_path / "clients", labeled=100, test=20)
-    main(["partition", f"--config={EXAMPLES / 'client_folders.yaml'}", f"--data.path={clients}",
-          "--data.num_clients=3", f"--out={tmp_path / 'clients.png'}"])  # fmt: skip
+    main(
+        [
+            "partition",
+            f"--config={EXAMPLES / 'client_folders.yaml'}",
+            f"--data.path={clients}",
+            "--data.num_clients=3",
+            f"--out={tmp_path / 'clients.png'}",
+        ]
+    )
     shown = final_line(capsys)
     assert shown["title"] == "client_folders: the clients' own folders (no labels: R not measured)"
     assert shown["class_counts"] == {f"client {k}": [n] for k, n in enumerate(CLIENT_SIZES)}
     assert (tmp_path / "clients.png").is_file()
     images = image_folder(tmp_path / "images", train=200, test=20)
-    main(["partition", f"--config={EXAMPLES / 'image_folder.yaml'}", f"--data.path={images}",
-          "--data.num_clients=2", "--data.labeled_per_class=5", "--data.partitioner=Dirichlet",
-          "--data.partitioner.alpha=0.1", f"--out={tmp_path / 'images.png'}"])  # fmt: skip
+    main(
+        [
+            "partition",
+            f"--config={EXAMPLES / 'image_folder.yaml'}",
+            f"--data.path={images}",
+            "--data.num_clients=2",
+            "--data.labeled_per_class=5",
+            "--data.partitioner=Dirichlet",
+            "--data.partitioner.alpha=0.1",
+            f"--out={tmp_path / 'images.png'}",
+        ]
+    )
     shown = final_line(capsys)
     assert shown["title"].startswith("folder, Dirichlet: R = ") and shown["partition/R"] > 0.3
     assert sum(sum(row) for row in shown["class_counts"].values()) == 200 - 50 - 100
+
+
+def test_partitioners_labels_at_client_and_streaming_work_unchanged(tmp_path: Path) -> None:
+    """On an image folder: a Dirichlet partition, labels dealt to the clients; on clients as
+    folders: each folder streamed in file-name order."""
+    root = image_folder(tmp_path / "images", train=300, test=20)
+    skewed = FederatedDataModule(
+        "folder",
+        path=str(root),
+        num_clients=3,
+        labeled_per_class=3,
+        partitioner=Dirichlet(alpha=0.1),
+        labels_at="client",
+    )
+    skewed.setup_federation(0)
+    assert skewed.non_iid_R > 0.3 and len(skewed.server) == 0
+    assert sum(len(c) for c in skewed.pool.labeled) == 30 and all(
+        len(c) == 10 for c in skewed.pool.labeled
+    )
+    assert sum(len(c) for c in skewed.clients) == 270
+    clients = client_folders(tmp_path / "clients", labeled=50, test=20)
+    streamed = FederatedDataModule(
+        "client_folders",
+        path=str(clients),
+        num_clients=3,
+        labeled_per_class=None,
+        val_per_class=0,
+        stream_steps=2,
+    )
+    streamed.setup_federation(0)
+    pool, _ = synthetic_images(sum(CLIENT_SIZES), 2, 10, 1, 28)
+    assert torch.equal(streamed.client_shard(0, visit=1).images, pool[:20])
+    assert torch.equal(streamed.client_shard(0, visit=2).images, pool[20:40])
+    assert torch.equal(streamed.client_shard(2, visit=3).images, pool[110:170])
