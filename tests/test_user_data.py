@@ -392,3 +392,26 @@ def test_partitioners_labels_at_client_and_streaming_work_unchanged(tmp_path: Pa
     assert torch.equal(streamed.client_shard(0, visit=1).images, pool[:20])
     assert torch.equal(streamed.client_shard(0, visit=2).images, pool[20:40])
     assert torch.equal(streamed.client_shard(2, visit=3).images, pool[110:170])
+
+
+def test_a_pt_file_holds_the_same_arrays_as_an_npz(tmp_path: Path) -> None:
+    """Arrays in a .pt file (loaded with weights_only=True), RGB as (N, H, W, C) with class
+    names, read as the .npz of the same arrays is."""
+    x, y = synthetic_images(60, 0, 10, 3, 32)
+    xt, yt = synthetic_images(20, 1, 10, 3, 32)
+    arrays = {"x_train": x.permute(0, 2, 3, 1), "y_train": y, "x_test": xt.permute(0, 2, 3, 1)}
+    arrays["y_test"] = yt
+    names = [f"class {k}" for k in range(10)]
+    torch.save({**arrays, "classes": names}, tmp_path / "images.pt")
+    np.savez(
+        tmp_path / "images.npz",
+        classes=np.array(names),
+        **{k: v.numpy() for k, v in arrays.items()},
+    )
+    pt = FederatedDataModule("arrays", path=str(tmp_path / "images.pt"), labeled_per_class=1)
+    npz = FederatedDataModule("arrays", path=str(tmp_path / "images.npz"), labeled_per_class=1)
+    assert pt.spec == npz.spec and pt.class_names == tuple(names) and pt.in_channels == 3
+    for split in ("train", "test"):
+        images, labels = pt.spec.loader(tmp_path, split, False)
+        assert torch.equal(images, x if split == "train" else xt)
+        assert torch.equal(labels, npz.spec.loader(tmp_path, split, False)[1])

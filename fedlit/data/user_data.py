@@ -75,7 +75,7 @@ CLIENTS = "clients"
 
 
 @dataclass(frozen=True)
-class Unlabeled:
+class LooseImage:
     """One image still at its own size: (C, H, W) uint8, C 1 or 3, and where it came from."""
 
     image: Tensor
@@ -130,7 +130,7 @@ def fit_size(image: Tensor, size: int) -> Tensor:
 
 
 def uniform_images(
-    splits: dict[str, list[Unlabeled]], image_size: int | None
+    splits: dict[str, list[LooseImage]], image_size: int | None
 ) -> tuple[dict[str, Tensor], int, int]:
     """Every split's images as one uint8 tensor (N, C, H, W): all of one size (``image_size``,
     or the size they all share) and one colour (RGB if any image is, else grey). Returns the
@@ -155,7 +155,7 @@ def uniform_images(
             )
         image_size = shape[0]
 
-    def stacked(split: list[Unlabeled]) -> Tensor:
+    def stacked(split: list[LooseImage]) -> Tensor:
         out = torch.empty(len(split), channels, image_size, image_size, dtype=torch.uint8)
         for n, item in enumerate(split):
             image = fit_size(item.image, image_size)
@@ -309,8 +309,8 @@ def class_folders(split_dir: Path, classes: Sequence[str] | None) -> list[tuple[
     return out
 
 
-def _read_files(files: Sequence[Path]) -> list[Unlabeled]:
-    return [Unlabeled(read_image(p), str(p)) for p in files]
+def _read_files(files: Sequence[Path]) -> list[LooseImage]:
+    return [LooseImage(read_image(p), str(p)) for p in files]
 
 
 def _labels_of(folders: list[tuple[int, list[Path]]]) -> Tensor:
@@ -403,8 +403,8 @@ def _check_labels(
             )
 
 
-def _array_images(value: Any, where: str) -> list[Unlabeled]:
-    """uint8 images (N, H, W) or (N, H, W, C), C 1 or 3, as :class:`Unlabeled` (C, H, W)."""
+def _array_images(value: Any, where: str) -> list[LooseImage]:
+    """uint8 images (N, H, W) or (N, H, W, C), C 1 or 3, as :class:`LooseImage` (C, H, W)."""
     x = torch.as_tensor(np.asarray(value)) if not isinstance(value, Tensor) else value
     if x.dtype != torch.uint8:
         raise ValueError(f"{where}: images must be uint8, got {x.dtype}")
@@ -416,7 +416,7 @@ def _array_images(value: Any, where: str) -> list[Unlabeled]:
             f"shape {tuple(x.shape)}"
         )
     x = x.permute(0, 3, 1, 2)
-    return [Unlabeled(image, f"{where}[{n}]") for n, image in enumerate(x)]
+    return [LooseImage(image, f"{where}[{n}]") for n, image in enumerate(x)]
 
 
 def _array_labels(value: Any, where: str, count: int) -> Tensor:
@@ -522,7 +522,7 @@ def dataset_image(item: Any, where: str) -> Tensor:
     return as_colour_image(item)
 
 
-def read_dataset(dataset: Any, key: str) -> tuple[list[Unlabeled], Tensor]:
+def read_dataset(dataset: Any, key: str) -> tuple[list[LooseImage], Tensor]:
     """A torch Dataset's ``(image, label)`` items, read in index order; ValueError naming
     ``key`` (and the item) when it is not one or an item is not an image with a label."""
     if not isinstance(dataset, Dataset) or not hasattr(dataset, "__len__"):
@@ -538,7 +538,7 @@ def read_dataset(dataset: Any, key: str) -> tuple[list[Unlabeled], Tensor]:
             label = label.item() if label.numel() == 1 else None
         if isinstance(label, bool) or not isinstance(label, (int, np.integer)):
             raise ValueError(f"{where}: the label must be an integer, got {item[1]!r}")
-        images.append(Unlabeled(dataset_image(item[0], where), where))
+        images.append(LooseImage(dataset_image(item[0], where), where))
         labels.append(int(label))
     if not images:
         raise ValueError(f"{key}: the data set is empty")
