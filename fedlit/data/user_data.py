@@ -70,7 +70,7 @@ STATS_VERSION = 1
 ARRAY_KEYS = ("x_train", "y_train", "x_test", "y_test")
 #: The splits of a folder data set, by data set: (the labeled training split, the test split).
 FOLDER_SPLITS = {"folder": ("train", "test"), "client_folders": ("labeled", "test")}
-#: The split name under which a folder of clients' images is read.
+#: The folder of the clients' folders in a ``client_folders`` data set.
 CLIENTS = "clients"
 
 
