@@ -69,6 +69,9 @@ def tiny(
         slow = backbone in ("resnet18", "resnet9") and recipe.name not in kept
         if backbone == "fedcon_cifar_cnn" or slow:
             args.append("--model.init_args.backbone=small_cnn")
+        if config["data"].get("path"):  # the user's files (recipes/examples): the generated
+            # data set here; tests/test_user_data.py runs them on generated folders
+            args += ["--data.path=null", "--data.image_size=null"]
     return args
 
 

@@ -7,10 +7,12 @@ or in an existing run changed. The CLI runs in-process; a few cases as real proc
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import tiny_overrides
 
@@ -649,3 +651,129 @@ def test_a_key_given_twice_is_found_at_any_depth() -> None:
     assert duplicate_key("s:\n  - {e: 1, e: 2}\n") == ("s[0].e", 2, 2)
     assert duplicate_key("a: &x {b: 1}\nc: *x\n1: 2\n'1': 3\n") is None  # int 1, str '1'
     assert duplicate_key("a: [1\n") is None  # a syntax error: the loader's to report
+
+
+# --- a data set of the user's files -----------------------------------------------------------
+def _user_files(folder: Path) -> None:
+    """Under ``folder``: ``images/`` (train/c<k>/, test/c<k>/ of generated PNGs),
+    ``clients/`` (labeled/c<k>/, clients/{a,b}/, test/c<k>/) and ``arrays.npz``."""
+    import numpy as np
+    from torchvision.io import write_png
+
+    from fedlit.data.datasets import synthetic_images
+
+    def write(split: Path, n: int, seed: int) -> None:
+        images, labels = synthetic_images(n, seed, 10, 1, 28)
+        for k, (image, label) in enumerate(zip(images, labels, strict=True)):
+            (split / f"c{int(label)}").mkdir(parents=True, exist_ok=True)
+            write_png(image, str(split / f"c{int(label)}" / f"{k:04d}.png"))
+
+    write(folder / "images" / "train", 200, 0)
+    write(folder / "images" / "test", 20, 1)
+    write(folder / "clients" / "labeled", 100, 0)
+    write(folder / "clients" / "test", 20, 1)
+    pool, _ = synthetic_images(50, 2, 10, 1, 28)
+    for name, part in (("a", pool[:20]), ("b", pool[20:])):
+        (folder / "clients" / "clients" / name).mkdir(parents=True)
+        for k, image in enumerate(part):
+            write_png(image, str(folder / "clients" / "clients" / name / f"{k:04d}.png"))
+    x, y = synthetic_images(200, 0, 10, 1, 28)
+    xt, yt = synthetic_images(20, 1, 10, 1, 28)
+    np.savez(folder / "arrays.npz", x_train=x[:, 0], y_train=y, x_test=xt[:, 0], y_test=yt)
+
+
+def _rewrite_arrays(work: Path, **changes: object) -> None:
+    """``arrays.npz`` with ``changes`` (None: that key left out)."""
+    import numpy as np
+
+    with np.load(work / "arrays.npz") as saved:
+        arrays = {k: saved[k] for k in saved.files} | changes
+    np.savez(work / "arrays.npz", **{k: v for k, v in arrays.items() if v is not None})
+
+
+def _bad_png(work: Path, name: str, size: int) -> None:
+    import torch
+    from torchvision.io import write_png
+
+    write_png(torch.zeros(1, size, size, dtype=torch.uint8), str(work / name))
+
+
+#: How a test spoils the user's files (``_user_files``) under the working folder.
+SPOIL = {
+    "": lambda w: None,
+    "no test split": lambda w: shutil.rmtree(w / "images" / "test"),
+    "empty class": lambda w: [p.unlink() for p in (w / "images/train/c3").iterdir()],
+    "broken image": lambda w: (w / "images/train/c0/broken.png").write_bytes(b"\x89PNG nope"),
+    "other size": lambda w: _bad_png(w, "images/train/c1/big.png", 30),
+    "label 12": lambda w: _rewrite_arrays(w, y_test=np.array([12] * 20)),
+    "no y_test": lambda w: _rewrite_arrays(w, y_test=None),
+    "float images": lambda w: _rewrite_arrays(w, x_train=np.zeros((200, 28, 28))),
+}
+
+IMAGES = ["--data.dataset=folder", "--data.path={work}/images"]
+CLIENTS = ["--data.dataset=client_folders", "--data.path={work}/clients"]
+CLIENTS += ["--data.examples_per_client=null"]
+ARRAYS = ["--data.dataset=arrays", "--data.path={work}/arrays.npz"]
+
+#: (recipe, spoiling, overrides, key, value): ``fedlit fit --config <recipe> <tiny run>
+#: <overrides>`` on the user's files under ``{work}``, spoiled by ``SPOIL[spoiling]``.
+USER_DATA = [
+    ("server_sl", "no test split", IMAGES, "images/test", "missing"),
+    ("server_sl", "empty class", IMAGES, "images/train/c3", "empty class folder"),
+    ("server_sl", "broken image", IMAGES, "c0/broken.png", "not a readable image"),
+    ("server_sl", "other size", IMAGES, "data.image_size", "big.png is 30x30"),
+    ("server_sl", "", [*IMAGES, "--data.image_size=0"], "data.image_size", "0"),
+    ("server_sl", "", ["--data.dataset=folder"], "data.path", "folder"),
+    ("server_sl", "", ["--data.path={work}/images"], "data.path", "images"),
+    ("server_sl", "", [IMAGES[0], "--data.path={work}/nowhere"], "data.path", "nowhere"),
+    ("server_sl", "label 12", ARRAYS, "y_test", "label 12"),
+    ("server_sl", "no y_test", ARRAYS, "arrays.npz", "y_test"),
+    ("server_sl", "float images", ARRAYS, "x_train", "uint8"),
+    ("fedavg_sl", "", CLIENTS, "data.dataset='client_folders'", "FedAvgSL is an oracle"),
+    ("server_sl", "", [*CLIENTS, "--data.labels_at=client"], "data.labels_at", "client_folders"),
+    ("server_sl", "", [*CLIENTS, "--data.num_clients=3"], "data.num_clients=3", "2 client"),
+    ("server_sl", "", [*CLIENTS, "--data.partitioner=RandomProportions"], "partitioner", "folders"),
+    (
+        "server_sl",
+        "",
+        ["--data.dataset={class_path: torchvision.datasets.FakeData}"],
+        "data.test_dataset",
+        "FakeData",
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def user_files(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("user_files")
+    _user_files(folder)
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("recipe", "spoiling", "args", "key", "value"), USER_DATA, ids=map(_case_id, USER_DATA)
+)
+def test_fit_refuses_the_users_files_by_name_before_any_work(
+    recipe: str,
+    spoiling: str,
+    args: list[str],
+    key: str,
+    value: str,
+    user_files: Path,
+    fmnist_root: Path,
+    finished: Path,
+    work: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Nothing is written, not even the statistics cache into the user's folder."""
+    shutil.copytree(user_files, work, dirs_exist_ok=True)
+    SPOIL[spoiling](work)
+    argv = [
+        "fit",
+        f"--config={RECIPES / f'{recipe}.yaml'}",
+        *tiny_overrides(fmnist_root),
+        "--federation.final_eval=[]",
+        f"--trainer.default_root_dir={work / 'run'}",
+        *_filled(args, work, finished),
+    ]
+    _refused_by_name(argv, key, value, capsys, (work, finished))

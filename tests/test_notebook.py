@@ -29,6 +29,7 @@ def test_quickstart_notebook_is_stripped_and_runs(
     assert not [o for o in outputs if o.output_type == "error"]
     text = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
     assert "server_sl: test/acc" in text and "fedavg_fixmatch: test/acc" in text
+    assert "TensorDataset: 10 classes, 1 channel, 28x28; client shards [200, 200]" in text
     images = [o for o in outputs if "image/png" in o.get("data", {})]
     assert len(images) == 2  # the partition and the curves
     tables = [o for o in outputs if "text/markdown" in o.get("data", {})]

@@ -41,7 +41,7 @@ def partition_main(argv: Sequence[str]) -> None:
     except ValueError as err:
         cli.parser.error(str(err))
     summary = data.partition_summary()
-    title = f"{data.dataset}, {type(data.partitioner).__name__}: R = {data.non_iid_R:.3f}"
+    title = data.partition_title()
     path = plot_partition(data.class_counts, out, title=title, class_names=data.class_names)
     counts = {f"client {k}": row.tolist() for k, row in enumerate(data.class_counts)}
-    print(json.dumps({"plot": str(path), **summary, "class_counts": counts}))
+    print(json.dumps({"plot": str(path), "title": title, **summary, "class_counts": counts}))

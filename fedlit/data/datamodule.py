@@ -8,10 +8,13 @@ seed, the server's sets (:class:`~fedlit.data.server.ServerData`) and the client
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import lightning as L
 import numpy as np
+import torch
+from torch.utils.data import Dataset
 
 from fedlit.data.client import ClientData
 from fedlit.data.datasets import (
@@ -26,12 +29,13 @@ from fedlit.data.loaders import ImageBatches
 from fedlit.data.partition import IID, Partitioner, class_counts, non_iid_metric
 from fedlit.data.pool import ClientPool, deal_labeled, stream_chunks
 from fedlit.data.server import ServerData, load_test, split_by_class
+from fedlit.data.user_data import CLIENTS, USER_DATASETS, ReadImages, read_user_dataset
 
 SPLIT_TAG = 0x5EED  # keeps the split's random stream apart from the partition's
 
 
 LABELS_AT = ("server", "client")
-CLIENT_POOLS = ("train", "unlabeled")
+CLIENT_POOLS = ("train", "unlabeled", "folders")
 
 
 def _positive(name: str, value: int | None) -> None:
@@ -74,8 +78,19 @@ class FederatedDataModule(L.LightningDataModule):
     chunk (n - 1) mod S, the newly streamed-in data. After S selections the stream starts
     over from the first chunk.
 
+    A data set of the user's own (:mod:`fedlit.data.user_data`: ``dataset`` ``folder``,
+    ``client_folders`` or ``arrays`` with ``path``, or a torch Dataset with ``test_dataset``)
+    is read when the data module is made, so that its classes and channels are known; it is
+    then drawn from like any other. Clients as folders (``client_folders``): the server's sets
+    come from ``labeled/`` (``labeled_per_class`` and ``labeled_fraction`` both None: all of
+    it, less the validation and server-unlabeled images), each client's shard is its own
+    folder under ``clients/`` (``client_pool="folders"``; no partitioner, ``num_clients`` the
+    number of folders) and has no labels, as an unlabeled split's.
+
     Args:
-        dataset: a name from :data:`fedlit.data.datasets.SPECS`.
+        dataset: a name from :data:`fedlit.data.datasets.SPECS`, one of
+            :data:`~fedlit.data.user_data.USER_DATASETS` (read from ``path``), or a torch
+            Dataset of the training split (``class_path``/``init_args`` in a recipe).
         root: where data sets are stored (and downloaded to).
         num_clients: K, the number of clients.
         examples_per_client: unlabeled examples per client; None divides the whole pool.
@@ -101,12 +116,20 @@ class FederatedDataModule(L.LightningDataModule):
         client_pool: where the clients' images come from: ``"train"`` (the training split,
             after the server's sets) or ``"unlabeled"`` (the data set's unlabeled split, see
             :attr:`DatasetSpec.unlabeled_split`); None: ``"unlabeled"`` if the data set has
-            one (STL-10), else ``"train"``.
+            one (STL-10), else ``"train"``; ``"folders"``: each client's own folder
+            (``client_folders``, its only choice).
+        path: the folder (``folder``, ``client_folders``) or the array file (``arrays``) of
+            a data set of the user's files.
+        image_size: S, the side the user's images are resized and centre-cropped to (None:
+            they must all be one square size already).
+        test_dataset: the test split, a torch Dataset, when ``dataset`` is one.
+        hflip: whether horizontal flips keep the label, so that the weak view flips (None:
+            the data set's own choice; True for the user's data sets).
     """
 
     def __init__(
         self,
-        dataset: str = "fashion_mnist",
+        dataset: str | Dataset = "fashion_mnist",
         root: str = "data",
         num_clients: int = 10,
         examples_per_client: int | None = None,
@@ -123,16 +146,27 @@ class FederatedDataModule(L.LightningDataModule):
         labels_at: str = "server",
         server_unlabeled_fraction: float = 0.0,
         client_pool: str | None = None,
+        path: str | None = None,
+        image_size: int | None = None,
+        test_dataset: Dataset | None = None,
+        hflip: bool | None = None,
     ) -> None:
         super().__init__()
-        self.spec: DatasetSpec = dataset_spec(dataset)
+        own = not isinstance(dataset, str) or dataset in USER_DATASETS
+        folders = dataset == "client_folders"
+        if isinstance(dataset, str) and not own:
+            self.spec: DatasetSpec = dataset_spec(dataset)
+            _only_for_own_data(path=path, image_size=image_size, test_dataset=test_dataset)
         _positive("data.num_clients", num_clients)
         _positive("data.examples_per_client", examples_per_client)
         _positive("data.batch_size", batch_size)
         _positive("data.client_batch_size", client_batch_size)
         _positive("data.eval_batch_size", eval_batch_size)
         _positive("data.test_subset", test_subset)
-        if (labeled_per_class is None) == (labeled_fraction is None):
+        _positive("data.image_size", image_size)
+        if (labeled_per_class is None) == (labeled_fraction is None) and not (
+            folders and labeled_per_class is None
+        ):
             raise ValueError(
                 "set exactly one of data.labeled_per_class and data.labeled_fraction "
                 f"(got {labeled_per_class} and {labeled_fraction})"
@@ -149,8 +183,22 @@ class FederatedDataModule(L.LightningDataModule):
             raise ValueError(
                 f"data.server_unlabeled_fraction must be in [0, 1), got {server_unlabeled_fraction}"
             )
+        if folders:
+            _check_client_folders(labels_at, partitioner, examples_per_client)
+        self._user: ReadImages | None = None
+        if own:  # read now: its classes and channels are the model's
+            self.spec, self._user = read_user_dataset(dataset, path, image_size, test_dataset)
+        if hflip is not None:
+            self.spec = replace(self.spec, hflip=hflip)
         self.client_pool = self._check_client_pool(client_pool, partitioner)
-        self.dataset = dataset
+        if self.client_pool == "folders" and num_clients != len(self.user_data.client_names):
+            raise ValueError(
+                f"data.num_clients={num_clients}, but {Path(str(path)) / CLIENTS} holds "
+                f"{len(self.user_data.client_names)} client folders: set "
+                f"data.num_clients={len(self.user_data.client_names)}"
+            )
+        self.dataset = self.spec.name
+        self.path, self.image_size, self.hflip = path, image_size, hflip
         self.root = Path(root)
         self.num_clients = num_clients
         self.examples_per_client = examples_per_client
@@ -187,12 +235,56 @@ class FederatedDataModule(L.LightningDataModule):
     def in_channels(self) -> int:
         return self.spec.channels
 
+    @property
+    def user_data(self) -> ReadImages:
+        """The user's data set, as read (RuntimeError for a built-in data set)."""
+        if self._user is None:
+            raise RuntimeError(f"{self.dataset} is not a data set of the user's own")
+        return self._user
+
+    @property
+    def clients_without_labels(self) -> tuple[str, str] | None:
+        """Where the clients' images have no labels: (the setting that makes it so, why and
+        what to do instead); None where they have labels."""
+        if self.client_pool == "unlabeled":
+            return (
+                "data.client_pool='unlabeled'",
+                f"{self.dataset}'s unlabeled split has none; use data.client_pool='train'",
+            )
+        if self.client_pool == "folders":
+            return (
+                "data.dataset='client_folders'",
+                "the clients' folders (data.path/clients) hold images without labels; use "
+                "data.dataset='folder', whose clients' images keep their labels",
+            )
+        return None
+
+    def save_statistics(self) -> None:
+        """Cache a user's data set's statistics beside its files (where it has such a
+        cache); the driver calls it once a run's checks have passed."""
+        if self._user is not None:
+            self._user.save_statistics()
+
     def _check_client_pool(self, client_pool: str | None, partitioner: Partitioner | None) -> str:
-        """``client_pool`` resolved (None: the data set's unlabeled split if it has one);
-        ValueError naming the key if the data set or the partitioner cannot serve it."""
+        """``client_pool`` resolved (None: the data set's unlabeled split if it has one, its
+        clients' folders if it has those); ValueError naming the key if the data set or the
+        partitioner cannot serve it."""
         if client_pool is not None and client_pool not in CLIENT_POOLS:
             raise ValueError(
                 f"data.client_pool must be one of {CLIENT_POOLS} or null, got {client_pool!r}"
+            )
+        if self._user is not None and self._user.client_names:
+            if client_pool not in (None, "folders"):
+                raise ValueError(
+                    f"data.client_pool={client_pool!r}: data.dataset='client_folders' takes "
+                    "the clients' images from their folders (data.path/clients); leave "
+                    "data.client_pool unset"
+                )
+            return "folders"
+        if client_pool == "folders":
+            raise ValueError(
+                "data.client_pool='folders' is the clients' own folders of "
+                f"data.dataset='client_folders', not of {self.spec.name!r}"
             )
         split = self.spec.unlabeled_split
         if client_pool == "unlabeled" and split is None:
@@ -213,7 +305,7 @@ class FederatedDataModule(L.LightningDataModule):
 
     def _load_unlabeled_pool(self) -> ImageSplit:
         """The data set's unlabeled split, whose labels raise naming ``data.client_pool``."""
-        pool = load_unlabeled_split(self.dataset, self.root, download=self.download)
+        pool = load_unlabeled_split(self.spec.name, self.root, download=self.download)
         why = (
             f"data.client_pool='unlabeled': the clients' images come from {self.dataset}'s "
             f"{self.spec.unlabeled_split!r} split, which has no labels, so there are none for "
@@ -223,11 +315,46 @@ class FederatedDataModule(L.LightningDataModule):
         return ImageSplit(pool.images, None, why)
 
     # --- loading and splitting ------------------------------------------------------------
+    def _client_folders(self) -> tuple[ImageSplit, list[np.ndarray]]:
+        """The clients' folders' images as one pool without labels, and each client's
+        positions in it."""
+        images = self.user_data.clients
+        why = (
+            "data.dataset='client_folders': the clients' images (data.path/clients/<client>) "
+            "have no labels, so there are none for the FedAvg-SL oracle or label-based "
+            "diagnostics (hidden_labels)"
+        )
+        bounds = np.cumsum([0, *(len(c) for c in images)])
+        parts = [np.arange(a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+        return ImageSplit(torch.cat(images), None, why), parts
+
     def prepare_data(self) -> None:
-        load_split(self.dataset, self.root, train=True, download=self.download)
-        load_split(self.dataset, self.root, train=False, download=self.download)
+        load_split(self.spec, self.root, train=True, download=self.download)
+        load_split(self.spec, self.root, train=False, download=self.download)
         if self.client_pool == "unlabeled":
-            load_unlabeled_split(self.dataset, self.root, download=self.download)
+            load_unlabeled_split(self.spec.name, self.root, download=self.download)
+
+    def _partition(
+        self,
+        pool_labels: np.ndarray,
+        pool_classes: int,
+        pool_size: int,
+        where: str,
+        rng: np.random.Generator,
+    ) -> list[np.ndarray]:
+        """The partitioner's division of a pool of ``pool_size`` examples among the clients;
+        ValueError naming the keys when ``examples_per_client`` asks for more than it holds."""
+        if self.examples_per_client is not None:
+            need = self.num_clients * self.examples_per_client
+            if need > pool_size:
+                raise ValueError(
+                    f"data.examples_per_client={self.examples_per_client} x data.num_clients="
+                    f"{self.num_clients} = {need} exceeds the {pool_size} unlabeled examples "
+                    f"{where}"
+                )
+        return self.partitioner(
+            pool_labels, self.num_clients, pool_classes, rng, self.examples_per_client
+        )
 
     def setup_federation(self, seed: int) -> None:
         """Load the data and draw the server split and the client partition from ``seed``.
@@ -237,8 +364,8 @@ class FederatedDataModule(L.LightningDataModule):
         depend on ``labels_at``. Raises ValueError, naming the key, when the split or
         partition cannot be made.
         """
-        train = load_split(self.dataset, self.root, train=True, download=self.download)
-        test = load_test(self.dataset, self.root, self.download, self.test_subset, self.num_classes)
+        train = load_split(self.spec, self.root, train=True, download=self.download)
+        test = load_test(self.spec, self.root, self.download, self.test_subset, self.num_classes)
         labels = train.labels.numpy()
         rng = np.random.default_rng([seed, SPLIT_TAG])
         labeled_idx, val_idx, unlabeled_idx, pool_idx = split_by_class(
@@ -258,17 +385,12 @@ class FederatedDataModule(L.LightningDataModule):
             pool_idx = np.arange(len(pool))
             pool_labels, pool_classes = np.zeros(len(pool), dtype=np.int64), 1
             where = f"of {self.dataset}'s {self.spec.unlabeled_split!r} split (data.client_pool)"
-        if self.examples_per_client is not None:
-            need = self.num_clients * self.examples_per_client
-            if need > len(pool_idx):
-                raise ValueError(
-                    f"data.examples_per_client={self.examples_per_client} x data.num_clients="
-                    f"{self.num_clients} = {need} exceeds the {len(pool_idx)} unlabeled examples "
-                    f"{where}"
-                )
-        parts = self.partitioner(
-            pool_labels, self.num_clients, pool_classes, rng, self.examples_per_client
-        )
+        if self.client_pool == "folders":  # the shards are the clients' folders
+            pool, parts = self._client_folders()
+            pool_idx = np.arange(len(pool))
+            pool_labels, pool_classes = np.zeros(len(pool), dtype=np.int64), 1
+        else:
+            parts = self._partition(pool_labels, pool_classes, len(pool_idx), where, rng)
         shards = [pool.take(pool_idx[p]) for p in parts]
         empty = [k for k, c in enumerate(shards) if len(c) == 0]
         if empty:
@@ -388,6 +510,15 @@ class FederatedDataModule(L.LightningDataModule):
         """:meth:`ClientPool.client_data`: what a method's client hooks get."""
         return self.pool.client_data(client_id, visit)
 
+    def partition_title(self) -> str:
+        """One line naming the data set and its partition, with its R where the clients'
+        images have labels to measure it with, and saying so where they have none."""
+        if self.client_pool == "folders":
+            return f"{self.dataset}: the clients' own folders (no labels: R not measured)"
+        if self.client_pool == "unlabeled":
+            return f"{self.dataset}, IID over its unlabeled split (no labels: R not measured)"
+        return f"{self.dataset}, {type(self.partitioner).__name__}: R = {self.non_iid_R:.3f}"
+
     def partition_summary(self) -> dict[str, float]:
         """Numbers that describe the partition, for logging once per run."""
         sizes = self.class_counts.sum(axis=1)
@@ -401,3 +532,36 @@ class FederatedDataModule(L.LightningDataModule):
             "data/client_labeled": float(sum(len(c) for c in self.pool.labeled)),
             "data/stream_steps": float(self.stream_steps or 0),
         }
+
+
+def _only_for_own_data(**values: object) -> None:
+    """Refuse, naming the key, a setting that only a data set of the user's own reads."""
+    for key, value in values.items():
+        if value is not None:
+            raise ValueError(
+                f"data.{key}={value!r} is read only for a data set of your own (data.dataset "
+                f"one of {USER_DATASETS} or a torch Dataset), not for a built-in data set"
+            )
+
+
+def _check_client_folders(
+    labels_at: str, partitioner: Partitioner | None, examples_per_client: int | None
+) -> None:
+    """Refuse, naming the key, what clients as folders cannot do: their shards are their
+    folders (no partitioner but the default IID, which is not used; no
+    ``examples_per_client``) and have no labels (no labels-at-client)."""
+    if labels_at == "client":
+        raise ValueError(
+            "data.labels_at='client': data.dataset='client_folders' holds its labels at the "
+            "server (data.path/labeled) and none at the clients; use data.labels_at='server'"
+        )
+    if partitioner is not None and type(partitioner) is not IID:  # IID: the default, unused
+        raise ValueError(
+            f"data.partitioner={partitioner!r}: with data.dataset='client_folders' the "
+            "clients' shards are their folders (data.path/clients); leave data.partitioner unset"
+        )
+    if examples_per_client is not None:
+        raise ValueError(
+            f"data.examples_per_client={examples_per_client}: with data.dataset="
+            "'client_folders' each client holds its whole folder; leave it unset"
+        )

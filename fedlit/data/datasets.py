@@ -312,13 +312,20 @@ SPECS: dict[str, DatasetSpec] = {
 def dataset_spec(name: str) -> DatasetSpec:
     """The spec of data set ``name``; a ValueError naming ``data.dataset`` if it is unknown."""
     if name not in SPECS:
-        raise ValueError(f"data.dataset: unknown data set {name!r}; choose one of {sorted(SPECS)}")
+        raise ValueError(
+            f"data.dataset: unknown data set {name!r}; choose one of {sorted(SPECS)}, a data "
+            "set of your files (folder, client_folders, arrays, with data.path) or a torch "
+            "Dataset ({class_path: ..., init_args: ...})"
+        )
     return SPECS[name]
 
 
-def load_split(name: str, root: str | Path, train: bool, download: bool = True) -> ImageSplit:
-    """Load the train or test split of data set ``name`` under ``root`` as uint8 tensors."""
-    spec = dataset_spec(name)
+def load_split(
+    name: str | DatasetSpec, root: str | Path, train: bool, download: bool = True
+) -> ImageSplit:
+    """Load the train or test split of data set ``name`` (or of the data set of a spec, such
+    as a user's data set's) under ``root`` as uint8 tensors."""
+    spec = name if isinstance(name, DatasetSpec) else dataset_spec(name)
     images, labels = spec.loader(Path(root), "train" if train else "test", download)
     _check_shape(spec, images)
     return ImageSplit(images, labels)

@@ -19,10 +19,14 @@ TEST_SUBSET_SEED = 0x7E57
 
 
 def load_test(
-    dataset: str, root: Path, download: bool, test_subset: int | None, num_classes: int
+    dataset: str | DatasetSpec,
+    root: Path,
+    download: bool,
+    test_subset: int | None,
+    num_classes: int,
 ) -> ImageSplit:
-    """Data set ``dataset``'s test split, or ``test_subset`` of its images: a class-balanced
-    draw, the same for every run (:data:`TEST_SUBSET_SEED`)."""
+    """Data set ``dataset``'s (a name or a spec) test split, or ``test_subset`` of its images:
+    a class-balanced draw, the same for every run (:data:`TEST_SUBSET_SEED`)."""
     test = load_split(dataset, root, train=False, download=download)
     if test_subset is None or test_subset >= len(test):
         return test
@@ -46,7 +50,8 @@ def split_by_class(
     server_unlabeled_fraction: float,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The training split's indices, per class in a random order: labeled
-    (``labeled_per_class``, or ``labeled_fraction`` of the class), validation, server-unlabeled
+    (``labeled_per_class``, or ``labeled_fraction`` of the class, or, both None, all that the
+    validation and server-unlabeled images leave), validation, server-unlabeled
     (``server_unlabeled_fraction`` of the class), and the rest, the client pool; each sorted.
 
     Raises ValueError, naming the keys, when a class has too few examples.
@@ -54,13 +59,16 @@ def split_by_class(
     labeled, val, unlabeled, pool = [], [], [], []
     for c in range(num_classes):
         idx = rng.permutation(np.flatnonzero(labels == c))
+        n_unl = int(server_unlabeled_fraction * len(idx))
         if labeled_per_class is not None:
             n_lab = labeled_per_class
             key = f"data.labeled_per_class={labeled_per_class}"
-        else:
-            n_lab = max(1, int(labeled_fraction * len(idx)))  # type: ignore[operator]
+        elif labeled_fraction is not None:
+            n_lab = max(1, int(labeled_fraction * len(idx)))
             key = f"data.labeled_fraction={labeled_fraction}"
-        n_unl = int(server_unlabeled_fraction * len(idx))
+        else:  # all of it (clients as folders: the labeled folder)
+            n_lab = max(1, len(idx) - val_per_class - n_unl)
+            key = "data.labeled_per_class=None (the whole class)"
         if n_lab + val_per_class + n_unl > len(idx):
             raise ValueError(
                 f"{key} (+ data.val_per_class={val_per_class}, + data.server_unlabeled_"

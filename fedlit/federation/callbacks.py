@@ -292,7 +292,7 @@ class PartitionImage(Callback):
         from fedlit.reporting import plot_partition  # matplotlib only when it is needed
 
         data = run.data
-        title = f"{data.dataset}: R = {data.non_iid_R:.3f}"
+        title = data.partition_title()
         path = plot_partition(
             data.class_counts, run.run_dir / "partition.png", title, data.class_names
         )

@@ -121,6 +121,7 @@ class Federation:
             # connected (or started) and checked against the cluster's resources now, before
             # anything is written; a refusal names the key (federation.ray.*)
             self._executor = self.executor
+        self.data.save_statistics()  # beside the user's files, once every check has passed
         self._prepared = True
 
     @property

@@ -195,11 +195,12 @@ class FederatedMethod(LightningModule):
     def validate_data(self, data: FederatedDataModule) -> None:
         """Raise ValueError, naming the key, if ``data`` cannot serve this method (called by
         the driver before any work starts)."""
-        if self.oracle and data.client_pool == "unlabeled":
+        unlabeled = data.clients_without_labels
+        if self.oracle and unlabeled is not None:
+            setting, why = unlabeled
             raise ValueError(
-                f"data.client_pool='unlabeled': {type(self).__name__} is an oracle whose clients "
-                f"train on their true labels, and {data.dataset}'s unlabeled split has none; use "
-                "data.client_pool='train'"
+                f"{setting}: {type(self).__name__} is an oracle whose clients train on their "
+                f"true labels, and {why}"
             )
 
     def on_data_ready(self, data: FederatedDataModule) -> None:

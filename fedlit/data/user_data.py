@@ -1,0 +1,596 @@
+"""Data sets from the user's own files: image folders, clients as folders, arrays, torch Datasets.
+
+Each is read once, when the data module is made (so that its classes and channels are known
+before the model is built), into what every data set is: uint8 images (N, C, H, W) and int64
+labels (N,), described by a :class:`~fedlit.data.datasets.DatasetSpec` whose ``loader`` hands
+back the splits read (:class:`ReadImages`). So every partitioner, labels-at-client, streaming
+and every executor work on them as on the built-in data sets.
+
+- ``folder`` (``data.path``): ``train/<class>/*`` and ``test/<class>/*``, torchvision's
+  ``ImageFolder`` layout: the classes are ``train``'s folder names, sorted (``test`` may lack
+  some, never have others); the images are every file under a class folder (sub-folders
+  included) whose name ends in one of :data:`IMAGE_EXTENSIONS`, in sorted order.
+- ``client_folders`` (``data.path``): ``labeled/<class>/*`` (the server's labeled images),
+  ``clients/<client>/*`` (each client's unlabeled images, any number of clients, any sizes,
+  clients in sorted order) and ``test/<class>/*``.
+- ``arrays`` (``data.path``): one ``.npz`` file, or a ``.pt`` file loaded with
+  ``torch.load(weights_only=True)`` holding a dict, with ``x_train``, ``y_train``, ``x_test``,
+  ``y_test``: uint8 images (N, H, W) or (N, H, W, C), C 1 or 3, and integer labels; an optional
+  ``classes`` names the classes (else there are ``max(y_train) + 1``).
+- a torch ``Dataset`` (``data.dataset`` and ``data.test_dataset``, instances or
+  ``class_path``/``init_args``): items ``(image, label)``, the image a PIL image or a tensor
+  (C, H, W) or (H, W), uint8 or float in [0, 1]; the classes are its ``classes`` if it has
+  them, else ``max(label) + 1``.
+
+Images are decoded by torchvision (:func:`torchvision.io.decode_image`: PNG, JPEG, GIF, WebP).
+Grey or RGB is detected: the data set is RGB (3 channels) if any image is in colour, its grey
+images then repeated to three channels; else grey (1 channel). An alpha channel is dropped,
+16-bit images are scaled to 8 bits. With ``data.image_size=S`` every image is resized so that
+its shorter side is S (antialiased), then centre-cropped to S x S; without it, all images must
+be one square size.
+
+The normalisation statistics (per-channel mean and standard deviation of the training images,
+pixel values in [0, 1]; a folder of clients: the labeled and the clients' images) are computed
+once and cached beside the data, in a small JSON file (:data:`STATS_FILE` in the folder,
+``<file>.fedlit-stats.json`` beside an array file), under a fingerprint of the files (their
+names, sizes and modification times) and the image size, so that a changed folder is
+recomputed. It is the only file fedlit writes there (:meth:`ReadImages.save_statistics`, once
+a run's checks have passed); a folder that cannot be written is read all the same.
+
+Anything wrong is a ValueError naming the file or the key, raised before anything is written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+from torch.utils.data import Dataset
+from torchvision.io import ImageReadMode, decode_image
+from torchvision.transforms.v2 import functional as F
+
+from fedlit.data.datasets import DatasetSpec, Images
+
+#: The ``data.dataset`` names of data sets read from the user's files (``data.path``).
+USER_DATASETS = ("folder", "client_folders", "arrays")
+#: The file endings read as images (others, and hidden files, are left alone).
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".gif", ".webp")
+#: The statistics cache's name inside a folder data set.
+STATS_FILE = "fedlit-stats.json"
+STATS_VERSION = 1
+ARRAY_KEYS = ("x_train", "y_train", "x_test", "y_test")
+#: The splits of a folder data set, by data set: (the labeled training split, the test split).
+FOLDER_SPLITS = {"folder": ("train", "test"), "client_folders": ("labeled", "test")}
+#: The folder of the clients' folders in a ``client_folders`` data set.
+CLIENTS = "clients"
+
+
+@dataclass(frozen=True)
+class LooseImage:
+    """One image still at its own size: (C, H, W) uint8, C 1 or 3, and where it came from."""
+
+    image: Tensor
+    source: str
+
+
+# --- images ---------------------------------------------------------------------------------
+def image_files(folder: Path) -> list[Path]:
+    """The images under ``folder`` (sub-folders included), sorted by path: files ending in
+    :data:`IMAGE_EXTENSIONS`, hidden files and folders left out."""
+    found = []
+    for dirpath, dirnames, filenames in os.walk(folder, followlinks=True):
+        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+        found += [
+            Path(dirpath) / f
+            for f in filenames
+            if not f.startswith(".") and f.lower().endswith(IMAGE_EXTENSIONS)
+        ]
+    return sorted(found)
+
+
+def sub_folders(folder: Path) -> list[Path]:
+    """``folder``'s visible sub-folders, sorted by name."""
+    return sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+def as_colour_image(image: Tensor) -> Tensor:
+    """A decoded image (C, H, W) as uint8 with 1 (grey) or 3 (RGB) channels: an alpha channel
+    dropped, 16-bit values scaled to 8 bits."""
+    if image.dtype != torch.uint8:
+        image = F.to_dtype(image, torch.uint8, scale=True)
+    return image[:1] if image.shape[0] in (1, 2) else image[:3]
+
+
+def read_image(path: Path) -> Tensor:
+    """The image file ``path``, decoded by torchvision, as uint8 (C, H, W), C 1 or 3;
+    a ValueError naming the file if it cannot be decoded."""
+    try:
+        image = decode_image(str(path), mode=ImageReadMode.UNCHANGED)
+    except (RuntimeError, OSError, ValueError) as err:
+        first = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
+        raise ValueError(f"data.path: {path} is not a readable image ({first})") from err
+    return as_colour_image(image)
+
+
+def fit_size(image: Tensor, size: int) -> Tensor:
+    """``image`` (C, H, W) resized so that its shorter side is ``size`` (antialiased), then
+    centre-cropped to ``size`` x ``size``; an image of that size already is left as it is."""
+    if tuple(image.shape[-2:]) == (size, size):
+        return image
+    return F.center_crop(F.resize(image, size, antialias=True), [size, size])
+
+
+def uniform_images(
+    splits: dict[str, list[LooseImage]], image_size: int | None
+) -> tuple[dict[str, Tensor], int, int]:
+    """Every split's images as one uint8 tensor (N, C, H, W): all of one size (``image_size``,
+    or the size they all share) and one colour (RGB if any image is, else grey). Returns the
+    tensors, the channels and the size; a ValueError naming ``data.image_size`` (and two
+    files) when the images' sizes differ, or are not square, and no ``image_size`` is set."""
+    items = [item for split in splits.values() for item in split]
+    channels = 3 if any(item.image.shape[0] == 3 for item in items) else 1
+    if image_size is None:
+        first = items[0]
+        shape = tuple(first.image.shape[-2:])
+        other = next((i for i in items if tuple(i.image.shape[-2:]) != shape), None)
+        if other is not None:
+            raise ValueError(
+                f"data.image_size is needed: the images' sizes differ ({first.source} is "
+                f"{shape[0]}x{shape[1]}, {other.source} is "
+                f"{other.image.shape[-2]}x{other.image.shape[-1]}); set data.image_size"
+            )
+        if shape[0] != shape[1]:
+            raise ValueError(
+                f"data.image_size is needed: the images are {shape[0]}x{shape[1]}, not square "
+                f"({first.source}); set data.image_size to resize and centre-crop them"
+            )
+        image_size = shape[0]
+
+    def stacked(split: list[LooseImage]) -> Tensor:
+        out = torch.empty(len(split), channels, image_size, image_size, dtype=torch.uint8)
+        for n, item in enumerate(split):
+            image = fit_size(item.image, image_size)
+            out[n] = image.expand(channels, -1, -1)
+        return out
+
+    return {name: stacked(split) for name, split in splits.items()}, channels, image_size
+
+
+Statistics = tuple[tuple[float, ...], tuple[float, ...]]  # (mean, std), one float a channel
+
+
+def channel_statistics(images: Tensor, chunk: int = 4096) -> Statistics:
+    """The per-channel mean and standard deviation (sample, as torch's ``std``) of uint8
+    ``images`` (N, C, H, W) as pixel values in [0, 1]: ``(mean, std)``, each C floats."""
+    total = torch.zeros(images.shape[1], dtype=torch.float64)
+    squares = torch.zeros_like(total)
+    for start in range(0, len(images), chunk):
+        x = images[start : start + chunk].to(torch.float64) / 255
+        total += x.sum(dim=(0, 2, 3))
+        squares += (x * x).sum(dim=(0, 2, 3))
+    n = images.shape[0] * images.shape[2] * images.shape[3]
+    mean = total / n
+    var = (squares - n * mean * mean) / max(n - 1, 1)
+    std = var.clamp_min(0).sqrt()
+    return tuple(mean.tolist()), tuple(std.tolist())
+
+
+# --- the statistics cache -----------------------------------------------------------------------
+def fingerprint(files: Iterable[Path], base: Path, image_size: int | None) -> str:
+    """A digest of ``files`` (their paths relative to ``base``, sizes and modification times)
+    and ``image_size``: it changes when a file is added, removed, renamed or rewritten."""
+    digest = hashlib.sha256(f"v{STATS_VERSION} size={image_size}\n".encode())
+    for path in files:
+        stat = path.stat()
+        digest.update(f"{path.relative_to(base)}\t{stat.st_size}\t{stat.st_mtime_ns}\n".encode())
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class StatisticsCache:
+    """The statistics of one version of the user's files: ``path``, the JSON file, holds them
+    under ``key`` (:func:`fingerprint`)."""
+
+    path: Path
+    key: str
+
+    def read(self) -> Statistics | None:
+        """The cached ``(mean, std)`` if the file holds them for this ``key``, else None."""
+        try:
+            saved = json.loads(self.path.read_text())
+            if saved.get("fingerprint") != self.key:
+                return None
+            return tuple(map(float, saved["mean"])), tuple(map(float, saved["std"]))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return None
+
+    def write(self, mean: Sequence[float], std: Sequence[float]) -> None:
+        """Write ``(mean, std)`` under this key (a temporary file renamed into place); a
+        folder that cannot be written is left as it is."""
+        if self.read() == (tuple(mean), tuple(std)):
+            return
+        text = json.dumps({"fingerprint": self.key, "mean": list(mean), "std": list(std)})
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)
+        except OSError:
+            return
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(text + "\n")
+            os.replace(tmp, self.path)
+        except OSError:
+            Path(tmp).unlink(missing_ok=True)
+
+
+# --- what the data module holds ---------------------------------------------------------------
+class ReadImages:
+    """A user's data set, read: the :attr:`DatasetSpec.loader` of its spec, which hands back
+    its ``train`` and ``test`` splits (and, clients as folders, :attr:`clients`).
+
+    The images live in the process that read them: a pickled copy (what a pool or Ray worker
+    receives with the data module, whose clients' shards are already drawn) holds none, so the
+    data are not shipped twice; calling it there raises RuntimeError.
+    """
+
+    def __init__(
+        self,
+        splits: dict[str, Images],
+        clients: list[Tensor] | None,
+        client_names: Sequence[str] = (),
+        cache: StatisticsCache | None = None,
+        statistics: Statistics | None = None,
+    ) -> None:
+        self._splits: dict[str, Images] | None = splits
+        self._clients = clients
+        self.client_names = tuple(client_names)
+        self.cache, self.statistics = cache, statistics
+
+    def __call__(self, root: Path, split: str, download: bool) -> Images:
+        if self._splits is None:
+            raise RuntimeError(
+                "a copy of a user's data set holds no images: it was read in "
+                "the process that made the data module"
+            )
+        return self._splits[split]
+
+    @property
+    def clients(self) -> list[Tensor]:
+        """Each client's images (N_k, C, H, W), in the order of their folders' names."""
+        if self._clients is None:
+            raise RuntimeError("this data set has no clients' folders")
+        return self._clients
+
+    def save_statistics(self) -> None:
+        """Write the statistics to the cache beside the data, where there is one."""
+        if self.cache is not None and self.statistics is not None:
+            self.cache.write(*self.statistics)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_splits"] = state["_clients"] = None
+        return state
+
+
+# --- the four kinds of source -------------------------------------------------------------------
+def class_folders(split_dir: Path, classes: Sequence[str] | None) -> list[tuple[int, list[Path]]]:
+    """``split_dir``'s class folders as (label, image files); ``classes``: the training
+    split's names (None: this is the training split, its folders define them). ValueError
+    naming the folder when it is missing, holds no class folder, has a class folder without
+    images or one that the training split lacks."""
+    if not split_dir.is_dir():
+        raise ValueError(f"data.path: {split_dir} is missing (a split folder of class folders)")
+    folders = sub_folders(split_dir)
+    if not folders:
+        raise ValueError(f"data.path: {split_dir} holds no class folders")
+    out: list[tuple[int, list[Path]]] = []
+    for folder in folders:
+        if classes is not None and folder.name not in classes:
+            raise ValueError(
+                f"data.path: {folder}: class {folder.name!r} is not one of the training "
+                f"split's classes {list(classes)}"
+            )
+        files = image_files(folder)
+        if not files:
+            raise ValueError(
+                f"data.path: {folder} is an empty class folder (no {'/'.join(IMAGE_EXTENSIONS)} "
+                "files)"
+            )
+        label = len(out) if classes is None else list(classes).index(folder.name)
+        out.append((label, files))
+    return out
+
+
+def _read_files(files: Sequence[Path]) -> list[LooseImage]:
+    return [LooseImage(read_image(p), str(p)) for p in files]
+
+
+def _labels_of(folders: list[tuple[int, list[Path]]]) -> Tensor:
+    return torch.tensor([label for label, files in folders for _ in files], dtype=torch.int64)
+
+
+def read_folders(kind: str, root: Path, image_size: int | None) -> tuple[DatasetSpec, ReadImages]:
+    """A ``folder`` or ``client_folders`` data set under ``root`` (see the module's layouts)."""
+    if not root.is_dir():
+        raise ValueError(f"data.path: {root} is not a folder (data.dataset={kind!r})")
+    train_name, test_name = FOLDER_SPLITS[kind]
+    train = class_folders(root / train_name, None)
+    classes = tuple(folder.name for folder in sub_folders(root / train_name))
+    test = class_folders(root / test_name, classes)
+    clients = client_folders(root / CLIENTS) if kind == "client_folders" else []
+    loose = {
+        "train": _read_files([p for _, files in train for p in files]),
+        "test": _read_files([p for _, files in test for p in files]),
+        **{f"{CLIENTS}/{name}": _read_files(files) for name, files in clients},
+    }
+    images, channels, size = uniform_images(loose, image_size)
+    splits = {
+        "train": (images["train"], _labels_of(train)),
+        "test": (images["test"], _labels_of(test)),
+    }
+    client_images = [images[f"{CLIENTS}/{name}"] for name, _ in clients] or None
+    every_file = [p for _, files in [*train, *test, *clients] for p in files]
+    cache = StatisticsCache(root / STATS_FILE, fingerprint(every_file, root, image_size))
+    read = ReadImages(splits, client_images, [name for name, _ in clients], cache)
+    spec = _spec(kind, read, classes, channels, size, hflip=True)
+    return spec, read
+
+
+def client_folders(clients_dir: Path) -> list[tuple[str, list[Path]]]:
+    """The clients' folders under ``clients_dir`` as (name, image files), sorted by name;
+    ValueError naming the folder when it is missing, holds none, or a client's is empty."""
+    if not clients_dir.is_dir():
+        raise ValueError(f"data.path: {clients_dir} is missing (a folder per client)")
+    clients = [(c.name, image_files(c)) for c in sub_folders(clients_dir)]
+    if not clients:
+        raise ValueError(f"data.path: {clients_dir} holds no client folders")
+    for name, files in clients:
+        if not files:
+            raise ValueError(f"data.path: {clients_dir / name} is an empty client folder")
+    return clients
+
+
+def _spec(
+    name: str,
+    read: ReadImages,
+    classes: Sequence[str] | None,
+    channels: int,
+    size: int,
+    hflip: bool,
+    num_classes: int | None = None,
+) -> DatasetSpec:
+    """The spec of a data set read, its statistics from the cache or from its training
+    images (a folder of clients: the labeled and the clients' images)."""
+    statistics = read.cache.read() if read.cache is not None else None
+    if statistics is None or len(statistics[0]) != channels:
+        train = read(Path(), "train", False)[0]
+        fitting = torch.cat([train, *read.clients]) if read.client_names else train
+        statistics = channel_statistics(fitting)
+    read.statistics = statistics
+    mean, std = statistics
+    return DatasetSpec(
+        name=name,
+        num_classes=num_classes if num_classes is not None else len(classes or ()),
+        channels=channels,
+        size=size,
+        mean=mean,
+        std=tuple(max(s, 1e-6) for s in std),  # a constant channel: no division by 0
+        hflip=hflip,
+        loader=read,
+        classes=tuple(classes) if classes is not None else None,
+    )
+
+
+def _check_labels(
+    labels: dict[str, Tensor], num_classes: int, where: dict[str, str], named: bool
+) -> None:
+    """Refuse labels outside [0, ``num_classes``), naming ``where`` they are."""
+    for split, y in labels.items():
+        if len(y) and (int(y.min()) < 0 or int(y.max()) >= num_classes):
+            bad = int(y.min()) if int(y.min()) < 0 else int(y.max())
+            basis = "the classes named" if named else "max(y_train) + 1"
+            raise ValueError(
+                f"{where[split]}: label {bad} is outside the class range [0, {num_classes}) "
+                f"({basis})"
+            )
+
+
+def _array_images(value: Any, where: str) -> list[LooseImage]:
+    """uint8 images (N, H, W) or (N, H, W, C), C 1 or 3, as :class:`LooseImage` (C, H, W)."""
+    x = torch.as_tensor(np.asarray(value)) if not isinstance(value, Tensor) else value
+    if x.dtype != torch.uint8:
+        raise ValueError(f"{where}: images must be uint8, got {x.dtype}")
+    if x.ndim == 3:
+        x = x.unsqueeze(-1)
+    if x.ndim != 4 or x.shape[-1] not in (1, 3):
+        raise ValueError(
+            f"{where}: images must be (N, H, W) or (N, H, W, C) with C 1 or 3, got "
+            f"shape {tuple(x.shape)}"
+        )
+    x = x.permute(0, 3, 1, 2)
+    return [LooseImage(image, f"{where}[{n}]") for n, image in enumerate(x)]
+
+
+def _array_labels(value: Any, where: str, count: int) -> Tensor:
+    y = torch.as_tensor(np.asarray(value)) if not isinstance(value, Tensor) else value
+    if y.dtype.is_floating_point or y.dtype.is_complex or y.dtype == torch.bool or y.ndim != 1:
+        raise ValueError(
+            f"{where}: labels must be integers of shape (N,), got {y.dtype} "
+            f"of shape {tuple(y.shape)}"
+        )
+    if len(y) != count:
+        raise ValueError(f"{where}: {len(y)} labels for {count} images")
+    return y.to(torch.int64)
+
+
+def load_array_file(path: Path) -> dict[str, Any]:
+    """The arrays of a ``.npz`` file (no pickled objects) or the dict of a ``.pt`` file
+    (``torch.load(weights_only=True)``); ValueError naming the file otherwise."""
+    if not path.is_file():
+        raise ValueError(f"data.path: {path} is not a file (data.dataset='arrays')")
+    try:
+        if path.suffix == ".npz":
+            with np.load(path, allow_pickle=False) as arrays:
+                return {key: arrays[key] for key in arrays.files}
+        if path.suffix in (".pt", ".pth"):
+            loaded = torch.load(path, map_location="cpu", weights_only=True)
+            if not isinstance(loaded, dict):
+                raise ValueError(f"holds a {type(loaded).__name__}, not a dict of arrays")
+            return loaded
+    except (OSError, ValueError, RuntimeError, EOFError, KeyError) as err:
+        raise ValueError(f"data.path: {path} cannot be read as arrays ({err})") from err
+    raise ValueError(f"data.path: {path}: an array file is a .npz or a .pt file")
+
+
+def read_arrays(path: Path, image_size: int | None) -> tuple[DatasetSpec, ReadImages]:
+    """An ``arrays`` data set: the file ``path`` (see the module's description)."""
+    arrays = load_array_file(path)
+    missing = [key for key in ARRAY_KEYS if key not in arrays]
+    if missing:
+        raise ValueError(
+            f"data.path: {path} has no {', '.join(missing)} (it holds {sorted(arrays)}; "
+            f"an array file holds {', '.join(ARRAY_KEYS)})"
+        )
+    where = {
+        split: f"data.path: {path}: {key}"
+        for split, key in (("train", "x_train"), ("test", "x_test"))
+    }
+    loose = {
+        split: _array_images(arrays[f"x_{split}"], where[split]) for split in ("train", "test")
+    }
+    labels = {
+        split: _array_labels(
+            arrays[f"y_{split}"], f"data.path: {path}: y_{split}", len(loose[split])
+        )
+        for split in ("train", "test")
+    }
+    if not loose["train"]:
+        raise ValueError(f"data.path: {path}: x_train holds no images")
+    classes = (
+        [str(c) for c in np.asarray(arrays["classes"]).tolist()] if "classes" in arrays else None
+    )
+    num_classes = len(classes) if classes is not None else int(labels["train"].max()) + 1
+    _check_labels(
+        labels, num_classes, {s: f"data.path: {path}: y_{s}" for s in labels}, classes is not None
+    )
+    images, channels, size = uniform_images(loose, image_size)
+    splits = {split: (images[split], labels[split]) for split in ("train", "test")}
+    cache_file = path.with_name(f"{path.name}.fedlit-stats.json")
+    read = ReadImages(
+        splits, None, (), StatisticsCache(cache_file, fingerprint([path], path.parent, image_size))
+    )
+    spec = _spec("arrays", read, classes, channels, size, hflip=True, num_classes=num_classes)
+    return spec, read
+
+
+def dataset_image(item: Any, where: str) -> Tensor:
+    """A Dataset's image as uint8 (C, H, W), C 1 or 3: a PIL image (grey modes as grey, the
+    others as RGB) or a tensor (C, H, W) or (H, W), uint8 or float in [0, 1]."""
+    from PIL import Image
+
+    if isinstance(item, Image.Image):
+        grey = item.mode in ("1", "L", "LA", "I", "I;16", "F")
+        item = F.pil_to_tensor(item.convert("L" if grey else "RGB"))
+    if not isinstance(item, Tensor):
+        raise ValueError(
+            f"{where}: the image is a {type(item).__name__}, not a tensor or a PIL image"
+        )
+    if item.ndim == 2:
+        item = item.unsqueeze(0)
+    if item.ndim != 3 or item.shape[0] not in (1, 2, 3, 4):
+        raise ValueError(
+            f"{where}: an image tensor is (C, H, W) or (H, W), got {tuple(item.shape)}"
+        )
+    if item.dtype.is_floating_point:
+        if item.numel() and (float(item.min()) < 0 or float(item.max()) > 1):
+            raise ValueError(
+                f"{where}: a float image must lie in [0, 1] (not normalised: fedlit normalises "
+                f"with the data set's own statistics), got [{float(item.min()):.3g}, "
+                f"{float(item.max()):.3g}]"
+            )
+        item = (item * 255).round().to(torch.uint8)
+    elif item.dtype != torch.uint8:
+        raise ValueError(f"{where}: an image tensor is uint8 or float in [0, 1], got {item.dtype}")
+    return as_colour_image(item)
+
+
+def read_dataset(dataset: Any, key: str) -> tuple[list[LooseImage], Tensor]:
+    """A torch Dataset's ``(image, label)`` items, read in index order; ValueError naming
+    ``key`` (and the item) when it is not one or an item is not an image with a label."""
+    if not isinstance(dataset, Dataset) or not hasattr(dataset, "__len__"):
+        raise ValueError(f"{key}: {type(dataset).__name__} is not a torch Dataset with a length")
+    images, labels = [], []
+    for n in range(len(dataset)):
+        item = dataset[n]
+        where = f"{key}[{n}]"
+        if not isinstance(item, (tuple, list)) or len(item) < 2:
+            raise ValueError(f"{where}: an item is (image, label), got {type(item).__name__}")
+        label = item[1]
+        if isinstance(label, Tensor):
+            label = label.item() if label.numel() == 1 else None
+        if isinstance(label, bool) or not isinstance(label, (int, np.integer)):
+            raise ValueError(f"{where}: the label must be an integer, got {item[1]!r}")
+        images.append(LooseImage(dataset_image(item[0], where), where))
+        labels.append(int(label))
+    if not images:
+        raise ValueError(f"{key}: the data set is empty")
+    return images, torch.tensor(labels, dtype=torch.int64)
+
+
+def read_torch_datasets(
+    train: Any, test: Any, image_size: int | None
+) -> tuple[DatasetSpec, ReadImages]:
+    """A data set given as two torch Datasets (``data.dataset``, ``data.test_dataset``)."""
+    if test is None:
+        raise ValueError(
+            f"data.test_dataset: data.dataset is a {type(train).__name__}; give its test split "
+            "as data.test_dataset (a torch Dataset as well)"
+        )
+    train_images, train_labels = read_dataset(train, "data.dataset")
+    test_images, test_labels = read_dataset(test, "data.test_dataset")
+    names = getattr(train, "classes", None)
+    classes = [str(c) for c in names] if isinstance(names, (list, tuple)) and names else None
+    num_classes = len(classes) if classes is not None else int(train_labels.max()) + 1
+    labels = {"train": train_labels, "test": test_labels}
+    where = {"train": "data.dataset", "test": "data.test_dataset"}
+    _check_labels(labels, num_classes, where, classes is not None)
+    images, channels, size = uniform_images(
+        {"train": train_images, "test": test_images}, image_size
+    )
+    splits = {split: (images[split], labels[split]) for split in ("train", "test")}
+    read = ReadImages(splits, None)
+    spec = _spec(type(train).__name__, read, classes, channels, size, True, num_classes)
+    return spec, read
+
+
+def read_user_dataset(
+    dataset: Any, path: str | None, image_size: int | None, test_dataset: Any
+) -> tuple[DatasetSpec, ReadImages]:
+    """The spec and the splits of a user's data set: ``dataset`` one of
+    :data:`USER_DATASETS` (read from ``path``) or a torch Dataset (``test_dataset`` its test
+    split). ValueError naming the key or the file."""
+    if isinstance(dataset, str):
+        if path is None:
+            raise ValueError(
+                f"data.path: data.dataset={dataset!r} reads its images from data.path; set it"
+            )
+        if test_dataset is not None:
+            raise ValueError(
+                f"data.test_dataset is for a torch Dataset in data.dataset, not "
+                f"data.dataset={dataset!r}"
+            )
+        where = Path(path).expanduser()
+        if dataset == "arrays":
+            return read_arrays(where, image_size)
+        return read_folders(dataset, where, image_size)
+    if path is not None:
+        raise ValueError(f"data.path={path!r}: a torch Dataset in data.dataset reads no path")
+    return read_torch_datasets(dataset, test_dataset, image_size)

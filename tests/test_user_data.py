@@ -1,0 +1,417 @@
+"""Data sets of the user's own files (an image folder, clients as folders, arrays, a torch
+Dataset), written here as PNGs and arrays from the generated ``synthetic`` data set: they learn
+through the CLI, equal each other bit for bit, hold determinism and resume, and are read as
+the user laid them out (statistics cached beside them, grey or RGB detected, sizes fitted)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import stop_in_round
+from torch.utils.data import TensorDataset
+from torchvision.io import write_png
+
+from fedlit.cli import main
+from fedlit.data import Dirichlet, FederatedDataModule
+from fedlit.data.datasets import synthetic_images
+from fedlit.data.user_data import STATS_FILE, channel_statistics
+from fedlit.federation.checkpoint import load_checkpoint
+
+EXAMPLES = Path(__file__).parents[1] / "recipes" / "examples"
+
+
+def write_class_folders(split_dir: Path, images: torch.Tensor, labels: torch.Tensor) -> None:
+    """``images`` (N, C, H, W) uint8 as ``split_dir/c<label>/<n>.png``."""
+    for n, (image, label) in enumerate(zip(images, labels, strict=True)):
+        folder = split_dir / f"c{int(label)}"
+        folder.mkdir(parents=True, exist_ok=True)
+        write_png(image, str(folder / f"{n:05d}.png"))
+
+
+def class_major(images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The images in the order a folder of them is read: by class, then by file name."""
+    order = torch.argsort(labels, stable=True)
+    return images[order], labels[order]
+
+
+def image_folder(root: Path, train: int = 600, test: int = 300, channels: int = 1) -> Path:
+    """A ``folder`` data set of ``synthetic`` images: ``train/c<k>/*.png``, ``test/...``."""
+    size = 28 if channels == 1 else 32
+    write_class_folders(root / "train", *synthetic_images(train, 0, 10, channels, size))
+    write_class_folders(root / "test", *synthetic_images(test, 1, 10, channels, size))
+    return root
+
+
+CLIENT_SIZES = (40, 70, 120)  # uneven
+
+
+def client_folders(root: Path, labeled: int = 200, test: int = 300) -> Path:
+    """A ``client_folders`` data set of ``synthetic`` images: ``labeled/c<k>/*.png``,
+    ``clients/<name>/*.png`` (:data:`CLIENT_SIZES` images each), ``test/c<k>/*.png``."""
+    write_class_folders(root / "labeled", *synthetic_images(labeled, 0, 10, 1, 28))
+    pool, _ = synthetic_images(sum(CLIENT_SIZES), 2, 10, 1, 28)
+    start = 0
+    for name, size in zip(("alice", "bob", "carol"), CLIENT_SIZES, strict=True):
+        folder = root / "clients" / name
+        folder.mkdir(parents=True)
+        for n, image in enumerate(pool[start : start + size]):
+            write_png(image, str(folder / f"{n:04d}.png"))
+        start += size
+    write_class_folders(root / "test", *synthetic_images(test, 1, 10, 1, 28))
+    return root
+
+
+def final_line(capsys: pytest.CaptureFixture[str]) -> dict[str, float]:
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def snapshot(folder: Path) -> dict[Path, bytes]:
+    return {p: p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_an_image_folder_learns_through_the_cli(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """recipes/examples/image_folder.yaml on a folder of 400 training and 200 test PNGs (at
+    their own 28x28), shrunk to 2 clients and 1 round: far above chance (0.1); only the
+    statistics cache is written into the folder, and a data module made afterwards reads it."""
+    root = image_folder(tmp_path / "images", train=400, test=200)
+    before = snapshot(root)
+    args = [
+        "fit",
+        f"--config={EXAMPLES / 'image_folder.yaml'}",
+        f"--data.path={root}",
+        "--data.image_size=null",
+        "--data.num_clients=2",
+        "--data.client_batch_size=32",
+        "--data.labeled_per_class=20",
+        "--data.val_per_class=0",
+        "--federation.rounds=1",
+        "--federation.clients_per_round=2",
+        "--federation.server_epochs=5",
+        f"--trainer.default_root_dir={tmp_path / 'run'}",
+    ]
+    main(args)
+    assert final_line(capsys)["test/acc"] > 0.6
+    after = snapshot(root)
+    assert set(after) - set(before) == {root / STATS_FILE} and before.items() <= after.items()
+    saved = json.loads((root / STATS_FILE).read_text())
+    data = FederatedDataModule("folder", path=str(root))
+    assert (data.spec.mean, data.spec.std) == (tuple(saved["mean"]), tuple(saved["std"]))
+    assert (data.in_channels, data.spec.size, data.num_classes) == (1, 28, 10)
+    assert data.class_names == tuple(f"c{k}" for k in range(10))
+
+
+def test_clients_as_folders_learn_through_the_cli(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """recipes/examples/client_folders.yaml on 3 clients' folders of 40, 70 and 120 PNGs:
+    each client's shard is its folder, no partition/R is measured, and it learns."""
+    root = client_folders(tmp_path / "clients")
+    run = tmp_path / "run"
+    main(
+        [
+            "fit",
+            f"--config={EXAMPLES / 'client_folders.yaml'}",
+            f"--data.path={root}",
+            "--data.num_clients=3",
+            "--data.client_batch_size=32",
+            "--federation.rounds=1",
+            "--federation.clients_per_round=3",
+            "--federation.server_epochs=5",
+            f"--trainer.default_root_dir={run}",
+        ]
+    )
+    assert final_line(capsys)["test/acc"] > 0.6
+    with open(run / "metrics.csv", newline="") as f:
+        row0 = next(csv.DictReader(f))
+    assert math.isnan(float(row0["partition/R"]))  # no labels to measure it with
+    assert float(row0["partition/min_client_size"]) == min(CLIENT_SIZES)
+    assert float(row0["partition/max_client_size"]) == max(CLIENT_SIZES)
+    assert float(row0["data/server_labeled"]) == 200 - 5 * 10  # all of labeled/ less val
+
+    data = FederatedDataModule(
+        "client_folders", path=str(root), num_clients=3, labeled_per_class=None, val_per_class=5
+    )
+    data.setup_federation(0)
+    assert [len(c) for c in data.clients] == list(CLIENT_SIZES)
+    assert data.class_counts.tolist() == [[n] for n in CLIENT_SIZES]
+    pool, _ = synthetic_images(sum(CLIENT_SIZES), 2, 10, 1, 28)
+    assert torch.equal(data.clients[1].images, pool[40:110])  # bob's folder, in name order
+    assert not data.clients[0].has_labels
+
+
+def test_arrays_equal_the_same_images_as_a_folder_bit_for_bit(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The same images as PNG folders and as one .npz (class by class, as the folder is
+    read): one round of FedAvg-FixMatch ends at the same weights, bit for bit on CPU."""
+    root = image_folder(tmp_path / "images", train=300, test=100)
+    x, y = class_major(*synthetic_images(300, 0, 10, 1, 28))
+    xt, yt = class_major(*synthetic_images(100, 1, 10, 1, 28))
+    npz = tmp_path / "arrays" / "images.npz"
+    npz.parent.mkdir()
+    np.savez(
+        npz, x_train=x[:, 0].numpy(), y_train=y.numpy(), x_test=xt[:, 0].numpy(), y_test=yt.numpy()
+    )
+
+    def run(name: str, *data: str) -> dict[str, torch.Tensor]:
+        main(
+            [
+                "fit",
+                f"--config={EXAMPLES / 'image_folder.yaml'}",
+                *data,
+                "--data.image_size=null",
+                "--data.num_clients=2",
+                "--data.client_batch_size=16",
+                "--data.labeled_per_class=5",
+                "--data.val_per_class=2",
+                "--federation.rounds=1",
+                "--federation.clients_per_round=2",
+                "--federation.server_epochs=1",
+                f"--trainer.default_root_dir={tmp_path / name}",
+            ]
+        )
+        capsys.readouterr()
+        return load_checkpoint(tmp_path / name / "checkpoints" / "last.ckpt")["method_state"]
+
+    folder = run("folder", f"--data.path={root}")
+    arrays = run("arrays", "--data.dataset=arrays", f"--data.path={npz}")
+    assert folder.keys() == arrays.keys()
+    for key, value in folder.items():
+        assert torch.equal(value, arrays[key]), key
+    assert (npz.parent / "images.npz.fedlit-stats.json").is_file()  # beside the file
+
+
+def test_clients_as_folders_hold_determinism_and_resume(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Clients as folders, 2 rounds: a run stopped as round 2 starts and resumed ends at the
+    uninterrupted run's weights (the same seed: the same weights)."""
+    root = client_folders(tmp_path / "clients", labeled=100, test=50)
+    recipe = [
+        "fit",
+        f"--config={EXAMPLES / 'client_folders.yaml'}",
+        f"--data.path={root}",
+        "--data.num_clients=3",
+        "--data.image_size=null",
+        "--data.val_per_class=2",
+        "--data.client_batch_size=16",
+        "--federation.rounds=2",
+        "--federation.clients_per_round=2",
+        "--federation.server_epochs=1",
+    ]
+    whole, part = tmp_path / "whole", tmp_path / "part"
+    main([*recipe, f"--trainer.default_root_dir={whole}"])
+    undo = stop_in_round(monkeypatch, 2)
+    with pytest.raises((KeyboardInterrupt, SystemExit)):
+        main([*recipe, f"--trainer.default_root_dir={part}"])
+    undo()
+    ckpt = part / "checkpoints" / "last.ckpt"
+    assert load_checkpoint(ckpt)["round"] == 1
+    main([*recipe, f"--trainer.default_root_dir={part}", f"--federation.resume={ckpt}"])
+    capsys.readouterr()
+    a, b = load_checkpoint(whole / "checkpoints" / "last.ckpt"), load_checkpoint(ckpt)
+    assert a["round"] == b["round"] == 2
+    for key, value in a["method_state"].items():
+        assert torch.equal(value, b["method_state"][key]), key
+
+
+def test_a_worker_gets_the_shards_without_the_images_read(tmp_path: Path) -> None:
+    """What a pool or Ray worker receives, the data module pickled: every client's shard and
+    the spec, but not a second copy of the images read (its loader holds none)."""
+    root = client_folders(tmp_path / "clients", labeled=50, test=20)
+    data = FederatedDataModule(
+        "client_folders", path=str(root), num_clients=3, labeled_per_class=None, val_per_class=1
+    )
+    data.setup_federation(0)
+    copy = pickle.loads(pickle.dumps(data))
+    assert copy.spec == data.spec
+    for k in range(3):
+        assert torch.equal(copy.client_data(k).shard.images, data.clients[k].images)
+    assert len(pickle.dumps(data.spec)) < 4096
+    with pytest.raises(RuntimeError, match="holds no images"):
+        copy.spec.loader(root, "train", False)
+
+
+def test_a_changed_folder_is_recomputed(tmp_path: Path) -> None:
+    """The cache holds the statistics of one version of the files: a run's check writes it,
+    the next data module reads it, and an added image makes it recompute them."""
+    root = image_folder(tmp_path / "images", train=100, test=20)
+    first = FederatedDataModule("folder", path=str(root), labeled_per_class=2)
+    first.save_statistics()
+    cached = json.loads((root / STATS_FILE).read_text())
+    (root / STATS_FILE).write_text(json.dumps({**cached, "mean": [0.25]}))  # marked
+    assert FederatedDataModule("folder", path=str(root), labeled_per_class=2).spec.mean == (0.25,)
+    write_png(torch.full((1, 28, 28), 255, dtype=torch.uint8), str(root / "train/c0/new.png"))
+    changed = FederatedDataModule("folder", path=str(root), labeled_per_class=2)
+    train = changed.spec.loader(root, "train", False)[0]
+    assert len(train) == 101
+    assert changed.spec.mean == channel_statistics(train)[0] != (0.25,)
+    changed.save_statistics()
+    assert json.loads((root / STATS_FILE).read_text())["fingerprint"] != cached["fingerprint"]
+
+
+def test_grey_and_rgb_are_detected_and_sizes_fitted(tmp_path: Path) -> None:
+    """A folder with one RGB image among grey ones is RGB (the grey ones repeated to three
+    channels); data.image_size resizes (shorter side) and centre-crops every image."""
+    root = image_folder(tmp_path / "images", train=40, test=10)
+    rgb = torch.zeros(3, 40, 56, dtype=torch.uint8)
+    rgb[0] = 200
+    write_png(rgb, str(root / "train/c3/zz_rgb.png"))
+    data = FederatedDataModule("folder", path=str(root), labeled_per_class=1, image_size=16)
+    train, labels = data.spec.loader(root, "train", False)
+    assert data.in_channels == 3 and train.shape[1:] == (3, 16, 16)
+    last_of_c3 = int(torch.nonzero(labels == 3).max())
+    assert train[last_of_c3, 0].eq(200).all() and train[last_of_c3, 1:].eq(0).all()
+    grey = train[0]
+    assert torch.equal(grey[0], grey[1]) and torch.equal(grey[1], grey[2])
+
+
+def test_a_torch_dataset_instance_passes_straight_in(tmp_path: Path) -> None:
+    """Two torch Datasets (tensors, here float in [0, 1]) are a data set: the classes from
+    the labels, the images as the data module's uint8 tensors."""
+    x, y = synthetic_images(200, 0, 10, 1, 28)
+    xt, yt = synthetic_images(50, 1, 10, 1, 28)
+    data = FederatedDataModule(
+        TensorDataset(x.float() / 255, y),  # type: ignore[arg-type]
+        test_dataset=TensorDataset(xt, yt),  # type: ignore[arg-type]
+        num_clients=2,
+        labeled_per_class=3,
+    )
+    data.setup_federation(0)
+    assert (data.dataset, data.num_classes, data.in_channels) == ("TensorDataset", 10, 1)
+    assert torch.equal(data.test.images, xt) and torch.equal(data.test.labels, yt)
+    assert sum(len(c) for c in data.clients) == 200 - 30
+
+
+def test_a_torch_dataset_by_class_path_runs_a_round(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """torchvision's FakeData (PIL images) by class path through the CLI: one tiny round."""
+    fake = "torchvision.datasets.FakeData"
+    main(
+        [
+            "fit",
+            f"--config={EXAMPLES / 'image_folder.yaml'}",
+            f"--data.dataset={fake}",
+            "--data.dataset.size=100",
+            "--data.dataset.image_size=[1, 12, 12]",
+            f"--data.test_dataset={{class_path: {fake}, init_args: {{random_offset: 7}}}}",
+            "--data.test_dataset.init_args.size=20",
+            "--data.test_dataset.init_args.image_size=[1, 12, 12]",
+            "--data.path=null",
+            "--data.image_size=null",
+            "--data.num_clients=2",
+            "--data.labeled_per_class=1",
+            "--data.val_per_class=0",
+            "--federation.rounds=1",
+            "--federation.clients_per_round=2",
+            "--federation.server_epochs=1",
+            f"--trainer.default_root_dir={tmp_path / 'run'}",
+        ]
+    )
+    assert 0 <= final_line(capsys)["test/acc"] <= 1
+    saved = (tmp_path / "run" / "config.yaml").read_text()
+    assert fake in saved  # the run's config names the data set's class
+
+
+def test_fedlit_partition_on_clients_as_folders_and_an_image_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``fedlit partition``: clients as folders show their folders' sizes and say that no R
+    is measured; an image folder is divided by the recipe's partitioner, its R measured."""
+    clients = client_folders(tmp_path / "clients", labeled=100, test=20)
+    main(
+        [
+            "partition",
+            f"--config={EXAMPLES / 'client_folders.yaml'}",
+            f"--data.path={clients}",
+            "--data.num_clients=3",
+            f"--out={tmp_path / 'clients.png'}",
+        ]
+    )
+    shown = final_line(capsys)
+    assert shown["title"] == "client_folders: the clients' own folders (no labels: R not measured)"
+    assert shown["class_counts"] == {f"client {k}": [n] for k, n in enumerate(CLIENT_SIZES)}
+    assert (tmp_path / "clients.png").is_file()
+    images = image_folder(tmp_path / "images", train=200, test=20)
+    main(
+        [
+            "partition",
+            f"--config={EXAMPLES / 'image_folder.yaml'}",
+            f"--data.path={images}",
+            "--data.num_clients=2",
+            "--data.labeled_per_class=5",
+            "--data.partitioner=Dirichlet",
+            "--data.partitioner.alpha=0.1",
+            f"--out={tmp_path / 'images.png'}",
+        ]
+    )
+    shown = final_line(capsys)
+    assert shown["title"].startswith("folder, Dirichlet: R = ") and shown["partition/R"] > 0.3
+    assert sum(sum(row) for row in shown["class_counts"].values()) == 200 - 50 - 100
+
+
+def test_partitioners_labels_at_client_and_streaming_work_unchanged(tmp_path: Path) -> None:
+    """On an image folder: a Dirichlet partition, labels dealt to the clients; on clients as
+    folders: each folder streamed in file-name order."""
+    root = image_folder(tmp_path / "images", train=300, test=20)
+    skewed = FederatedDataModule(
+        "folder",
+        path=str(root),
+        num_clients=3,
+        labeled_per_class=3,
+        partitioner=Dirichlet(alpha=0.1),
+        labels_at="client",
+    )
+    skewed.setup_federation(0)
+    assert skewed.non_iid_R > 0.3 and len(skewed.server) == 0
+    assert sum(len(c) for c in skewed.pool.labeled) == 30 and all(
+        len(c) == 10 for c in skewed.pool.labeled
+    )
+    assert sum(len(c) for c in skewed.clients) == 270
+    clients = client_folders(tmp_path / "clients", labeled=50, test=20)
+    streamed = FederatedDataModule(
+        "client_folders",
+        path=str(clients),
+        num_clients=3,
+        labeled_per_class=None,
+        val_per_class=0,
+        stream_steps=2,
+    )
+    streamed.setup_federation(0)
+    pool, _ = synthetic_images(sum(CLIENT_SIZES), 2, 10, 1, 28)
+    assert torch.equal(streamed.client_shard(0, visit=1).images, pool[:20])
+    assert torch.equal(streamed.client_shard(0, visit=2).images, pool[20:40])
+    assert torch.equal(streamed.client_shard(2, visit=3).images, pool[110:170])
+
+
+def test_a_pt_file_holds_the_same_arrays_as_an_npz(tmp_path: Path) -> None:
+    """Arrays in a .pt file (loaded with weights_only=True), RGB as (N, H, W, C) with class
+    names, read as the .npz of the same arrays is."""
+    x, y = synthetic_images(60, 0, 10, 3, 32)
+    xt, yt = synthetic_images(20, 1, 10, 3, 32)
+    arrays = {"x_train": x.permute(0, 2, 3, 1), "y_train": y, "x_test": xt.permute(0, 2, 3, 1)}
+    arrays["y_test"] = yt
+    names = [f"class {k}" for k in range(10)]
+    torch.save({**arrays, "classes": names}, tmp_path / "images.pt")
+    np.savez(
+        tmp_path / "images.npz",
+        classes=np.array(names),
+        **{k: v.numpy() for k, v in arrays.items()},
+    )
+    pt = FederatedDataModule("arrays", path=str(tmp_path / "images.pt"), labeled_per_class=1)
+    npz = FederatedDataModule("arrays", path=str(tmp_path / "images.npz"), labeled_per_class=1)
+    assert pt.spec == npz.spec and pt.class_names == tuple(names) and pt.in_channels == 3
+    for split in ("train", "test"):
+        images, labels = pt.spec.loader(tmp_path, split, False)
+        assert torch.equal(images, x if split == "train" else xt)
+        assert torch.equal(labels, npz.spec.loader(tmp_path, split, False)[1])
