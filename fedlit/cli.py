@@ -13,18 +13,21 @@ finished runs. ``fedlit partition --config recipe.yaml``: plot a recipe's partit
 
 from __future__ import annotations
 
+import atexit
 import errno
 import importlib.util
 import inspect
 import json
 import math
+import os
 import shlex
 import sys
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
+from contextlib import suppress
 from dataclasses import fields
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import yaml
@@ -607,6 +610,31 @@ commands:
 
 fedlit COMMAND --help lists a command's settings.
 """
+
+
+def console_main() -> None:
+    """The ``fedlit`` console script and ``python -m fedlit``: :func:`main`, and a command
+    stopped by SIGTERM or Ctrl-C then ends its process at once (:func:`exit_now`)."""
+    try:
+        main()
+    except SystemExit as end:
+        if end.code in (TERMINATED, INTERRUPTED):
+            exit_now(end.code)
+        raise
+
+
+def exit_now(code: int) -> NoReturn:
+    """End this process with status ``code`` once the command's own clean-up is done: the
+    atexit handlers run and the output is flushed, but the interpreter's teardown (every
+    module of torch and Lightning freed object by object, seconds on a busy machine) and the
+    wait for other threads are skipped."""
+    try:
+        atexit._run_exitfuncs()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with suppress(Exception):
+                stream.flush()
+        os._exit(code)
 
 
 def main(args: Sequence[str] | None = None) -> None:
