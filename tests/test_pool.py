@@ -106,9 +106,9 @@ def test_the_number_of_workers_does_not_change_results(runs: dict[str, Federatio
 def test_a_dead_worker_is_retried_and_a_raising_client_is_a_fault(
     fmnist_root: Path, tmp_path: Path, one_thread: None
 ) -> None:
-    """Round 1: client 1's worker is killed (SIGKILL) once, the pool restarted and the round's
-    unfinished clients run again: the run equals the one without the kill. Round 2: client 3
-    raises and is left out, as in-process."""
+    """Round 1: client 1's worker is killed (SIGKILL) once and client 1 run again on a fresh
+    worker: the run equals the one without the kill. Round 2: client 3 raises and is left out,
+    as in-process."""
     marker = tmp_path / "died"
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(MARKER, str(marker))
