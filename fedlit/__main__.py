@@ -1,4 +1,4 @@
-from fedlit.cli import main
+from fedlit.cli import console_main
 
 if __name__ == "__main__":  # not in the pool executor's workers, which import this module
-    main()
+    console_main()

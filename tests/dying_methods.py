@@ -1,6 +1,6 @@
-"""Methods whose worker process dies once, raises, or signals the driver, for the Ray and pool
-executors' tests. A module of its own so that the worker processes can import it (the tests
-put this folder on PYTHONPATH or sys.path)."""
+"""Methods whose worker process dies once or on every attempt, raises, signals the driver or
+takes a minute, for the Ray and pool executors' tests. A module of its own so that the worker
+processes can import it (the tests put this folder on PYTHONPATH or sys.path)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,12 @@ from fedlit.objectives import FixMatch, Objective
 
 #: The file whose absence makes a worker die (its creation marks that one died).
 MARKER = "FEDLIT_TEST_DIE_ONCE"
+
+#: The client whose worker :class:`KillsItsWorker` kills on every attempt (unset: none).
+KILLER = "FEDLIT_TEST_KILLER"
+
+#: The folder where :class:`Slow`'s clients mark their start (a file per client).
+STARTED = "FEDLIT_TEST_STARTED"
 
 
 class FixMatchClient(ObjectiveClientSide):
@@ -84,3 +90,37 @@ class SignalsDriver(FedAvgFixMatch):
 
     def client_side(self) -> ClientSide:
         return SignalsDriverClient(self)
+
+
+class KillsItsWorkerClient(FixMatchClient):
+    """A client whose work kills its own process (SIGKILL) on every attempt if it is the
+    client the environment's :data:`KILLER` names: a pool worker taken down by its client."""
+
+    def objective(self, payload: Payload, client: ClientData, state: Any) -> Objective:
+        if str(client.client_id) == os.environ.get(KILLER):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().objective(payload, client, state)
+
+
+class KillsItsWorker(FedAvgFixMatch):
+    """FedAvg-FixMatch with :class:`KillsItsWorkerClient`."""
+
+    def client_side(self) -> ClientSide:
+        return KillsItsWorkerClient(self)
+
+
+class SlowClient(FixMatchClient):
+    """A client whose work marks its start (a file named by its id in the folder the
+    environment's :data:`STARTED` names), then takes a minute."""
+
+    def objective(self, payload: Payload, client: ClientData, state: Any) -> Objective:
+        Path(os.environ[STARTED], str(client.client_id)).touch()
+        time.sleep(60)
+        return super().objective(payload, client, state)
+
+
+class Slow(FedAvgFixMatch):
+    """FedAvg-FixMatch with :class:`SlowClient`."""
+
+    def client_side(self) -> ClientSide:
+        return SlowClient(self)

@@ -1,8 +1,11 @@
 """The pool executor on a CPU, on the real Fashion-MNIST: two workers at one torch thread give
 the in-process run's weights, test accuracies and client states at one thread, as does one
-worker (scheduling cannot change results); a worker that dies has its clients retried, a client
-that raises is its round's fault; a pool run resumes in-process; a SIGTERM stops the run and its
-workers; workers end with a driver that is killed; bad settings are refused naming the key."""
+worker (scheduling cannot change results); a worker that dies has its client retried, a client
+that raises is its round's fault; a client that kills its worker on every attempt is left out
+alone, its round's healthy client kept as in a clean run (on the generated data); a pool run
+resumes in-process; a SIGTERM stops the run and its workers, and a SIGTERM of ``fedlit fit``
+exits within 3 s leaving no process, at the workers' start-up and while they run clients;
+workers end with a driver that is killed; bad settings are refused naming the key."""
 
 from __future__ import annotations
 
@@ -17,24 +20,29 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 import torch
 from conftest import stop_in_round, tiny_overrides
-from dying_methods import MARKER, SignalsDriver, Unreliable
+from dying_methods import KILLER, MARKER, STARTED, KillsItsWorker, SignalsDriver, Unreliable
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from ray_runs import differences, federation
 
 from fedlit.cli import main
+from fedlit.data import FederatedDataModule
 from fedlit.federation import (
+    Callback,
     Federation,
     FederationConfig,
     PoolSettings,
     ProcessPool,
     RaySettings,
+    RunView,
     load_checkpoint,
 )
 from fedlit.federation.executors import EXECUTORS
-from fedlit.methods import FedAvgFixMatch, FederatedMethod, FedSEAL
+from fedlit.methods import ClientUpdate, FedAvgFixMatch, FederatedMethod, FedSEAL
+from fedlit.objectives import Optimization
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).parents[1]
@@ -98,9 +106,9 @@ def test_the_number_of_workers_does_not_change_results(runs: dict[str, Federatio
 def test_a_dead_worker_is_retried_and_a_raising_client_is_a_fault(
     fmnist_root: Path, tmp_path: Path, one_thread: None
 ) -> None:
-    """Round 1: client 1's worker is killed (SIGKILL) once, the pool restarted and the round's
-    unfinished clients run again: the run equals the one without the kill. Round 2: client 3
-    raises and is left out, as in-process."""
+    """Round 1: client 1's worker is killed (SIGKILL) once and client 1 run again on a fresh
+    worker: the run equals the one without the kill. Round 2: client 3 raises and is left out,
+    as in-process."""
     marker = tmp_path / "died"
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(MARKER, str(marker))
@@ -118,6 +126,86 @@ def test_a_dead_worker_is_retried_and_a_raising_client_is_a_fault(
     assert [h["fault/clients"] for h in pooled.history] == [0.0, 1.0]
     assert pooled.history[1]["fault/client_3"] == 1.0  # raised
     assert differences(local, pooled) == []
+
+
+class Updates(Callback):
+    """Records every surviving client's update, by (round, client)."""
+
+    def __init__(self) -> None:
+        self.kept: dict[tuple[int, int], ClientUpdate] = {}
+
+    def on_updates(
+        self,
+        run: RunView,
+        round_idx: int,
+        received: Any,
+        updates: Any,
+        metrics: dict[str, float],
+    ) -> None:
+        self.kept |= {(round_idx, u.client_id): u for u in updates}
+
+
+def _tiny(root: Path, run_dir: Path, pool: PoolSettings | None) -> tuple[Federation, Updates]:
+    """One round of KillsItsWorker's FedAvg-FixMatch on 2 clients of 32 generated images, in
+    this process (``pool`` None) or on a pool; the callback that records the updates."""
+    data = FederatedDataModule(
+        "synthetic",
+        root=str(root),
+        num_clients=2,
+        examples_per_client=32,
+        client_batch_size=16,
+        labeled_per_class=2,
+        val_per_class=0,
+        test_subset=50,
+    )
+    method = KillsItsWorker(num_classes=10, in_channels=1, optim=Optimization(client_lr=0.03))
+    cfg = FederationConfig(
+        rounds=1,
+        clients_per_round=2,
+        executor="local" if pool is None else "pool",
+        pool=pool or PoolSettings(),
+    )
+    updates = Updates()
+    fed = Federation(
+        method, data, cfg, run_dir=run_dir, seed=0, progress=False, extra_callbacks=[updates]
+    )
+    return fed, updates
+
+
+def test_a_client_that_kills_its_worker_every_time_is_left_out_alone(
+    tmp_path: Path,
+    one_thread: None,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Client 1 kills its worker (SIGKILL of itself) on each of its 2 attempts (max_retries 1)
+    while client 0 trains on the other worker: client 1 alone is left out, as a "died" fault
+    (3) naming it; client 0's update is kept and equals a clean in-process run's, bit for bit;
+    the round goes on (min_clients 1)."""
+    clean, clean_updates = _tiny(tmp_path / "data", tmp_path / "clean", None)
+    clean.run()  # KILLER unset: no client kills anything
+    monkeypatch.setenv(KILLER, "1")
+    fed, updates = _tiny(tmp_path / "data", tmp_path / "pool", PoolSettings(2, max_retries=1))
+    fed.prepare()
+    executor = fed.executor
+    assert isinstance(executor, ProcessPool)
+    capsys.readouterr()
+    fed.run()
+    err = capsys.readouterr().err
+    assert (
+        "round 1: client 1's worker process died on each of its 2 attempts (killed by SIGKILL); "
+        "left out of the round"
+    ) in err, err
+    assert "client 0" not in err and "BrokenProcessPool" not in err, err
+    assert executor.restarts == 2  # client 1's worker, twice; client 0's never
+    assert fed.history[-1]["fault/clients"] == 1 and fed.history[-1]["fault/client_1"] == 3.0
+    assert "fault/client_0" not in fed.history[-1]
+    assert list(updates.kept) == [(1, 0)]
+    got, want = updates.kept[(1, 0)], clean_updates.kept[(1, 0)]
+    assert got.model.keys() == want.model.keys()
+    for key, value in want.model.items():
+        assert torch.equal(got.model[key], value), key
+    assert got.num_examples == want.num_examples and got.metrics == want.metrics
 
 
 def test_resume_moves_from_the_pool_to_local(
@@ -177,16 +265,90 @@ def test_sigterm_stops_the_run_and_its_workers(
         return original(jobs, round_idx)
 
     executor.run = run  # type: ignore[method-assign]
-    t0 = time.perf_counter()
     with pytest.raises(SIGTERMException) as stop:
         fed.run()
-    assert time.perf_counter() - t0 < 50  # not after the clients' minute
+    signalled = (tmp_path / "signalled").stat().st_mtime  # created just before the signal
+    assert time.time() - signalled < 10  # not after the clients' minute
     assert stop.value.code == 143
     assert load_checkpoint(fed.checkpoint_path)["round"] == 1
     assert signal.getsignal(signal.SIGTERM) == handler
     assert len(pids) == 2
     for pid in pids:
         assert not _alive(pid), pid
+
+
+def _fit_on_a_pool(run_dir: Path, started: Path) -> subprocess.Popen[bytes]:
+    """``fedlit fit`` of :class:`~dying_methods.Slow` (clients that take a minute, each
+    marking its start in ``started``) on the generated data, on a pool of 2 workers; its
+    output into ``run_dir``'s sibling ``fit.log``."""
+    args = [
+        "fit",
+        "--config=recipes/quickstart.yaml",
+        "--model.class_path=dying_methods.Slow",
+        "--data.dataset=synthetic",
+        f"--data.root={run_dir.parent / 'data'}",
+        "--data.num_clients=2",
+        "--data.examples_per_client=32",
+        "--data.client_batch_size=16",
+        "--data.labeled_per_class=2",
+        "--data.val_per_class=0",
+        "--data.test_subset=50",
+        "--federation.rounds=1",
+        "--federation.clients_per_round=2",
+        "--federation.executor=pool",
+        "--federation.pool.workers=2",
+        f"--trainer.default_root_dir={run_dir}",
+    ]
+    path = os.pathsep.join([str(REPO), str(REPO / "tests"), os.environ.get("PYTHONPATH", "")])
+    env = dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1") | {
+        STARTED: str(started)
+    }
+    with open(run_dir.parent / "fit.log", "wb") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "fedlit", *args], cwd=REPO, env=env, stdout=log, stderr=log
+        )
+
+
+def _workers(driver: psutil.Process) -> list[psutil.Process]:
+    try:
+        return [p for p in driver.children() if "spawn_main" in " ".join(p.cmdline())]
+    except psutil.Error:
+        return []
+
+
+@pytest.mark.parametrize("moment", ["start-up", "clients"])
+def test_sigterm_of_a_pool_fit_ends_every_process_within_3_s(moment: str, tmp_path: Path) -> None:
+    """``fedlit fit`` on a pool of 2 workers, sent SIGTERM as its first worker process appears
+    (start-up) or once both workers run a client: it exits with status 143 within 3 s, every
+    process it started (the workers, multiprocessing's resource tracker) is gone within those
+    3 s, and nothing (a traceback, an error) is printed."""
+    started = tmp_path / "started"
+    started.mkdir()
+    fit = _fit_on_a_pool(tmp_path / "run", started)
+    driver = psutil.Process(fit.pid)
+    try:
+        deadline = time.monotonic() + 400
+        while fit.poll() is None and time.monotonic() < deadline:
+            if (moment == "start-up" and _workers(driver)) or len(list(started.iterdir())) == 2:
+                break
+            time.sleep(0.01)
+        assert fit.poll() is None, (tmp_path / "fit.log").read_text()
+        children = driver.children(recursive=True)
+        assert len(_workers(driver)) >= 1
+        signalled = time.monotonic()
+        fit.send_signal(signal.SIGTERM)
+        code = fit.wait(timeout=60)
+        exited = time.monotonic() - signalled
+        _, alive = psutil.wait_procs(children, timeout=max(0.0, signalled + 3 - time.monotonic()))
+    finally:
+        if fit.poll() is None:
+            fit.kill()
+    log = (tmp_path / "fit.log").read_text()
+    assert code == 143, log
+    assert exited < 3, exited
+    assert not alive, [" ".join(p.cmdline()) for p in alive]
+    assert "Traceback" not in log and "Error" not in log, log
+    assert moment == "start-up" or len(list(started.iterdir())) == 2
 
 
 def _alive(pid: int) -> bool:

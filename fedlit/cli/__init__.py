@@ -13,9 +13,13 @@ finished runs. ``fedlit partition --config recipe.yaml``: plot a recipe's partit
 
 from __future__ import annotations
 
+import atexit
+import os
 import sys
 import warnings
 from collections.abc import Sequence
+from contextlib import suppress
+from typing import NoReturn
 
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
@@ -65,6 +69,8 @@ __all__ = [
     "PartitionCLI",
     "compare_main",
     "config_file_error",
+    "console_main",
+    "exit_now",
     "executor_warnings",
     "interrupted",
     "json_line",
@@ -105,6 +111,31 @@ commands:
 
 fedlit COMMAND --help lists a command's settings.
 """
+
+
+def console_main() -> None:
+    """The ``fedlit`` console script and ``python -m fedlit``: :func:`main`, and a command
+    stopped by SIGTERM or Ctrl-C then ends its process at once (:func:`exit_now`)."""
+    try:
+        main()
+    except SystemExit as end:
+        if end.code in (TERMINATED, INTERRUPTED):
+            exit_now(end.code)
+        raise
+
+
+def exit_now(code: int) -> NoReturn:
+    """End this process with status ``code`` once the command's own clean-up is done: the
+    atexit handlers run and the output is flushed, but the interpreter's teardown (every
+    module of torch and Lightning freed object by object, seconds on a busy machine) and the
+    wait for other threads are skipped."""
+    try:
+        atexit._run_exitfuncs()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with suppress(Exception):
+                stream.flush()
+        os._exit(code)
 
 
 def main(args: Sequence[str] | None = None) -> None:

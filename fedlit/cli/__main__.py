@@ -1,5 +1,5 @@
 """``python -m fedlit.cli``: the ``fedlit`` command."""
 
-from fedlit.cli import main
+from fedlit.cli import console_main
 
-main()
+console_main()

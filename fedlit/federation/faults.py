@@ -1,8 +1,10 @@
-"""Faults a round survives (a client that raises or uploads non-finite values) and those that stop
-the run (too few clients left, a global model that is no longer finite)."""
+"""Faults a round survives (a client that raises, uploads non-finite values or whose worker process
+dies on every attempt) and those that stop the run (too few clients left, a global model that is
+no longer finite)."""
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -14,7 +16,7 @@ import torch
 ROUND_FAILED = 3
 
 #: ``fault/client_<id>``'s value: why the client was excluded.
-FAULT_CODES = {"raised": 1.0, "nonfinite": 2.0}
+FAULT_CODES = {"raised": 1.0, "nonfinite": 2.0, "died": 3.0}
 
 
 class RoundFailed(RuntimeError):
@@ -23,19 +25,56 @@ class RoundFailed(RuntimeError):
     no checkpoint): the run's last checkpoint is its last good round."""
 
 
+class WorkerDied(Exception):
+    """A client's work whose worker process died on every attempt (a pool executor's result
+    for that client: the client is left out of its round, kind "died").
+
+    Args:
+        exit_codes: each attempt's worker exit code (negative: the signal that killed it).
+    """
+
+    def __init__(self, exit_codes: Sequence[int | None]) -> None:
+        self.exit_codes = list(exit_codes)
+        super().__init__(self.exit_codes)
+
+    def __str__(self) -> str:
+        n = len(self.exit_codes)
+        attempts = f"each of its {n} attempts" if n > 1 else "its only attempt"
+        how = ", ".join(sorted({_exit_text(code) for code in self.exit_codes}))
+        return f"on {attempts} ({how})"
+
+
+def _exit_text(code: int | None) -> str:
+    """A process's end as words: ``killed by SIGKILL``, ``exit status 1``."""
+    if code is None:
+        return "exit status unknown"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit status {code}"
+
+
 @dataclass(frozen=True)
 class ClientFault:
-    """A client excluded from a round: ``kind`` is "raised" (its work raised an exception) or
-    "nonfinite" (its upload holds NaN or an infinity); ``detail`` says which."""
+    """A client excluded from a round: ``kind`` is "raised" (its work raised an exception),
+    "nonfinite" (its upload holds NaN or an infinity) or "died" (its worker process died on
+    every attempt); ``detail`` says which."""
 
     client_id: int
     kind: str
     detail: str
 
     def describe(self) -> str:
-        """One line: ``client 3 raised ValueError: ...`` / ``client 3 uploaded non-finite ...``."""
-        verb = "raised" if self.kind == "raised" else "uploaded non-finite values in"
-        return f"client {self.client_id} {verb} {self.detail}"
+        """One line: ``client 3 raised ValueError: ...`` / ``client 3 uploaded non-finite ...``
+        / ``client 3's worker process died on each of its 4 attempts (killed by SIGKILL)``."""
+        what = {
+            "raised": " raised",
+            "nonfinite": " uploaded non-finite values in",
+            "died": "'s worker process died",
+        }[self.kind]
+        return f"client {self.client_id}{what} {self.detail}"
 
 
 def nonfinite_tensors(state: Any, prefix: str = "") -> list[str]:

@@ -24,7 +24,7 @@ from fedlit.federation.client import ClientJob, ReceiveJob
 from fedlit.federation.config import FederationConfig
 from fedlit.federation.console import first_line
 from fedlit.federation.executors import ClientExecutor, InProcess
-from fedlit.federation.faults import ClientFault, fault_metrics, upload_fault
+from fedlit.federation.faults import ClientFault, WorkerDied, fault_metrics, upload_fault
 from fedlit.federation.server import Server
 from fedlit.federation.store import ClientStateStore
 from fedlit.methods.base import FederatedMethod
@@ -105,8 +105,9 @@ def _broadcast(ctx: RoundContext, round_idx: int, work: RoundWork) -> None:
 
 def _clients(ctx: RoundContext, round_idx: int, work: RoundWork) -> None:
     """:attr:`Step.CLIENTS`: sample, send each its payload, run the clients, keep the states
-    of the survivors. A client that raises or uploads a non-finite value is left out of the
-    round (``fault/*``); its persistent state stays as it was."""
+    of the survivors. A client that raises, uploads a non-finite value or whose worker process
+    died on every attempt is left out of the round (``fault/*``); its persistent state stays
+    as it was."""
     method, cfg = ctx.method, ctx.config
     assert work.payload is not None  # the plan broadcasts before the clients (RoundPlan)
     work.sampled = sample_clients(
@@ -119,9 +120,11 @@ def _clients(ctx: RoundContext, round_idx: int, work: RoundWork) -> None:
         work.down.update(payload_bytes(sent))
         jobs.append(ClientJob(cid, sent, ctx.store.get(cid), ctx.visits[cid]))
     for job, result in zip(jobs, _run_clients(ctx, round_idx, jobs), strict=True):
-        if isinstance(result, Exception):
+        if isinstance(result, WorkerDied):
+            fault: ClientFault | None = ClientFault(job.client_id, "died", str(result))
+        elif isinstance(result, Exception):
             why = ": ".join(filter(None, (type(result).__name__, first_line(result))))
-            fault: ClientFault | None = ClientFault(job.client_id, "raised", why)
+            fault = ClientFault(job.client_id, "raised", why)
         else:
             work.up.update(payload_bytes(result.upload))
             fault = upload_fault(job.client_id, result.upload)
