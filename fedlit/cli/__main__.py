@@ -2,4 +2,5 @@
 
 from fedlit.cli import console_main
 
-console_main()
+if __name__ == "__main__":  # not in the pool executor's workers, which import this module
+    console_main()
