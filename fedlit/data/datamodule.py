@@ -187,6 +187,11 @@ class FederatedDataModule(L.LightningDataModule):
     def in_channels(self) -> int:
         return self.spec.channels
 
+    @property
+    def image_shape(self) -> tuple[int, int, int]:
+        """(C, H, W) of the images the networks take (the model's ``image_size`` is H)."""
+        return (self.spec.channels, self.spec.size, self.spec.size)
+
     def _check_client_pool(self, client_pool: str | None, partitioner: Partitioner | None) -> str:
         """``client_pool`` resolved (None: the data set's unlabeled split if it has one);
         ValueError naming the key if the data set or the partitioner cannot serve it."""

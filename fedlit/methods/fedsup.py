@@ -49,17 +49,29 @@ class FedSup(FedAvgSSL):
         self,
         num_classes: int,
         in_channels: int,
-        backbone: str = "small_cnn",
+        backbone: str | nn.Module = "small_cnn",
         norm: str | None = None,
         optim: Optimization = DEFAULT_OPTIMIZATION,
         proj_dim: int | None = None,
         lambda_s: float = 1e-4,
         num_groups: int = 2,
+        *,
+        image_size: int | None = None,
+        backbone_weights: str | None = None,
     ) -> None:
         if not 0 < lambda_s <= 1:
             raise ValueError(f"model.lambda_s must be in (0, 1], got {lambda_s}")
         aggregator = GroupwiseWithServer(num_groups)  # paper 000 Algorithm 2
-        super().__init__(num_classes, in_channels, backbone, norm, optim, proj_dim)
+        super().__init__(
+            num_classes,
+            in_channels,
+            backbone,
+            norm,
+            optim,
+            proj_dim,
+            image_size=image_size,
+            backbone_weights=backbone_weights,
+        )
         self.lambda_s = lambda_s
         self.aggregator = aggregator
         self.server_network = self._new_network()
