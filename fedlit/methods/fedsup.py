@@ -12,6 +12,7 @@ from fedlit.data.client import ClientData
 from fedlit.methods.base import DEFAULT_OPTIMIZATION, Payload, StateDict
 from fedlit.methods.client_side import ClientSetup, ClientSide
 from fedlit.methods.ssl import FedAvgSSL
+from fedlit.models import has_stages
 from fedlit.objectives import (
     FedSupClient,
     Objective,
@@ -72,6 +73,13 @@ class FedSup(FedAvgSSL):
             image_size=image_size,
             backbone_weights=backbone_weights,
         )
+        if not has_stages(self.network.backbone):
+            raise ValueError(
+                f"model.backbone={self.backbone_name!r}: FedSup's client loss compares the "
+                "feature maps of every backbone stage (paper 000, 4.1.1), and this network does "
+                "not expose its stages; use one of fedlit's backbones, a torchvision ResNet "
+                "(torchvision/resnet18, ...) or a fedlit.models.Backbone subclass (its stages)"
+            )
         self.lambda_s = lambda_s
         self.aggregator = aggregator
         self.server_network = self._new_network()

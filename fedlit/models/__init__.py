@@ -6,6 +6,7 @@ from fedlit.models.any_backbone import (
     adapt_input_channels,
     check_input_fits,
     describe,
+    has_stages,
     strip_classifier,
 )
 from fedlit.models.backbones import NORMS, Backbone, make_norm
@@ -39,6 +40,7 @@ __all__ = [
     "build_classifier",
     "check_input_fits",
     "describe",
+    "has_stages",
     "make_head",
     "make_norm",
     "ssl_heads",
