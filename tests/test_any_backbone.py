@@ -186,6 +186,7 @@ def _tiny_fit(tmp_path: Path, recipe: str, *args: str) -> list[str]:
         "--federation.rounds=1",
         "--federation.clients_per_round=2",
         "--federation.server_epochs=1",
+        "--federation.local_epochs=1",
         "--federation.final_eval=[]",
         f"--trainer.default_root_dir={tmp_path / 'run'}",
         *args,
@@ -193,12 +194,15 @@ def _tiny_fit(tmp_path: Path, recipe: str, *args: str) -> list[str]:
 
 
 @pytest.mark.parametrize(
-    "backbone", ["custom_backbones.TinyNet", "torchvision/resnet18"], ids=["class_path", "tv"]
+    ("recipe", "backbone"),
+    [("fedavg_sl", "custom_backbones.TinyNet"), ("server_sl", "torchvision/resnet18")],
+    ids=["class_path", "torchvision"],
 )
 def test_cli_runs_a_round_with_any_backbone(
-    backbone: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    recipe: str, backbone: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    main(_tiny_fit(tmp_path, "fedavg_sl", f"--model.init_args.backbone={backbone}"))
+    """One tiny round through the CLI (the clients' networks built from a class path too)."""
+    main(_tiny_fit(tmp_path, recipe, f"--model.init_args.backbone={backbone}"))
     assert '"test/acc"' in capsys.readouterr().out
     assert (tmp_path / "run" / "checkpoints" / "last.ckpt").is_file()
 
