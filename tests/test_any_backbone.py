@@ -15,7 +15,7 @@ from torchvision.models import resnet18
 
 from fedlit.cli import main
 from fedlit.data import FederatedDataModule
-from fedlit.federation import Federation, FederationConfig
+from fedlit.federation import Federation, FederationConfig, load_checkpoint
 from fedlit.methods import FedSup, ServerSL
 from fedlit.models import ModuleBackbone, build_backbone, build_classifier, has_stages
 
@@ -219,3 +219,35 @@ def test_cli_takes_class_path_and_init_args(tmp_path: Path) -> None:
     main(_tiny_fit(tmp_path, "server_sl", f"--config={recipe}"))
     config = (tmp_path / "run" / "config.yaml").read_text()
     assert "class_path: custom_backbones.TinyNet" in config and "width: 4" in config
+
+
+def test_cli_refuses_a_weights_file_that_does_not_fit_before_writing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "resnet18.pth"
+    torch.save(_resnet18_state(0), path)  # torchvision's ResNet-18, not the small CNN
+    with pytest.raises(SystemExit) as exc:
+        main(_tiny_fit(tmp_path, "server_sl", f"--model.init_args.backbone_weights={path}"))
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert exc.value.code == 2 and len(lines) == 1, err
+    assert "model.init_args.backbone_weights" in lines[0] and str(path) in lines[0]
+    assert "does not fit 'small_cnn'" in lines[0]
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_a_class_path_run_is_deterministic(tmp_path: Path) -> None:
+    """Same config and seed: the same final weights (the module is built after the seed)."""
+    states = []
+    for name in ("a", "b"):
+        main(
+            _tiny_fit(
+                tmp_path / name, "fedavg_sl", "--model.init_args.backbone=custom_backbones.TinyNet"
+            )
+        )
+        ckpt = load_checkpoint(tmp_path / name / "run" / "checkpoints" / "last.ckpt")
+        states.append(ckpt["method_state"])
+    assert states[0].keys() == states[1].keys()
+    for key in states[0]:
+        assert torch.equal(states[0][key], states[1][key]), key
