@@ -131,6 +131,12 @@ class FedlitCLI(LightningCLI):
         parser.link_arguments(
             "data.in_channels", "model.init_args.in_channels", apply_on="instantiate"
         )
+        parser.link_arguments(
+            "data.image_shape",
+            "model.init_args.image_size",
+            compute_fn=image_side,
+            apply_on="instantiate",
+        )
 
     def parse_arguments(self, parser: Any, args: Any) -> None:
         """LightningCLI's parsing, after a check of the config files that names the file (and
@@ -210,11 +216,15 @@ class FedlitCLI(LightningCLI):
         as one sentence: the ValueError of fedlit's validation, its key in full
         (:func:`~fedlit.refusals.one_line`)."""
         self._wandb_into_run_dir()
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        given = {key: config.model.init_args.get(key) for key in LINKED_FROM_DATA}
         try:
             super().instantiate_classes()
         except ValueError as err:
-            config = self.config[self.subcommand] if self.subcommand else self.config
             self.parser.error(one_line(str(err), err, flat_keys(config.as_dict())))
+        contradiction = linked_contradiction(given, self.datamodule)
+        if contradiction:
+            self.parser.error(contradiction)
 
     def instantiate_trainer(self, **_: Any) -> TrainerTemplate:  # type: ignore[override]
         """The per-step Trainers' settings: fedlit builds no Trainer for the run itself."""
@@ -326,6 +336,37 @@ def executor_warnings(federation: dict[str, Any], cores: int | None = None) -> l
             f"longer); give at most {cores}"
         )
     return lines
+
+
+#: The model's settings that are the data set's: the data module's attribute each is linked
+#: from, and what its value counts.
+LINKED_FROM_DATA = {
+    "num_classes": ("num_classes", "classes"),
+    "in_channels": ("in_channels", "channels"),
+    "image_size": ("image_shape", "pixels a side"),
+}
+
+
+def image_side(shape: tuple[int, int, int]) -> int:
+    """The side of the data's images (C, H, W), the model's ``image_size``."""
+    return shape[-1]
+
+
+def linked_contradiction(given: dict[str, Any], data: FederatedDataModule) -> str | None:
+    """The refusal of a ``model.init_args`` setting that the data set's own value replaces
+    (``num_classes``, ``in_channels``, ``image_size``) given with another value, or None."""
+    for key, (attribute, unit) in LINKED_FROM_DATA.items():
+        value = given.get(key)
+        if value is None:
+            continue
+        own = getattr(data, attribute)
+        own = image_side(own) if key == "image_size" else own
+        if value != own:
+            return (
+                f"model.init_args.{key}={value}: data.dataset={data.dataset!r} has {own} "
+                f"{unit}; model.init_args.{key} is set from the data, leave it out"
+            )
+    return None
 
 
 def template(trainer: Any) -> TrainerTemplate:

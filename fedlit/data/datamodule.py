@@ -265,6 +265,11 @@ class FederatedDataModule(L.LightningDataModule):
         if self._user is not None:
             self._user.save_statistics()
 
+    @property
+    def image_shape(self) -> tuple[int, int, int]:
+        """(C, H, W) of the images the networks take (the model's ``image_size`` is H)."""
+        return (self.spec.channels, self.spec.size, self.spec.size)
+
     def _check_client_pool(self, client_pool: str | None, partitioner: Partitioner | None) -> str:
         """``client_pool`` resolved (None: the data set's unlabeled split if it has one, its
         clients' folders if it has those); ValueError naming the key if the data set or the

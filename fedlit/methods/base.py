@@ -22,7 +22,7 @@ from fedlit.data.datamodule import FederatedDataModule
 from fedlit.data.loaders import ImageBatches
 from fedlit.methods.client_side import Architecture, ClientSetup, ClientSide, ClientUpdate
 from fedlit.methods.plan import SERVER_FIRST, RoundPlan
-from fedlit.models import Backbone, Classifier
+from fedlit.models import Backbone, Classifier, check_input_fits, describe
 from fedlit.objectives import Objective, Optimization, SupervisedCE
 
 if TYPE_CHECKING:
@@ -43,9 +43,19 @@ class FederatedMethod(LightningModule):
     Args:
         num_classes: classes of the data set (linked from ``data.num_classes`` by the CLI).
         in_channels: image channels (linked from ``data.in_channels``).
-        backbone: a name from :data:`fedlit.models.BACKBONES`.
-        norm: "bn", "gn" or "none"; None keeps the backbone's own.
+        backbone: a name from :data:`fedlit.models.BACKBONES`, ``torchvision/<name>``,
+            ``timm/<name>``, a class's import path, or an ``nn.Module`` (in YAML:
+            ``class_path``/``init_args``), images -> features (:mod:`fedlit.models.any_backbone`).
+            A module starts the run with the weights it holds (copied; it is not changed).
+        norm: "bn", "gn" or "none"; None keeps the backbone's own. On a network fedlit does
+            not build itself, "gn" and "none" replace its BatchNorm2d layers.
         optim: learning rates, optimiser and run-level schedule of server and clients.
+        image_size: the side of the data's images (linked from the data by the CLI); None:
+            unknown until the data are loaded. The backbone must take images of this size.
+        backbone_weights: pretrained weights of the backbone: a state-dict file of the
+            network as its source builds it, read with ``torch.load(weights_only=True)``, or
+            ``download`` (torchvision's ``DEFAULT`` / timm's pretrained weights; needs a
+            network). They are the initial global backbone's; clients receive them.
 
     Round-dependent values (learning rates, ramps, loss weights) reach the objectives through
     one hook, :meth:`on_round_start`, called before anything of a round is built.
@@ -60,21 +70,34 @@ class FederatedMethod(LightningModule):
     private: ClassVar[bool] = True
     #: The method can run with the labels at the clients (``data.labels_at: client``).
     supports_labels_at_client: ClassVar[bool] = False
+    #: ``backbone`` as given (a name, or a module each build copies).
+    backbone_source: str | nn.Module
 
     def __init__(
         self,
         num_classes: int,
         in_channels: int,
-        backbone: str = "small_cnn",
+        backbone: str | nn.Module = "small_cnn",
         norm: str | None = None,
         optim: Optimization = DEFAULT_OPTIMIZATION,
+        *,
+        image_size: int | None = None,
+        backbone_weights: str | None = None,
     ) -> None:
         super().__init__()
-        self.num_classes, self.in_channels = num_classes, in_channels
-        self.backbone_name, self.norm = backbone, norm
+        self.num_classes, self.in_channels, self.image_size = num_classes, in_channels, image_size
+        # a module given as the backbone is a template each build copies: kept out of the
+        # method's submodules, so that it is in no state dict and no device move
+        object.__setattr__(self, "backbone_source", backbone)
+        self.backbone_name, self.norm = describe(backbone), norm
+        self.backbone_weights = backbone_weights
         self.optim = optim
-        self.save_hyperparameters()
+        self.save_hyperparameters(ignore=["backbone"] if isinstance(backbone, nn.Module) else None)
         self.network: Classifier = self._new_network()
+        if image_size is not None:  # a backbone that does not fit the data is refused now
+            check_input_fits(
+                self.network.backbone, (in_channels, image_size, image_size), self.backbone_name
+            )
         #: How the uploads become the global network: FedAvg by n_k unless the method says.
         self.aggregator: Aggregator = WeightedMean()
         #: The round being run and the run's length, set by :meth:`on_round_start`.
@@ -94,11 +117,19 @@ class FederatedMethod(LightningModule):
     # --- the network ---------------------------------------------------------------------
     def architecture(self) -> Architecture:
         """The network this method's server and its clients build."""
-        return Architecture(self.backbone_name, self.num_classes, self.in_channels, self.norm)
+        return Architecture(
+            self.backbone_source,
+            self.num_classes,
+            self.in_channels,
+            self.norm,
+            self.image_size,
+            self.backbone_weights,
+        )
 
     def _new_network(self) -> Classifier:
-        """A freshly initialised network of this method's architecture."""
-        return self.architecture().build()
+        """A freshly initialised network of this method's architecture, its backbone holding
+        the pretrained weights where ``backbone_weights`` is set."""
+        return self.architecture().build(pretrained=True)
 
     def initialize(self) -> None:
         """Re-draw every network the method holds (the driver seeds this from the run seed)."""
@@ -195,6 +226,7 @@ class FederatedMethod(LightningModule):
     def validate_data(self, data: FederatedDataModule) -> None:
         """Raise ValueError, naming the key, if ``data`` cannot serve this method (called by
         the driver before any work starts)."""
+        check_input_fits(self.network.backbone, data.image_shape, self.backbone_name)
         unlabeled = data.clients_without_labels
         if self.oracle and unlabeled is not None:
             setting, why = unlabeled

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 from lightning.pytorch.utilities import CombinedLoader
+from torch import nn
 
 from fedlit.aggregation.payloads import MODEL, Payload, StateDict, state_part
 from fedlit.data.client import ClientData
@@ -44,14 +45,28 @@ class ClientUpdate:
 class Architecture:
     """The network a method builds, on the server and on its clients alike."""
 
-    backbone: str  # a name from fedlit.models.BACKBONES
+    #: a name of fedlit.models.BACKBONES, torchvision/<name>, timm/<name>, an import path, or
+    #: an nn.Module (copied at each build, with its weights)
+    backbone: str | nn.Module
     num_classes: int
     in_channels: int
     norm: str | None  # "bn", "gn", "none"; None: the backbone's own
+    image_size: int | None = None  # the data's image side, where known
+    #: pretrained weights of the backbone: a file's path or "download"; only the server's
+    #: initial networks load them (a client's network receives its weights)
+    backbone_weights: str | None = None
 
-    def build(self) -> Classifier:
-        """A freshly initialised network (its initial weights drawn from torch's generator)."""
-        return build_classifier(self.backbone, self.num_classes, self.in_channels, self.norm)
+    def build(self, pretrained: bool = False) -> Classifier:
+        """A freshly initialised network (its initial weights drawn from torch's generator),
+        its backbone holding :attr:`backbone_weights` if ``pretrained``."""
+        return build_classifier(
+            self.backbone,
+            self.num_classes,
+            self.in_channels,
+            self.norm,
+            image_size=self.image_size,
+            weights=self.backbone_weights if pretrained else None,
+        )
 
 
 @dataclass(frozen=True)

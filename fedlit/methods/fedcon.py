@@ -52,17 +52,28 @@ class FedCon(FederatedMethod):
         self,
         num_classes: int,
         in_channels: int,
-        backbone: str = "small_cnn",
+        backbone: str | nn.Module = "small_cnn",
         norm: str | None = None,
         optim: Optimization = DEFAULT_OPTIMIZATION,
         ema_decay: float = 0.999,
         client_ema_decay: float = 0.999,
         server_unlabeled: bool = False,
+        *,
+        image_size: int | None = None,
+        backbone_weights: str | None = None,
     ) -> None:
         for key, value in (("ema_decay", ema_decay), ("client_ema_decay", client_ema_decay)):
             if not 0 <= value <= 1:
                 raise ValueError(f"model.{key} must be in [0, 1], got {value}")
-        super().__init__(num_classes, in_channels, backbone, norm, optim)
+        super().__init__(
+            num_classes,
+            in_channels,
+            backbone,
+            norm,
+            optim,
+            image_size=image_size,
+            backbone_weights=backbone_weights,
+        )
         self.ema_decay, self.client_ema_decay = ema_decay, client_ema_decay
         self.server_unlabeled = server_unlabeled
         self.aggregator = Mean()  # b_theta^G = 1/B sum_k b_theta^k (paper 001 III-B)

@@ -253,7 +253,7 @@ class FedMatch(FederatedMethod):
         self,
         num_classes: int,
         in_channels: int,
-        backbone: str = "small_cnn",
+        backbone: str | nn.Module = "small_cnn",
         norm: str | None = None,
         optim: Optimization = DEFAULT_OPTIMIZATION,
         loss: FedMatchLoss = FedMatchLoss(),
@@ -264,6 +264,9 @@ class FedMatch(FederatedMethod):
         l1_threshold: float = 1e-5,
         delta_threshold: float = 1e-5,
         server_augment: bool = False,
+        *,
+        image_size: int | None = None,
+        backbone_weights: str | None = None,
     ) -> None:
         if num_helpers < 0:
             raise ValueError(f"model.num_helpers must be >= 0, got {num_helpers}")
@@ -277,7 +280,15 @@ class FedMatch(FederatedMethod):
         ):
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"model.{key} must be finite and >= 0, got {value}")
-        super().__init__(num_classes, in_channels, backbone, norm, optim)
+        super().__init__(
+            num_classes,
+            in_channels,
+            backbone,
+            norm,
+            optim,
+            image_size=image_size,
+            backbone_weights=backbone_weights,
+        )
         self.loss = loss
         self.num_helpers, self.helper_interval = num_helpers, helper_interval
         self.lambda_s, self.psi_factor = lambda_s, psi_factor

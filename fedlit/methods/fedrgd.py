@@ -7,6 +7,8 @@ import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from torch import nn
+
 from fedlit.aggregation import Aggregated, GroupwiseWithServer, MeanWithServer
 from fedlit.aggregation.payloads import MODEL
 from fedlit.methods.base import (
@@ -74,15 +76,26 @@ class FedRGD(FederatedMethod):
         self,
         num_classes: int,
         in_channels: int,
-        backbone: str = "small_cnn",
+        backbone: str | nn.Module = "small_cnn",
         norm: str | None = None,
         optim: Optimization = DEFAULT_OPTIMIZATION,
         loss: FixMatchLoss = FixMatchLoss(),
         self_training: bool = False,
         num_groups: int = 2,
+        *,
+        image_size: int | None = None,
+        backbone_weights: str | None = None,
     ) -> None:
         aggregator = MeanWithServer() if num_groups == 1 else GroupwiseWithServer(num_groups)
-        super().__init__(num_classes, in_channels, backbone, norm, optim)
+        super().__init__(
+            num_classes,
+            in_channels,
+            backbone,
+            norm,
+            optim,
+            image_size=image_size,
+            backbone_weights=backbone_weights,
+        )
         self.loss, self.self_training = loss, self_training
         self.aggregator = aggregator
         self.group_models: list[StateDict] = []

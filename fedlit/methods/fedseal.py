@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from torch import nn
 
 from fedlit.aggregation import Mean
 from fedlit.aggregation.payloads import tensor_part
@@ -63,16 +64,27 @@ class FedSEAL(FederatedMethod):
         self,
         num_classes: int,
         in_channels: int,
-        backbone: str = "small_cnn",
+        backbone: str | nn.Module = "small_cnn",
         norm: str | None = None,
         optim: Optimization = DEFAULT_OPTIMIZATION,
         loss: FedSEALLoss = FedSEALLoss(),
         bootstrap_epochs: int = 10,
         self_ensemble: bool = True,
+        *,
+        image_size: int | None = None,
+        backbone_weights: str | None = None,
     ) -> None:
         if bootstrap_epochs < 0:
             raise ValueError(f"model.bootstrap_epochs must be >= 0, got {bootstrap_epochs}")
-        super().__init__(num_classes, in_channels, backbone, norm, optim)
+        super().__init__(
+            num_classes,
+            in_channels,
+            backbone,
+            norm,
+            optim,
+            image_size=image_size,
+            backbone_weights=backbone_weights,
+        )
         self.loss = loss
         self.use_self_ensemble = self_ensemble
         self.aggregator = Mean()  # w_bar^t, the plain mean (paper 002 4.1.1)

@@ -12,6 +12,7 @@ from fedlit.data.client import ClientData
 from fedlit.methods.base import DEFAULT_OPTIMIZATION, Payload, StateDict
 from fedlit.methods.client_side import ClientSetup, ClientSide
 from fedlit.methods.ssl import FedAvgSSL
+from fedlit.models import has_stages
 from fedlit.objectives import (
     FedSupClient,
     Objective,
@@ -49,17 +50,36 @@ class FedSup(FedAvgSSL):
         self,
         num_classes: int,
         in_channels: int,
-        backbone: str = "small_cnn",
+        backbone: str | nn.Module = "small_cnn",
         norm: str | None = None,
         optim: Optimization = DEFAULT_OPTIMIZATION,
         proj_dim: int | None = None,
         lambda_s: float = 1e-4,
         num_groups: int = 2,
+        *,
+        image_size: int | None = None,
+        backbone_weights: str | None = None,
     ) -> None:
         if not 0 < lambda_s <= 1:
             raise ValueError(f"model.lambda_s must be in (0, 1], got {lambda_s}")
         aggregator = GroupwiseWithServer(num_groups)  # paper 000 Algorithm 2
-        super().__init__(num_classes, in_channels, backbone, norm, optim, proj_dim)
+        super().__init__(
+            num_classes,
+            in_channels,
+            backbone,
+            norm,
+            optim,
+            proj_dim,
+            image_size=image_size,
+            backbone_weights=backbone_weights,
+        )
+        if not has_stages(self.network.backbone):
+            raise ValueError(
+                f"model.backbone={self.backbone_name!r}: FedSup's client loss compares the "
+                "feature maps of every backbone stage (paper 000, 4.1.1), and this network does "
+                "not expose its stages; use one of fedlit's backbones, a torchvision ResNet "
+                "(torchvision/resnet18, ...) or a fedlit.models.Backbone subclass (its stages)"
+            )
         self.lambda_s = lambda_s
         self.aggregator = aggregator
         self.server_network = self._new_network()

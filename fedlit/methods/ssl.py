@@ -13,8 +13,10 @@ and the last round's encoder is also judged by the finetune / linear protocols
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, ClassVar
+
+from torch import nn
 
 from fedlit.methods.base import DEFAULT_OPTIMIZATION, FederatedMethod
 from fedlit.methods.client_side import Architecture, ClientSide, ObjectiveClientSide
@@ -23,7 +25,7 @@ from fedlit.models import Classifier, ssl_heads
 from fedlit.objectives import BYOL, Objective, Optimization, SimCLR, SimSiam
 
 
-def default_proj_dim(backbone: str, feature_dim: int) -> int:
+def default_proj_dim(backbone: str | nn.Module, feature_dim: int) -> int:
     """512 for ResNet-18 (paper 000); the backbone's feature width for the smaller CNNs."""
     return 512 if backbone == "resnet18" else feature_dim
 
@@ -35,8 +37,8 @@ class SSLArchitecture(Architecture):
     ssl_kind: str = "byol"  # "simclr", "simsiam" or "byol": which heads
     proj_dim: int | None = None  # the heads' width; None: default_proj_dim
 
-    def build(self) -> Classifier:
-        network = super().build()
+    def build(self, pretrained: bool = False) -> Classifier:
+        network = super().build(pretrained)
         feature_dim = network.backbone.feature_dim
         dim = self.proj_dim or default_proj_dim(self.backbone, feature_dim)
         projector, predictor = ssl_heads(self.ssl_kind, feature_dim, dim)
@@ -62,29 +64,34 @@ class FedAvgSSL(FederatedMethod):
         self,
         num_classes: int,
         in_channels: int,
-        backbone: str = "small_cnn",
+        backbone: str | nn.Module = "small_cnn",
         norm: str | None = None,
         optim: Optimization = DEFAULT_OPTIMIZATION,
         proj_dim: int | None = None,
+        *,
+        image_size: int | None = None,
+        backbone_weights: str | None = None,
     ) -> None:
         if proj_dim is not None and proj_dim < 1:
             raise ValueError(f"model.proj_dim must be positive, got {proj_dim}")
         self.proj_dim = proj_dim  # before the base class builds the network
-        super().__init__(num_classes, in_channels, backbone, norm, optim)
+        super().__init__(
+            num_classes,
+            in_channels,
+            backbone,
+            norm,
+            optim,
+            image_size=image_size,
+            backbone_weights=backbone_weights,
+        )
 
     def round_plan(self) -> RoundPlan:
         return SERVER_FIRST_AND_FINETUNE
 
     def architecture(self) -> SSLArchitecture:
         base = super().architecture()
-        return SSLArchitecture(
-            base.backbone,
-            base.num_classes,
-            base.in_channels,
-            base.norm,
-            self.ssl_kind,
-            self.proj_dim,
-        )
+        settings = {f.name: getattr(base, f.name) for f in fields(base)}
+        return SSLArchitecture(**settings, ssl_kind=self.ssl_kind, proj_dim=self.proj_dim)
 
     def is_shared(self, key: str) -> bool:
         return not key.startswith("head.")
@@ -115,15 +122,27 @@ class FedAvgSimCLR(FedAvgSSL):
         self,
         num_classes: int,
         in_channels: int,
-        backbone: str = "small_cnn",
+        backbone: str | nn.Module = "small_cnn",
         norm: str | None = None,
         optim: Optimization = DEFAULT_OPTIMIZATION,
         proj_dim: int | None = None,
         temperature: float = 0.5,
+        *,
+        image_size: int | None = None,
+        backbone_weights: str | None = None,
     ) -> None:
         if not (math.isfinite(temperature) and temperature > 0):
             raise ValueError(f"model.temperature must be finite and > 0, got {temperature}")
-        super().__init__(num_classes, in_channels, backbone, norm, optim, proj_dim)
+        super().__init__(
+            num_classes,
+            in_channels,
+            backbone,
+            norm,
+            optim,
+            proj_dim,
+            image_size=image_size,
+            backbone_weights=backbone_weights,
+        )
         self.temperature = temperature
 
     def ssl_settings(self) -> dict[str, Any]:
@@ -152,15 +171,27 @@ class FedAvgBYOL(FedAvgSSL):
         self,
         num_classes: int,
         in_channels: int,
-        backbone: str = "small_cnn",
+        backbone: str | nn.Module = "small_cnn",
         norm: str | None = None,
         optim: Optimization = DEFAULT_OPTIMIZATION,
         proj_dim: int | None = None,
         byol_momentum: float = 0.99,
+        *,
+        image_size: int | None = None,
+        backbone_weights: str | None = None,
     ) -> None:
         if not 0 <= byol_momentum <= 1:
             raise ValueError(f"model.byol_momentum must be in [0, 1], got {byol_momentum}")
-        super().__init__(num_classes, in_channels, backbone, norm, optim, proj_dim)
+        super().__init__(
+            num_classes,
+            in_channels,
+            backbone,
+            norm,
+            optim,
+            proj_dim,
+            image_size=image_size,
+            backbone_weights=backbone_weights,
+        )
         self.byol_momentum = byol_momentum
 
     def ssl_settings(self) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from typing import Any, ClassVar
 
 import torch
 from lightning.pytorch.utilities import CombinedLoader
+from torch import nn
 
 from fedlit.aggregation import Aggregated, Mean, weighted_average
 from fedlit.aggregation.payloads import state_part
@@ -62,17 +63,28 @@ class TeacherStudentEMA(FederatedMethod):
         self,
         num_classes: int,
         in_channels: int,
-        backbone: str = "small_cnn",
+        backbone: str | nn.Module = "small_cnn",
         norm: str | None = None,
         optim: Optimization = DEFAULT_OPTIMIZATION,
         loss: TeacherStudentLoss = TeacherStudentLoss(),
         ema_decay: float = 0.9,
         client_ema_decay: float = 0.99,
+        *,
+        image_size: int | None = None,
+        backbone_weights: str | None = None,
     ) -> None:
         for key, value in (("ema_decay", ema_decay), ("client_ema_decay", client_ema_decay)):
             if not 0 <= value <= 1:
                 raise ValueError(f"model.{key} must be in [0, 1], got {value}")
-        super().__init__(num_classes, in_channels, backbone, norm, optim)
+        super().__init__(
+            num_classes,
+            in_channels,
+            backbone,
+            norm,
+            optim,
+            image_size=image_size,
+            backbone_weights=backbone_weights,
+        )
         self.loss = loss
         self.ema_decay, self.client_ema_decay = ema_decay, client_ema_decay
         self.aggregator = Mean()  # the plain mean, as in the algorithms
@@ -222,18 +234,30 @@ class FedSwitch(TeacherStudentEMA):
         self,
         num_classes: int,
         in_channels: int,
-        backbone: str = "small_cnn",
+        backbone: str | nn.Module = "small_cnn",
         norm: str | None = None,
         optim: Optimization = DEFAULT_OPTIMIZATION,
         loss: TeacherStudentLoss = TeacherStudentLoss(),
         ema_decay: float = 0.9,
         client_ema_decay: float = 0.99,
         beta: float = 0.0,
+        *,
+        image_size: int | None = None,
+        backbone_weights: str | None = None,
     ) -> None:
         if not (math.isfinite(beta) and beta >= 0):
             raise ValueError(f"model.beta must be finite and >= 0, got {beta}")
         super().__init__(
-            num_classes, in_channels, backbone, norm, optim, loss, ema_decay, client_ema_decay
+            num_classes,
+            in_channels,
+            backbone,
+            norm,
+            optim,
+            loss,
+            ema_decay,
+            client_ema_decay,
+            image_size=image_size,
+            backbone_weights=backbone_weights,
         )
         self.beta = beta
         # the last round-mean D_KL^T and D_KL^S (float64, as Python's floats), and whether each

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from torch import nn
+
 from fedlit.methods.base import DEFAULT_OPTIMIZATION
 from fedlit.methods.consistency import FedAvgConsistency
 from fedlit.objectives import UDA, Optimization, UDALoss
@@ -24,9 +26,21 @@ class FedAvgUDA(FedAvgConsistency):
         self,
         num_classes: int,
         in_channels: int,
-        backbone: str = "small_cnn",
+        backbone: str | nn.Module = "small_cnn",
         norm: str | None = None,
         optim: Optimization = DEFAULT_OPTIMIZATION,
         loss: UDALoss = UDALoss(),
+        *,
+        image_size: int | None = None,
+        backbone_weights: str | None = None,
     ) -> None:
-        super().__init__(num_classes, in_channels, backbone, norm, optim, loss=loss)
+        super().__init__(
+            num_classes,
+            in_channels,
+            backbone,
+            norm,
+            optim,
+            loss=loss,
+            image_size=image_size,
+            backbone_weights=backbone_weights,
+        )

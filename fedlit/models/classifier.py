@@ -5,6 +5,14 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
+from fedlit.models.any_backbone import (
+    DOWNLOAD,
+    TIMM,
+    TORCHVISION,
+    load_weights,
+    read_weights,
+    wrap_module,
+)
 from fedlit.models.backbones import Backbone, check_norm
 from fedlit.models.fedcon_cnn import FedConCIFARCNN, FedConMNISTCNN
 from fedlit.models.resnet import ResNet9, ResNet18
@@ -17,7 +25,9 @@ BACKBONES: dict[str, type[Backbone]] = {
     "resnet18": ResNet18,
     "resnet9": ResNet9,
 }
-"""Values of ``model.backbone`` and the classes they build."""
+"""fedlit's own values of ``model.backbone`` and the classes they build (beside them:
+``torchvision/<name>``, ``timm/<name>``, an import path or a module, see
+:mod:`fedlit.models.any_backbone`)."""
 
 
 def make_head(
@@ -84,33 +94,66 @@ class Classifier(nn.Module):
 
 
 def build_classifier(
-    backbone: str,
+    backbone: str | nn.Module,
     num_classes: int,
     in_channels: int,
     norm: str | None = None,
     head: Sequence[int] | None = None,
     head_dropout: float | None = None,
+    image_size: int | None = None,
+    weights: str | None = None,
 ) -> Classifier:
-    """Build ``BACKBONES[backbone]`` and its head into a ``Classifier``.
+    """Build ``backbone`` and its head into a ``Classifier``.
 
+    ``backbone``: a name of :data:`BACKBONES`, ``torchvision/<name>``, ``timm/<name>``, a
+    dotted import path or an ``nn.Module`` (:mod:`fedlit.models.any_backbone`).
     ``norm=None`` keeps the backbone's default norm; ``head=None`` its ``default_head``
     (paper 001 Table I for the FedCon CNNs, none otherwise); ``head_dropout=None`` its
-    ``default_head_dropout`` (0.1 for the FedCon CIFAR CNN, 0.0 otherwise).
-    Raises ``ValueError`` naming ``model.backbone`` or ``model.norm`` for unknown values.
+    ``default_head_dropout`` (0.1 for the FedCon CIFAR CNN, 0.0 otherwise). ``image_size``:
+    the side of the data's images, where known (a wrapped network's feature dimension is found
+    by a forward at it; else at 32). ``weights``: a state-dict file of the backbone as its
+    source builds it, or ``"download"`` (torchvision's and timm's own weights; needs a network).
+    Raises ``ValueError`` naming ``model.backbone``, ``model.norm`` or
+    ``model.backbone_weights``.
 
     The network's 4-d weights are stored channels-last (NHWC), the layout the loaders give
     their images in: convolutions run about 1.3x faster on a CPU (oneDNN) and use the tensor
     cores' layout on a GPU. Values, ``state_dict`` keys and shapes are unchanged.
     """
-    if backbone not in BACKBONES:
-        allowed = ", ".join(repr(name) for name in BACKBONES)
-        raise ValueError(f"model.backbone: unknown backbone {backbone!r}; choose one of {allowed}")
-    cls = BACKBONES[backbone]
-    if norm is None:
-        encoder = cls(in_channels=in_channels)
-    else:
-        encoder = cls(in_channels=in_channels, norm=check_norm(norm))
-    hidden = cls.default_head if head is None else tuple(head)
-    dropout = cls.default_head_dropout if head_dropout is None else head_dropout
+    encoder = build_backbone(backbone, in_channels, norm, image_size, weights)
+    hidden = encoder.default_head if head is None else tuple(head)
+    dropout = encoder.default_head_dropout if head_dropout is None else head_dropout
     network = Classifier(encoder, num_classes, hidden, dropout)
     return network.to(memory_format=torch.channels_last)
+
+
+def build_backbone(
+    backbone: str | nn.Module,
+    in_channels: int,
+    norm: str | None = None,
+    image_size: int | None = None,
+    weights: str | None = None,
+) -> Backbone:
+    """The encoder ``backbone`` names (see :func:`build_classifier`), images -> features."""
+    if isinstance(backbone, str) and backbone in BACKBONES:
+        cls = BACKBONES[backbone]
+        if weights == DOWNLOAD:
+            raise ValueError(
+                f"model.backbone_weights={DOWNLOAD!r}: only torchvision/ and timm/ backbones "
+                f"download weights; {backbone!r} takes a file's path"
+            )
+        if norm is None:
+            encoder = cls(in_channels=in_channels)
+        else:
+            encoder = cls(in_channels=in_channels, norm=check_norm(norm))
+        if weights is not None:
+            load_weights(encoder, read_weights(weights), weights, repr(backbone))
+        return encoder
+    external = isinstance(backbone, nn.Module) or backbone.startswith((TORCHVISION, TIMM))
+    if not external and "." not in str(backbone):
+        allowed = ", ".join(repr(name) for name in BACKBONES)
+        raise ValueError(
+            f"model.backbone: unknown backbone {backbone!r}; choose one of {allowed}, "
+            f"{TORCHVISION}<name>, {TIMM}<name> or a class's import path (package.module.Class)"
+        )
+    return wrap_module(backbone, in_channels, norm, image_size, weights)
