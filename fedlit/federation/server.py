@@ -50,9 +50,10 @@ class Server:
 
     def bootstrap(self) -> dict[str, float]:
         """The plan's bootstrap (FedSEAL): the server objective for its ``bootstrap_epochs``
-        before round 1, logged in row 0 as ``bootstrap/*`` with w^0's ``bootstrap_test/acc``."""
+        before round 1, logged in row 0 as ``bootstrap/*`` with w^0's ``bootstrap_test/acc``.
+        A warm-started run (``federation.init_from``) has none: its source is its w^0."""
         epochs = self.method.round_plan().bootstrap_epochs
-        if epochs == 0 or self.data.labels_at == "client":
+        if epochs == 0 or self.data.labels_at == "client" or self.config.init_from is not None:
             return {}
         self.method.on_round_start(0, self.config.rounds)
         trained = self.server_step(0, epochs)
