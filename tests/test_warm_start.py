@@ -19,6 +19,8 @@ from fedlit.federation import Federation, FederationConfig
 from fedlit.federation.checkpoint import RunCheckpoint
 from fedlit.federation.warmstart import load_warm_start, weights_sha256
 from fedlit.methods import (
+    CentralizedFixMatch,
+    CentralizedUDA,
     FedAvgBYOL,
     FedAvgFixMatch,
     FedAvgSimCLR,
@@ -45,6 +47,7 @@ DATA = {"num_clients": 2, "examples_per_client": 32, "client_batch_size": 16,
 EVERY_METHOD = [
     ServerSL, FedAvgSL, FedAvgFixMatch, FedAvgUDA, FedAvgSimCLR, FedAvgSimSiam, FedAvgBYOL,
     FedCon, FedSup, FedRGD, FedSEAL, FedSwitch, TSServerEMA, TSClientEMA, FedMatch,
+    CentralizedFixMatch, CentralizedUDA,
 ]  # fmt: skip
 
 

@@ -156,8 +156,8 @@ class Callbacks:
 
 
 class Announce(Callback):
-    """Say what the method is when it is not an ordinary semi-supervised method (an oracle,
-    not private), and each client left out of its round."""
+    """Say what the method is when it is not an ordinary federated semi-supervised method (an
+    oracle, the centralized reference, not private), and each client left out of its round."""
 
     def on_run_start(self, run: RunView) -> None:
         name = type(run.method).__name__
@@ -165,6 +165,11 @@ class Announce(Callback):
             note(
                 f"{name} is an oracle: its clients train on their true labels (an upper "
                 "bound, not a semi-supervised method)"
+            )
+        if run.method.centralized:
+            note(
+                f"{name} is the centralized reference: every client's images are trained on at "
+                "the server, without federation (a reference, not a federated method)"
             )
         if not run.method.private:
             note(

@@ -82,6 +82,10 @@ class FederatedMethod(LightningModule):
     private: ClassVar[bool] = True
     #: The method can run with the labels at the clients (``data.labels_at: client``).
     supports_labels_at_client: ClassVar[bool] = False
+    #: Every client's images are trained on at the server, without federation: a reference
+    #: for what semi-supervised learning gives at the budget, not a federated method
+    #: (announced and marked as the oracle is).
+    centralized: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -111,7 +115,11 @@ class FederatedMethod(LightningModule):
     @classmethod
     def marks(cls) -> tuple[str, ...]:
         """What results tables write beside the method's name (``run.json``'s ``marks``)."""
-        return ("oracle",) * cls.oracle + ("not private",) * (not cls.private)
+        return (
+            ("oracle",) * cls.oracle
+            + ("centralized",) * cls.centralized
+            + ("not private",) * (not cls.private)
+        )
 
     # --- the network ---------------------------------------------------------------------
     def architecture(self) -> Architecture:
@@ -187,6 +195,16 @@ class FederatedMethod(LightningModule):
         """The server step's loader (FedCon with unlabeled images at the server: a labeled
         and an unlabeled batch together)."""
         return data.server_dataloader(("weak",))
+
+    def central_objective(self) -> Objective:
+        """The objective of the plan's centralized step
+        (:attr:`~fedlit.methods.plan.Step.CENTRAL`), training ``self.network`` in place: only
+        a method whose plan has that step (the centralized reference) defines it."""
+        raise NotImplementedError(f"{type(self).__name__}'s plan has no centralized step")
+
+    def central_loader(self, data: FederatedDataModule) -> ImageBatches:
+        """The centralized step's loader: every client's whole shard, pooled at the server."""
+        raise NotImplementedError(f"{type(self).__name__}'s plan has no centralized step")
 
     # --- communication --------------------------------------------------------------------
     def is_shared(self, key: str) -> bool:
