@@ -227,3 +227,39 @@ def test_a_network_of_another_class_count_is_refused_by_name(
     with pytest.raises(ValueError, match=r"federation\.init_from: .* it has 5 classes, .* 10"):
         fed.prepare()
     assert not (tmp_path / "run").exists()
+
+
+def test_a_comparison_starts_each_seeds_runs_from_its_source_run(
+    fmnist_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``init_from`` in a comparison spec: the source recipe runs first, once per setting and
+    seed; every run of that seed starts from it (its row 0 scores the source's final network);
+    the report names each source and its weights' SHA-256; a second invocation runs nothing."""
+    out = tmp_path / "out"
+    spec = {
+        "name": "warm",
+        "out": str(out),
+        "recipes": [str(REPO / "recipes/server_sl.yaml")],
+        "seeds": [0, 1],
+        "overrides": [*tiny_overrides(fmnist_root, test_subset=200), "--federation.final_eval=[]"],
+        "init_from": {
+            "recipe": str(REPO / "recipes/server_sl.yaml"),
+            "overrides": ["--federation.rounds=2"],
+            "folder": "plateau",
+        },
+    }
+    path = tmp_path / "warm.yaml"
+    path.write_text(json.dumps(spec))
+    main(["compare", f"--config={path}"])
+    for seed in (0, 1):
+        source = out / "default" / "plateau" / f"seed{seed}"
+        assert load_run(source).rounds == 2 and load_run(source).finished
+        run = load_run(out / "default" / "server_sl" / f"seed{seed}")
+        assert run.init_from["path"] == str((source / "checkpoints/last.ckpt").resolve())
+        assert run.summary["warm_start_test/acc"] == _source_acc(source)
+        results = (out / "results.md").read_text()
+        assert "### Warm starts" in results and run.init_from["sha256"] in results
+    assert "*warm start*" in results
+    capsys.readouterr()
+    main(["compare", f"--config={path}"])
+    assert "2 finished before" in (out / "results.md").read_text()
