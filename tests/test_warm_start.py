@@ -307,3 +307,27 @@ def test_the_calibrated_spec_runs_every_recipe_on_one_protocol_from_its_plateau(
     assert config["model"]["init_args"]["optim"]["server_lr"] == 0.03
     labels = ("labeled_per_class", "val_per_class", "dataset")
     assert {k: config["data"][k] for k in labels} == {k: data[k] for k in labels}
+
+
+@pytest.mark.slow  # worker processes start (about 30 s of CPU on 2 cores)
+def test_a_warm_run_gives_the_same_weights_in_worker_processes(
+    fmnist_root: Path, source: Path, tmp_path: Path
+) -> None:
+    """The warm start is server state, sent as a fresh run's network is: its clients in a pool
+    of worker processes end the round with the in-process run's weights."""
+    from fedlit.federation.pool import PoolSettings
+
+    runs = {}
+    for executor in ("local", "pool"):
+        fed = _federation(
+            fmnist_root,
+            tmp_path / executor,
+            FedAvgFixMatch(10, 1, loss=FixMatchLoss(tau=0.5)),
+            init_from=str(source),
+            executor=executor,
+            pool=PoolSettings(workers=2, threads=1),
+        )
+        fed.run()
+        runs[executor] = fed.method.state_dict()
+    for key, value in runs["local"].items():
+        assert torch.equal(runs["pool"][key], value), key
