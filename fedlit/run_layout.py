@@ -194,6 +194,7 @@ PLACEMENT_KEYS = (
     "trainer.log_every_n_steps",
     "trainer.profiler",
 )
-#: Keys in which runs of one setting may differ and still be seeds of it: the seed and the
-#: placement keys. Any other difference makes it another setting.
-NOT_SETTING_KEYS = ("seed_everything", *PLACEMENT_KEYS)
+#: Keys in which runs of one setting may differ and still be seeds of it: the seed, the warm
+#: start's source (a comparison's is a run per seed) and the placement keys. Any other
+#: difference makes it another setting.
+NOT_SETTING_KEYS = ("seed_everything", "federation.init_from", *PLACEMENT_KEYS)

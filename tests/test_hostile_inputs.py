@@ -208,6 +208,17 @@ FIT = [
     ("server_sl", ["--federation.resume={work}/afile"], "federation.resume", "afile"),
     ("server_sl", ["--federation.resume_may_change=[nope.key]"], "resume_may_change", "nope.key"),
     ("server_sl", ["--federation.nope=1"], "federation.nope", "1"),
+    ("server_sl", ["--federation.init_from="], "federation.init_from", "''"),
+    ("server_sl", ["--federation.init_from={work}/none"], "federation.init_from", "none"),
+    ("server_sl", ["--federation.init_from={work}/afile"], "federation.init_from", "afile"),
+    ("server_sl", ["--federation.init_from={work}"], "federation.init_from", "holds no"),
+    ("server_sl", ["--federation.init_from={run}", "--model.init_args.norm=gn"], "init_from", "gn"),
+    (
+        "server_sl",
+        ["--federation.init_from={run}", "--data.dataset=synthetic_rgb"],
+        "federation.init_from",
+        "in_channels",
+    ),
     # ray (settings of the configuration; the cluster's resources are checked when it starts)
     ("server_sl", ["--federation.ray.cpus=-1"], "federation.ray.cpus", "-1"),
     ("server_sl", ["--federation.ray.cpus=0"], "federation.ray.cpus", "0"),

@@ -17,6 +17,9 @@ from fedlit.data import ClientData, FederatedDataModule
 from fedlit.federation import Federation, FederationConfig
 from fedlit.federation.callbacks import Callback, RunView
 from fedlit.methods import (
+    CentralizedConsistency,
+    CentralizedFixMatch,
+    CentralizedUDA,
     ClientUpdate,
     FedAvgBYOL,
     FedAvgConsistency,
@@ -44,13 +47,14 @@ from fedlit.methods.plan import RoundPlan, Step
 from fedlit.methods.teacher_student import KL_REPORT
 from fedlit.objectives import FixMatch, Objective, Optimization, TeacherStudentClient
 
-S, B, C, R, A, F = (
+S, B, C, R, A, F, Z = (
     Step.SERVER,
     Step.BROADCAST,
     Step.CLIENTS,
     Step.RECEIVE,
     Step.AGGREGATE,
     Step.FINETUNE,
+    Step.CENTRAL,
 )
 
 #: Each method's round as its paper runs it, written out by hand.
@@ -70,6 +74,8 @@ PLANS: dict[type[FederatedMethod], tuple[Step, ...]] = {
     TSServerEMA: (B, C, A, S),
     TSClientEMA: (B, C, A, S),
     FedSwitch: (B, C, A, S),
+    CentralizedFixMatch: (S, Z, F),  # FedAvg-FixMatch's round, the clients' work at the server
+    CentralizedUDA: (S, Z, F),
 }
 
 
@@ -78,7 +84,9 @@ def _method(cls: type[FederatedMethod], **kw: Any) -> FederatedMethod:
 
 
 def test_every_method_has_a_written_out_plan() -> None:
-    abstract = {FederatedMethod, FedAvgConsistency, FedAvgSSL, TeacherStudentEMA}  # bases
+    abstract = {  # bases
+        FederatedMethod, FedAvgConsistency, FedAvgSSL, TeacherStudentEMA, CentralizedConsistency
+    }  # fmt: skip
     exported = {
         cls
         for cls in vars(fedlit.methods).values()
@@ -91,7 +99,7 @@ def test_every_method_has_a_written_out_plan() -> None:
 def test_each_method_declares_its_round(cls: type[FederatedMethod]) -> None:
     plan = _method(cls).round_plan()
     assert plan.steps == PLANS[cls]
-    assert plan.uses_clients is (cls is not ServerSL)
+    assert plan.uses_clients is (cls not in (ServerSL, CentralizedFixMatch, CentralizedUDA))
     assert (Step.RECEIVE in plan.steps) is (cls is FedSEAL)
     assert (plan.bootstrap_epochs > 0) is (cls is FedSEAL)  # FedSEAL's default: 10 epochs
 

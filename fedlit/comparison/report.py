@@ -64,6 +64,7 @@ def write_report(
             counts, out / f"partition_{setting}.png", title=f"partition: {setting}"
         )
     table = to_markdown(rows, target=target, published=published, baseline=baseline)
+    table += warm_starts(runs)
     written["markdown"] = out / "results.md"
     written["markdown"].write_text(_document(title, about, table, written, out))
     if report is not None:
@@ -77,6 +78,36 @@ def write_report(
         report.write_text(_document(title, about, table, copies, report.parent))
         written["report"] = report
     return written
+
+
+def warm_starts(runs: Sequence[RunRecord]) -> str:
+    """The warm-started runs' sources (run.json ``init_from``) as a Markdown table, one row a
+    source: its checkpoint, method, round, test accuracy, the SHA-256 of its weights and the
+    runs that started from it (by setting and seed); empty where no run was warm-started."""
+    sources: dict[tuple[str, str], list[RunRecord]] = {}
+    for run in runs:
+        if run.init_from:
+            key = (str(run.init_from.get("path")), str(run.init_from.get("sha256")))
+            sources.setdefault(key, []).append(run)
+    if not sources:
+        return ""
+    lines = [
+        "",
+        "### Warm starts",
+        "",
+        "| source checkpoint | method | round | test/acc | SHA-256 of its weights | runs |",
+        "|---|---|---|---|---|---|",
+    ]
+    for (path, sha), started in sources.items():
+        info = started[0].init_from
+        acc = info.get("test_acc")
+        shown = f"{100 * acc:.2f}" if isinstance(acc, (int, float)) else "-"
+        who = sorted({f"{r.setting} seed {r.seed}" for r in started})
+        lines.append(
+            f"| `{path}` | {info.get('method', '-')} | {info.get('round', '-')} | {shown} | "
+            f"`{sha}` | {len(started)} ({', '.join(who)}) |"
+        )
+    return "\n".join(lines) + "\n"
 
 
 def _document(

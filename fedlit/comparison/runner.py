@@ -56,6 +56,23 @@ class WandbSettings:
 
 
 @dataclass(frozen=True)
+class SourceRun:
+    """The run every run of a comparison starts from (``federation.init_from``): the recipe
+    run once per setting and seed, before the others, in ``<out>/<setting>/<folder>/seed<k>``,
+    with the comparison's overrides, the setting's, then its own (which win), and the seed.
+
+    Args:
+        recipe: its recipe file (e.g. a Server-SL trained to its plateau).
+        overrides: its own overrides, after the comparison's and the setting's.
+        folder: the name of its folder in each setting's directory.
+    """
+
+    recipe: str
+    overrides: list[str] = field(default_factory=list)
+    folder: str = "init_from"
+
+
+@dataclass(frozen=True)
 class Comparison:
     """What a comparison runs and reports (the ``fedlit compare`` config).
 
@@ -75,6 +92,9 @@ class Comparison:
         published: recipe stem -> setting -> a paper's accuracy (percent), shown beside ours.
         wandb: log every run to W&B (None: no W&B).
         description: Markdown lines that open the report (the protocol in words).
+        init_from: a run per setting and seed that every run of that setting and seed starts
+            from (:class:`SourceRun`, ``federation.init_from``); run first. None: every run
+            starts afresh.
         jobs: runs at a time. 1 runs them one after another in this process; more runs each in
             its own ``fedlit fit`` process with torch limited to (CPU cores // jobs) threads
             (``OMP_NUM_THREADS``: processes that each take every core slow each other down
@@ -95,6 +115,7 @@ class Comparison:
     wandb: WandbSettings | None = None
     description: list[str] = field(default_factory=list)
     jobs: int = 1
+    init_from: SourceRun | None = None
 
     def __post_init__(self) -> None:
         if not self.recipes:
@@ -112,6 +133,14 @@ class Comparison:
                 raise ValueError(f"seeds: {seed!r} is not a seed (an integer in [0, {MAX_SEED}])")
         if not self.settings:
             raise ValueError("settings: give at least one setting")
+        if self.init_from is not None:
+            if not Path(self.init_from.recipe).is_file():
+                raise ValueError(f"init_from.recipe: no such file {self.init_from.recipe!r}")
+            folder = self.init_from.folder
+            if not folder or Path(folder).name != folder or folder in stems or folder == "logs":
+                raise ValueError(
+                    f"init_from.folder={folder!r}: name one folder that is no recipe's ({stems})"
+                )
         if self.baseline is not None and self.baseline not in stems:
             raise ValueError(f"baseline: {self.baseline!r} is not one of the recipes {stems}")
         if isinstance(self.last_k, bool) or not isinstance(self.last_k, int) or self.last_k < 1:
@@ -152,17 +181,56 @@ class PlannedRun:
         return shlex.join(["fedlit", "fit", *self.args])
 
 
+INIT_FROM_ARG = "--federation.init_from="
+
+
+def source_dir(comparison: Comparison, setting: str, seed: int) -> Path:
+    """Where the run that ``setting``'s runs of ``seed`` start from is written."""
+    assert comparison.init_from is not None
+    return Path(comparison.out) / setting / comparison.init_from.folder / f"seed{seed}"
+
+
+def plan_sources(comparison: Comparison) -> list[PlannedRun]:
+    """The runs the others start from (``comparison.init_from``), setting by setting, seed by
+    seed; none without ``init_from``."""
+    source = comparison.init_from
+    if source is None:
+        return []
+    recipe = Path(source.recipe)
+    runs = []
+    for setting, setting_args in comparison.settings.items():
+        for seed in comparison.seeds:
+            run_dir = source_dir(comparison, setting, seed)
+            args = [
+                f"--config={recipe}",
+                *comparison.overrides,
+                *setting_args,
+                *source.overrides,
+                f"--seed_everything={seed}",
+                f"{ROOT_DIR_ARG}{run_dir}",
+            ]
+            runs.append(PlannedRun(recipe, setting, seed, run_dir, tuple(args)))
+    return runs
+
+
 def plan(comparison: Comparison) -> list[PlannedRun]:
-    """Every run of ``comparison``, setting by setting, recipe by recipe, seed by seed."""
+    """Every run of ``comparison``, setting by setting, recipe by recipe, seed by seed (each
+    started from its setting's and seed's source run where ``init_from`` is given)."""
     runs = []
     for setting, setting_args in comparison.settings.items():
         for recipe in map(Path, comparison.recipes):
             for seed in comparison.seeds:
                 run_dir = Path(comparison.out) / setting / recipe.stem / f"seed{seed}"
+                warm = (
+                    [f"{INIT_FROM_ARG}{source_dir(comparison, setting, seed)}"]
+                    if comparison.init_from is not None
+                    else []
+                )
                 args = [
                     f"--config={recipe}",
                     *comparison.overrides,
                     *setting_args,
+                    *warm,
                     f"--seed_everything={seed}",
                     f"{ROOT_DIR_ARG}{run_dir}",
                     *_wandb_args(comparison, setting, recipe.stem, seed, run_dir),
@@ -383,6 +451,27 @@ def _run_parallel(
         raise RuntimeError(f"{len(failed)} run(s) failed; the first: {failed[0]}")
 
 
+def _source_lines(comparison: Comparison, sources: Sequence[PlannedRun]) -> list[str]:
+    """What the report says of the runs every run started from: the recipe, its overrides,
+    where they are, and each one's final test accuracy."""
+    assert comparison.init_from is not None
+    source = comparison.init_from
+    scores = []
+    for run in sources:
+        history = load_run(run.run_dir).history
+        acc = history[-1].get("test/acc") if history else None
+        shown = f"{100 * acc:.2f}" if acc is not None else "-"
+        scores.append(f"{run.setting} seed {run.seed}: {shown}")
+    return [
+        f"- *warm start*: every run starts (`federation.init_from`) from the final network of "
+        f"`{source.recipe}` with `{' '.join(source.overrides) or '(no overrides)'}` (after "
+        "the comparison's and the setting's overrides), run once per setting and seed, before "
+        f"the others, in `{comparison.out}/<setting>/{source.folder}/seed<k>`; its test/acc "
+        f"(%): {'; '.join(scores)}. The *Warm starts* table names each source's weights by "
+        "their SHA-256.",
+    ]
+
+
 def run_comparison(
     comparison: Comparison,
     command: str,
@@ -405,23 +494,25 @@ def run_comparison(
     Returns:
         name -> path of every file of the report.
     """
-    runs = plan(comparison)
+    sources, runs = plan_sources(comparison), plan(comparison)
     configured: dict[tuple[str, str], int] = {}
     partitions: dict[str, np.ndarray] = {}
-    for run in runs:
-        key = (run.setting, run.method)
+    for run in (*sources, *runs):
+        key = (run.setting, str(run.run_dir.parent))
         if key not in configured:
-            log(f"checking {run.setting}/{run.method}")
+            log(f"checking {run.setting}/{run.run_dir.parent.name}")
             configured[key] = rounds(run.args)
         if run.setting not in partitions:
             partitions[run.setting] = partition(run.args, run.seed)
-    per_run = {run: configured[(run.setting, run.method)] for run in runs}
+    per_run = {run: configured[(run.setting, str(run.run_dir.parent))] for run in (*sources, *runs)}
     start = time.perf_counter()
     children = None
     if comparison.jobs > 1:
         threads = max(1, (os.cpu_count() or 1) // comparison.jobs)
         children = Children()
         fit = fit_in_subprocess(Path(comparison.out) / "logs", threads, children)
+    if sources:  # the runs the others start from, first
+        execute(sources, per_run, fit, log, comparison.jobs, children)
     counts = execute(runs, per_run, fit, log, comparison.jobs, children)
     minutes = (time.perf_counter() - start) / 60
     records = [load_run(run.run_dir) for run in runs]
@@ -446,6 +537,8 @@ def run_comparison(
         *settings,
         f"- every run: `{' '.join(comparison.overrides) or '(no overrides)'}`",
     ]
+    if comparison.init_from is not None:
+        about += _source_lines(comparison, sources)
     if comparison.baseline is not None:
         about.append(
             f"- *vs {comparison.baseline} (paired, 95% CI)*: per seed, the method's score "

@@ -29,6 +29,7 @@ from fedlit.federation.console import note, warn
 from fedlit.federation.faults import ROUND_FAILED, ClientFault
 from fedlit.federation.loggers import RoundCSVLogger
 from fedlit.federation.resume import Checkpointer
+from fedlit.federation.warmstart import WarmStart
 from fedlit.methods.base import FederatedMethod
 from fedlit.methods.client_side import ClientUpdate
 from fedlit.run_layout import RUN_FILE
@@ -43,8 +44,9 @@ class RunView(Protocol):
     read and never changed: its method, data, settings, directory, seed, flat config
     (``hparams``) and ``progress`` setting; the first round this process runs
     (``start_round``: 1, or the round after a resumed checkpoint); each client's number of
-    visits; the metrics of the rounds run so far (``history``); and its checkpoint, written
-    through ``checkpointer``."""
+    visits; the metrics of the rounds run so far (``history``); its checkpoint, written
+    through ``checkpointer``; and the warm start it starts from afresh (``source``, None for a
+    fresh start or a resume)."""
 
     @property
     def method(self) -> FederatedMethod: ...
@@ -70,6 +72,8 @@ class RunView(Protocol):
     def checkpoint_path(self) -> Path: ...
     @property
     def checkpointer(self) -> Checkpointer: ...
+    @property
+    def source(self) -> WarmStart | None: ...
 
 
 class Callback:
@@ -152,8 +156,8 @@ class Callbacks:
 
 
 class Announce(Callback):
-    """Say what the method is when it is not an ordinary semi-supervised method (an oracle,
-    not private), and each client left out of its round."""
+    """Say what the method is when it is not an ordinary federated semi-supervised method (an
+    oracle, the centralized reference, not private), and each client left out of its round."""
 
     def on_run_start(self, run: RunView) -> None:
         name = type(run.method).__name__
@@ -161,6 +165,11 @@ class Announce(Callback):
             note(
                 f"{name} is an oracle: its clients train on their true labels (an upper "
                 "bound, not a semi-supervised method)"
+            )
+        if run.method.centralized:
+            note(
+                f"{name} is the centralized reference: every client's images are trained on at "
+                "the server, without federation (a reference, not a federated method)"
             )
         if not run.method.private:
             note(
@@ -174,7 +183,9 @@ class Announce(Callback):
 
 class RunFile(Callback):
     """``run.json``: who this run is (kept where a comparison already named it), how many
-    rounds it is configured for and its marks, so reports can read runs without their config."""
+    rounds it is configured for, its marks and, for a warm start, its source (``init_from``:
+    path, SHA-256 of the weights, method, round, test accuracy; kept on a resume), so reports
+    can read runs without their config."""
 
     def on_run_start(self, run: RunView) -> None:
         path = run.run_dir / RUN_FILE
@@ -183,6 +194,8 @@ class RunFile(Callback):
         info.setdefault("seed", run.seed)
         info["rounds"] = run.config.rounds
         info["marks"] = list(run.method.marks())
+        if run.source is not None:
+            info["init_from"] = run.source.info()
         path.write_text(json.dumps(info))
 
 

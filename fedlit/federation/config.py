@@ -42,6 +42,14 @@ class FederationConfig:
         resume: a checkpoint to continue from (``<run>/checkpoints/last.ckpt``), into its own
             run directory or a new one. Every setting that changes results must equal the
             checkpoint's. None: a new run (an empty string is refused).
+        init_from: a warm start: the run starts from the scored network of another run (its
+            run directory, or a federation checkpoint ``<run>/checkpoints/last.ckpt``), read
+            with ``torch.load(weights_only=True)``; each method seeds its networks from it
+            (:meth:`~fedlit.methods.FederatedMethod.warm_start`) and the plan's bootstrap is
+            skipped. A network of another backbone, input or class count, or a method that
+            cannot take it, is refused before any work. The source's path and the SHA-256 of
+            its weights go into ``run.json`` (``init_from``). A resume continues from its own
+            checkpoint and does not read the source again. None: a fresh start.
         resume_may_change: settings (dotted keys as in the config, e.g.
             ``model.init_args.optim.client_lr``) a resume may change besides rounds, eval_every,
             the run directory, loggers and the data root. Each must name a setting (checked
@@ -78,6 +86,7 @@ class FederationConfig:
     server_epochs: int = 1
     eval_every: int = 1
     resume: str | None = None
+    init_from: str | None = None
     resume_may_change: tuple[str, ...] = ()
     final_eval: tuple[str, ...] = ()
     eval_epochs: int = 20
@@ -118,6 +127,11 @@ class FederationConfig:
             raise ValueError(
                 f"federation.resume={self.resume!r}: empty; give a checkpoint "
                 "(<run>/checkpoints/last.ckpt), or leave it unset (null) for a new run"
+            )
+        if self.init_from is not None and not str(self.init_from).strip():
+            raise ValueError(
+                f"federation.init_from={self.init_from!r}: empty; give a run directory or its "
+                "checkpoint (<run>/checkpoints/last.ckpt), or leave it unset (null)"
             )
         if self.local_steps is not None and self.local_steps < 1:
             raise ValueError(f"federation.local_steps must be positive, got {self.local_steps}")

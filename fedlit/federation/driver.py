@@ -1,5 +1,5 @@
-"""The federation driver: a run's set-up (checks, data, a resume or a fresh start) and the
-run (bootstrap, rounds, final encoder evaluation) between its callbacks. Its parts: the run
+"""The federation driver: a run's set-up (checks, data, a resume, a fresh or a warm start) and
+the run (bootstrap, rounds, final encoder evaluation) between its callbacks. Its parts: the run
 directory (:mod:`~fedlit.federation.rundir`), the checkpoint (:mod:`~fedlit.federation.resume`),
 the server (:mod:`~fedlit.federation.server`), the round (:mod:`~fedlit.federation.rounds`)."""
 
@@ -26,7 +26,12 @@ from fedlit.federation.seeding import INIT, derive_seed, seed_all
 from fedlit.federation.server import Server
 from fedlit.federation.store import CLIENT_DIR, ClientStateStore
 from fedlit.federation.trainers import TrainerTemplate, stop_on_sigterm
+from fedlit.federation.warmstart import WarmStart, load_warm_start
 from fedlit.methods.base import FederatedMethod
+
+#: The prefix of a warm-started run's evaluation before round 1, in row 0: the source's scored
+#: network as this run scores it (``warm_start_test/acc``, ``warm_start_test/loss``).
+WARM_START_EVAL = "warm_start_test"
 
 
 @dataclass
@@ -60,6 +65,8 @@ class Federation:
         self.visits: dict[int, int] = {}  # client id -> rounds it has been selected in
         self.history: list[dict[str, float]] = []
         self.start_round = 1
+        #: the warm start's source (``federation.init_from``) of a run that starts afresh
+        self.source: WarmStart | None = None
         self._prepared = False
         self._executor: ClientExecutor | None = None
         self.callbacks = Callbacks([*default_callbacks(self.loggers), *self.extra_callbacks], self)
@@ -93,6 +100,8 @@ class Federation:
         self.directory.check(cfg.resume)
         if ckpt is not None:  # before the data are loaded
             self.checkpointer.check(ckpt, cfg)
+        elif cfg.init_from is not None:  # a resume continues its checkpoint, never the source
+            self.source = load_warm_start(cfg.init_from, self.method)
         check_fits(self.method, self.data, cfg)
         with loading_data(self.data):
             self.data.setup_federation(self.seed)
@@ -105,6 +114,8 @@ class Federation:
         else:  # the initial global network comes from the run's seed too
             seed_all(derive_seed(self.seed, 0, INIT))
             self.method.initialize()
+            if self.source is not None:
+                self.method.warm_start(self.source.network, self.data)
         self.runner = ClientRunner(
             client=self.method.client_side(),
             data=self.data,
@@ -170,6 +181,8 @@ class Federation:
         try:
             if self.start_round == 1:
                 row0 = {"round": 0, **self.data.partition_summary(), **self.server.bootstrap()}
+                if self.source is not None:  # the network it starts from, as scored
+                    row0 |= self.server.evaluate(WARM_START_EVAL)
                 self.callbacks.first_row(row0)
             for round_idx in range(self.start_round, self.config.rounds + 1):
                 self.run_and_record_round(round_idx)

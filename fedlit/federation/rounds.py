@@ -177,6 +177,13 @@ def _finetune(ctx: RoundContext, round_idx: int, work: RoundWork) -> None:
     work.metrics |= ctx.server.server_step(round_idx, stage="finetune")
 
 
+def _central(ctx: RoundContext, round_idx: int, work: RoundWork) -> None:
+    """:attr:`Step.CENTRAL`: the method's objective on every client's images at the server
+    (``central/*``)."""
+    ctx.callbacks.stage(round_idx, "centralized step")
+    work.metrics |= ctx.server.central_step(round_idx)
+
+
 #: What the loop runs for each step of a plan.
 STEPS: dict[Step, Callable[[RoundContext, int, RoundWork], None]] = {
     Step.SERVER: _server,
@@ -185,6 +192,7 @@ STEPS: dict[Step, Callable[[RoundContext, int, RoundWork], None]] = {
     Step.RECEIVE: _receive,
     Step.AGGREGATE: _aggregate,
     Step.FINETUNE: _finetune,
+    Step.CENTRAL: _central,
 }
 
 

@@ -12,10 +12,12 @@ SERVER = -1  # the "client id" of the server's own steps
 EVAL = -2
 INIT = -3  # the global network's initialisation
 FINETUNE = -4  # a server step after aggregation (paper 000's Algorithm 1)
+CENTRAL = -5  # the centralized reference's step on the pooled client images
 
 
 def derive_seed(seed: int, round_idx: int, who: int) -> int:
-    """A 63-bit seed for the work of ``who`` (a client id, or SERVER, EVAL, INIT, FINETUNE) in
+    """A 63-bit seed for the work of ``who`` (a client id, or SERVER, EVAL, INIT, FINETUNE,
+    CENTRAL) in
     ``round_idx``."""
     # -3..-1 keep the ids they always had; later tags go far above any client id
     tag = who + 3 if who >= -3 else 2**40 - who

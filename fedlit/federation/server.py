@@ -12,10 +12,24 @@ from fedlit.data.datamodule import FederatedDataModule
 from fedlit.evaluation import Evaluator, evaluate_encoder, scored
 from fedlit.federation.config import FederationConfig
 from fedlit.federation.faults import ClientFault, RoundFailed, name_list, nonfinite_tensors
-from fedlit.federation.seeding import EVAL, FINETUNE, SERVER, derive_seed, seed_all
+from fedlit.federation.seeding import CENTRAL, EVAL, FINETUNE, SERVER, derive_seed, seed_all
 from fedlit.federation.trainers import TrainerTemplate
 from fedlit.methods.base import FederatedMethod
 from fedlit.methods.client_side import ClientUpdate
+
+
+def client_steps_per_round(config: FederationConfig, data: FederatedDataModule) -> int:
+    """The optimiser steps a round's clients take together: ``clients_per_round`` x
+    ``local_steps``, or ``clients_per_round`` x ``local_epochs`` x the mean number of batches
+    of a client's shard (of ``data.client_batch_size``; the exact count where the shards are
+    of one size), rounded."""
+    per_client: float
+    if config.local_steps is not None:
+        per_client = config.local_steps
+    else:
+        batches = [len(data.client_data(k).dataloader(("weak",))) for k in range(data.num_clients)]
+        per_client = config.local_epochs * sum(batches) / len(batches)
+    return max(1, round(config.clients_per_round * per_client))
 
 
 @dataclass
@@ -48,11 +62,25 @@ class Server:
         self.check_finite(round_idx, f"the {stage} step")
         return {f"{stage}/{k}": v for k, v in objective.epoch_metrics().items()}
 
+    def central_step(self, round_idx: int) -> dict[str, float]:
+        """The plan's centralized step (:attr:`~fedlit.methods.plan.Step.CENTRAL`): the method's
+        ``central_objective`` on ``central_loader`` (every client's images at the server) for
+        :func:`client_steps_per_round` steps, on a seed of its own; logged as ``central/*``
+        with ``central/steps``."""
+        objective = self.method.central_objective()
+        steps = client_steps_per_round(self.config, self.data)
+        seed_all(derive_seed(self.seed, round_idx, CENTRAL))
+        self.trainer.fit(objective, self.method.central_loader(self.data), 1, max_steps=steps)
+        self.check_finite(round_idx, "the centralized step")
+        metrics = {f"central/{k}": v for k, v in objective.epoch_metrics().items()}
+        return metrics | {"central/steps": float(steps)}
+
     def bootstrap(self) -> dict[str, float]:
         """The plan's bootstrap (FedSEAL): the server objective for its ``bootstrap_epochs``
-        before round 1, logged in row 0 as ``bootstrap/*`` with w^0's ``bootstrap_test/acc``."""
+        before round 1, logged in row 0 as ``bootstrap/*`` with w^0's ``bootstrap_test/acc``.
+        A warm-started run (``federation.init_from``) has none: its source is its w^0."""
         epochs = self.method.round_plan().bootstrap_epochs
-        if epochs == 0 or self.data.labels_at == "client":
+        if epochs == 0 or self.data.labels_at == "client" or self.config.init_from is not None:
             return {}
         self.method.on_round_start(0, self.config.rounds)
         trained = self.server_step(0, epochs)

@@ -2,6 +2,7 @@
 
 from fedlit.methods.base import FederatedMethod
 from fedlit.methods.baselines import FedAvgSL, ServerSL
+from fedlit.methods.centralized import CentralizedConsistency, CentralizedFixMatch, CentralizedUDA
 from fedlit.methods.client_side import ClientUpdate
 from fedlit.methods.consistency import FedAvgConsistency
 from fedlit.methods.fedcon import FedCon
@@ -15,6 +16,9 @@ from fedlit.methods.teacher_student import FedSwitch, TeacherStudentEMA, TSClien
 from fedlit.methods.uda import FedAvgUDA
 
 __all__ = [
+    "CentralizedConsistency",
+    "CentralizedFixMatch",
+    "CentralizedUDA",
     "ClientUpdate",
     "FedAvgBYOL",
     "FedAvgConsistency",

@@ -31,6 +31,28 @@ if TYPE_CHECKING:
 DEFAULT_OPTIMIZATION = Optimization()
 
 
+def classifier_part(state: StateDict, prefix: str, template: Classifier) -> StateDict:
+    """The entries of ``state`` under ``prefix`` (e.g. ``network.``) that ``template`` (a
+    Classifier) has, the prefix removed; a KeyError names a key of ``template`` it lacks."""
+    keys = template.state_dict().keys()
+    part = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
+    missing = [k for k in keys if k not in part]
+    if missing:
+        raise KeyError(f"no {prefix}{missing[0]} in the checkpoint")
+    return {k: part[k] for k in keys}
+
+
+def seed_classifier(network: Classifier, state: StateDict) -> None:
+    """Load a Classifier's state (``backbone.*``, ``head.*``) into ``network``; heads it has
+    besides (projector, predictor) keep their values."""
+    result = network.load_state_dict(state, strict=False)
+    if result.unexpected_keys:
+        raise ValueError(f"{result.unexpected_keys[0]!r} is not in the network")
+    left = [k for k in result.missing_keys if not k.startswith(("projector.", "predictor."))]
+    if left:
+        raise ValueError(f"the warm start has no {left[0]!r}")
+
+
 class FederatedMethod(LightningModule):
     """Base of all methods: the global network, its evaluation, and default FedAvg rules.
 
@@ -72,6 +94,10 @@ class FederatedMethod(LightningModule):
     supports_labels_at_client: ClassVar[bool] = False
     #: ``backbone`` as given (a name, or a module each build copies).
     backbone_source: str | nn.Module
+    #: Every client's images are trained on at the server, without federation: a reference
+    #: for what semi-supervised learning gives at the budget, not a federated method
+    #: (announced and marked as the oracle is).
+    centralized: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -112,7 +138,11 @@ class FederatedMethod(LightningModule):
     @classmethod
     def marks(cls) -> tuple[str, ...]:
         """What results tables write beside the method's name (``run.json``'s ``marks``)."""
-        return ("oracle",) * cls.oracle + ("not private",) * (not cls.private)
+        return (
+            ("oracle",) * cls.oracle
+            + ("centralized",) * cls.centralized
+            + ("not private",) * (not cls.private)
+        )
 
     # --- the network ---------------------------------------------------------------------
     def architecture(self) -> Architecture:
@@ -138,6 +168,40 @@ class FederatedMethod(LightningModule):
     def forward(self, x: Tensor) -> Tensor:
         return self.network(x)
 
+    # --- warm start (federation.init_from) ------------------------------------------------
+    @classmethod
+    def scored_state(cls, method_state: StateDict, template: Classifier) -> StateDict:
+        """The network this method scores (:meth:`eval_network`) as a Classifier's state
+        (``template``'s keys: ``backbone.*``, ``head.*``), from a checkpoint's method state:
+        what a run warm-started from a run of this method starts from. By default the global
+        network's (``network.*``)."""
+        return classifier_part(method_state, "network.", template)
+
+    def check_warm_start(self) -> None:
+        """Raise ValueError, naming ``federation.init_from``, if this method cannot start from
+        another run's network (called before any work). By default a method that holds
+        networks besides ``network`` (a teacher, a target) and does not say how a warm start
+        seeds them (its own :meth:`warm_start`) is refused."""
+        others = [
+            name
+            for name, child in self.named_children()
+            if name != "network" and any(True for _ in child.parameters())
+        ]
+        if others and type(self).warm_start is FederatedMethod.warm_start:
+            raise ValueError(
+                f"federation.init_from: {type(self).__name__} holds networks besides its "
+                f"global network ({', '.join(others)}) and does not say how a warm start "
+                "seeds them (FederatedMethod.warm_start); it cannot start from another run"
+            )
+
+    def warm_start(self, network: StateDict, data: FederatedDataModule) -> None:
+        """Seed every network the method holds from ``network``, another run's scored network
+        (a Classifier's state of this method's architecture, checked), after
+        :meth:`initialize` (the driver calls it for ``federation.init_from``, after the data
+        are loaded, instead of the plan's bootstrap). By default the global network takes it;
+        an SSL method's projector and predictor heads keep their initial draw."""
+        seed_classifier(self.network, network)
+
     def on_round_start(self, round_idx: int, total_rounds: int) -> None:
         """Round ``round_idx`` of ``total_rounds`` starts (0: the bootstrap before round 1):
         a method computes its server's round values here (its client side has its own
@@ -162,6 +226,16 @@ class FederatedMethod(LightningModule):
         """The server step's loader (FedCon with unlabeled images at the server: a labeled
         and an unlabeled batch together)."""
         return data.server_dataloader(("weak",))
+
+    def central_objective(self) -> Objective:
+        """The objective of the plan's centralized step
+        (:attr:`~fedlit.methods.plan.Step.CENTRAL`), training ``self.network`` in place: only
+        a method whose plan has that step (the centralized reference) defines it."""
+        raise NotImplementedError(f"{type(self).__name__}'s plan has no centralized step")
+
+    def central_loader(self, data: FederatedDataModule) -> ImageBatches:
+        """The centralized step's loader: every client's whole shard, pooled at the server."""
+        raise NotImplementedError(f"{type(self).__name__}'s plan has no centralized step")
 
     # --- communication --------------------------------------------------------------------
     def is_shared(self, key: str) -> bool:

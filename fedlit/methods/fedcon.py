@@ -11,10 +11,11 @@ from lightning.pytorch.utilities import CombinedLoader
 from torch import nn
 
 from fedlit.aggregation import Mean
+from fedlit.aggregation.payloads import StateDict
 from fedlit.data.client import ClientData
 from fedlit.data.datamodule import FederatedDataModule
 from fedlit.data.loaders import ImageBatches
-from fedlit.methods.base import DEFAULT_OPTIMIZATION, FederatedMethod, Payload
+from fedlit.methods.base import DEFAULT_OPTIMIZATION, FederatedMethod, Payload, seed_classifier
 from fedlit.methods.client_side import ClientSetup, ClientSide
 from fedlit.objectives import FedConClient, FedConServer, Objective, Optimization
 
@@ -83,6 +84,14 @@ class FedCon(FederatedMethod):
 
     def initialize(self) -> None:
         super().initialize()
+        self.target.load_state_dict(self.network.state_dict())
+        self.server_steps.zero_()
+
+    def warm_start(self, network: StateDict, data: FederatedDataModule) -> None:
+        """The online net theta (backbone b and the server's classifier f) and the target xi
+        both take the source's network (xi = theta, as at a fresh start; its EMA ramp-up starts
+        again); the clients' projectors, client state, start as drawn."""
+        seed_classifier(self.network, network)
         self.target.load_state_dict(self.network.state_dict())
         self.server_steps.zero_()
 

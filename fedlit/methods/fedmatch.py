@@ -23,6 +23,8 @@ from fedlit.methods.base import (
     FederatedMethod,
     Payload,
     StateDict,
+    classifier_part,
+    seed_classifier,
 )
 from fedlit.methods.client_side import ClientSetup, ClientSide, ClientUpdate
 from fedlit.models import Backbone, Classifier
@@ -313,6 +315,33 @@ class FedMatch(FederatedMethod):
         super().initialize()
         sigma = self.layout.flatten(dict(self.network.named_parameters()))
         self.psi.copy_(sparsify(self.psi_factor * sigma, self.l1_threshold))
+        self.client_psi, self.embeddings = {}, {}
+
+    @classmethod
+    def scored_state(cls, method_state: StateDict, template: Classifier) -> StateDict:
+        """theta = sigma + psi, the network FedMatch scores: the global network's (sigma's)
+        state with the flat ``psi`` added to its parameters (``template``'s order)."""
+        sigma = classifier_part(method_state, "network.", template)
+        layout = ParameterLayout.of(template)
+        psi = method_state["psi"]
+        if psi.shape != (layout.size,):
+            raise ValueError(f"psi has {psi.numel()} entries, this network {layout.size}")
+        parts = layout.unflatten(psi)
+        return {k: v + parts[k].to(v) if k in parts else v for k, v in sigma.items()}
+
+    def warm_start(self, network: StateDict, data: FederatedDataModule) -> None:
+        """theta = sigma + psi takes the source's network w, split as at a fresh start:
+        psi = psi_factor x sigma (sparsified, as the global psi always is), so
+        psi = sparsify(psi_factor / (1 + psi_factor) x w) and sigma = w - psi; the buffers
+        (BatchNorm statistics) are w's. The clients' psi and embeddings start empty."""
+        seed_classifier(self.network, network)
+        w = self.layout.flatten(dict(self.network.named_parameters()))
+        psi = sparsify(self.psi_factor / (1 + self.psi_factor) * w, self.l1_threshold)
+        sigma = self.layout.unflatten(w - psi)
+        with torch.no_grad():
+            for name, param in self.network.named_parameters():
+                param.copy_(sigma[name])
+        self.psi.copy_(psi)
         self.client_psi, self.embeddings = {}, {}
 
     def on_data_ready(self, data: FederatedDataModule) -> None:

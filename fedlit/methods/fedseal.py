@@ -9,12 +9,12 @@ import torch
 from torch import nn
 
 from fedlit.aggregation import Mean
-from fedlit.aggregation.payloads import tensor_part
+from fedlit.aggregation.payloads import StateDict, tensor_part
 from fedlit.data.client import ClientData
 from fedlit.data.datamodule import FederatedDataModule
 from fedlit.data.loaders import ImageBatches
 from fedlit.evaluation import scored
-from fedlit.methods.base import DEFAULT_OPTIMIZATION, FederatedMethod, Payload
+from fedlit.methods.base import DEFAULT_OPTIMIZATION, FederatedMethod, Payload, seed_classifier
 from fedlit.methods.client_side import ClientSetup, ClientSide
 from fedlit.methods.plan import RoundPlan, Step
 from fedlit.objectives import (
@@ -121,6 +121,11 @@ class FedSEAL(FederatedMethod):
         the one ``test/acc`` scores are one w^t; then tau^t from its predictions on the
         validation set (eq 5), clipped to [0, 1] (4.1.2: tau_m in [0, 1]), or
         ``loss.fixed_tau`` for every class."""
+        self.measure(data)
+
+    def measure(self, data: FederatedDataModule) -> None:
+        """The model as it is scored (BatchNorm statistics re-estimated), and tau^t measured on
+        it (eq 5; see :meth:`server_step_done`)."""
         network = scored(self.network, data)
         if network is not self.network:
             self.network.load_state_dict(network.state_dict())
@@ -129,6 +134,14 @@ class FedSEAL(FederatedMethod):
             return
         probs, labels = predict_probabilities(self.network, data.val_dataloader())
         self.thresholds = class_thresholds(probs, labels).clamp(0.0, 1.0)  # type: ignore[arg-type]
+
+    def warm_start(self, network: StateDict, data: FederatedDataModule) -> None:
+        """w^0 is the source's network, in place of the bootstrap's (4.1.3: w^0 trained on the
+        labeled set alone, what a Server-SL source is); tau^0 is measured on it as the
+        bootstrap's end measures it (:meth:`measure`), so round 1's clients receive
+        thresholds of the model they receive."""
+        seed_classifier(self.network, network)
+        self.measure(data)
 
     def round_metrics(self) -> dict[str, float]:
         """What the clients were sent this round: ``fedseal/lambda`` (lambda_t) and

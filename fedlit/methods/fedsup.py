@@ -9,10 +9,17 @@ from torch import nn
 from fedlit.aggregation import GroupwiseWithServer
 from fedlit.aggregation.payloads import state_part
 from fedlit.data.client import ClientData
-from fedlit.methods.base import DEFAULT_OPTIMIZATION, Payload, StateDict
+from fedlit.data.datamodule import FederatedDataModule
+from fedlit.methods.base import (
+    DEFAULT_OPTIMIZATION,
+    Payload,
+    StateDict,
+    classifier_part,
+    seed_classifier,
+)
 from fedlit.methods.client_side import ClientSetup, ClientSide
 from fedlit.methods.ssl import FedAvgSSL
-from fedlit.models import has_stages
+from fedlit.models import Classifier, has_stages
 from fedlit.objectives import (
     FedSupClient,
     Objective,
@@ -87,6 +94,18 @@ class FedSup(FedAvgSSL):
     def initialize(self) -> None:
         super().initialize()
         self.server_network.load_state_dict(self._new_network().state_dict())
+
+    @classmethod
+    def scored_state(cls, method_state: StateDict, template: Classifier) -> StateDict:
+        """f_Server, the network FedSup scores (``server_network.*``)."""
+        return classifier_part(method_state, "server_network.", template)
+
+    def warm_start(self, network: StateDict, data: FederatedDataModule) -> None:
+        """f_Server (the scored, supervised network) and the online network's backbone and
+        classifier head take the source's network; the online network's BYOL projector and
+        predictor keep their initial draw."""
+        seed_classifier(self.server_network, network)
+        seed_classifier(self.network, network)
 
     # --- server: f_Server is trained, and evaluated each round ----------------------------
     def server_objective(self) -> Objective:

@@ -30,6 +30,10 @@ class Step(Enum):
     #: A second server step, on the aggregate, on a seed of its own (``finetune/*``, stage
     #: "fine-tune"; paper 000's Algorithm 1).
     FINETUNE = "finetune"
+    #: No federation: the server trains the method's ``central_objective`` on every client's
+    #: images pooled at the server, as many steps as the round's clients take together
+    #: (``central/*``, stage "centralized step"; the centralized reference).
+    CENTRAL = "central"
 
 
 #: The steps that exist only together, in this order: a round with clients.
@@ -65,10 +69,11 @@ class RoundPlan:
             and steps.index(Step.CLIENTS) < steps.index(Step.RECEIVE) < steps.index(Step.AGGREGATE)
         ):
             raise ValueError(f"receive comes between clients and aggregate, got {self._names()}")
+        before = [s for s in (Step.AGGREGATE, Step.CENTRAL) if s in steps]
         if Step.FINETUNE in steps and not (
-            Step.AGGREGATE in steps and steps.index(Step.AGGREGATE) < steps.index(Step.FINETUNE)
+            before and steps.index(before[0]) < steps.index(Step.FINETUNE)
         ):
-            raise ValueError(f"finetune comes after aggregate, got {self._names()}")
+            raise ValueError(f"finetune comes after aggregate (or central), got {self._names()}")
         if self.bootstrap_epochs < 0:
             raise ValueError(f"bootstrap_epochs must be >= 0, got {self.bootstrap_epochs}")
 
@@ -92,3 +97,6 @@ SERVER_FIRST_AND_FINETUNE = RoundPlan((Step.SERVER, *CLIENT_STEPS, Step.FINETUNE
 SERVER_LAST = RoundPlan((*CLIENT_STEPS, Step.SERVER))
 #: The server trains on its labels alone (Server-SL).
 SERVER_ONLY = RoundPlan((Step.SERVER,))
+#: :data:`SERVER_FIRST_AND_FINETUNE` with the clients' work done at the server on their pooled
+#: images (the centralized reference).
+CENTRALIZED = RoundPlan((Step.SERVER, Step.CENTRAL, Step.FINETUNE))

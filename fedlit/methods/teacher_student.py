@@ -11,10 +11,11 @@ from lightning.pytorch.utilities import CombinedLoader
 from torch import nn
 
 from fedlit.aggregation import Aggregated, Mean, weighted_average
-from fedlit.aggregation.payloads import state_part
+from fedlit.aggregation.payloads import StateDict, state_part
 from fedlit.data.client import ClientData
+from fedlit.data.datamodule import FederatedDataModule
 from fedlit.data.loaders import ImageBatches
-from fedlit.methods.base import DEFAULT_OPTIMIZATION, FederatedMethod, Payload
+from fedlit.methods.base import DEFAULT_OPTIMIZATION, FederatedMethod, Payload, seed_classifier
 from fedlit.methods.client_side import ClientSetup, ClientSide, ClientUpdate
 from fedlit.methods.plan import SERVER_LAST, RoundPlan
 from fedlit.objectives import (
@@ -98,6 +99,13 @@ class TeacherStudentEMA(FederatedMethod):
     def initialize(self) -> None:
         super().initialize()
         self.teacher.load_state_dict(self.network.state_dict())  # T_0 = S_0
+        self.teacher_steps.zero_()
+
+    def warm_start(self, network: StateDict, data: FederatedDataModule) -> None:
+        """The student and the teacher both take the source's network (T_0 = S_0, as at a
+        fresh start); the teacher's EMA ramp-up starts from its first step."""
+        seed_classifier(self.network, network)
+        self.teacher.load_state_dict(self.network.state_dict())
         self.teacher_steps.zero_()
 
     # --- what travels ---------------------------------------------------------------------

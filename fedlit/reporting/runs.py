@@ -40,6 +40,8 @@ class RunRecord:
         marks: what tables write beside the method (run.json ``marks``: ``oracle``).
         config: the run's flat config, dotted keys (``hparams.yaml``, else ``config.yaml``
             flattened; empty for a run made through the Python API without either).
+        init_from: a warm-started run's source (run.json ``init_from``: ``path``,
+            ``sha256`` of its weights, ``method``, ``round``, ``test_acc``); empty otherwise.
     """
 
     run_dir: Path
@@ -51,6 +53,7 @@ class RunRecord:
     summary: dict[str, float]
     marks: tuple[str, ...] = ()
     config: dict[str, Any] = field(default_factory=dict, compare=False)
+    init_from: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property
     def finished(self) -> bool:
@@ -215,6 +218,7 @@ def load_run(run_dir: str | Path) -> RunRecord:
         summary=summary,
         marks=tuple(str(m) for m in meta.get("marks", ())),
         config=_flat_config(run_dir, config),
+        init_from=dict(meta.get("init_from") or {}),
     )
 
 

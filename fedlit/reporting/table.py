@@ -385,11 +385,18 @@ def _significance(row: ResultRow) -> int:
     return -1 if row.delta_mean + row.delta_ci95 < 0 else 0
 
 
+#: The marks of references rather than methods: the oracle (true labels at the clients) and
+#: the centralized reference (every client's images at the server); the summaries give their
+#: differences apart from the methods'.
+REFERENCE_MARKS = ("oracle", "centralized")
+
+
 def summary(rows: Sequence[ResultRow], baseline: str, target: float | None = None) -> str:
     """What one setting's rows show against ``baseline``, in words, from the rows alone: the
     baseline's score (mean ± std over seeds) and whether its mean reaches ``target``; each
-    oracle's paired difference; and which methods the 95% interval puts above the baseline,
-    below it, or does not separate from it (each group by descending difference)."""
+    reference's (oracle's, centralized reference's) paired difference; and which methods the
+    95% interval puts above the baseline, below it, or does not separate from it (each group
+    by descending difference)."""
     base = [row for row in rows if row.method == baseline]
     others = sorted(
         (row for row in rows if row.method != baseline and row.delta_seeds),
@@ -406,14 +413,15 @@ def summary(rows: Sequence[ResultRow], baseline: str, target: float | None = Non
             text += f"; its mean {met} {100 * target:g}%"
         lines.append(text + ".")
     for row in others:
-        if "oracle" in row.marks:
-            lines.append(f"- {row.method} (oracle) vs {baseline}: {_points(row, baseline)}.")
+        for mark in REFERENCE_MARKS:
+            if mark in row.marks:
+                lines.append(f"- {row.method} ({mark}) vs {baseline}: {_points(row, baseline)}.")
     groups = {1: "above", -1: "below", 0: "not separated from"}
     for sign, words in groups.items():
         names = [
             f"{row.method} ({100 * row.delta_mean:+.2f})"
             for row in others
-            if _significance(row) == sign and "oracle" not in row.marks
+            if _significance(row) == sign and not set(REFERENCE_MARKS) & set(row.marks)
         ]
         lines.append(f"- {words.capitalize()} {baseline} (paired 95% CI): "
                      + (", ".join(names) if names else "none") + ".")  # fmt: skip

@@ -1,0 +1,190 @@
+"""A warm start (``federation.init_from``): a run that starts from the scored network of another
+run, read from that run's federation checkpoint with ``torch.load(weights_only=True)``.
+
+The source's *scored network* is the network its ``test/acc`` measured (its method's
+``eval_network``: Server-SL's network, FedSup's f_Server, FedMatch's sigma + psi), as a
+:class:`~fedlit.models.Classifier`'s state (``backbone.*``, ``head.*``): the source method's
+class says how to take it from its checkpoint
+(:meth:`~fedlit.methods.FederatedMethod.scored_state`), the run's method how it seeds its own
+networks (:meth:`~fedlit.methods.FederatedMethod.warm_start`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import fedlit.methods  # noqa: F401  (every built-in method class, for the source's lookup)
+from fedlit.aggregation.payloads import StateDict
+from fedlit.federation.checkpoint import RunCheckpoint
+from fedlit.methods.base import FederatedMethod
+from fedlit.methods.client_side import Architecture
+from fedlit.models import Classifier
+from fedlit.run_layout import CHECKPOINT, TEST_ACC
+
+KEY = "federation.init_from"
+
+
+@dataclass(frozen=True)
+class WarmStart:
+    """The network a run starts from, and where it came from.
+
+    Attributes:
+        checkpoint: the source's checkpoint file (resolved).
+        method: the source's method (its class name).
+        round: the source's last round.
+        network: the source's scored network: a Classifier's state, on the CPU.
+        sha256: SHA-256 of that state (:func:`weights_sha256`).
+        test_acc: the source's last logged ``test/acc`` (None where it logged none).
+    """
+
+    checkpoint: Path
+    method: str
+    round: int
+    network: StateDict
+    sha256: str
+    test_acc: float | None
+
+    def info(self) -> dict[str, Any]:
+        """What ``run.json`` records under ``init_from``."""
+        return {
+            "path": str(self.checkpoint),
+            "sha256": self.sha256,
+            "method": self.method,
+            "round": self.round,
+            "test_acc": self.test_acc,
+        }
+
+
+def weights_sha256(state: StateDict) -> str:
+    """SHA-256 over a state's tensors, key by key in sorted order: each key, dtype, shape and
+    the tensor's bytes (C order). The same weights give the same digest whatever file holds
+    them."""
+    digest = hashlib.sha256()
+    for key in sorted(state):
+        tensor = state[key].detach().cpu().contiguous()
+        digest.update(f"{key}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def source_checkpoint(init_from: str | Path) -> Path:
+    """The checkpoint ``init_from`` names: the file itself, or a run directory's
+    ``checkpoints/last.ckpt``; a ValueError names the key if there is none."""
+    path = Path(init_from)
+    if path.is_dir():
+        ckpt = path / CHECKPOINT
+        if not ckpt.is_file():
+            raise ValueError(
+                f"{KEY}={str(init_from)!r}: the folder holds no finished round's checkpoint "
+                f"({CHECKPOINT}); give a run directory with one, or the checkpoint file"
+            )
+        return ckpt.resolve()
+    if not path.is_file():
+        raise ValueError(f"{KEY}={str(init_from)!r}: no such run directory or checkpoint file")
+    return path.resolve()
+
+
+def method_class(name: str) -> type[FederatedMethod] | None:
+    """The method class named ``name`` among those imported (the built-in ones and any a
+    recipe's ``class_path`` loaded), or None."""
+    todo: list[type[FederatedMethod]] = [FederatedMethod]
+    while todo:
+        cls = todo.pop()
+        if cls.__name__ == name:
+            return cls
+        todo += cls.__subclasses__()
+    return None
+
+
+def template_network(method: FederatedMethod) -> Classifier:
+    """A network of ``method``'s classifier architecture (backbone + head, without an SSL
+    method's heads): the keys and shapes a source's scored network must have. Built with the
+    global generators' states restored after, so that reading a source draws nothing."""
+    arch = method.architecture()
+    with torch.random.fork_rng(devices=[]):
+        return Architecture(arch.backbone, arch.num_classes, arch.in_channels, arch.norm).build()
+
+
+def _check_fits(state: StateDict, template: Classifier, method: FederatedMethod) -> None:
+    """Refuse a scored network whose keys or shapes differ from ``template``'s, naming what
+    differs (the number of classes, the input channels, or the backbone and input)."""
+    expected = template.state_dict()
+    missing = sorted(expected.keys() - state.keys())
+    extra = sorted(state.keys() - expected.keys())
+    if missing or extra:
+        raise ValueError(
+            f"{KEY}: the source's network is another backbone than this run's "
+            f"(model.init_args.backbone={method.backbone_name!r}, norm={method.norm!r}): "
+            f"{'it lacks ' + missing[0] if missing else 'it has ' + extra[0] + ' besides'}"
+        )
+    params = [name for name, _ in template.named_parameters()]
+    last_head = [name for name in params if name.startswith("head.")][-2:]
+    for key, tensor in expected.items():
+        got = tuple(state[key].shape)
+        if got == tuple(tensor.shape):
+            continue
+        if key in last_head:
+            what = (
+                f"{got[0]} classes, this run's data has {tensor.shape[0]} "
+                f"(model.init_args.num_classes)"
+            )
+        elif key == params[0] and len(got) == len(tensor.shape) >= 2 and got[1] != tensor.shape[1]:
+            what = (
+                f"{got[1]} input channels, this run's data has {tensor.shape[1]} "
+                f"(model.init_args.in_channels)"
+            )
+        else:
+            what = (
+                f"{key} of shape {list(got)}, this run's is {list(tensor.shape)}: another "
+                f"backbone or input size (model.init_args.backbone={method.backbone_name!r})"
+            )
+        raise ValueError(f"{KEY}: the source's network does not fit this run's: it has {what}")
+
+
+def load_warm_start(init_from: str | Path, method: FederatedMethod) -> WarmStart:
+    """Read the source run ``init_from`` names and check that ``method`` can start from it;
+    ValueError naming ``federation.init_from`` otherwise. Nothing is changed."""
+    path = source_checkpoint(init_from)
+    try:
+        ckpt = RunCheckpoint.load(path)
+    except ValueError as err:
+        raise ValueError(f"{KEY}: {err}") from err
+    name = str(ckpt.meta.get("method"))
+    source = method_class(name)
+    if source is None:
+        raise ValueError(
+            f"{KEY}: the source's method {name!r} is not a method this process knows "
+            "(import its module, or give a run of a built-in method)"
+        )
+    method.check_warm_start()
+    template = template_network(method)
+    saved = ckpt.hparams or {}
+    for key, mine in (
+        ("model.init_args.backbone", method.backbone_name),
+        ("model.init_args.norm", method.norm),
+    ):
+        if key in saved and saved[key] != mine:
+            raise ValueError(
+                f"{KEY}: the source run has {key}={saved[key]!r}, this run {mine!r}: its network "
+                "does not fit this run's"
+            )
+    try:
+        state = source.scored_state(ckpt.method_state, template)
+    except (KeyError, ValueError, RuntimeError) as err:
+        raise ValueError(f"{KEY}: cannot take {name}'s scored network from {path}: {err}") from err
+    state = {k: v.detach().cpu().clone() for k, v in state.items()}
+    _check_fits(state, template, method)
+    accs = [row[TEST_ACC] for row in ckpt.history if TEST_ACC in row]
+    return WarmStart(
+        checkpoint=path,
+        method=name,
+        round=int(ckpt.round),
+        network=state,
+        sha256=weights_sha256(state),
+        test_acc=float(accs[-1]) if accs else None,
+    )

@@ -1,0 +1,120 @@
+"""The centralized reference: FixMatch / UDA on every client's images at the server, as many
+unlabeled steps a round as the federated round's clients take together."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import tiny_overrides
+
+from fedlit.cli import main
+from fedlit.data import FederatedDataModule
+from fedlit.federation import Federation, FederationConfig
+from fedlit.federation.server import client_steps_per_round
+from fedlit.methods import CentralizedFixMatch, CentralizedUDA
+from fedlit.methods.centralized import pooled_loader
+from fedlit.objectives import FixMatch, FixMatchLoss
+from fedlit.reporting import load_run, summarize, to_markdown
+
+REPO = Path(__file__).parents[1]
+
+
+def _data(root: Path, **kw: object) -> FederatedDataModule:
+    args = {"root": str(root), "num_clients": 3, "examples_per_client": 40,
+            "client_batch_size": 16, "labeled_per_class": 5, "test_subset": 100}  # fmt: skip
+    data = FederatedDataModule(**(args | kw))  # type: ignore[arg-type]
+    data.setup_federation(0)
+    return data
+
+
+def test_the_round_takes_as_many_unlabeled_steps_as_the_federated_clients(
+    fmnist_root: Path,
+) -> None:
+    """3 clients of 40 images in batches of 16: 3 batches a shard (16, 16, 8). 2 clients a
+    round, 2 local epochs: 2 x 2 x 3 = 12 steps; with local_steps 5: 2 x 5 = 10."""
+    data = _data(fmnist_root)
+    config = FederationConfig(clients_per_round=2, local_epochs=2)
+    assert client_steps_per_round(config, data) == 12
+    assert client_steps_per_round(FederationConfig(clients_per_round=2, local_steps=5), data) == 10
+
+
+def test_the_pooled_loader_holds_every_clients_images(fmnist_root: Path) -> None:
+    data = _data(fmnist_root)
+    loader = pooled_loader(data, ("weak", "strong"))
+    assert torch.equal(loader.images, torch.cat([shard.images for shard in data.clients]))
+    assert len(loader.images) == 120 and loader.batch_size == 16 and loader.labels is None
+
+
+def test_it_trains_on_the_clients_images_at_the_server(
+    fmnist_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One round: the centralized step trains FixMatch on batches of the pooled client images
+    (12 steps, every batch's images from a client's shard), changes the network, sends nothing,
+    and the run is marked as the centralized reference."""
+    seen: list[torch.Tensor] = []
+    original = FixMatch.training_step
+
+    def recording(self: FixMatch, batch: tuple[torch.Tensor, torch.Tensor], i: int) -> torch.Tensor:
+        seen.append(batch[0])
+        return original(self, batch, i)
+
+    monkeypatch.setattr(FixMatch, "training_step", recording)
+    data = FederatedDataModule(
+        root=str(fmnist_root), num_clients=3, examples_per_client=40, client_batch_size=16,
+        labeled_per_class=5, test_subset=100,
+    )  # fmt: skip
+    method = CentralizedFixMatch(10, 1, loss=FixMatchLoss(tau=0.0))
+    config = FederationConfig(rounds=1, clients_per_round=2, local_epochs=2)
+    fed = Federation(method, data, config, run_dir=tmp_path / "run", progress=False)
+    fed.prepare()
+    before = {k: v.clone() for k, v in method.network.state_dict().items()}
+    row = fed.run().final
+    assert row["central/steps"] == 12 and len(seen) == 12
+    assert row["central/mask_rate"] == 1.0  # tau 0: every pseudo-label is used
+    assert row["comm/bytes_down"] == 0 and row["comm/bytes_up"] == 0
+    assert "server/loss" in row and "finetune/loss" in row
+    assert any(not torch.equal(before[k], v) for k, v in method.network.state_dict().items())
+    # one pass over the 120 pooled images (7 batches of 16 and one of 8), then 4 of 16
+    assert [len(b) for b in seen] == [16] * 7 + [8] + [16] * 4
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["marks"] == ["centralized"]
+
+
+def test_the_recipes_run_and_are_marked_as_a_reference(fmnist_root: Path, tmp_path: Path) -> None:
+    """``fedlit fit`` of both recipes (one tiny round), then a table: their rows carry the
+    ``centralized`` mark and the summary gives them apart from the methods."""
+    for name in ("centralized_fixmatch", "centralized_uda", "server_sl"):
+        main(
+            [
+                "fit",
+                f"--config={REPO / 'recipes' / f'{name}.yaml'}",
+                *tiny_overrides(fmnist_root),
+                "--federation.final_eval=[]",
+                f"--trainer.default_root_dir={tmp_path / name}",
+            ]
+        )
+    runs = [
+        load_run(tmp_path / n) for n in ("centralized_fixmatch", "centralized_uda", "server_sl")
+    ]
+    assert runs[0].history[-1]["central/steps"] == 4  # 2 clients x 1 epoch x 2 batches of 16
+    rows = summarize(runs, baseline="ServerSL")
+    assert {r.method: r.marks for r in rows}["CentralizedUDA"] == ("centralized",)
+    table = to_markdown(rows, baseline="ServerSL")
+    assert "CentralizedFixMatch (centralized) | 1 |" in table
+    assert "- CentralizedFixMatch (centralized) vs ServerSL:" in table
+
+
+def test_streaming_data_is_refused_by_name(fmnist_root: Path, tmp_path: Path) -> None:
+    data = FederatedDataModule(
+        root=str(fmnist_root), num_clients=2, examples_per_client=32, stream_steps=2
+    )
+    fed = Federation(
+        CentralizedUDA(10, 1), data, FederationConfig(rounds=1, clients_per_round=2),
+        run_dir=tmp_path / "run", progress=False,
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="data.stream_steps=2"):
+        fed.prepare()
+    fed.close()
+    assert not (tmp_path / "run").exists()

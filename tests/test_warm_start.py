@@ -1,0 +1,333 @@
+"""Warm starts (``federation.init_from``): a run starts from another run's scored network.
+
+The hand-checkable case: a warm-started run, evaluated before its first round on the same
+split, scores exactly what its source scored last (the same network, the same test images).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from conftest import stop_in_round, tiny_overrides
+
+from fedlit.cli import main
+from fedlit.data import FederatedDataModule
+from fedlit.federation import Federation, FederationConfig
+from fedlit.federation.checkpoint import RunCheckpoint
+from fedlit.federation.warmstart import load_warm_start, weights_sha256
+from fedlit.methods import (
+    CentralizedFixMatch,
+    CentralizedUDA,
+    FedAvgBYOL,
+    FedAvgFixMatch,
+    FedAvgSimCLR,
+    FedAvgSimSiam,
+    FedAvgSL,
+    FedAvgUDA,
+    FedCon,
+    FederatedMethod,
+    FedMatch,
+    FedRGD,
+    FedSEAL,
+    FedSup,
+    FedSwitch,
+    ServerSL,
+    TSClientEMA,
+    TSServerEMA,
+)
+from fedlit.objectives import FixMatchLoss
+from fedlit.reporting import load_run
+
+REPO = Path(__file__).parents[1]
+DATA = {"num_clients": 2, "examples_per_client": 32, "client_batch_size": 16,
+        "labeled_per_class": 5, "val_per_class": 2, "test_subset": 200}  # fmt: skip
+EVERY_METHOD = [
+    ServerSL, FedAvgSL, FedAvgFixMatch, FedAvgUDA, FedAvgSimCLR, FedAvgSimSiam, FedAvgBYOL,
+    FedCon, FedSup, FedRGD, FedSEAL, FedSwitch, TSServerEMA, TSClientEMA, FedMatch,
+    CentralizedFixMatch, CentralizedUDA,
+]  # fmt: skip
+
+
+def _federation(
+    root: Path,
+    run_dir: Path,
+    method: FederatedMethod,
+    seed: int = 0,
+    **config: object,
+) -> Federation:
+    data = FederatedDataModule(root=str(root), **DATA)  # type: ignore[arg-type]
+    cfg = FederationConfig(**{"rounds": 1, "clients_per_round": 2, **config})  # type: ignore[arg-type]
+    return Federation(method, data, cfg, run_dir=run_dir, seed=seed, progress=False)
+
+
+@pytest.fixture(scope="module")
+def source(fmnist_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished 2-round Server-SL run (seed 0): the run others start from."""
+    run_dir = tmp_path_factory.mktemp("source") / "server_sl"
+    _federation(fmnist_root, run_dir, ServerSL(10, 1), rounds=2, server_epochs=2).run()
+    return run_dir
+
+
+def _source_acc(run_dir: Path) -> float:
+    return load_run(run_dir).history[-1]["test/acc"]
+
+
+@pytest.mark.parametrize("method_cls", EVERY_METHOD, ids=lambda c: c.__name__)
+def test_a_warm_start_scores_its_source_before_its_first_round(
+    method_cls: type[FederatedMethod], fmnist_root: Path, source: Path, tmp_path: Path
+) -> None:
+    """Every method's scored network is the source's before any round: its evaluation equals
+    the source's last test/acc (FedMatch's theta = sigma + psi: to rounding of its split)."""
+    fed = _federation(fmnist_root, tmp_path / "warm", method_cls(10, 1), init_from=str(source))
+    fed.prepare()
+    try:
+        assert fed.server.evaluate()["test/acc"] == _source_acc(source)
+        want = fed.source.network if fed.source is not None else {}
+        got = dict(fed.method.eval_network().named_parameters())  # FedSEAL's BN statistics
+        for key, value in want.items():  # are re-estimated as the scored ones, its w^0's
+            if key in got:
+                assert torch.allclose(got[key], value, atol=1e-6), key
+    finally:
+        fed.close()
+    assert not (tmp_path / "warm").exists()  # prepare writes nothing
+
+
+def test_each_method_seeds_its_other_networks(
+    fmnist_root: Path, source: Path, tmp_path: Path
+) -> None:
+    """The teacher, FedCon's target, FedSup's online network: the source's network too; an SSL
+    method's projector keeps its initial draw; FedSEAL's thresholds are measured on it."""
+    state = load_warm_start(source, ServerSL(10, 1)).network
+
+    def warm(method: FederatedMethod, name: str) -> FederatedMethod:
+        fed = _federation(fmnist_root, tmp_path / name, method, init_from=str(source))
+        fed.prepare()
+        fed.close()
+        return fed.method
+
+    def same(module: torch.nn.Module) -> bool:
+        got = module.state_dict()
+        return all(torch.equal(got[k], v) for k, v in state.items())
+
+    ts = warm(TSServerEMA(10, 1), "ts")
+    assert isinstance(ts, TSServerEMA) and same(ts.teacher) and int(ts.teacher_steps) == 0
+    con = warm(FedCon(10, 1), "con")
+    assert isinstance(con, FedCon) and same(con.target) and same(con.network)
+    sup = warm(FedSup(10, 1), "sup")
+    assert isinstance(sup, FedSup) and same(sup.server_network) and same(sup.network)
+    torch.manual_seed(0)
+    simclr = warm(FedAvgSimCLR(10, 1), "simclr")
+    fresh = FedAvgSimCLR(10, 1)
+    fresh_fed = _federation(fmnist_root, tmp_path / "fresh", fresh)
+    fresh_fed.prepare()
+    fresh_fed.close()
+    assert simclr.network.projector is not None and fresh.network.projector is not None
+    for key, value in fresh.network.projector.state_dict().items():  # the seed's own draw
+        assert torch.equal(simclr.network.projector.state_dict()[key], value)
+    seal = warm(FedSEAL(10, 1), "seal")
+    assert isinstance(seal, FedSEAL) and (seal.thresholds < 1).any()  # measured, not the 1s
+    match = warm(FedMatch(10, 1), "match")
+    assert isinstance(match, FedMatch) and (match.psi != 0).any()
+
+
+def test_a_warm_run_records_its_source_and_skips_the_bootstrap(
+    fmnist_root: Path, source: Path, tmp_path: Path
+) -> None:
+    """``fedlit fit --federation.init_from``: row 0's warm_start_test/acc is the source's
+    score; run.json names the source's checkpoint and the SHA-256 of its weights; config.yaml
+    holds init_from; FedSEAL's bootstrap does not run."""
+    run_dir = tmp_path / "warm"
+    main(
+        [
+            "fit",
+            f"--config={REPO / 'recipes' / 'fedseal.yaml'}",
+            *tiny_overrides(fmnist_root, test_subset=200),
+            "--data.examples_per_client=32",
+            f"--federation.init_from={source}",
+            f"--trainer.default_root_dir={run_dir}",
+        ]
+    )
+    record = load_run(run_dir)
+    assert record.summary["warm_start_test/acc"] == _source_acc(source)
+    assert not any(key.startswith("bootstrap") for key in record.summary)
+    info = json.loads((run_dir / "run.json").read_text())["init_from"]
+    ckpt = RunCheckpoint.load(source / "checkpoints" / "last.ckpt")
+    state = ckpt.method_state
+    want = {k[len("network.") :]: v for k, v in state.items() if k.startswith("network.")}
+    assert info["path"] == str((source / "checkpoints" / "last.ckpt").resolve())
+    assert info["sha256"] == weights_sha256(want) and len(info["sha256"]) == 64
+    assert info["method"] == "ServerSL" and info["round"] == 2
+    assert info["test_acc"] == _source_acc(source)
+    assert record.init_from == info
+    assert str(source) in (run_dir / "config.yaml").read_text()
+
+
+def test_a_warm_run_resumes_without_reading_its_source_again(
+    fmnist_root: Path, source: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stopped after round 1 and resumed, a warm run ends with the uninterrupted run's weights,
+    though its source's checkpoint is gone by then (the resume never reloads it)."""
+    copy = tmp_path / "source"
+    (copy / "checkpoints").mkdir(parents=True)
+    (copy / "checkpoints" / "last.ckpt").write_bytes(
+        (source / "checkpoints" / "last.ckpt").read_bytes()
+    )
+    kw = {"init_from": str(copy), "rounds": 2}
+
+    def method() -> FederatedMethod:
+        return FedAvgFixMatch(10, 1, loss=FixMatchLoss(tau=0.5))
+
+    full = _federation(fmnist_root, tmp_path / "full", method(), **kw)
+    full.run()
+    cut_dir = tmp_path / "cut"
+    undo = stop_in_round(monkeypatch, 2)
+    with pytest.raises(KeyboardInterrupt):
+        _federation(fmnist_root, cut_dir, method(), **kw).run()
+    undo()
+    (copy / "checkpoints" / "last.ckpt").unlink()
+    resume = str(cut_dir / "checkpoints" / "last.ckpt")
+    resumed = _federation(fmnist_root, cut_dir, method(), resume=resume, **kw)
+    resumed.run()
+    for key, value in full.method.state_dict().items():
+        assert torch.equal(resumed.method.state_dict()[key], value), key
+    assert "init_from" in json.loads((cut_dir / "run.json").read_text())
+
+
+class _Teacher(FederatedMethod):
+    """A method holding a teacher it does not say how to warm-start."""
+
+    def __init__(self, num_classes: int, in_channels: int) -> None:
+        super().__init__(num_classes, in_channels)
+        self.teacher = self._new_network()
+
+
+def test_a_method_that_cannot_take_a_warm_start_is_refused_by_name(
+    fmnist_root: Path, source: Path, tmp_path: Path
+) -> None:
+    fed = _federation(fmnist_root, tmp_path / "run", _Teacher(10, 1), init_from=str(source))
+    with pytest.raises(ValueError, match=r"federation\.init_from: _Teacher holds .*teacher"):
+        fed.prepare()
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_network_of_another_class_count_is_refused_by_name(
+    fmnist_root: Path, source: Path, tmp_path: Path
+) -> None:
+    """A source whose head has 5 classes, for a run on 10: refused naming the class counts."""
+    ckpt = RunCheckpoint.load(source / "checkpoints" / "last.ckpt")
+    head = sorted(k for k in ckpt.method_state if k.startswith("network.head."))
+    for key in head:
+        ckpt.method_state[key] = ckpt.method_state[key][:5].clone()
+    other = tmp_path / "five" / "checkpoints" / "last.ckpt"
+    ckpt.save(other)
+    fed = _federation(fmnist_root, tmp_path / "run", ServerSL(10, 1), init_from=str(other))
+    with pytest.raises(ValueError, match=r"federation\.init_from: .* it has 5 classes, .* 10"):
+        fed.prepare()
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_comparison_starts_each_seeds_runs_from_its_source_run(
+    fmnist_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``init_from`` in a comparison spec: the source recipe runs first, once per setting and
+    seed; every run of that seed starts from it (its row 0 scores the source's final network);
+    the report names each source and its weights' SHA-256; a second invocation runs nothing."""
+    out = tmp_path / "out"
+    spec = {
+        "name": "warm",
+        "out": str(out),
+        "recipes": [str(REPO / "recipes/server_sl.yaml")],
+        "seeds": [0, 1],
+        "overrides": [*tiny_overrides(fmnist_root, test_subset=200), "--federation.final_eval=[]"],
+        "init_from": {
+            "recipe": str(REPO / "recipes/server_sl.yaml"),
+            "overrides": ["--federation.rounds=2"],
+            "folder": "plateau",
+        },
+    }
+    path = tmp_path / "warm.yaml"
+    path.write_text(json.dumps(spec))
+    main(["compare", f"--config={path}"])
+    for seed in (0, 1):
+        source = out / "default" / "plateau" / f"seed{seed}"
+        assert load_run(source).rounds == 2 and load_run(source).finished
+        run = load_run(out / "default" / "server_sl" / f"seed{seed}")
+        assert run.init_from["path"] == str((source / "checkpoints/last.ckpt").resolve())
+        assert run.summary["warm_start_test/acc"] == _source_acc(source)
+        results = (out / "results.md").read_text()
+        assert "### Warm starts" in results and run.init_from["sha256"] in results
+    assert "*warm start*" in results
+    capsys.readouterr()
+    main(["compare", f"--config={path}"])
+    assert "2 finished before" in (out / "results.md").read_text()
+
+
+def test_the_calibrated_spec_runs_every_recipe_on_one_protocol_from_its_plateau(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """recipes/comparisons/fmnist_warm.yaml: sixteen methods, the oracle and the centralized
+    reference, each (seed 0, IID) with the same data, rounds, client work and light server step
+    (1 epoch in batches of 64), started from the plateau run of its setting and seed, which
+    trains 48 epochs in batches of 16 on the same labeled set."""
+    from fedlit.cli import resolve
+    from fedlit.comparison import Comparison, SourceRun, plan
+    from fedlit.comparison.runner import plan_sources
+
+    monkeypatch.chdir(REPO)
+    values = yaml.safe_load((REPO / "recipes/comparisons/fmnist_warm.yaml").read_text())
+    comparison = Comparison(**values | {"init_from": SourceRun(**values["init_from"])})
+    stems = [Path(r).stem for r in comparison.recipes]
+    assert len(stems) == 17 and {"server_sl", "fedavg_sl", "centralized_fixmatch"} <= set(stems)
+    assert comparison.baseline == "server_sl" and comparison.seeds == [0, 1, 2]
+    assert comparison.jobs == 2 and set(comparison.settings) == {"iid", "noniid"}
+    protocols = set()
+    for run in plan(comparison):
+        if run.seed != 0 or run.setting != "iid":
+            continue
+        config = resolve(run.args).config.as_dict()
+        federation = {k: v for k, v in config["federation"].items() if "eval" not in k}
+        assert federation["init_from"] == "runs/compare/fmnist_warm/iid/plateau/seed0"
+        assert (federation["rounds"], federation["server_epochs"]) == (10, 1)
+        assert (federation["local_epochs"], federation["clients_per_round"]) == (5, 10)
+        optim = config["model"]["init_args"]["optim"]
+        assert (optim["server_lr"], optim["client_lr"]) == (0.01, 0.03)
+        data = config["data"]
+        assert (data["batch_size"], data["examples_per_client"]) == (64, 1200)
+        protocols.add(json.dumps([data, federation, optim["lr_schedule"]], sort_keys=True))
+    assert len(protocols) == 1
+    (source,) = [s for s in plan_sources(comparison) if s.seed == 0 and s.setting == "iid"]
+    config = resolve(source.args).config.as_dict()
+    assert config["model"]["class_path"] == "fedlit.methods.ServerSL"
+    assert (config["federation"]["rounds"], config["federation"]["server_epochs"]) == (12, 4)
+    assert config["data"]["batch_size"] == 16
+    assert config["model"]["init_args"]["optim"]["server_lr"] == 0.03
+    labels = ("labeled_per_class", "val_per_class", "dataset")
+    assert {k: config["data"][k] for k in labels} == {k: data[k] for k in labels}
+
+
+@pytest.mark.slow  # worker processes start (about 30 s of CPU on 2 cores)
+def test_a_warm_run_gives_the_same_weights_in_worker_processes(
+    fmnist_root: Path, source: Path, tmp_path: Path
+) -> None:
+    """The warm start is server state, sent as a fresh run's network is: its clients in a pool
+    of worker processes end the round with the in-process run's weights."""
+    from fedlit.federation.pool import PoolSettings
+
+    runs = {}
+    for executor in ("local", "pool"):
+        fed = _federation(
+            fmnist_root,
+            tmp_path / executor,
+            FedAvgFixMatch(10, 1, loss=FixMatchLoss(tau=0.5)),
+            init_from=str(source),
+            executor=executor,
+            pool=PoolSettings(workers=2, threads=1),
+        )
+        fed.run()
+        runs[executor] = fed.method.state_dict()
+    for key, value in runs["local"].items():
+        assert torch.equal(runs["pool"][key], value), key
