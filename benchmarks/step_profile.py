@@ -1,4 +1,4 @@
-"""What each phase of a round costs the host, fedlit beside a plain PyTorch loop doing the same work.
+"""What each phase of a round costs the host: fedlit beside a plain PyTorch loop, same work.
 
 For each method (FedAvg-FixMatch, FedSEAL, Server-SL) and backbone (the small CNN, ResNet-18) a
 tiny in-process run on the generated ``synthetic`` data set is made twice, under a
@@ -274,8 +274,9 @@ def federation(s: Setting, run_dir: Path) -> Federation:
         eval_every=s.rounds,
     )
     trainer = TrainerTemplate(accelerator="cpu")
-    return Federation(METHODS[s.method](s), data, config, run_dir=run_dir, trainer=trainer,
-                      progress=False)  # fmt: skip
+    return Federation(
+        METHODS[s.method](s), data, config, run_dir=run_dir, trainer=trainer, progress=False
+    )
 
 
 def run_fedlit(s: Setting, profile: Profile) -> None:
@@ -287,8 +288,9 @@ def run_fedlit(s: Setting, profile: Profile) -> None:
 
 
 # --- the same work as a plain PyTorch loop --------------------------------------------------
-def plain_fit(objective: Objective, loader: Iterable[Any], epochs: int, profile: Profile,
-              step: str) -> None:  # fmt: skip
+def plain_fit(
+    objective: Objective, loader: Iterable[Any], epochs: int, profile: Profile, step: str
+) -> None:
     """The objective's own loss and optimiser in a hand-written loop; each batch is a step."""
     objective.train()
     optimizer, scheduler = objective.optimizer_and_scheduler(epochs * len(loader))  # type: ignore[arg-type]
@@ -312,8 +314,9 @@ def plain_fit(objective: Objective, loader: Iterable[Any], epochs: int, profile:
             i += 1
 
 
-def plain_server(method: FederatedMethod, data: FederatedDataModule, epochs: int, seed: int,
-                 profile: Profile) -> None:  # fmt: skip
+def plain_server(
+    method: FederatedMethod, data: FederatedDataModule, epochs: int, seed: int, profile: Profile
+) -> None:
     with profile.phase("server set-up"):
         seed_all(seed)
         objective = method.server_objective()
@@ -347,8 +350,9 @@ def plain_run(s: Setting, profile: Profile) -> None:
     with profile.session():
         if plan.bootstrap_epochs:
             method.on_round_start(0, cfg.rounds)
-            plain_server(method, data, plan.bootstrap_epochs, derive_seed(fed.seed, 0, SERVER),
-                         profile)  # fmt: skip
+            plain_server(
+                method, data, plan.bootstrap_epochs, derive_seed(fed.seed, 0, SERVER), profile
+            )
         for r in range(1, cfg.rounds + 1):
             method.on_round_start(r, cfg.rounds)
             payload: Any = None
@@ -357,8 +361,9 @@ def plain_run(s: Setting, profile: Profile) -> None:
             for step in plan.steps:
                 if step in (Step.SERVER, Step.FINETUNE):
                     tag = FINETUNE if step is Step.FINETUNE else SERVER
-                    plain_server(method, data, cfg.server_epochs, derive_seed(fed.seed, r, tag),
-                                 profile)  # fmt: skip
+                    plain_server(
+                        method, data, cfg.server_epochs, derive_seed(fed.seed, r, tag), profile
+                    )
                 elif step is Step.BROADCAST:
                     payload = method.broadcast()
                 elif step is Step.CLIENTS:
@@ -369,17 +374,25 @@ def plain_run(s: Setting, profile: Profile) -> None:
                             client = data.client_data(cid, 1)
                             sent = method.client_payload(payload, cid)
                             objective = side.objective(sent, client, states.get(cid))
-                            plain_fit(objective, side.loader(client), cfg.local_epochs, profile,
-                                      "client step")  # fmt: skip
-                            uploads.append((state_part(side.upload(objective), MODEL),
-                                            len(client)))  # fmt: skip
+                            plain_fit(
+                                objective,
+                                side.loader(client),
+                                cfg.local_epochs,
+                                profile,
+                                "client step",
+                            )
+                            uploads.append((state_part(side.upload(objective), MODEL), len(client)))
                             states[cid] = side.state(objective, states.get(cid))
                 elif step is Step.RECEIVE:
                     with profile.phase("client set-up and upload", unit=False):
                         idle = sorted(set(range(data.num_clients)) - set(sampled.tolist()))
-                        news = side.receive(payload, [data.client_data(c, 1) for c in idle],
-                                            [states.get(c) for c in idle], torch.device("cpu"))
-                        states.update(zip(idle, news, strict=True))  # fmt: skip
+                        news = side.receive(
+                            payload,
+                            [data.client_data(c, 1) for c in idle],
+                            [states.get(c) for c in idle],
+                            torch.device("cpu"),
+                        )
+                        states.update(zip(idle, news, strict=True))
                 elif step is Step.AGGREGATE:
                     with profile.phase("aggregation"):
                         total = sum(n for _, n in uploads)
@@ -468,8 +481,15 @@ def main() -> None:
         torch.set_num_threads(1)
     for backbone in args.backbones.split(","):
         for method in args.methods.split(","):
-            s = Setting(method, backbone, args.clients, args.examples, args.batch, args.rounds,
-                        args.server_epochs)  # fmt: skip
+            s = Setting(
+                method,
+                backbone,
+                args.clients,
+                args.examples,
+                args.batch,
+                args.rounds,
+                args.server_epochs,
+            )
             report(s, args.repeats)
 
 
