@@ -75,6 +75,9 @@ SYNC_OPS = {
     aten.equal.default,
 }
 
+#: The convolutions whose image input is recorded (conv2d itself under inference_mode).
+FIRST_LAYER_OPS = (aten.convolution.default, aten.conv2d.default)
+
 PHASES = (
     "client step",
     "client set-up and upload",
@@ -159,7 +162,7 @@ class Profile(TorchDispatchMode):
         if is_sync(func, args):
             counts.syncs += 1
             counts.sync_ops[str(func)] += 1
-        if func is aten.convolution.default and args[0].shape[1] <= 3:
+        if func in FIRST_LAYER_OPS and args[0].shape[1] <= 3:
             counts.shapes.add(tuple(args[0].shape))
         return func(*args, **(kwargs or {}))
 
