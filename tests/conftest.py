@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -11,6 +12,12 @@ from pathlib import Path
 import pytest
 
 from fedlit.data.datasets import DEBIAN_FASHION_MNIST, stage_debian_fashion_mnist
+from fedlit.federation.trainers import CPU_BF16_ENV
+
+# The tests run in fp32 on every CPU (the default is bf16 on a CPU that computes it natively):
+# their numbers do not depend on the machine. Set in the environment, so that the `fedlit`
+# subprocesses and the pool's and Ray's workers the tests start inherit it.
+os.environ[CPU_BF16_ENV] = "0"
 
 
 @pytest.fixture(scope="session")

@@ -44,15 +44,24 @@ class BatchRandAugment:
     """torchvision's ``RandAugment(num_ops, magnitude)`` on a uint8 batch, drawn per image.
 
     For each of ``num_ops`` slots every image draws one of torchvision's 14 ops uniformly and,
-    for the signed ops, a sign (:meth:`draw`, on torch's CPU generator). A slot is then at most
-    seven passes, each over the images that drew one of its ops (:data:`PASSES`), with each
-    image's own parameters as tensors: one ``grid_sample`` for the five geometric ops (each
-    image's torchvision grid), one blend for Brightness, Color and Contrast (a per-image ratio
-    and degenerate image), one for Sharpness (a per-image factor), and one call of
-    torchvision's own op for each of Posterize, Solarize, AutoContrast and Equalize. Which
-    images go to which pass is worked out on the CPU draws and sent to the device at once, so
-    nothing waits on the device. The result equals applying torchvision's op per image with
-    the same draws (tested).
+    for the signed ops, a sign (:meth:`draw`, on torch's CPU generator). A slot is then the
+    same fixed sequence of whole-batch stages for every batch, whatever was drawn, each image
+    taking its own parameters from per-code tables by a gather, and each stage the identity
+    (exactly) for the images that drew another op:
+
+    1. geometric: one ``grid_sample`` (nearest) with each image's torchvision grid
+       (ShearX/Y, TranslateX/Y, Rotate; the identity grid otherwise);
+    2. Sharpness: each image blended with its rounded 3x3 smoothing (weight 0 otherwise);
+    3. Color (three channels only; torchvision skips it on one): blended with its grey image;
+    4. the ops that map each pixel value through a table: one lookup table (B, C, 256) per
+       image and channel, chosen among identity, Brightness and Contrast (a blend with black or
+       the grey image's mean), Posterize, Solarize, AutoContrast (the channel's min and max)
+       and Equalize (the channel's histogram), then one gather.
+
+    The op count of a batch is fixed (no per-pass indexing, no Python branch on the draws),
+    and nothing is read back from the device. The result equals applying torchvision's op per
+    image with the same draws (tested), since each table entry is torchvision's own arithmetic
+    on that pixel value.
 
     Args:
         num_ops: ops applied one after another to each image.
@@ -62,18 +71,19 @@ class BatchRandAugment:
 
     GEOMETRIC = ("ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate")
     BLEND = ("Brightness", "Color", "Contrast")  # blended with black, grey image, grey mean
-    # the passes of a slot, in order; each op belongs to one (Identity and, on one channel,
-    # Color to none)
-    PASSES = (
-        "geometric",
-        "blend",
-        "Sharpness",
-        "Posterize",
-        "Solarize",
-        "AutoContrast",
-        "Equalize",
+    #: The lookup-table ops, in the order of their tables (0: the identity or a blend).
+    TABLES = ("blend", "Posterize", "Solarize", "AutoContrast", "Equalize")
+    # the per-code parameters: the blend with black or the grey mean as a table (Brightness,
+    # Contrast), Color's blend with the grey image, Sharpness, and the code's table
+    COLUMNS = (
+        "ratio",
+        "weight",
+        "mean",
+        "color_ratio",
+        "color_weight",
+        "sharpness",
+        "table",
     )
-    COLUMNS = ("ratio", "weight", "grey", "mean", "sharpness")  # of the per-code parameters
 
     def __init__(
         self,
@@ -85,6 +95,7 @@ class BatchRandAugment:
         self.names = list(self.reference._AUGMENTATION_SPACE)
         self._grids: dict[tuple[int, int, str], Tensor] = {}
         self._parameters: dict[tuple[int, int, int, str], Tensor] = {}
+        self._fixed_tables: dict[tuple[int, int, str], Tensor] = {}
 
     @functools.lru_cache(maxsize=8)  # noqa: B019 (one instance per view, kept for the run)
     def magnitudes(self, height: int, width: int) -> list[tuple[str, float, bool]]:
@@ -93,7 +104,10 @@ class BatchRandAugment:
         for name in self.names:
             space, signed = ref._AUGMENTATION_SPACE[name]
             values = space(ref.num_magnitude_bins, height, width)
-            magnitude = float(values[ref.magnitude]) if values is not None and values.ndim else 0.0
+            # tolist(): Python numbers without a read through the dispatcher
+            magnitude = 0.0
+            if values is not None and values.ndim:
+                magnitude = float(values.tolist()[ref.magnitude])
             out.append((name, magnitude, signed))
         return out
 
@@ -161,41 +175,46 @@ class BatchRandAugment:
     def parameters(self, channels: int, height: int, width: int, device: torch.device) -> Tensor:
         """Each code's op parameters, (2 * 14, len(COLUMNS)) float32, cached per size and device.
 
-        Columns (:data:`COLUMNS`): ``ratio``, the factor r that torchvision's Brightness, Color
-        or Contrast blends the image with, and ``weight``, 1 - r (each cast from the Python
-        float, as torchvision casts its scalars); ``grey`` and ``mean``, 1 where the image is
-        blended with its grey image (Color) or that image's mean (Contrast), black otherwise
-        (Brightness); ``sharpness``, 1 - Sharpness's factor. Codes of other ops: 1, 0, 0, 0, 0.
+        Columns (:data:`COLUMNS`): ``ratio`` and ``weight``, the factor r that torchvision's
+        Brightness or Contrast blends the image with and 1 - r (each cast from the Python
+        float, as torchvision casts its scalars), ``mean``, 1 where the image is blended with
+        its grey image's mean (Contrast), black otherwise (Brightness); ``color_ratio`` and
+        ``color_weight``, the same for Color (on three channels; torchvision skips Color on
+        one); ``sharpness``, 1 - Sharpness's factor; ``table``, the code's lookup table (an
+        index into :data:`TABLES`). Codes of other ops: the identity (ratios 1, the rest 0).
         """
         key = (channels, height, width, str(device))
         if key not in self._parameters:
             rows = []
             for code in range(2 * len(self.names)):
                 name, magnitude = self.signed_magnitude(code, height, width)
-                row = dict.fromkeys(self.COLUMNS, 0.0) | {"ratio": 1.0}
-                if name in self.BLEND:
+                row = dict.fromkeys(self.COLUMNS, 0.0) | {"ratio": 1.0, "color_ratio": 1.0}
+                if name in ("Brightness", "Contrast"):
                     row.update(ratio=1.0 + magnitude, weight=1.0 - (1.0 + magnitude))
-                    row.update(grey=float(name == "Color"), mean=float(name == "Contrast"))
+                    row["mean"] = float(name == "Contrast")
+                elif name == "Color" and channels == 3:
+                    row.update(color_ratio=1.0 + magnitude, color_weight=1.0 - (1.0 + magnitude))
                 elif name == "Sharpness":
                     row["sharpness"] = 1.0 - (1.0 + magnitude)
+                elif name in self.TABLES:
+                    row["table"] = float(self.TABLES.index(name))
                 rows.append([row[c] for c in self.COLUMNS])
             self._parameters[key] = torch.tensor(rows, dtype=torch.float32, device=device)
         return self._parameters[key]
 
-    def pass_of(self, channels: int) -> Tensor:
-        """Each code's pass, an index into :data:`PASSES`, or -1 (none): (2 * 14,) int64."""
-        out = []
-        for name in self.names:
-            if name == "Identity" or (name == "Color" and channels == 1):  # as torchvision
-                index = -1
-            elif name in self.GEOMETRIC:
-                index = self.PASSES.index("geometric")
-            elif name in self.BLEND:
-                index = self.PASSES.index("blend")
-            else:
-                index = self.PASSES.index(name)
-            out += [index, index]
-        return torch.tensor(out)
+    def fixed_tables(self, height: int, width: int, device: torch.device) -> Tensor:
+        """Posterize's and Solarize's lookup tables at this size's magnitudes, (2, 256) uint8
+        (torchvision's ops applied to the values 0..255), cached."""
+        key = (height, width, str(device))
+        if key not in self._fixed_tables:
+            values = torch.arange(256, dtype=torch.uint8).view(1, 1, 256)
+            magnitude = {name: m for name, m, _ in self.magnitudes(height, width)}
+            tables = [
+                self.apply_op(values, name, magnitude[name])[0, 0]
+                for name in ("Posterize", "Solarize")
+            ]
+            self._fixed_tables[key] = torch.stack(tables).to(device)
+        return self._fixed_tables[key]
 
     @staticmethod
     def _column(params: Tensor, column: str) -> Tensor:
@@ -208,35 +227,81 @@ class BatchRandAugment:
         channels, height, width = images.shape[-3:]
         device = images.device
         table = self.parameters(channels, height, width, device)
-        pass_of = self.pass_of(channels)
-        out = images.clone()
+        grids = self.grids(height, width, device)
+        fixed = self.fixed_tables(height, width, device)
+        codes = codes.to(device, non_blocking=True)  # one transfer for all slots
+        out = images
         for slot in range(codes.shape[1]):
             code = codes[:, slot]
-            group = pass_of[code]
-            order = torch.argsort(group, stable=True)  # the images, pass by pass
-            counts = torch.bincount(group + 1, minlength=len(self.PASSES) + 1).tolist()
-            # one transfer a slot: the images' order and their codes in that order
-            moved = torch.stack([order, code[order]]).to(device, non_blocking=True)
-            start = counts[0]  # no pass
-            for name, count in zip(self.PASSES, counts[1:], strict=True):
-                if not count:
-                    continue
-                index, chosen = moved[0, start : start + count], moved[1, start : start + count]
-                start += count
-                x = out[index]
-                if name == "geometric":
-                    grid = self.grids(height, width, device)[chosen]
-                    x = _apply_grid_transform(x, grid, "nearest", fill=None)
-                elif name == "blend":
-                    x = self._blend(x, table[chosen])
-                elif name == "Sharpness":
-                    x = self._sharpness(x, self._column(table[chosen], "sharpness"))
-                else:  # an unsigned op: one magnitude for all
-                    x = self.apply_op(
-                        x, name, self.magnitudes(height, width)[self.names.index(name)][1]
-                    )
-                out[index] = x
+            params = table[code]  # (B, len(COLUMNS))
+            out = _apply_grid_transform(out, grids[code], "nearest", fill=None)
+            out = self._sharpness(out, self._column(params, "sharpness"))
+            if channels == 3:
+                out = self._color(out, params)
+            out = self._lookup(out, params, fixed)
         return out
+
+    def _color(self, images: Tensor, params: Tensor) -> Tensor:
+        """torchvision's ``adjust_saturation`` (Color) with a per-image ratio: the blend with
+        the image's grey image (B, 3, H, W); ratio 1, weight 0: the image unchanged."""
+        ratio = self._column(params, "color_ratio")
+        weight = self._column(params, "color_weight")
+        grey = _color._rgb_to_grayscale_image(images, 1, preserve_dtype=False).floor_()
+        out = torch.addcmul(images * ratio, grey, weight)
+        return out.clamp_(0, 255).to(torch.uint8)
+
+    def _lookup(self, images: Tensor, params: Tensor, fixed: Tensor) -> Tensor:
+        """The lookup-table ops of a slot on uint8 ``images`` (B, C, H, W): each image's and
+        channel's table (B, C, 256) chosen by its code's ``table`` column, then one gather.
+
+        Each candidate table is torchvision's arithmetic on the values 0..255 with the image's
+        statistics: the blend ``v * r + d * (1 - r)`` (d: 0 or the grey image's mean, as
+        :meth:`_blend`), AutoContrast's ``(v - min) / ((max - min) / 255)`` per channel, and
+        Equalize's PIL-style table from the channel's histogram."""
+        b, c, h, w = images.shape
+        values = torch.arange(256, dtype=torch.float32, device=images.device)  # (256,)
+        flat = images.reshape(b, c, h * w)
+        as_float = flat.to(torch.float32)
+        # Brightness / Contrast / identity: v * r + d * w with d = the grey image's mean
+        if c == 3:
+            grey = _color._rgb_to_grayscale_image(images, 1, preserve_dtype=False).floor_()
+            mean = grey.mean(dim=(-3, -2, -1), keepdim=True).view(b, 1, 1)
+        else:
+            mean = as_float.mean(dim=(-2, -1), keepdim=True)  # (B, 1, 1)
+        ratio, weight = params[:, 0, None, None], params[:, 1, None, None]
+        degenerate = mean * params[:, 2, None, None]
+        blend = torch.addcmul(values * ratio, degenerate, weight).clamp_(0, 255).to(torch.uint8)
+        # AutoContrast, per channel
+        low = as_float.amin(dim=-1, keepdim=True)  # (B, C, 1)
+        high = as_float.amax(dim=-1, keepdim=True)
+        flat_channel = high == low
+        inv_scale = torch.where(flat_channel, 1.0, (high - low) * (1.0 / 255))
+        low = torch.where(flat_channel, 0.0, low)
+        contrast = (values - low).div_(inv_scale).clamp_(0, 255).to(torch.uint8)
+        # Equalize, per channel (torchvision's equalize_image on the histogram)
+        index = flat.long()
+        hist = torch.zeros((b, c, 256), dtype=torch.int32, device=images.device)
+        hist.scatter_add_(-1, index, torch.ones_like(index, dtype=torch.int32))
+        cum = hist.cumsum(-1)
+        top = hist.gather(-1, cum.argmax(-1, keepdim=True))
+        step = (h * w - top).div_(255, rounding_mode="floor")
+        shifted = (cum[..., :-1] + step // 2).div_(step.clamp(min=1), rounding_mode="floor")
+        equal = torch.cat([torch.zeros_like(step), shifted.clamp_(0, 255)], dim=-1)
+        identity = values.to(torch.uint8).expand(b, c, 256)
+        equal = torch.where(step != 0, equal.to(torch.uint8), identity)
+        candidates = torch.stack(
+            [
+                blend.expand(b, c, 256),
+                fixed[0].expand(b, c, 256),
+                fixed[1].expand(b, c, 256),
+                contrast,
+                equal,
+            ],
+            dim=1,
+        )  # (B, len(TABLES), C, 256)
+        which = params[:, -1].long().view(b, 1, 1, 1).expand(b, 1, c, 256)
+        lut = candidates.gather(1, which).squeeze(1)  # (B, C, 256)
+        return lut.gather(-1, index).view(b, c, h, w)
 
     def _blend(self, images: Tensor, params: Tensor) -> Tensor:
         """torchvision's ``_blend(image, degenerate, ratio)`` with a per-image ratio and

@@ -19,6 +19,7 @@ def checked_trainer(
     """``trainer`` once its settings and the method's federation settings are checked, with
     ``federation.compile`` where it is set and torch.compile can build kernels here."""
     trainer.check()
+    trainer = trainer.resolved()  # the precision decided here, for every client and worker
     method.check_federation(config)
     if config.compile is None:
         return trainer

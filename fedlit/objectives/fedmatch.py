@@ -119,10 +119,11 @@ def agreement_pseudo_labels(logits: Tensor, helper_logits: Sequence[Tensor]) -> 
     Returns:
         (B,) int64 pseudo-labels.
     """
-    num_classes = logits.shape[-1]
-    votes = F.one_hot(logits.argmax(-1), num_classes)
+    classes = torch.arange(logits.shape[-1], device=logits.device)
+    # one-hot votes by comparison (F.one_hot reads the labels' range back: a host sync)
+    votes = (logits.argmax(-1, keepdim=True) == classes).long()
     for helper in helper_logits:
-        votes = votes + F.one_hot(helper.argmax(-1), num_classes)
+        votes = votes + (helper.argmax(-1, keepdim=True) == classes).long()
     return votes.argmax(-1)  # the first of equal maxima
 
 
@@ -298,7 +299,7 @@ class FedMatchClient(Objective):
             agreement=agreement,
             mask_rate=mask.mean(),
         )
-        self.accumulate(1.0, penalty=penalty, helpers=torch.tensor(float(len(self.helpers))))
+        self.accumulate(1.0, penalty=penalty, helpers=float(len(self.helpers)))
         return loss
 
     def psi(self) -> dict[str, Tensor]:

@@ -109,14 +109,18 @@ def complementary_loss(logits: Tensor, complementary: Tensor) -> Tensor:
     """-log(1 - p_{y-}(x)) per example, paper 002 eq 15; (B, M), (B,) -> (B,).
 
     Stable at both ends: -log1p(-p) where p < 1/2, and logsumexp over all classes minus
-    logsumexp over the other classes where p is close to 1.
+    logsumexp over the other classes where p is close to 1. Each branch is finite where the
+    other is chosen too, so the gradient of the unchosen one (0 x it) is never NaN.
     """
     logits = logits.float()
-    own = F.one_hot(complementary, logits.shape[1]).bool()
+    classes = torch.arange(logits.shape[1], device=logits.device)
+    own = complementary[:, None] == classes  # one-hot (F.one_hot would sync on its range)
     log_p = logits.log_softmax(dim=1).gather(1, complementary[:, None]).squeeze(1)
     others = torch.logsumexp(logits.masked_fill(own, float("-inf")), dim=1)
     confident = torch.logsumexp(logits, dim=1) - others
-    return torch.where(log_p < math.log(0.5), -torch.log1p(-log_p.exp()), confident)
+    half = math.log(0.5)
+    small = -torch.log1p(-log_p.clamp(max=half).exp())
+    return torch.where(log_p < half, small, confident)
 
 
 @dataclass(frozen=True)
@@ -246,19 +250,15 @@ class FedSEALClient(Objective):
     def training_step(self, batch: tuple[Tensor, Tensor, Tensor], batch_idx: int) -> Tensor:
         index, plain, strong = batch
         logits_plain, logits_strong = self.network(torch.cat([plain, strong])).chunk(2)
-        positive, complementary = self.positive[index], self.complementary[index]
-        negative = complementary >= 0
-        zero = logits_plain.sum() * 0.0
-        loss_pos = (
-            F.cross_entropy(logits_strong[positive].float(), self.pseudo[index][positive])
-            if positive.any()
-            else zero
-        )
-        loss_neg = (
-            complementary_loss(logits_plain[negative], complementary[negative]).mean()
-            if negative.any()
-            else zero
-        )
+        positive, complementary = self.positive[index].float(), self.complementary[index]
+        negative = (complementary >= 0).float()
+        # Each mean over its set by masking, 0 for an empty set: the step never reads a
+        # tensor back or changes shape with the sets (a batch with no positive or no negative
+        # example gets 0 for that term).
+        ce = F.cross_entropy(logits_strong.float(), self.pseudo[index], reduction="none")
+        loss_pos = (ce * positive).sum() / positive.sum().clamp(min=1.0)
+        per_example = complementary_loss(logits_plain, complementary.clamp(min=0))
+        loss_neg = (per_example * negative).sum() / negative.sum().clamp(min=1.0)
         loss = self.lam * loss_pos + loss_neg
         self.accumulate(len(index), loss=loss, loss_pos=loss_pos, loss_neg=loss_neg)
         return loss

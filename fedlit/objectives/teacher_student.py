@@ -29,7 +29,10 @@ def kl_to_uniform(predictions: Tensor, num_classes: int) -> Tensor:
         predictions: (B,) int64 predicted labels.
         num_classes: L.
     """
-    q = torch.bincount(predictions, minlength=num_classes).double() / len(predictions)
+    # the histogram by an index_add of ones (bincount reads the labels' maximum back: a sync)
+    counts = torch.zeros(num_classes, dtype=torch.float64, device=predictions.device)
+    counts.index_add_(0, predictions, torch.ones_like(predictions, dtype=torch.float64))
+    q = counts / len(predictions)
     terms = torch.where(q > 0, q * torch.log(q * num_classes), torch.zeros_like(q))
     return terms.sum()
 
@@ -112,7 +115,9 @@ class TeacherStudentClient(WeakStrongObjective):
         else:
             logits_weak, logits_strong = self.network(torch.cat([weak, strong])).chunk(2)
             loss_s = None
-        metrics = {"kl/student": kl_to_uniform(logits_strong.argmax(-1), self.num_classes)}
+        metrics: dict[str, Tensor | float] = {
+            "kl/student": kl_to_uniform(logits_strong.argmax(-1), self.num_classes)
+        }
         if self.teacher is not None:
             self.teacher.eval()
             with torch.no_grad():
@@ -120,7 +125,7 @@ class TeacherStudentClient(WeakStrongObjective):
             metrics["kl/teacher"] = kl_to_uniform(pseudo_logits.argmax(-1), self.num_classes)
         else:
             pseudo_logits = logits_weak
-        metrics["switch/use_teacher"] = torch.tensor(float(self.teacher is not None))
+        metrics["switch/use_teacher"] = float(self.teacher is not None)
         loss_u, mask = fixmatch_loss(pseudo_logits, logits_strong, self.loss.tau)
         loss = self.loss.lambda_u * loss_u
         if loss_s is not None:
