@@ -211,30 +211,33 @@ class TrainerTemplate:
         else:
             trainer = self.build(max_epochs=epochs, limit_val_batches=0)
         with compiled_network(module, self.compile):
-            trainer.fit(module, train_dataloaders=on_device(module, loader))
+            trainer.fit(module, train_dataloaders=on_device(module, loader, self.device()))
         _stop_if_terminated(trainer)
 
     def test(self, module: LightningModule, loader: Iterable[Any]) -> None:
         """Run ``module``'s test loop over ``loader`` (metrics stay in the module)."""
         trainer = self.build()
-        trainer.test(module, dataloaders=on_device(module, loader), verbose=False)
+        trainer.test(module, dataloaders=on_device(module, loader, self.device()), verbose=False)
         _stop_if_terminated(trainer)
 
 
-def on_device(module: LightningModule, loader: Iterable[Any]) -> Iterable[Any]:
+def on_device(
+    module: LightningModule, loader: Iterable[Any], device: torch.device | None = None
+) -> Iterable[Any]:
     """``loader`` set to augment on the training device when ``module`` computes the views
-    after the transfer (:class:`~fedlit.data.loaders.AugmentsOnDevice`); otherwise ``loader``
-    as it is (its batches are augmented on the CPU as they are drawn)."""
+    after the transfer (:class:`~fedlit.data.loaders.AugmentsOnDevice`), its split staged on
+    ``device`` (the training device: batches drawn there by index) where given; otherwise
+    ``loader`` as it is (its batches are augmented on the CPU as they are drawn)."""
     if not isinstance(module, AugmentsOnDevice):
         return loader
     if isinstance(loader, ImageBatches):
-        return loader.on_device()
+        return loader.on_device(device)
     if isinstance(loader, CombinedLoader):
         iterables = loader.iterables
         moved = (
-            {k: on_device(module, v) for k, v in iterables.items()}
+            {k: on_device(module, v, device) for k, v in iterables.items()}
             if isinstance(iterables, dict)
-            else [on_device(module, v) for v in iterables]
+            else [on_device(module, v, device) for v in iterables]
         )
         return CombinedLoader(moved, loader._mode)
     return loader
