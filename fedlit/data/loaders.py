@@ -88,8 +88,9 @@ class AugmentsOnDevice:
         return expand_batches(batch)
 
 
-#: Each split's tensors staged on a device, kept while the split's tensor lives.
-_STAGED: weakref.WeakKeyDictionary[Tensor, dict[torch.device, Tensor]] = weakref.WeakKeyDictionary()
+#: Each split's tensor staged on a device, by (id of the split's tensor, device); an entry is
+#: removed when that tensor is freed (so an id is never reused while its entry lives).
+_STAGED: dict[tuple[int, torch.device], Tensor] = {}
 
 
 def staged(tensor: Tensor, device: torch.device) -> Tensor:
@@ -101,10 +102,11 @@ def staged(tensor: Tensor, device: torch.device) -> Tensor:
         device = torch.device("cuda", torch.cuda.current_device())
     if tensor.device == device:
         return tensor
-    copies = _STAGED.setdefault(tensor, {})
-    if device not in copies:
-        copies[device] = tensor.to(device)
-    return copies[device]
+    key = (id(tensor), device)
+    if key not in _STAGED:
+        _STAGED[key] = tensor.to(device)
+        weakref.finalize(tensor, _STAGED.pop, key, None)
+    return _STAGED[key]
 
 
 class ImageBatches:
