@@ -83,7 +83,9 @@ class ClientRunner:
         client = self.data.client_data(client_id, visit)  # its own data, nothing else
         objective = side.objective(payload, client, state)
         loader = side.loader(client)
-        self.trainer.fit(objective, loader, self.local_epochs, self.local_steps)
+        self.trainer.fit(
+            objective, loader, self.local_epochs, self.local_steps, stay_on_device=True
+        )
         return ClientUpdate(
             client_id=client_id,
             upload=side.upload(objective),
