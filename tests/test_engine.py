@@ -19,6 +19,7 @@ from fedlit.federation import RaySettings
 from fedlit.federation.client import ClientRunner
 from fedlit.methods import FedAvgFixMatch, FederatedMethod, FedSEAL, TSClientEMA
 from fedlit.methods.client_side import BUILD_SEED, ClientUpdate
+from fedlit.objectives.base import KeptOptimizers
 
 
 def _updates(runner: ClientRunner, payload: dict, order: list[int]) -> dict[int, ClientUpdate]:
@@ -106,3 +107,31 @@ def test_a_split_is_staged_once_per_device_and_drawn_there() -> None:
     assert loader.images is images  # the loader itself is left as it was
     cpu = next(iter(loader.on_device(torch.device("cpu"))))
     assert cpu.images.device.type == "cpu" and len(cpu) == 2
+
+
+def _two_steps(net: torch.nn.Linear, optimizer: torch.optim.Optimizer) -> torch.Tensor:
+    for x in (torch.ones(2, 3), torch.arange(6.0).view(2, 3)):
+        optimizer.zero_grad()
+        net(x).square().sum().backward()
+        optimizer.step()
+    return net.weight.detach().clone()
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adam"])
+def test_a_kept_optimizer_trains_as_a_new_one(kind: str) -> None:
+    settings = {"lr": 0.1, "weight_decay": 0.01} | ({"momentum": 0.9} if kind == "sgd" else {})
+    torch.manual_seed(0)
+    net, fresh = torch.nn.Linear(3, 2), torch.nn.Linear(3, 2)
+    fresh.load_state_dict(net.state_dict())
+    start = {k: v.clone() for k, v in net.state_dict().items()}
+    kept = KeptOptimizers()
+    first = kept.get(kind, list(net.parameters()), settings)
+    _two_steps(net, first)  # a first client moves its state
+    net.load_state_dict(start)  # the next client's weights
+    again = kept.get(kind, list(net.parameters()), settings)
+    assert again is first
+    assert all(not v.any() for s in again.state.values() for v in s.values() if v is not None)
+    new = KeptOptimizers().get(kind, list(fresh.parameters()), settings)
+    assert torch.equal(_two_steps(net, again), _two_steps(fresh, new))  # bit for bit
+    other = kept.get(kind, list(fresh.parameters()), settings)  # other parameters: a new one
+    assert other is not first

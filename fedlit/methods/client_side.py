@@ -23,6 +23,7 @@ from fedlit.data.client import ClientData
 from fedlit.data.loaders import ImageBatches
 from fedlit.models import Classifier, build_classifier
 from fedlit.objectives import Objective, Optimization
+from fedlit.objectives.base import KeptOptimizers
 
 
 @dataclass(frozen=True)
@@ -117,12 +118,14 @@ class ClientSide:
         self.views = views
         #: The round being run and the run's length, set by :meth:`on_round_start`.
         self.round_idx, self.total_rounds = 0, 1
-        #: This worker's persistent networks, by slot (:meth:`network`); never pickled.
+        #: This worker's persistent networks, by slot (:meth:`network`), and the optimisers
+        #: its client objectives reuse; never pickled.
         self._networks: dict[str, PersistentNetwork] = {}
+        self.kept_optimizers = KeptOptimizers()
 
     def __getstate__(self) -> dict[str, Any]:
-        """Pickled without the persistent networks: each worker builds its own."""
-        return self.__dict__ | {"_networks": {}}
+        """Pickled without the persistent networks and optimisers: each worker has its own."""
+        return self.__dict__ | {"_networks": {}, "kept_optimizers": KeptOptimizers()}
 
     def on_round_start(self, round_idx: int, total_rounds: int) -> None:
         """Round ``round_idx`` of ``total_rounds`` starts: a subclass computes its round's
