@@ -66,15 +66,21 @@ def test_client_loaders_yield_images_only(fmnist_root: Path) -> None:
         assert view.dtype == torch.float32 and view.shape[1:] == (1, 28, 28)
     loader = dm.client_data(1).dataloader(("weak",))
     assert isinstance(loader, ImageBatches) and loader.labels is None
-    assert len(loader) == 5 and loader.num_examples == 300  # 300 images, batches of 64
-    assert all(len(batch) == 1 for batch in loader)  # one view, no labels
+    # 300 images, batches of 64: the last partial batch (44 images) is dropped
+    assert len(loader) == 4 and loader.num_examples == 300
+    assert all(len(batch) == 1 and len(batch[0]) == 64 for batch in loader)  # one view, no labels
 
 
 def test_oracle_loader_has_true_labels(fmnist_root: Path) -> None:
     dm = _dm(fmnist_root)
     loader = dm.client_data(2).oracle_dataloader()
     labels = torch.cat([y for _, y in loader])
-    assert torch.equal(labels.sort().values, dm.clients[2].labels.sort().values)
+    assert len(labels) == 256  # 300 images in full batches of 64
+    counts, kept = (
+        torch.bincount(dm.clients[2].labels, minlength=10),
+        torch.bincount(labels, minlength=10),
+    )
+    assert (kept <= counts).all()  # a sub-multiset of the shard's true labels
 
 
 def test_non_iid_partition_is_logged(fmnist_root: Path) -> None:
@@ -184,16 +190,18 @@ def test_streamed_loaders_yield_exactly_the_visible_chunk(fmnist_root: Path) -> 
     assert not torch.allclose(plain, _plain(dm.clients[1].images[:100]))
 
     xs = torch.cat([x for (x,) in dm.client_data(1, visit=2).dataloader(("plain",))])
-    assert xs.shape == (100, 1, 28, 28)
+    assert xs.shape == (96, 1, 28, 28)  # 100 images in full batches of 16
     match = torch.cdist(xs.flatten(1), expected.flatten(1)).argmin(dim=1)
-    assert sorted(match.tolist()) == list(range(100))  # every chunk image once
+    assert len(set(match.tolist())) == 96  # chunk images only, none twice
     torch.testing.assert_close(xs, expected[match])
 
     labels = torch.cat([y for _, y in dm.client_data(1, visit=2).oracle_dataloader()])
-    assert torch.equal(labels.sort().values, dm.clients[1].labels[100:200].sort().values)
+    chunk_counts = torch.bincount(dm.clients[1].labels[100:200], minlength=10)
+    assert len(labels) == 96 and (torch.bincount(labels, minlength=10) <= chunk_counts).all()
 
 
-def test_with_index_covers_the_visible_shard_once(fmnist_root: Path) -> None:
+def test_with_index_covers_the_visible_shard_in_full_batches(fmnist_root: Path) -> None:
+    """Every index of the visible shard at most once, all but the last partial batch's."""
     for kw, k, visit, n in (({}, 3, 1, 300), ({"stream_steps": 3}, 0, 3, 100)):
         dm = _dm(fmnist_root, **kw)
         shard = dm.client_shard(k, visit)
@@ -206,7 +214,8 @@ def test_with_index_covers_the_visible_shard_once(fmnist_root: Path) -> None:
             idx.append(i)
             xs.append(x)
         index = torch.cat(idx)
-        assert sorted(index.tolist()) == list(range(n))
+        assert len(set(index.tolist())) == len(index) == n - n % 64
+        assert set(index.tolist()) <= set(range(n))
         torch.testing.assert_close(torch.cat(xs), _plain(shard.images)[index])
 
 
@@ -238,7 +247,11 @@ def test_labeled_loaders_follow_labels_at(fmnist_root: Path) -> None:
     batches = list(dm.client_data(3).labeled_dataloader(("weak", "strong")))
     assert all(len(b) == 3 for b in batches)
     labels = torch.cat([b[-1] for b in batches])
-    assert torch.equal(labels.sort().values, dm.pool.labeled[3].labels.sort().values)
+    own = dm.pool.labeled[3].labels  # 100 labeled examples: one full batch of 64
+    assert (
+        len(labels) == 64
+        and (torch.bincount(labels, minlength=10) <= torch.bincount(own, minlength=10)).all()
+    )
     assert batches[0][0].shape[1:] == (1, 28, 28)
     with pytest.raises(ValueError, match=r"data\.labels_at"):
         dm.server_dataloader()

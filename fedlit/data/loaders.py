@@ -19,6 +19,7 @@ split carries them.
 from __future__ import annotations
 
 import copy
+import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -87,6 +88,27 @@ class AugmentsOnDevice:
         return expand_batches(batch)
 
 
+#: Each split's tensor staged on a device, by (id of the split's tensor, device); an entry is
+#: removed when that tensor is freed (so an id is never reused while its entry lives).
+_STAGED: dict[tuple[int, torch.device], Tensor] = {}
+
+
+def staged(tensor: Tensor, device: torch.device) -> Tensor:
+    """``tensor`` on ``device``, copied there on first use and kept while ``tensor`` lives: a
+    client's shard and the server's sets are staged once per run (a streaming client's chunk,
+    a new tensor every visit, once per visit). ``tensor`` itself where it already lies there."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    if tensor.device == device:
+        return tensor
+    key = (id(tensor), device)
+    if key not in _STAGED:
+        _STAGED[key] = tensor.to(device)
+        weakref.finalize(tensor, _STAGED.pop, key, None)
+    return _STAGED[key]
+
+
 class ImageBatches:
     """Batches of ``views`` of uint8 ``images`` (N, C, H, W), by index draws.
 
@@ -95,8 +117,12 @@ class ImageBatches:
         spec: their data set (sizes and statistics for the views).
         views: the views of each image a batch holds, in order (:data:`VIEWS`).
         batch_size: images per batch.
-        shuffle: a new random order every epoch (torch's global generator), else in order. A
-            shuffled last batch of one image is dropped (BatchNorm cannot train on it).
+        shuffle: a new random order every epoch (torch's global generator of the images'
+            device), else in order. Shuffled batches all have ``batch_size`` images (one
+            shape per training loop): the last partial batch is dropped, a different random
+            ``N mod batch_size`` images each epoch; a split smaller than one batch gives one
+            batch of all of it (none if that is one image: BatchNorm cannot train on it).
+            In order (evaluation), every image is in a batch and the last may be partial.
         labels: (N,) labels to append to every batch, or None.
         with_index: start every batch with the images' positions in ``images``.
     """
@@ -129,19 +155,25 @@ class ImageBatches:
 
     def __len__(self) -> int:
         n, b = len(self.images), self.batch_size
-        batches = -(-n // b)
-        return batches - 1 if self.shuffle and n % b == 1 else batches
+        if not self.shuffle:
+            return -(-n // b)
+        return n // b if n >= b else int(n > 1)
 
-    def on_device(self) -> ImageBatches:
+    def on_device(self, device: torch.device | None = None) -> ImageBatches:
         """A copy that yields :class:`RawBatch` objects, to be expanded after the transfer to
-        the training device (:func:`expand_batches`)."""
+        the training device (:func:`expand_batches`). With ``device``, the split's tensors are
+        staged there (:func:`staged`: copied once, while the split lives) and the batches are
+        drawn there by index, so Lightning's transfer moves nothing."""
         deferred = copy.copy(self)
         deferred.deferred = True
+        if device is not None:
+            deferred.images = staged(self.images, device)
+            deferred.labels = None if self.labels is None else staged(self.labels, device)
         return deferred
 
     def __iter__(self) -> Iterator[Any]:
-        n, b = len(self.images), self.batch_size
-        order = torch.randperm(n) if self.shuffle else torch.arange(n)
+        n, b, device = len(self.images), self.batch_size, self.images.device
+        order = torch.randperm(n, device=device) if self.shuffle else torch.arange(n, device=device)
         for k in range(len(self)):
             idx = order[k * b : (k + 1) * b]
             raw = RawBatch(

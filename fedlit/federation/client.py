@@ -59,6 +59,14 @@ class ClientRunner:
 
     ``client`` is the method's client side (its client settings, none of its server state),
     ``data`` is used for the client's own shard, so a runner can be shipped to another process.
+
+    Each worker's copy keeps, for the whole run, the client side's persistent networks
+    (:meth:`~fedlit.methods.client_side.ClientSide.network`: built once from a fixed seed,
+    overwritten in place for every client) and its optimiser (reset in place, as new); a
+    client's persistent state comes in and goes out as tensors. Every client's randomness comes
+    from the global generators seeded from (run seed, round, client) before its work, which no
+    build draws from, so its update is the same whichever worker runs it, and after whichever
+    other clients. Its fit leaves the networks on the training device.
     """
 
     client: ClientSide
@@ -82,8 +90,11 @@ class ClientRunner:
         side.on_round_start(round_idx, self.total_rounds)
         client = self.data.client_data(client_id, visit)  # its own data, nothing else
         objective = side.objective(payload, client, state)
+        objective.kept_optimizers = side.kept_optimizers  # reset in place, not built anew
         loader = side.loader(client)
-        self.trainer.fit(objective, loader, self.local_epochs, self.local_steps)
+        self.trainer.fit(
+            objective, loader, self.local_epochs, self.local_steps, stay_on_device=True
+        )
         return ClientUpdate(
             client_id=client_id,
             upload=side.upload(objective),

@@ -8,9 +8,10 @@ client side and the data) once, when it starts, sets torch's thread count, and r
 at a time for the whole run. What crosses between processes is pickled bytes (each round's
 payload pickled once, each client's state and update), so no tensor is shared in memory.
 
-A client's work is a function of its inputs (seeded from the run seed, the round and the client),
-so the results are those of :class:`~fedlit.federation.executors.InProcess` at the same torch
-thread count, whichever worker runs which client. Because each worker runs one job at a time
+A client's work is a function of its inputs (seeded from the run seed, the round and the client;
+a worker's persistent networks overwritten for each client), so the results are those of
+:class:`~fedlit.federation.executors.InProcess` at the same torch thread count, whichever worker
+runs which client, in whichever order. Because each worker runs one job at a time
 on its own pipe, a worker process that dies names the job it was running: only that job is run
 again (on a fresh worker), the other workers' jobs go on untouched, and a job whose worker dies
 on every attempt is left out as its client's fault (:class:`~fedlit.federation.faults.WorkerDied`).

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import itertools
 import logging
 import os
 import shlex
@@ -20,6 +21,7 @@ from typing import Any, Literal
 import torch
 from lightning import LightningModule, Trainer
 from lightning.fabric.plugins.precision.precision import _PRECISION_INPUT
+from lightning.pytorch.strategies import SingleDeviceStrategy
 from lightning.pytorch.trainer.connectors import callback_connector as _callback_connector
 from lightning.pytorch.utilities.combined_loader import CombinedLoader
 from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
@@ -251,38 +253,79 @@ class TrainerTemplate:
         loader: Iterable[Any],
         epochs: int,
         max_steps: int | None = None,
+        stay_on_device: bool = False,
     ) -> None:
         """Train ``module`` on ``loader`` for ``epochs`` epochs (or ``max_steps`` steps),
-        its ``network`` compiled meanwhile where ``compile`` says so (:func:`compiled_network`)."""
+        its ``network`` compiled meanwhile where ``compile`` says so (:func:`compiled_network`).
+        ``stay_on_device`` (a client's fit): on one device, ``module`` is left on the device
+        after the fit, and not moved there again when it is already there
+        (:class:`StayOnDevice`), so a worker's persistent networks never cross to the host."""
+        length = {"max_epochs": epochs} if max_steps is None else {"max_epochs": -1}
         if max_steps is not None:
-            trainer = self.build(max_epochs=-1, max_steps=max_steps, limit_val_batches=0)
-        else:
-            trainer = self.build(max_epochs=epochs, limit_val_batches=0)
+            length["max_steps"] = max_steps
+        strategy = self._stay_on_device() if stay_on_device else None
+        if strategy is not None:
+            length["strategy"] = strategy  # type: ignore[assignment]
+        trainer = self.build(**length, limit_val_batches=0)
         with compiled_network(module, self.compile):
-            trainer.fit(module, train_dataloaders=on_device(module, loader))
+            trainer.fit(module, train_dataloaders=on_device(module, loader, self.device()))
         _stop_if_terminated(trainer)
+
+    def _stay_on_device(self) -> StayOnDevice | None:
+        """The client fit's strategy where these settings train on one device with Lightning's
+        own strategy (``strategy: auto``, ``devices`` 1 or "auto", a CPU or CUDA accelerator);
+        None elsewhere (Lightning's strategy, as for every other fit)."""
+        one = self.devices in (1, "auto") and self.strategy == "auto"
+        if not one or self.accelerator not in ("auto", "cpu", "gpu", "cuda"):
+            return None
+        device = self.device()
+        if device.type == "cuda":
+            device = torch.device("cuda", torch.cuda.current_device())
+        return StayOnDevice(device=device)
 
     def test(self, module: LightningModule, loader: Iterable[Any]) -> None:
         """Run ``module``'s test loop over ``loader`` (metrics stay in the module)."""
         trainer = self.build()
-        trainer.test(module, dataloaders=on_device(module, loader), verbose=False)
+        trainer.test(module, dataloaders=on_device(module, loader, self.device()), verbose=False)
         _stop_if_terminated(trainer)
 
 
-def on_device(module: LightningModule, loader: Iterable[Any]) -> Iterable[Any]:
+class StayOnDevice(SingleDeviceStrategy):
+    """Lightning's one-device strategy, less two moves: a module whose parameters and buffers
+    all lie on the device already is not moved there (``Module.to`` walks every module even
+    then), and after the fit the module stays on the device instead of going back to the CPU."""
+
+    def model_to_device(self) -> None:
+        assert self.model is not None, "self.model must be set before self.model.to()"
+        tensors = itertools.chain(self.model.parameters(), self.model.buffers())
+        if any(t.device != self.root_device for t in tensors):
+            self.model.to(self.root_device)
+
+    def teardown(self) -> None:
+        """Lightning's teardown without moving the module and its optimisers to the CPU."""
+        self.precision_plugin.teardown()
+        assert self.accelerator is not None
+        self.accelerator.teardown()
+        self.checkpoint_io.teardown()
+
+
+def on_device(
+    module: LightningModule, loader: Iterable[Any], device: torch.device | None = None
+) -> Iterable[Any]:
     """``loader`` set to augment on the training device when ``module`` computes the views
-    after the transfer (:class:`~fedlit.data.loaders.AugmentsOnDevice`); otherwise ``loader``
-    as it is (its batches are augmented on the CPU as they are drawn)."""
+    after the transfer (:class:`~fedlit.data.loaders.AugmentsOnDevice`), its split staged on
+    ``device`` (the training device: batches drawn there by index) where given; otherwise
+    ``loader`` as it is (its batches are augmented on the CPU as they are drawn)."""
     if not isinstance(module, AugmentsOnDevice):
         return loader
     if isinstance(loader, ImageBatches):
-        return loader.on_device()
+        return loader.on_device(device)
     if isinstance(loader, CombinedLoader):
         iterables = loader.iterables
         moved = (
-            {k: on_device(module, v) for k, v in iterables.items()}
+            {k: on_device(module, v, device) for k, v in iterables.items()}
             if isinstance(iterables, dict)
-            else [on_device(module, v) for v in iterables]
+            else [on_device(module, v, device) for v in iterables]
         )
         return CombinedLoader(moved, loader._mode)
     return loader

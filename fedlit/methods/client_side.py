@@ -16,13 +16,14 @@ from typing import Any
 
 import torch
 from lightning.pytorch.utilities import CombinedLoader
-from torch import nn
+from torch import Tensor, nn
 
 from fedlit.aggregation.payloads import MODEL, Payload, StateDict, state_part
 from fedlit.data.client import ClientData
 from fedlit.data.loaders import ImageBatches
 from fedlit.models import Classifier, build_classifier
 from fedlit.objectives import Objective, Optimization
+from fedlit.objectives.base import KeptOptimizers
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,43 @@ class Architecture:
         )
 
 
+#: The seed every client network's initial weights are drawn from (:meth:`ClientSide.network`):
+#: they are the values of the keys a payload does not carry (an SSL method's local head).
+BUILD_SEED = 0
+
+
+@dataclass(frozen=True)
+class PersistentNetwork:
+    """A network kept by a worker for a whole run, and its state as built (``built``, by
+    state-dict key: what a key the received weights do not carry is reset to)."""
+
+    network: Classifier
+    built: dict[str, Tensor]
+
+    @classmethod
+    def build(cls, architecture: Architecture) -> PersistentNetwork:
+        """``architecture`` built from :data:`BUILD_SEED`, torch's global generators untouched."""
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(BUILD_SEED)
+            network = architecture.build()
+        return cls(network, {k: v.detach().clone() for k, v in network.state_dict().items()})
+
+    def load(self, weights: StateDict) -> Classifier:
+        """The network holding ``weights`` (state-dict keys to tensors of the keys' shapes), and
+        every key ``weights`` lacks as built; a ValueError names a key the network lacks.
+
+        The live tensors are looked up every time: moving a module between devices (as a
+        Trainer does after a fit) replaces its buffers."""
+        missing = [k for k in weights if k not in self.built]
+        if missing:
+            raise ValueError(f"payload key {missing[0]!r} is not in the network")
+        live = self.network.state_dict(keep_vars=True)
+        with torch.no_grad():
+            for key, value in self.built.items():
+                live[key].copy_(weights.get(key, value))
+        return self.network
+
+
 @dataclass(frozen=True)
 class ClientSetup:
     """What every client side is built from, whatever its method."""
@@ -94,6 +132,14 @@ class ClientSide:
         self.views = views
         #: The round being run and the run's length, set by :meth:`on_round_start`.
         self.round_idx, self.total_rounds = 0, 1
+        #: This worker's persistent networks, by slot (:meth:`network`), and the optimisers
+        #: its client objectives reuse; never pickled.
+        self._networks: dict[str, PersistentNetwork] = {}
+        self.kept_optimizers = KeptOptimizers()
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled without the persistent networks and optimisers: each worker has its own."""
+        return self.__dict__ | {"_networks": {}, "kept_optimizers": KeptOptimizers()}
 
     def on_round_start(self, round_idx: int, total_rounds: int) -> None:
         """Round ``round_idx`` of ``total_rounds`` starts: a subclass computes its round's
@@ -109,18 +155,25 @@ class ClientSide:
         """Whether a client network's state key ``key`` is uploaded."""
         return key in self.shared
 
-    def network(self, weights: StateDict) -> Classifier:
-        """A new network holding ``weights`` (a payload's model part, or a teacher's)."""
-        network = self.architecture.build()
-        names = network.state_dict().keys()  # once: a state_dict walks every module
-        missing = [k for k in weights if k not in names]
-        if missing:
-            raise ValueError(f"payload key {missing[0]!r} is not in the network")
-        network.load_state_dict(weights, strict=False)
-        return network
+    def network(self, weights: StateDict, slot: str | None = MODEL) -> Classifier:
+        """This worker's network of ``slot`` (a role: the model, a teacher, a target) holding
+        ``weights`` (a payload's model part, or a teacher's): built once per worker on first
+        use, then overwritten in place for every client (``copy_``: the received keys from
+        ``weights``, every other key back to its built value). ``slot`` None: a new network
+        (for a client that changes its network's structure, as FedMatch's decomposition does).
+
+        Every build draws its initial weights from a fixed seed (:data:`BUILD_SEED`) in a
+        forked generator, so building a network neither depends on nor moves the client's
+        generator: what a client computes is the same whichever worker ran it, first or not.
+        """
+        if slot is None:
+            return PersistentNetwork.build(self.architecture).load(weights)
+        if slot not in self._networks:
+            self._networks[slot] = PersistentNetwork.build(self.architecture)
+        return self._networks[slot].load(weights)
 
     def model(self, payload: Payload) -> Classifier:
-        """A new network holding the payload's ``"model"`` part."""
+        """The worker's model network holding the payload's ``"model"`` part (:meth:`network`)."""
         return self.network(state_part(payload, MODEL))
 
     def loader(self, client: ClientData) -> ImageBatches | CombinedLoader:

@@ -452,11 +452,14 @@ class FedMatchClientSide(ClientSide):
         zeros = torch.zeros(self.layout.size)
         psi = decode_sparse(state_part(payload, PSI), zeros)
         parts = [helper_part(j) for j in range(self.num_helpers) if helper_part(j) in payload]
-        helpers = [
-            self.layout.with_psi(self.network(sigma), decode_sparse(state_part(payload, h), zeros))
+        helpers = [  # each helper's persistent network: theta = sigma + its psi, in place
+            self.layout.with_psi(
+                self.network(sigma, h), decode_sparse(state_part(payload, h), zeros)
+            )
             for h in parts
         ]
-        network = decompose(self.network(sigma), self.layout.unflatten(psi), "psi")
+        # a new network: the decomposition changes its structure (parametrizations)
+        network = decompose(self.network(sigma, None), self.layout.unflatten(psi), "psi")
         return FedMatchClient(
             network, helpers=helpers, received=psi, loss=self.loss, **self.optimizer_kwargs()
         )

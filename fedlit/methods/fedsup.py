@@ -155,7 +155,7 @@ class FedSupClientSide(ClientSide):
     def objective(self, payload: Payload, client: ClientData, state: Any) -> Objective:
         return FedSupClient(
             self.model(payload),
-            self.network(state_part(payload, TARGET)),
+            self.network(state_part(payload, TARGET), TARGET),
             mse_weight=self.mse_weight,
             **self.optimizer_kwargs(),
         )

@@ -184,7 +184,7 @@ class TeacherStudentClientSide(ClientSide):
         teacher = state_part(payload, TEACHER) if TEACHER in payload else None
         return TeacherStudentClient(
             self.model(payload),
-            teacher=self.network(teacher) if teacher is not None else None,
+            teacher=self.network(teacher, TEACHER) if teacher is not None else None,
             num_classes=self.architecture.num_classes,
             teacher_ema=self.teacher_ema,
             loss=self.loss,

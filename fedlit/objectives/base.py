@@ -6,12 +6,63 @@ from typing import Any
 
 import torch
 from lightning import LightningModule
-from torch import Tensor
+from torch import Tensor, nn
 
 from fedlit.data.loaders import AugmentsOnDevice
 from fedlit.models import Classifier
 from fedlit.objectives.optimization import OPTIMIZERS
 from fedlit.objectives.schedules import WarmupCosine
+
+
+class KeptOptimizers:
+    """A worker's optimiser, kept across the objectives that train its persistent networks
+    (one per optimiser kind: "sgd", "adam"): asked for the same parameters again, it is reset
+    in place to the state a new one starts from (every state tensor zero: SGD's momentum
+    buffers, Adam's moments and step counts; the settings given; no scheduler's
+    ``initial_lr``), which trains bit for bit as a new one; asked for other parameters (a
+    network built anew), a new one replaces it."""
+
+    def __init__(self) -> None:
+        self._kept: dict[str, torch.optim.Optimizer] = {}
+
+    def get(
+        self, kind: str, params: list[nn.Parameter], settings: dict[str, float]
+    ) -> torch.optim.Optimizer:
+        """The optimiser of ``kind`` over ``params`` with ``settings`` (lr, weight_decay and,
+        for SGD, momentum), as new."""
+        kept = self._kept.get(kind)
+        if kept is not None and _same_parameters(kept, params):
+            group = kept.param_groups[0]
+            group.pop("initial_lr", None)
+            group.update(settings)
+            for state in kept.state.values():
+                for value in state.values():
+                    if isinstance(value, Tensor):
+                        value.zero_()
+            return kept
+        lr, decay = settings["lr"], settings["weight_decay"]
+        # foreach: a few multi-tensor ops per step instead of a few ops per parameter (torch's
+        # default on a GPU already; on a CPU it makes the same per-tensor updates)
+        if kind == "adam":
+            optimizer: torch.optim.Optimizer = torch.optim.Adam(
+                params, lr=lr, weight_decay=decay, foreach=True
+            )
+        else:
+            momentum = settings["momentum"]
+            optimizer = torch.optim.SGD(
+                params, lr=lr, momentum=momentum, weight_decay=decay, foreach=True
+            )
+        self._kept[kind] = optimizer
+        return optimizer
+
+
+def _same_parameters(optimizer: torch.optim.Optimizer, params: list[nn.Parameter]) -> bool:
+    groups = optimizer.param_groups
+    return (
+        len(groups) == 1
+        and len(groups[0]["params"]) == len(params)
+        and all(a is b for a, b in zip(groups[0]["params"], params, strict=True))
+    )
 
 
 class Objective(AugmentsOnDevice, LightningModule):
@@ -55,6 +106,9 @@ class Objective(AugmentsOnDevice, LightningModule):
         self._sums: dict[tuple[str, ...], Tensor] = {}
         self._host_sums: dict[str, float] = {}
         self._weights: dict[str, float] = {}
+        #: A worker's optimisers to reuse (a client's objective on persistent networks), or
+        #: None: a new optimiser every fit.
+        self.kept_optimizers: KeptOptimizers | None = None
 
     def forward(self, x: Tensor) -> Tensor:
         return self.network(x)
@@ -65,20 +119,12 @@ class Objective(AugmentsOnDevice, LightningModule):
         """The optimiser, and the run-level schedule's per-step scheduler (None without a
         schedule) for a fit of ``steps`` optimiser steps over the run's fraction ``progress``."""
         params = [p for p in self.parameters() if p.requires_grad]
-        # foreach: a few multi-tensor ops per step instead of a few ops per parameter (torch's
-        # default on a GPU already; on a CPU it makes the same per-tensor updates)
-        if self.optimizer_name == "adam":
-            optimizer: torch.optim.Optimizer = torch.optim.Adam(
-                params, lr=self.lr, weight_decay=self.weight_decay, foreach=True
-            )
-        else:
-            optimizer = torch.optim.SGD(
-                params,
-                lr=self.lr,
-                momentum=self.momentum,
-                weight_decay=self.weight_decay,
-                foreach=True,
-            )
+        settings: dict[str, float] = {"lr": self.lr, "weight_decay": self.weight_decay}
+        if self.optimizer_name != "adam":
+            settings["momentum"] = self.momentum
+        optimizer = (self.kept_optimizers or KeptOptimizers()).get(
+            self.optimizer_name, params, settings
+        )
         if self.schedule is None:
             return optimizer, None
         start, end = self.progress
