@@ -35,6 +35,7 @@ def _accuracy(
         examples_per_client=600,
         labeled_per_class=10,
         val_per_class=0,
+        batch_size=50,  # the 100 labels in 2 full batches (a partial batch is dropped)
     )
     cfg = FederationConfig(clients_per_round=5, **config)  # type: ignore[arg-type]
     fed = Federation(method, data, cfg, run_dir=run_dir, seed=seed, progress=False)

@@ -33,11 +33,12 @@ def _data(root: Path, **kw: object) -> FederatedDataModule:
 def test_the_round_takes_as_many_unlabeled_steps_as_the_federated_clients(
     fmnist_root: Path,
 ) -> None:
-    """3 clients of 40 images in batches of 16: 3 batches a shard (16, 16, 8). 2 clients a
-    round, 2 local epochs: 2 x 2 x 3 = 12 steps; with local_steps 5: 2 x 5 = 10."""
+    """3 clients of 40 images in batches of 16: 2 full batches a shard (a client's training
+    loader drops the last partial batch of 8). 2 clients a round, 2 local epochs: 2 x 2 x 2 = 8
+    steps; with local_steps 5: 2 x 5 = 10."""
     data = _data(fmnist_root)
     config = FederationConfig(clients_per_round=2, local_epochs=2)
-    assert client_steps_per_round(config, data) == 12
+    assert client_steps_per_round(config, data) == 8
     assert client_steps_per_round(FederationConfig(clients_per_round=2, local_steps=5), data) == 10
 
 
@@ -52,7 +53,7 @@ def test_it_trains_on_the_clients_images_at_the_server(
     fmnist_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """One round: the centralized step trains FixMatch on batches of the pooled client images
-    (12 steps, every batch's images from a client's shard), changes the network, sends nothing,
+    (8 steps, every batch's images from a client's shard), changes the network, sends nothing,
     and the run is marked as the centralized reference."""
     seen: list[torch.Tensor] = []
     original = FixMatch.training_step
@@ -72,13 +73,14 @@ def test_it_trains_on_the_clients_images_at_the_server(
     fed.prepare()
     before = {k: v.clone() for k, v in method.network.state_dict().items()}
     row = fed.run().final
-    assert row["central/steps"] == 12 and len(seen) == 12
+    assert row["central/steps"] == 8 and len(seen) == 8
     assert row["central/mask_rate"] == 1.0  # tau 0: every pseudo-label is used
     assert row["comm/bytes_down"] == 0 and row["comm/bytes_up"] == 0
     assert "server/loss" in row and "finetune/loss" in row
     assert any(not torch.equal(before[k], v) for k, v in method.network.state_dict().items())
-    # one pass over the 120 pooled images (7 batches of 16 and one of 8), then 4 of 16
-    assert [len(b) for b in seen] == [16] * 7 + [8] + [16] * 4
+    # full batches only: one pass over the 120 pooled images (7 batches of 16, the last 8
+    # images left out), then 1 of the next pass
+    assert [len(b) for b in seen] == [16] * 8
     assert json.loads((tmp_path / "run" / "run.json").read_text())["marks"] == ["centralized"]
 
 

@@ -439,7 +439,11 @@ def test_compile_setting_refused_with_a_clear_error(
 ) -> None:
     with pytest.raises(ValueError, match=r"federation\.compile.*'fast'"):
         FederationConfig(compile="fast")  # type: ignore[arg-type]
-    monkeypatch.setattr("fedlit.federation.trainers.shutil.which", lambda name: None)
+
+    def no_compiler(*args: object, **kwargs: object) -> None:
+        raise FileNotFoundError("no such compiler")
+
+    monkeypatch.setattr("fedlit.federation.trainers.subprocess.run", no_compiler)
     fed = _federation(fmnist_root, tmp_path / "r", compile="default")
     with pytest.raises(ValueError, match=r"federation\.compile='default'.*C\+\+ compiler"):
         fed.prepare()

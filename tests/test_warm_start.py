@@ -318,16 +318,21 @@ def test_a_warm_run_gives_the_same_weights_in_worker_processes(
     from fedlit.federation.pool import PoolSettings
 
     runs = {}
-    for executor in ("local", "pool"):
-        fed = _federation(
-            fmnist_root,
-            tmp_path / executor,
-            FedAvgFixMatch(10, 1, loss=FixMatchLoss(tau=0.5)),
-            init_from=str(source),
-            executor=executor,
-            pool=PoolSettings(workers=2, threads=1),
-        )
-        fed.run()
-        runs[executor] = fed.method.state_dict()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the workers' thread count: equal results need equal counts
+    try:
+        for executor in ("local", "pool"):
+            fed = _federation(
+                fmnist_root,
+                tmp_path / executor,
+                FedAvgFixMatch(10, 1, loss=FixMatchLoss(tau=0.5)),
+                init_from=str(source),
+                executor=executor,
+                pool=PoolSettings(workers=2, threads=1),
+            )
+            fed.run()
+            runs[executor] = fed.method.state_dict()
+    finally:
+        torch.set_num_threads(threads)
     for key, value in runs["local"].items():
         assert torch.equal(runs["pool"][key], value), key
