@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 import torch
+from torch import nn
 
 from fedlit.data.datamodule import FederatedDataModule
 from fedlit.data.loaders import ImageBatches
@@ -62,13 +63,23 @@ class CentralizedConsistency(FederatedMethod):
         self,
         num_classes: int,
         in_channels: int,
-        backbone: str = "small_cnn",
+        backbone: str | nn.Module = "small_cnn",
         norm: str | None = None,
         optim: Optimization = DEFAULT_OPTIMIZATION,
         *,
         loss: ConsistencyLoss,
+        image_size: int | None = None,
+        backbone_weights: str | None = None,
     ) -> None:
-        super().__init__(num_classes, in_channels, backbone, norm, optim)
+        super().__init__(
+            num_classes,
+            in_channels,
+            backbone,
+            norm,
+            optim,
+            image_size=image_size,
+            backbone_weights=backbone_weights,
+        )
         self.loss = loss
 
     def round_plan(self) -> RoundPlan:
@@ -107,12 +118,24 @@ class CentralizedFixMatch(CentralizedConsistency):
         self,
         num_classes: int,
         in_channels: int,
-        backbone: str = "small_cnn",
+        backbone: str | nn.Module = "small_cnn",
         norm: str | None = None,
         optim: Optimization = DEFAULT_OPTIMIZATION,
         loss: FixMatchLoss = FixMatchLoss(),
+        *,
+        image_size: int | None = None,
+        backbone_weights: str | None = None,
     ) -> None:
-        super().__init__(num_classes, in_channels, backbone, norm, optim, loss=loss)
+        super().__init__(
+            num_classes,
+            in_channels,
+            backbone,
+            norm,
+            optim,
+            loss=loss,
+            image_size=image_size,
+            backbone_weights=backbone_weights,
+        )
 
 
 class CentralizedUDA(CentralizedConsistency):
@@ -131,9 +154,21 @@ class CentralizedUDA(CentralizedConsistency):
         self,
         num_classes: int,
         in_channels: int,
-        backbone: str = "small_cnn",
+        backbone: str | nn.Module = "small_cnn",
         norm: str | None = None,
         optim: Optimization = DEFAULT_OPTIMIZATION,
         loss: UDALoss = UDALoss(),
+        *,
+        image_size: int | None = None,
+        backbone_weights: str | None = None,
     ) -> None:
-        super().__init__(num_classes, in_channels, backbone, norm, optim, loss=loss)
+        super().__init__(
+            num_classes,
+            in_channels,
+            backbone,
+            norm,
+            optim,
+            loss=loss,
+            image_size=image_size,
+            backbone_weights=backbone_weights,
+        )
