@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import tiny_overrides
 
 from fedlit.cli import main
@@ -17,6 +18,7 @@ from fedlit.federation.server import client_steps_per_round
 from fedlit.methods import CentralizedFixMatch, CentralizedUDA
 from fedlit.methods.centralized import pooled_loader
 from fedlit.objectives import FixMatch, FixMatchLoss
+from fedlit.objectives.fixmatch import fixmatch_loss
 from fedlit.reporting import load_run, summarize, to_markdown
 
 REPO = Path(__file__).parents[1]
@@ -120,3 +122,59 @@ def test_streaming_data_is_refused_by_name(fmnist_root: Path, tmp_path: Path) ->
         fed.prepare()
     fed.close()
     assert not (tmp_path / "run").exists()
+
+
+def test_the_joint_step_is_ce_on_the_labels_plus_the_unlabeled_loss() -> None:
+    """``joint_step`` on a BatchNorm-free network: CE on the labeled batch plus FixMatch's
+    masked pseudo-label CE, each computed on its own, summed (lambda_u = 1)."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4, 3))
+    x, y = torch.randn(2, 1, 2, 2), torch.tensor([0, 2])
+    weak, strong = torch.randn(5, 1, 2, 2), torch.randn(5, 1, 2, 2)
+    tau = float(net(weak).detach().softmax(1).max(1).values.sort().values[2])  # keeps 3 of 5
+    objective = FixMatch(net, lr=0.1, loss=FixMatchLoss(tau=tau))  # type: ignore[arg-type]
+    got = objective.joint_step((weak, strong), (x, y))
+    unlabeled, mask = fixmatch_loss(net(weak), net(strong), tau)
+    expected = F.cross_entropy(net(x), y) + unlabeled
+    assert mask.tolist().count(1.0) == 3  # the threshold keeps some pseudo-labels, drops others
+    assert torch.allclose(got, expected)
+    assert torch.allclose(
+        objective.training_step({"unlabeled": (weak, strong), "labeled": (x, y)}, 0), expected
+    )
+
+
+def test_with_labeled_in_step_every_step_takes_a_labeled_batch(
+    fmnist_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """labeled_in_step: the centralized step's 8 steps each get a batch of the pooled client
+    images and a batch of the server's labeled images (50 labels in batches of 16, cycled),
+    and log the labeled CE beside the unlabeled loss."""
+    seen: list[dict[str, tuple[torch.Tensor, ...]]] = []
+    original = FixMatch.training_step
+
+    def recording(
+        self: FixMatch, batch: dict[str, tuple[torch.Tensor, ...]], i: int
+    ) -> torch.Tensor:
+        seen.append(batch)
+        return original(self, batch, i)
+
+    monkeypatch.setattr(FixMatch, "training_step", recording)
+    data = FederatedDataModule(
+        root=str(fmnist_root), num_clients=3, examples_per_client=40, client_batch_size=16,
+        batch_size=16, labeled_per_class=5, test_subset=100,
+    )  # fmt: skip
+    method = CentralizedFixMatch(10, 1, loss=FixMatchLoss(tau=0.0), labeled_in_step=True)
+    config = FederationConfig(rounds=1, clients_per_round=2, local_epochs=2)
+    row = Federation(method, data, config, run_dir=tmp_path / "run", progress=False).run().final
+    assert row["central/steps"] == 8 and len(seen) == 8
+    assert all(set(b) == {"unlabeled", "labeled"} for b in seen)
+    assert [len(b["unlabeled"][0]) for b in seen] == [16] * 8
+    assert [len(b["labeled"][0]) for b in seen] == [16] * 8
+    server_labels = set(data.server_data.labeled.labels.tolist())
+    assert all(set(b["labeled"][1].tolist()) <= server_labels for b in seen)
+    assert "central/ce" in row and row["central/mask_rate"] == 1.0
+
+
+def test_labeled_in_step_must_be_a_bool() -> None:
+    with pytest.raises(ValueError, match="model.labeled_in_step must be a bool"):
+        CentralizedFixMatch(10, 1, labeled_in_step="yes")  # type: ignore[arg-type]

@@ -269,10 +269,10 @@ def test_a_comparison_starts_each_seeds_runs_from_its_source_run(
 def test_the_calibrated_spec_runs_every_recipe_on_one_protocol_from_its_plateau(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """recipes/comparisons/fmnist_warm.yaml: sixteen methods, the oracle and the centralized
-    reference, each (seed 0, IID) with the same data, rounds, client work and light server step
-    (1 epoch in batches of 64), started from the plateau run of its setting and seed, which
-    trains 48 epochs in batches of 16 on the same labeled set."""
+    """recipes/comparisons/fmnist_warm.yaml: sixteen methods, the oracle and the two centralized
+    references, each (seed 0, IID) with the same data, rounds, client work and light server
+    step (1 epoch of 100 labels in batches of 32), started from the plateau run of its setting
+    and seed, which trains 400 epochs in batches of 16 on the same labeled set."""
     from fedlit.cli import resolve
     from fedlit.comparison import Comparison, SourceRun, plan
     from fedlit.comparison.runner import plan_sources
@@ -281,7 +281,8 @@ def test_the_calibrated_spec_runs_every_recipe_on_one_protocol_from_its_plateau(
     values = yaml.safe_load((REPO / "recipes/comparisons/fmnist_warm.yaml").read_text())
     comparison = Comparison(**values | {"init_from": SourceRun(**values["init_from"])})
     stems = [Path(r).stem for r in comparison.recipes]
-    assert len(stems) == 17 and {"server_sl", "fedavg_sl", "centralized_fixmatch"} <= set(stems)
+    references = {"server_sl", "fedavg_sl", "centralized_fixmatch", "centralized_fixmatch_joint"}
+    assert len(stems) == 18 and references <= set(stems)
     assert comparison.baseline == "server_sl" and comparison.seeds == [0, 1, 2]
     assert comparison.jobs == 2 and set(comparison.settings) == {"iid", "noniid"}
     protocols = set()
@@ -291,18 +292,19 @@ def test_the_calibrated_spec_runs_every_recipe_on_one_protocol_from_its_plateau(
         config = resolve(run.args).config.as_dict()
         federation = {k: v for k, v in config["federation"].items() if "eval" not in k}
         assert federation["init_from"] == "runs/compare/fmnist_warm/iid/plateau/seed0"
-        assert (federation["rounds"], federation["server_epochs"]) == (10, 1)
-        assert (federation["local_epochs"], federation["clients_per_round"]) == (5, 10)
+        assert (federation["rounds"], federation["server_epochs"]) == (5, 1)
+        assert (federation["local_epochs"], federation["clients_per_round"]) == (1, 10)
         optim = config["model"]["init_args"]["optim"]
         assert (optim["server_lr"], optim["client_lr"]) == (0.01, 0.03)
         data = config["data"]
-        assert (data["batch_size"], data["examples_per_client"]) == (64, 1200)
+        assert (data["batch_size"], data["examples_per_client"]) == (32, 300)
+        assert data["labeled_per_class"] == 10
         protocols.add(json.dumps([data, federation, optim["lr_schedule"]], sort_keys=True))
     assert len(protocols) == 1
     (source,) = [s for s in plan_sources(comparison) if s.seed == 0 and s.setting == "iid"]
     config = resolve(source.args).config.as_dict()
     assert config["model"]["class_path"] == "fedlit.methods.ServerSL"
-    assert (config["federation"]["rounds"], config["federation"]["server_epochs"]) == (12, 4)
+    assert (config["federation"]["rounds"], config["federation"]["server_epochs"]) == (1, 400)
     assert config["data"]["batch_size"] == 16
     assert config["model"]["init_args"]["optim"]["server_lr"] == 0.03
     labels = ("labeled_per_class", "val_per_class", "dataset")

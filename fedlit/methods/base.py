@@ -233,7 +233,7 @@ class FederatedMethod(LightningModule):
         a method whose plan has that step (the centralized reference) defines it."""
         raise NotImplementedError(f"{type(self).__name__}'s plan has no centralized step")
 
-    def central_loader(self, data: FederatedDataModule) -> ImageBatches:
+    def central_loader(self, data: FederatedDataModule) -> ImageBatches | CombinedLoader:
         """The centralized step's loader: every client's whole shard, pooled at the server."""
         raise NotImplementedError(f"{type(self).__name__}'s plan has no centralized step")
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 import torch
+from lightning.pytorch.utilities import CombinedLoader
 from torch import nn
 
 from fedlit.data.datamodule import FederatedDataModule
@@ -49,9 +50,18 @@ class CentralizedConsistency(FederatedMethod):
     training as the federated method; one learner instead of C averaged ones. Nothing is
     communicated.
 
+    With ``labeled_in_step``, each of those steps also takes a batch of the server's labeled
+    images (``data.batch_size``, weak views, cycled) and trains CE on it beside the unlabeled
+    loss, in one forward pass: FixMatch's (or UDA's) own L_s + L_u
+    (:meth:`~fedlit.objectives.WeakStrongObjective.joint_step`), as a centralized
+    semi-supervised learner trains, where the federated clients, holding no labels, train the
+    unlabeled loss alone.
+
     Args:
         loss: the objective's settings (``mu``, FedProx's term, is anchored at the model the
             step starts from).
+        labeled_in_step: a labeled batch in every unlabeled step (see above); False: the
+            unlabeled loss alone, as the federated clients train.
         The others: see :class:`FederatedMethod`.
     """
 
@@ -68,6 +78,7 @@ class CentralizedConsistency(FederatedMethod):
         optim: Optimization = DEFAULT_OPTIMIZATION,
         *,
         loss: ConsistencyLoss,
+        labeled_in_step: bool = False,
         image_size: int | None = None,
         backbone_weights: str | None = None,
     ) -> None:
@@ -80,7 +91,10 @@ class CentralizedConsistency(FederatedMethod):
             image_size=image_size,
             backbone_weights=backbone_weights,
         )
+        if not isinstance(labeled_in_step, bool):
+            raise ValueError(f"model.labeled_in_step must be a bool, got {labeled_in_step!r}")
         self.loss = loss
+        self.labeled_in_step = labeled_in_step
 
     def round_plan(self) -> RoundPlan:
         return CENTRALIZED
@@ -99,8 +113,12 @@ class CentralizedConsistency(FederatedMethod):
         )
         return self.objective_class(self.network, loss=self.loss, **kwargs)
 
-    def central_loader(self, data: FederatedDataModule) -> ImageBatches:
-        return pooled_loader(data, ("weak", "strong"))
+    def central_loader(self, data: FederatedDataModule) -> ImageBatches | CombinedLoader:
+        pooled = pooled_loader(data, ("weak", "strong"))
+        if not self.labeled_in_step:
+            return pooled
+        labeled = data.server_dataloader(("weak",))
+        return CombinedLoader({"unlabeled": pooled, "labeled": labeled}, "max_size_cycle")
 
 
 class CentralizedFixMatch(CentralizedConsistency):
@@ -109,6 +127,7 @@ class CentralizedFixMatch(CentralizedConsistency):
 
     Args:
         loss: tau, the confidence threshold, and mu (:class:`~fedlit.objectives.FixMatchLoss`).
+        labeled_in_step: see :class:`CentralizedConsistency`.
         The others: see :class:`~fedlit.methods.FederatedMethod`.
     """
 
@@ -123,6 +142,7 @@ class CentralizedFixMatch(CentralizedConsistency):
         optim: Optimization = DEFAULT_OPTIMIZATION,
         loss: FixMatchLoss = FixMatchLoss(),
         *,
+        labeled_in_step: bool = False,
         image_size: int | None = None,
         backbone_weights: str | None = None,
     ) -> None:
@@ -133,6 +153,7 @@ class CentralizedFixMatch(CentralizedConsistency):
             norm,
             optim,
             loss=loss,
+            labeled_in_step=labeled_in_step,
             image_size=image_size,
             backbone_weights=backbone_weights,
         )
@@ -145,6 +166,7 @@ class CentralizedUDA(CentralizedConsistency):
     Args:
         loss: the sharpening temperature, the confidence threshold and mu
             (:class:`~fedlit.objectives.UDALoss`).
+        labeled_in_step: see :class:`CentralizedConsistency`.
         The others: see :class:`~fedlit.methods.FederatedMethod`.
     """
 
@@ -159,6 +181,7 @@ class CentralizedUDA(CentralizedConsistency):
         optim: Optimization = DEFAULT_OPTIMIZATION,
         loss: UDALoss = UDALoss(),
         *,
+        labeled_in_step: bool = False,
         image_size: int | None = None,
         backbone_weights: str | None = None,
     ) -> None:
@@ -169,6 +192,7 @@ class CentralizedUDA(CentralizedConsistency):
             norm,
             optim,
             loss=loss,
+            labeled_in_step=labeled_in_step,
             image_size=image_size,
             backbone_weights=backbone_weights,
         )

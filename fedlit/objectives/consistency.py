@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedlit.models import Classifier
@@ -68,10 +69,33 @@ class WeakStrongObjective(Objective):
         mu = self.loss.mu
         return loss + proximal_term(self.network, self.anchor, mu) if mu > 0 else loss
 
-    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+    def training_step(
+        self, batch: tuple[Tensor, Tensor] | dict[str, tuple[Tensor, ...]], batch_idx: int
+    ) -> Tensor:
+        if isinstance(batch, dict):
+            return self.joint_step(batch["unlabeled"], batch["labeled"])
         weak, strong = batch
         logits_weak, logits_strong = self.network(torch.cat([weak, strong])).chunk(2)
         loss, mask = self.unlabeled_loss(logits_weak, logits_strong)
         loss = self.proximal(loss)
         self.accumulate(len(weak), loss=loss, mask_rate=mask.mean())
+        return loss
+
+    def joint_step(self, unlabeled: tuple[Tensor, ...], labeled: tuple[Tensor, ...]) -> Tensor:
+        """FixMatch's own loss, labeled and unlabeled images in one step (Sohn et al. 2020,
+        eq 4 with lambda_u = 1): CE on the labeled batch's weak views plus the unlabeled loss,
+        in one forward pass over (labeled, weak, strong), so that BatchNorm sees them together.
+        Logged: ``loss``, ``ce`` and ``mask_rate``.
+
+        Args:
+            unlabeled: (weak (B, C, H, W), strong (B, C, H, W)).
+            labeled: (x (L, C, H, W), y (L,)).
+        """
+        (weak, strong), (x, y) = unlabeled, labeled
+        logits = self.network(torch.cat([x, weak, strong]))
+        logits_x, logits_weak, logits_strong = logits.split([len(x), len(weak), len(strong)])
+        ce = F.cross_entropy(logits_x.float(), y)
+        unsupervised, mask = self.unlabeled_loss(logits_weak, logits_strong)
+        loss = self.proximal(ce + unsupervised)
+        self.accumulate(len(weak), loss=loss, ce=ce, mask_rate=mask.mean())
         return loss
