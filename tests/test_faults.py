@@ -384,3 +384,23 @@ def test_fedrgd_warns_when_a_group_of_two_exposes_a_peer(
     assert len(found) == int(warned), [str(w.message) for w in caught]
     if warned:
         assert "3 w_avg,i - w_s - w_a" in str(found[0].message)
+
+
+def test_nonfinite_tensors_names_each_bad_tensor_in_order() -> None:
+    """Nested dicts and lists: the floating (and complex) tensors holding a NaN or an infinity
+    are named by dotted key in the state's order; integer tensors and other values are
+    skipped; an empty state names none."""
+    from fedlit.federation.faults import nonfinite_tensors
+
+    nan, inf = float("nan"), float("inf")
+    state = {
+        "a": torch.ones(3),
+        "b": [torch.zeros(2), torch.tensor([1.0, nan])],
+        "c": {"d": torch.tensor(inf), "e": torch.tensor([1, 2])},
+        "f": torch.tensor([1 + 1j, complex(nan, 0)]),
+        "g": "text",
+        "h": torch.empty(0),
+    }
+    assert nonfinite_tensors(state) == ["b.1", "c.d", "f"]
+    assert nonfinite_tensors(state, "model") == ["model.b.1", "model.c.d", "model.f"]
+    assert nonfinite_tensors({"a": torch.ones(2)}) == [] and nonfinite_tensors({}) == []

@@ -80,8 +80,17 @@ class ClientFault:
 def nonfinite_tensors(state: Any, prefix: str = "") -> list[str]:
     """The names of the floating-point tensors in ``state`` (a tensor, or dicts, lists and
     tuples of them, nested; other values are skipped) that hold a NaN or an infinity, as
-    dotted keys (list items as ``key.i``)."""
-    return [name for name, tensor in _floating(state, prefix) if not torch.isfinite(tensor).all()]
+    dotted keys (list items as ``key.i``). One host read a device: the tensors' flags are
+    stacked there and read together, not one ``bool`` (a sync on a GPU) a tensor."""
+    named = list(_floating(state, prefix))
+    on_device: dict[torch.device, list[int]] = {}
+    for i, (_, tensor) in enumerate(named):
+        on_device.setdefault(tensor.device, []).append(i)
+    bad: list[int] = []
+    for indices in on_device.values():
+        finite = torch.stack([torch.isfinite(named[i][1]).all() for i in indices]).tolist()
+        bad += [i for i, ok in zip(indices, finite, strict=True) if not ok]
+    return [named[i][0] for i in sorted(bad)]
 
 
 def _floating(state: Any, prefix: str) -> Iterator[tuple[str, torch.Tensor]]:
