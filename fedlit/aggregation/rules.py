@@ -118,15 +118,19 @@ def weight_diversity(starts: Sequence[State], finals: Sequence[State]) -> float:
     keys = [k for k, v in finals[0].items() if v.is_floating_point() and k in starts[0]]
     if not keys:
         return float("nan")
-    squares, total = 0.0, None
+    squares: torch.Tensor | None = None
+    total: torch.Tensor | None = None
     for start, final in zip(starts, finals, strict=True):
         delta = torch.cat(
             [(final[k].double() - start[k].double().to(final[k].device)).flatten() for k in keys]
         )
-        squares += float(delta.pow(2).sum())
-        total = delta if total is None else total + delta
-    denominator = float(total.pow(2).sum()) if total is not None else 0.0
-    return squares / denominator if denominator > 0 else float("nan")
+        square = delta.pow(2).sum()
+        squares = square if squares is None else squares + square.to(squares.device)
+        total = delta if total is None else total + delta.to(total.device)
+    assert squares is not None and total is not None
+    # one host read for the whole round, not one a client
+    numerator, denominator = torch.stack([squares, total.pow(2).sum().to(squares.device)]).tolist()
+    return numerator / denominator if denominator > 0 else float("nan")
 
 
 def state_bytes(state: State) -> int:
