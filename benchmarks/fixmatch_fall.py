@@ -1,8 +1,9 @@
 """Why a warm-started FixMatch falls: BatchNorm's statistics, or the weights?
 
-For each run directory given (a ``fedlit fit`` run, e.g. of ``recipes/comparisons/fmnist_warm.yaml``),
-its scored network (the checkpoint's, as ``federation.init_from`` reads it) is measured on the
-run's own data (its config: partition, labeled set and test set):
+For each run directory given (a ``fedlit fit`` run, e.g. of
+``recipes/comparisons/fmnist_warm.yaml``), its scored network (the checkpoint's, as
+``federation.init_from`` reads it) is measured on the run's own data (its config: partition,
+labeled set and test set):
 
 - ``test_acc``: the full test set, as saved;
 - ``test_acc_bn_weak`` / ``test_acc_bn_strong``: after BatchNorm's running statistics are
@@ -14,7 +15,8 @@ run's own data (its config: partition, labeled set and test set):
   those against the labels the simulation keeps aside, and the accuracy of all of them;
 - ``confident_classes``: how many of the confident pseudo-labels fall in each class.
 
-    OMP_NUM_THREADS=1 python benchmarks/fixmatch_fall.py runs/compare/fmnist_warm/iid/plateau/seed0 \
+    OMP_NUM_THREADS=1 python benchmarks/fixmatch_fall.py --tau 0.9 \
+        runs/compare/fmnist_warm/iid/plateau/seed0 \
         runs/compare/fmnist_warm/iid/fedavg_fixmatch/seed0 ...
 
 Prints one JSON object a run.
@@ -72,13 +74,14 @@ def measure(run: Path, tau: float) -> dict[str, object]:
     net.eval()
     probs = []
     with torch.no_grad():
-        for (x, _) in ImageBatches(images, data.spec, ("weak",), 256, False, labels=labels):
+        for x, _ in ImageBatches(images, data.spec, ("weak",), 256, False, labels=labels):
             probs.append(net(x).softmax(1))
     p = torch.cat(probs)
     conf, pred = p.max(1)
     mask = conf >= tau
     result["confident"] = float(mask.float().mean())
-    result["confident_acc"] = float((pred[mask] == labels[mask]).float().mean()) if mask.any() else None
+    right = (pred[mask] == labels[mask]).float()
+    result["confident_acc"] = float(right.mean()) if len(right) else None
     result["pseudo_acc"] = float((pred == labels).float().mean())
     result["confident_classes"] = torch.bincount(pred[mask], minlength=data.num_classes).tolist()
 
