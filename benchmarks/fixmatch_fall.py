@@ -7,9 +7,10 @@ labeled set and test set):
 
 - ``test_acc``: the full test set, as saved;
 - ``test_acc_bn_weak`` / ``test_acc_bn_strong``: after BatchNorm's running statistics are
-  recomputed (reset, then a cumulative average over one pass in train mode, no gradient) from
-  weak views, or from strong views, of the clients' images. A network whose accuracy comes
-  back with weak-view statistics lost it to its statistics, not to its weights;
+  re-estimated (:func:`fedlit.evaluation.batchnorm.recalibrated`, as the scored network's are
+  on the server's images) from weak views, or from strong views, of the clients' images. A
+  network whose accuracy comes back with weak-view statistics lost it to its statistics, not
+  to its weights;
 - ``confident``, ``confident_acc``, ``pseudo_acc``: the network's pseudo-labels on weak views of
   the clients' images, in eval mode: the fraction at or above ``--tau`` and the accuracy of
   those against the labels the simulation keeps aside, and the accuracy of all of them;
@@ -34,6 +35,7 @@ from torch import Tensor, nn
 
 from fedlit.cli.fit import resolve
 from fedlit.data.loaders import ImageBatches
+from fedlit.evaluation.batchnorm import recalibrated
 from fedlit.federation.warmstart import load_warm_start, template_network
 
 
@@ -45,18 +47,6 @@ def accuracy(net: nn.Module, batches: Iterable[tuple[Tensor, ...]]) -> float:
         right += int((net(x).argmax(1) == y).sum())
         total += len(y)
     return right / total
-
-
-@torch.no_grad()
-def recompute_bn(net: nn.Module, batches: Iterable[tuple[Tensor, ...]]) -> None:
-    norms = [m for m in net.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
-    for m in norms:
-        m.reset_running_stats()
-        m.momentum = None  # a cumulative average over the pass
-    net.train()
-    for (x,) in batches:
-        net(x)
-    net.eval()
 
 
 def measure(run: Path, tau: float) -> dict[str, object]:
@@ -86,10 +76,8 @@ def measure(run: Path, tau: float) -> dict[str, object]:
     result["confident_classes"] = torch.bincount(pred[mask], minlength=data.num_classes).tolist()
 
     for view in ("weak", "strong"):
-        copy = template_network(method)
-        copy.load_state_dict(state)
-        recompute_bn(copy, ImageBatches(images, data.spec, (view,), 64, False))
-        result[f"test_acc_bn_{view}"] = accuracy(copy, data.test_dataloader())
+        again = recalibrated(net, ImageBatches(images, data.spec, (view,), 64, False))
+        result[f"test_acc_bn_{view}"] = accuracy(again, data.test_dataloader())
     return result
 
 
