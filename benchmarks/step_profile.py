@@ -119,6 +119,7 @@ class PhaseCounts:
     units: int = 0
     shapes: set[tuple[int, ...]] = field(default_factory=set)
     sync_ops: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    op_names: dict[str, int] = field(default_factory=lambda: defaultdict(int))
 
 
 class Profile(TorchDispatchMode):
@@ -159,6 +160,7 @@ class Profile(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         counts = self.phases[self.stack[-1]]
         counts.ops += 1
+        counts.op_names[str(func)] += 1
         if is_sync(func, args):
             counts.syncs += 1
             counts.sync_ops[str(func)] += 1
@@ -427,7 +429,7 @@ def shapes_text(shapes: set[tuple[int, ...]]) -> str:
     return f"{len(shapes)}: B=" + ",".join(map(str, batches))
 
 
-def report(s: Setting, repeats: int) -> None:
+def report(s: Setting, repeats: int, top: int = 0) -> None:
     counted = {name: profiled(run, s, count=True) for name, run in RUNS.items()}
     times: dict[str, dict[str, list[float]]] = {name: defaultdict(list) for name in RUNS}
     for _ in range(repeats):  # alternated, so both see the same machine
@@ -464,6 +466,18 @@ def report(s: Setting, repeats: int) -> None:
         if steps:
             line += f"; per client step {syncs / steps:.1f} syncs, {ops / steps:.0f} ops"
         print(line + f"; syncs by phase and op: {where}")
+    if top:
+        print(f"the {top} most dispatched ops per unit of each phase:")
+        for phase in PHASES:
+            for name in RUNS:
+                c = counted[name].phases.get(phase)
+                if c is None or not c.ops:
+                    continue
+                common = sorted(c.op_names.items(), key=lambda kv: -kv[1])[:top]
+                cells = ", ".join(
+                    f"{op.removeprefix('aten.')} {per_unit(c, n):.1f}" for op, n in common
+                )
+                print(f"  {phase} ({name}): {cells}")
 
 
 RUNS: dict[str, Callable[[Setting, Profile], None]] = {"fedlit": run_fedlit, "plain": plain_run}
@@ -479,6 +493,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--server_epochs", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=1, help="timed runs of each")
+    parser.add_argument("--top", type=int, default=0, help="also list each phase's N commonest ops")
     args = parser.parse_args()
     if "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(1)
@@ -493,7 +508,7 @@ def main() -> None:
                 args.rounds,
                 args.server_epochs,
             )
-            report(s, args.repeats)
+            report(s, args.repeats, args.top)
 
 
 if __name__ == "__main__":

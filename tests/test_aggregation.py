@@ -145,3 +145,25 @@ def test_aggregators_that_average_the_server_in_need_it() -> None:
         GroupwiseWithServer(2)(_states(3), [1, 1, 1])
     with pytest.raises(ValueError, match="num_groups must be positive"):
         GroupwiseWithServer(0)
+
+
+def test_host_copy_is_a_detached_copy_of_the_kept_keys() -> None:
+    """An upload taken with ``host_copy`` holds the module's values, shares no memory with it
+    (the worker overwrites its network for the next client), needs no gradient and keeps only
+    the keys asked for."""
+    from torch import nn
+
+    from fedlit.aggregation.payloads import host_copy
+
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Linear(3, 2), nn.BatchNorm1d(2))
+    module(torch.randn(4, 3))  # BatchNorm's running statistics move off their initial values
+    copy = host_copy(module, keep=lambda key: not key.endswith("num_batches_tracked"))
+    state = module.state_dict()
+    assert list(copy) == [k for k in state if not k.endswith("num_batches_tracked")]
+    for key, value in copy.items():
+        assert torch.equal(value, state[key]) and value.device.type == "cpu"
+        assert not value.requires_grad and value.data_ptr() != state[key].data_ptr()
+    with torch.no_grad():
+        module[0].weight.add_(1.0)
+    assert not torch.equal(copy["0.weight"], module[0].weight)

@@ -18,7 +18,7 @@ import torch
 from lightning.pytorch.utilities import CombinedLoader
 from torch import Tensor, nn
 
-from fedlit.aggregation.payloads import MODEL, Payload, StateDict, state_part
+from fedlit.aggregation.payloads import MODEL, Payload, StateDict, host_copy, state_part
 from fedlit.data.client import ClientData
 from fedlit.data.loaders import ImageBatches
 from fedlit.models import Classifier, build_classifier
@@ -101,9 +101,11 @@ class PersistentNetwork:
         if missing:
             raise ValueError(f"payload key {missing[0]!r} is not in the network")
         live = self.network.state_dict(keep_vars=True)
-        with torch.no_grad():
-            for key, value in self.built.items():
-                live[key].copy_(weights.get(key, value))
+        with torch.no_grad():  # one multi-tensor copy, not one op a tensor
+            torch._foreach_copy_(
+                [live[key] for key in self.built],
+                [weights.get(key, value) for key, value in self.built.items()],
+            )
         return self.network
 
 
@@ -187,9 +189,7 @@ class ClientSide:
 
     def upload(self, objective: Objective) -> Payload:
         """What a client sends back after training: its shared weights, as ``"model"``."""
-        weights = objective.network.state_dict()
-        shared = {k: v.detach().cpu().clone() for k, v in weights.items() if self.is_shared(k)}
-        return {MODEL: shared}
+        return {MODEL: host_copy(objective.network, self.is_shared)}
 
     def state(self, objective: Objective, previous: Any) -> Any:
         """The client's persistent state after this round (stateless methods: None)."""

@@ -11,7 +11,7 @@ from lightning.pytorch.utilities import CombinedLoader
 from torch import nn
 
 from fedlit.aggregation import Mean
-from fedlit.aggregation.payloads import StateDict
+from fedlit.aggregation.payloads import StateDict, host_copy
 from fedlit.data.client import ClientData
 from fedlit.data.datamodule import FederatedDataModule
 from fedlit.data.loaders import ImageBatches
@@ -160,5 +160,4 @@ class FedConClientSide(ClientSide):
 
     def state(self, objective: Objective, previous: Any) -> Any:
         assert objective.network.projector is not None
-        projector = objective.network.projector.state_dict()
-        return {"projector": {k: v.detach().cpu().clone() for k, v in projector.items()}}
+        return {"projector": host_copy(objective.network.projector)}

@@ -11,7 +11,7 @@ from lightning.pytorch.utilities import CombinedLoader
 from torch import nn
 
 from fedlit.aggregation import Aggregated, Mean, weighted_average
-from fedlit.aggregation.payloads import StateDict, state_part
+from fedlit.aggregation.payloads import StateDict, host_copy, state_part
 from fedlit.data.client import ClientData
 from fedlit.data.datamodule import FederatedDataModule
 from fedlit.data.loaders import ImageBatches
@@ -194,8 +194,7 @@ class TeacherStudentClientSide(ClientSide):
     def upload(self, objective: Objective) -> Payload:
         upload = super().upload(objective)
         if self.upload_teacher:
-            teacher = objective.teacher.state_dict()  # type: ignore[union-attr]
-            upload[TEACHER] = {k: v.detach().cpu().clone() for k, v in teacher.items()}
+            upload[TEACHER] = host_copy(objective.teacher)  # type: ignore[arg-type]
         return upload
 
 

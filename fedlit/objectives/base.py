@@ -35,10 +35,9 @@ class KeptOptimizers:
             group = kept.param_groups[0]
             group.pop("initial_lr", None)
             group.update(settings)
-            for state in kept.state.values():
-                for value in state.values():
-                    if isinstance(value, Tensor):
-                        value.zero_()
+            buffers = [v for s in kept.state.values() for v in s.values() if isinstance(v, Tensor)]
+            if buffers:
+                torch._foreach_zero_(buffers)  # one op, not one a buffer
             return kept
         lr, decay = settings["lr"], settings["weight_decay"]
         # foreach: a few multi-tensor ops per step instead of a few ops per parameter (torch's
