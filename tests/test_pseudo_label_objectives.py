@@ -179,6 +179,11 @@ def test_fedswitch_switch_decision(
     method.kl_measured.copy_(~values.isnan())  # NaN: not measured yet
     assert method.send_teacher() is send
     assert ("teacher" in method.broadcast()) is send
+    # the switch's ablation: the teacher goes out whatever the measures say
+    fixed = FedSwitch(num_classes=10, in_channels=1, beta=beta, switching=False)
+    fixed.kl.copy_(method.kl)
+    fixed.kl_measured.copy_(method.kl_measured)
+    assert fixed.send_teacher() is True and "teacher" in fixed.broadcast()
 
 
 class _Fixed(nn.Module):

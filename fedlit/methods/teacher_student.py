@@ -232,6 +232,8 @@ class FedSwitch(TeacherStudentEMA):
     Args:
         beta: the IIDness prior, the expected D_KL of the clients' label distributions
             (0 for balanced clients, up to log(L) for single-class clients).
+        switching: False sends the teacher every round, eq 3 unapplied (an ablation of the
+            switch: local teacher adaptation alone); the KL measures are still logged.
         The others: see :class:`TeacherStudentEMA`.
     """
 
@@ -248,6 +250,7 @@ class FedSwitch(TeacherStudentEMA):
         ema_decay: float = 0.9,
         client_ema_decay: float = 0.99,
         beta: float = 0.0,
+        switching: bool = True,
         *,
         image_size: int | None = None,
         backbone_weights: str | None = None,
@@ -266,7 +269,7 @@ class FedSwitch(TeacherStudentEMA):
             image_size=image_size,
             backbone_weights=backbone_weights,
         )
-        self.beta = beta
+        self.beta, self.switching = beta, switching
         # the last round-mean D_KL^T and D_KL^S (float64, as Python's floats), and whether each
         # has been measured yet
         self.kl: torch.Tensor
@@ -280,7 +283,7 @@ class FedSwitch(TeacherStudentEMA):
         self.kl_measured.zero_()
 
     def send_teacher(self) -> bool:
-        if not self.kl_measured.all():
+        if not self.switching or not self.kl_measured.all():
             return True
         beta = self.beta
         kl_teacher, kl_student = self.kl.tolist()
