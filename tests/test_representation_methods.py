@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +88,43 @@ def test_fedcon_projector_stays_with_each_client(fmnist_root: Path, tmp_path: Pa
     assert any(
         not torch.equal(again.state["projector"][k], fresh.state["projector"][k]) for k in p0
     )
+
+
+def test_fedcon_identity_projector_starts_new_clients_at_the_identity(
+    fmnist_root: Path, tmp_path: Path
+) -> None:
+    """The ablation: a client's new projector is the identity map (a kept one is loaded as
+    before), so with the target equal to the received backbone its first loss is only the two
+    views' difference, far below a drawn projector's."""
+    from fedlit.methods.fedcon import FedConClientSide
+
+    fed = _fed(fmnist_root, tmp_path / "run", FedCon)
+    fed.prepare()
+    payload = fed.method.broadcast()
+    side = fed.method.client_side()
+    assert isinstance(side, FedConClientSide) and not side.identity_projector
+    client = fed.data.client_data(0, 1)
+    setup = fed.method._client_setup()  # type: ignore[attr-defined]
+    identity = FedConClientSide(setup, side.ema_decay, identity_projector=True)
+    drawn_net = side.objective(payload, client, None).network
+    assert drawn_net.projector is not None
+    drawn_weight = drawn_net.projector.state_dict()
+    eye_net = identity.objective(payload, client, None).network
+    assert eye_net.projector is not None
+    bias, weight = (v for _, v in sorted(eye_net.projector.state_dict().items()))
+    assert torch.equal(weight, torch.eye(len(weight))) and not bias.any()
+    assert not torch.equal(next(iter(drawn_weight.values())), weight)
+    kept = {"projector": {k: v + 1 for k, v in drawn_weight.items()}}
+    loaded = identity.objective(payload, client, kept).network.projector
+    assert loaded is not None
+    for key, value in loaded.state_dict().items():
+        assert torch.equal(value, kept["projector"][key])
+    # the first visit's loss, at the identity: the views' difference only
+    losses = {}
+    for name, s in (("drawn", side), ("identity", identity)):
+        update = dataclasses.replace(fed.runner, client=s)(payload, 0, 1, None)
+        losses[name] = update.metrics["loss"]
+    assert losses["identity"] < losses["drawn"] / 2, losses
 
 
 def test_fedcon_bytes_and_checkpointed_projectors(fmnist_root: Path, tmp_path: Path) -> None:

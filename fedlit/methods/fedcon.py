@@ -46,6 +46,10 @@ class FedCon(FederatedMethod):
         ema_decay: tau, the server target's upper EMA decay (0.999).
         client_ema_decay: mu, the client target's EMA decay (0.999).
         server_unlabeled: apply J to the server's unlabeled images too (paper 001 IV-E).
+        identity_projector: a client's new projector starts as the identity map (weight I,
+            bias 0) instead of its random draw: an ablation for warm starts, where b_xi = b_theta
+            and a drawn p starts far from the loss's minimum, so that its first gradients run
+            through the trained backbone; the paper draws it.
         The others: see :class:`FederatedMethod`.
     """
 
@@ -59,6 +63,7 @@ class FedCon(FederatedMethod):
         ema_decay: float = 0.999,
         client_ema_decay: float = 0.999,
         server_unlabeled: bool = False,
+        identity_projector: bool = False,
         *,
         image_size: int | None = None,
         backbone_weights: str | None = None,
@@ -76,7 +81,7 @@ class FedCon(FederatedMethod):
             backbone_weights=backbone_weights,
         )
         self.ema_decay, self.client_ema_decay = ema_decay, client_ema_decay
-        self.server_unlabeled = server_unlabeled
+        self.server_unlabeled, self.identity_projector = server_unlabeled, identity_projector
         self.aggregator = Mean()  # b_theta^G = 1/B sum_k b_theta^k (paper 001 III-B)
         self.target = copy.deepcopy(self.network)
         self.server_steps: torch.Tensor
@@ -130,7 +135,11 @@ class FedCon(FederatedMethod):
 
     # --- client ---------------------------------------------------------------------------
     def client_side(self) -> FedConClientSide:
-        return FedConClientSide(self._client_setup(), ema_decay=self.client_ema_decay)
+        return FedConClientSide(
+            self._client_setup(),
+            ema_decay=self.client_ema_decay,
+            identity_projector=self.identity_projector,
+        )
 
 
 class FedConClientSide(ClientSide):
@@ -139,6 +148,7 @@ class FedConClientSide(ClientSide):
 
     Args:
         ema_decay: mu, the client target's EMA decay.
+        identity_projector: a new projector starts as the identity map (see :class:`FedCon`).
         The others: see :class:`~fedlit.methods.client_side.ClientSide`.
     """
 
@@ -146,15 +156,23 @@ class FedConClientSide(ClientSide):
         self,
         setup: ClientSetup,
         ema_decay: float,
+        identity_projector: bool = False,
     ) -> None:
         super().__init__(setup, ("weak", "weak"))
-        self.ema_decay = ema_decay
+        self.ema_decay, self.identity_projector = ema_decay, identity_projector
 
     def objective(self, payload: Payload, client: ClientData, state: Any) -> Objective:
         network = self.model(payload)
-        projector = fedcon_projector(network.backbone.feature_dim)
+        projector = fedcon_projector(network.backbone.feature_dim)  # drawn either way
         if state is not None:
             projector.load_state_dict(state["projector"])
+        elif self.identity_projector:
+            with torch.no_grad():
+                for layer in projector.modules():
+                    if isinstance(layer, nn.Linear):
+                        nn.init.eye_(layer.weight)
+                        if layer.bias is not None:
+                            layer.bias.zero_()
         network.projector = projector
         return FedConClient(network, ema_decay=self.ema_decay, **self.optimizer_kwargs())
 
