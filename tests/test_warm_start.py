@@ -270,9 +270,9 @@ def test_the_calibrated_spec_runs_every_recipe_on_one_protocol_from_its_plateau(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """recipes/comparisons/fmnist_warm.yaml: sixteen methods, the oracle and the two centralized
-    references, each (seed 0, IID) with the same data, rounds, client work and light server
-    step (1 epoch of 100 labels in batches of 32), started from the plateau run of its setting
-    and seed, which trains 400 epochs in batches of 16 on the same labeled set."""
+    references, each (seed 0, IID) with the same data, rounds, client work (2 local epochs) and
+    light server step (1 epoch of 100 labels in batches of 32), started from the plateau run of
+    its setting and seed, which trains 400 epochs in batches of 16 on the same labeled set."""
     from fedlit.cli import resolve
     from fedlit.comparison import Comparison, SourceRun, plan
     from fedlit.comparison.runner import plan_sources
@@ -293,7 +293,7 @@ def test_the_calibrated_spec_runs_every_recipe_on_one_protocol_from_its_plateau(
         federation = {k: v for k, v in config["federation"].items() if "eval" not in k}
         assert federation["init_from"] == "runs/compare/fmnist_warm/iid/plateau/seed0"
         assert (federation["rounds"], federation["server_epochs"]) == (5, 1)
-        assert (federation["local_epochs"], federation["clients_per_round"]) == (1, 10)
+        assert (federation["local_epochs"], federation["clients_per_round"]) == (2, 10)
         optim = config["model"]["init_args"]["optim"]
         assert (optim["server_lr"], optim["client_lr"]) == (0.01, 0.03)
         data = config["data"]
