@@ -404,3 +404,11 @@ def test_nonfinite_tensors_names_each_bad_tensor_in_order() -> None:
     assert nonfinite_tensors(state) == ["b.1", "c.d", "f"]
     assert nonfinite_tensors(state, "model") == ["model.b.1", "model.c.d", "model.f"]
     assert nonfinite_tensors({"a": torch.ones(2)}) == [] and nonfinite_tensors({}) == []
+    # finite values whose squares would overflow are finite; mixed dtypes are checked together
+    huge = {
+        "a": torch.tensor([1e300, -1e300], dtype=torch.float64),
+        "b": torch.tensor([3e38, 3e38]),
+        "c": torch.tensor([6e4], dtype=torch.float16),
+    }
+    assert nonfinite_tensors(huge) == []
+    assert nonfinite_tensors(huge | {"d": torch.tensor([1.0, nan], dtype=torch.float16)}) == ["d"]
