@@ -110,6 +110,10 @@ def test_bad_weights() -> None:
         weighted_average(_states(2), [0, 0])
     with pytest.raises(ValueError, match="2 states"):
         weighted_average(_states(2), [1])
+    with pytest.raises(ValueError, match="weights"):  # a NaN weight has no positive sum
+        weighted_average(_states(2), [1, float("nan")])
+    with pytest.raises(ValueError, match=r"\[2, -1\]"):
+        weighted_average(_states(2), [2, -1])
 
 
 def test_state_bytes() -> None:

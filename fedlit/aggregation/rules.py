@@ -49,17 +49,19 @@ def weighted_average(states: Sequence[State], weights: Sequence[float]) -> dict[
     check_compatible(states)
     if len(weights) != len(states):
         raise ValueError(f"{len(weights)} weights for {len(states)} states")
-    w = torch.tensor([float(x) for x in weights], dtype=torch.float64)
-    if (w < 0).any() or w.sum() <= 0:
+    floats = [float(x) for x in weights]
+    if any(x < 0 for x in floats) or not sum(floats) > 0:  # checked on the host: no tensor read
         raise ValueError(f"weights must be non-negative with a positive sum, got {list(weights)}")
+    w = torch.tensor(floats, dtype=torch.float64)
     w = w / w.sum()
     out: dict[str, Tensor] = {}
-    for key, ref in states[0].items():
-        stacked = torch.stack([s[key].detach().to(ref.device, torch.float64) for s in states])
-        avg = torch.tensordot(w.to(ref.device), stacked, dims=1)
-        if not (ref.is_floating_point() or ref.is_complex()):
-            avg = avg.round()
-        out[key] = avg.to(ref.dtype)
+    with torch.no_grad():  # the inputs' autograd history, if any, is not the average's
+        for key, ref in states[0].items():
+            stacked = torch.stack([s[key].to(ref.device, torch.float64) for s in states])
+            avg = torch.tensordot(w.to(ref.device), stacked, dims=1)
+            if not (ref.is_floating_point() or ref.is_complex()):
+                avg = avg.round()
+            out[key] = avg.to(ref.dtype)
     return out
 
 
@@ -121,9 +123,10 @@ def weight_diversity(starts: Sequence[State], finals: Sequence[State]) -> float:
     squares: torch.Tensor | None = None
     total: torch.Tensor | None = None
     for start, final in zip(starts, finals, strict=True):
-        delta = torch.cat(
-            [(final[k].double() - start[k].double().to(final[k].device)).flatten() for k in keys]
-        )
+        # each state as one float64 vector (one cast of the concatenation, not one a key)
+        after = torch.cat([final[k].flatten() for k in keys]).double()
+        before = torch.cat([start[k].flatten() for k in keys]).to(after.device, torch.float64)
+        delta = after - before
         square = delta.pow(2).sum()
         squares = square if squares is None else squares + square.to(squares.device)
         total = delta if total is None else total + delta.to(total.device)

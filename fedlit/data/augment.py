@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from functools import cache
 
 import torch
@@ -96,6 +97,7 @@ class BatchRandAugment:
         self._grids: dict[tuple[int, int, str], Tensor] = {}
         self._parameters: dict[tuple[int, int, int, str], Tensor] = {}
         self._fixed_tables: dict[tuple[int, int, str], Tensor] = {}
+        self._slot_tables: dict[tuple[int, int, int, str], _SlotTables] = {}
 
     @functools.lru_cache(maxsize=8)  # noqa: B019 (one instance per view, kept for the run)
     def magnitudes(self, height: int, width: int) -> list[tuple[str, float, bool]]:
@@ -216,109 +218,95 @@ class BatchRandAugment:
             self._fixed_tables[key] = torch.stack(tables).to(device)
         return self._fixed_tables[key]
 
-    @staticmethod
-    def _column(params: Tensor, column: str) -> Tensor:
-        """One column of per-image parameters (B, len(COLUMNS)) as (B, 1, 1, 1)."""
-        return params[:, BatchRandAugment.COLUMNS.index(column), None, None, None]
+    def slot_tables(
+        self, channels: int, height: int, width: int, device: torch.device
+    ) -> _SlotTables:
+        """The per-code tables a slot gathers from, at this size and device, cached."""
+        key = (channels, height, width, str(device))
+        if key not in self._slot_tables:
+            params = self.parameters(channels, height, width, device)
+            which = params[:, self.COLUMNS.index("table")].long()
+            self._slot_tables[key] = _SlotTables(
+                grids=self.grids(height, width, device),
+                columns=params.T.contiguous(),
+                which=which.view(-1, 1, 1, 1, 1),
+                fixed=self.fixed_tables(height, width, device).view(2, 1, 1, 1, 256),
+                values=torch.arange(256, dtype=torch.float32, device=device),
+            )
+        return self._slot_tables[key]
 
     def __call__(self, images: Tensor, codes: Tensor | None = None) -> Tensor:
         """Augment uint8 ``images`` (B, C, H, W); ``codes`` (B, num_ops) fixes :meth:`draw`."""
         codes = self.draw(len(images)) if codes is None else codes.cpu()
-        channels, height, width = images.shape[-3:]
-        device = images.device
-        table = self.parameters(channels, height, width, device)
-        grids = self.grids(height, width, device)
-        fixed = self.fixed_tables(height, width, device)
-        codes = codes.to(device, non_blocking=True)  # one transfer for all slots
+        b, channels, height, width = images.shape
+        tables = self.slot_tables(channels, height, width, images.device)
+        codes = codes.to(images.device, non_blocking=True)  # one transfer for all slots
         out = images
         for slot in range(codes.shape[1]):
             code = codes[:, slot]
-            params = table[code]  # (B, len(COLUMNS))
-            out = _apply_grid_transform(out, grids[code], "nearest", fill=None)
-            out = self._sharpness(out, self._column(params, "sharpness"))
+            # each column of the drawn codes' parameters as (B, 1, 1, 1): one gather, one view
+            drawn = tables.columns[:, code].view(len(self.COLUMNS), b, 1, 1, 1).unbind(0)
+            params = dict(zip(self.COLUMNS, drawn, strict=True))
+            out = _apply_grid_transform(out, tables.grids[code], "nearest", fill=None)
+            out = self._sharpness(out, params["sharpness"])
             if channels == 3:
                 out = self._color(out, params)
-            out = self._lookup(out, params, fixed)
+            out = self._lookup(out, params, tables.which[code], tables)
         return out
 
-    def _color(self, images: Tensor, params: Tensor) -> Tensor:
+    def _color(self, images: Tensor, params: dict[str, Tensor]) -> Tensor:
         """torchvision's ``adjust_saturation`` (Color) with a per-image ratio: the blend with
         the image's grey image (B, 3, H, W); ratio 1, weight 0: the image unchanged."""
-        ratio = self._column(params, "color_ratio")
-        weight = self._column(params, "color_weight")
         grey = _color._rgb_to_grayscale_image(images, 1, preserve_dtype=False).floor_()
-        out = torch.addcmul(images * ratio, grey, weight)
+        out = torch.addcmul(images * params["color_ratio"], grey, params["color_weight"])
         return out.clamp_(0, 255).to(torch.uint8)
 
-    def _lookup(self, images: Tensor, params: Tensor, fixed: Tensor) -> Tensor:
+    def _lookup(
+        self, images: Tensor, params: dict[str, Tensor], which: Tensor, tables: _SlotTables
+    ) -> Tensor:
         """The lookup-table ops of a slot on uint8 ``images`` (B, C, H, W): each image's and
-        channel's table (B, C, 256) chosen by its code's ``table`` column, then one gather.
+        channel's table (B, C, 1, 256) chosen by its code's table (``which``, (B, 1, 1, 1, 1)
+        indices into :data:`TABLES`), then one gather.
 
         Each candidate table is torchvision's arithmetic on the values 0..255 with the image's
-        statistics: the blend ``v * r + d * (1 - r)`` (d: 0 or the grey image's mean, as
-        :meth:`_blend`), AutoContrast's ``(v - min) / ((max - min) / 255)`` per channel, and
-        Equalize's PIL-style table from the channel's histogram."""
+        statistics: the blend ``v * r + d * (1 - r)`` (d: 0 or the grey image's mean),
+        AutoContrast's ``(v - min) / ((max - min) / 255)`` per channel, and Equalize's
+        PIL-style table from the channel's histogram."""
         b, c, h, w = images.shape
-        values = torch.arange(256, dtype=torch.float32, device=images.device)  # (256,)
-        flat = images.reshape(b, c, h * w)
-        as_float = flat.to(torch.float32)
+        values = tables.values  # (256,)
+        index = images.reshape(b, c, 1, h * w).long()
+        as_float = index.to(torch.float32)
         # Brightness / Contrast / identity: v * r + d * w with d = the grey image's mean
         if c == 3:
             grey = _color._rgb_to_grayscale_image(images, 1, preserve_dtype=False).floor_()
-            mean = grey.mean(dim=(-3, -2, -1), keepdim=True).view(b, 1, 1)
+            mean = grey.mean(dim=(-3, -2, -1), keepdim=True)  # (B, 1, 1, 1)
         else:
-            mean = as_float.mean(dim=(-2, -1), keepdim=True)  # (B, 1, 1)
-        ratio, weight = params[:, 0, None, None], params[:, 1, None, None]
-        degenerate = mean * params[:, 2, None, None]
-        blend = torch.addcmul(values * ratio, degenerate, weight).clamp_(0, 255).to(torch.uint8)
-        # AutoContrast, per channel
-        low = as_float.amin(dim=-1, keepdim=True)  # (B, C, 1)
+            mean = as_float.mean(dim=(-3, -2, -1), keepdim=True)
+        degenerate = mean * params["mean"]
+        blend = torch.addcmul(values * params["ratio"], degenerate, params["weight"])
+        blend = blend.clamp_(0, 255).to(torch.uint8)  # (B, 1, 1, 256)
+        # AutoContrast, per channel: a flat channel is kept (min 0, scale 1)
+        low = as_float.amin(dim=-1, keepdim=True)  # (B, C, 1, 1)
         high = as_float.amax(dim=-1, keepdim=True)
         flat_channel = high == low
-        inv_scale = torch.where(flat_channel, 1.0, (high - low) * (1.0 / 255))
-        low = torch.where(flat_channel, 0.0, low)
+        inv_scale = (high - low).mul_(1.0 / 255).masked_fill_(flat_channel, 1.0)
+        low = low.masked_fill_(flat_channel, 0.0)
         contrast = (values - low).div_(inv_scale).clamp_(0, 255).to(torch.uint8)
-        # Equalize, per channel (torchvision's equalize_image on the histogram)
-        index = flat.long()
-        hist = torch.zeros((b, c, 256), dtype=torch.int32, device=images.device)
-        hist.scatter_add_(-1, index, torch.ones_like(index, dtype=torch.int32))
+        # Equalize, per channel (torchvision's equalize_image on the histogram); the table at
+        # value v is (pixels below v + step // 2) // step, and the image itself where step is 0
+        hist = torch.zeros((b, c, 1, 256), dtype=torch.int32, device=images.device)
+        hist.scatter_add_(-1, index, tables.ones(index.shape))
         cum = hist.cumsum(-1)
         top = hist.gather(-1, cum.argmax(-1, keepdim=True))
-        step = (h * w - top).div_(255, rounding_mode="floor")
-        shifted = (cum[..., :-1] + step // 2).div_(step.clamp(min=1), rounding_mode="floor")
-        equal = torch.cat([torch.zeros_like(step), shifted.clamp_(0, 255)], dim=-1)
-        identity = values.to(torch.uint8).expand(b, c, 256)
-        equal = torch.where(step != 0, equal.to(torch.uint8), identity)
+        step = (h * w - top).div_(256 - 1, rounding_mode="floor")
+        below = (cum - hist).add_(step // 2).div_(step.clamp(min=1), rounding_mode="floor")
+        identity, posterize, solarize = tables.expanded(b, c)
+        equal = torch.where(step != 0, below.clamp_(0, 255).to(torch.uint8), identity)
         candidates = torch.stack(
-            [
-                blend.expand(b, c, 256),
-                fixed[0].expand(b, c, 256),
-                fixed[1].expand(b, c, 256),
-                contrast,
-                equal,
-            ],
-            dim=1,
-        )  # (B, len(TABLES), C, 256)
-        which = params[:, -1].long().view(b, 1, 1, 1).expand(b, 1, c, 256)
-        lut = candidates.gather(1, which).squeeze(1)  # (B, C, 256)
+            [blend.expand(b, c, 1, 256), posterize, solarize, contrast, equal], dim=1
+        )  # (B, len(TABLES), C, 1, 256)
+        lut = candidates.gather(1, which.expand(b, 1, c, 1, 256)).view(b, c, 1, 256)
         return lut.gather(-1, index).view(b, c, h, w)
-
-    def _blend(self, images: Tensor, params: Tensor) -> Tensor:
-        """torchvision's ``_blend(image, degenerate, ratio)`` with a per-image ratio and
-        degenerate (black, the grey image or its mean), ``params`` (B, len(COLUMNS))."""
-        ratio, weight = self._column(params, "ratio"), self._column(params, "weight")
-        if images.shape[-3] == 3:
-            grey = _color._rgb_to_grayscale_image(images, 1, preserve_dtype=False).floor_()
-        else:
-            grey = images.to(torch.float32)
-        mean = grey.mean(dim=(-3, -2, -1), keepdim=True)
-        # grey * 1 + mean * 0, grey * 0 + mean * 1 or 0 + 0: exactly one of them, or black
-        degenerate = torch.addcmul(
-            grey * self._column(params, "grey"), mean, self._column(params, "mean")
-        )
-        # torchvision: image.mul(ratio).add_(degenerate, alpha=1 - ratio), a fused multiply-add
-        out = torch.addcmul(images * ratio, degenerate, weight)
-        return out.clamp_(0, 255).to(torch.uint8)
 
     def _sharpness(self, images: Tensor, weight: Tensor) -> Tensor:
         """torchvision's ``adjust_sharpness`` with a per-image weight 1 - factor (B, 1, 1, 1):
@@ -326,19 +314,51 @@ class BatchRandAugment:
         the border kept.
 
         torchvision convolves in float and rounds; here the integer sum k of the 3x3
-        neighbourhood plus 4 times the centre is rounded as k / 13, which is never within 1/26
-        of a half, so both round to the same integer (and the box sums are cheaper than a
-        depthwise convolution on a CPU)."""
+        neighbourhood (exact in float32) plus 4 times the centre is rounded as k / 13, which is
+        never within 1/26 of a half, so both round to the same integer (a sum pool or a
+        convolution would be fewer ops but several times slower on a CPU)."""
         height, width = images.shape[-2:]
         if height <= 2 or width <= 2:
             return images
         out = images.to(torch.float32)
-        rows = out[..., :, :-2] + out[..., :, 1:-1] + out[..., :, 2:]  # (B, C, H, W - 2)
-        box = rows[..., :-2, :] + rows[..., 1:-1, :] + rows[..., 2:, :]  # (B, C, H - 2, W - 2)
         interior = out[..., 1:-1, 1:-1]
+        # the 3x3 box sums as two 3-wide sums of windows (views): two reductions
+        box = out.unfold(-1, 3, 1).sum(-1).unfold(-2, 3, 1).sum(-1)  # (B, C, H - 2, W - 2)
         blurred = box.add_(interior, alpha=4.0).div_(13.0).round_()
         interior.copy_(torch.addcmul(interior, blurred.sub_(interior), weight))
         return out.clamp_(0, 255).to(torch.uint8)
+
+
+@dataclass
+class _SlotTables:
+    """What a RandAugment slot gathers from, per code (2 * 14 codes), on one device: the
+    sampling ``grids`` (codes, H, W, 2), the parameter ``columns`` (len(COLUMNS), codes), the
+    lookup table's index ``which`` (codes, 1, 1, 1, 1), Posterize's and Solarize's ``fixed``
+    tables (2, 1, 1, 1, 256) and the pixel ``values`` 0..255 (float32); and, per batch shape,
+    the constant tensors of :meth:`BatchRandAugment._lookup`."""
+
+    grids: Tensor
+    columns: Tensor
+    which: Tensor
+    fixed: Tensor
+    values: Tensor
+    _ones: dict[tuple[int, ...], Tensor] = field(default_factory=dict)
+    _expanded: dict[tuple[int, int], tuple[Tensor, Tensor, Tensor]] = field(default_factory=dict)
+
+    def ones(self, shape: torch.Size) -> Tensor:
+        """int32 ones of ``shape``: each pixel's count in a histogram."""
+        key = tuple(shape)
+        if key not in self._ones:
+            self._ones[key] = torch.ones(key, dtype=torch.int32, device=self.values.device)
+        return self._ones[key]
+
+    def expanded(self, b: int, c: int) -> tuple[Tensor, Tensor, Tensor]:
+        """The identity, Posterize and Solarize tables as (B, C, 1, 256) uint8 views."""
+        if (b, c) not in self._expanded:
+            identity = self.values.to(torch.uint8).expand(b, c, 1, 256)
+            posterize, solarize = (t.expand(b, c, 1, 256) for t in self.fixed)
+            self._expanded[(b, c)] = (identity, posterize, solarize)
+        return self._expanded[(b, c)]
 
 
 class BatchView:
@@ -356,45 +376,86 @@ class BatchView:
         self.view, self.spec = view, spec
         self.pad = spec.size // 8
         self.randaugment = BatchRandAugment()
+        self._index_cache: dict[tuple[int, int, int, str], dict[str, Tensor]] = {}
+        self._batch_index: dict[tuple[int, str], Tensor] = {}
+        self._moments: dict[str, tuple[Tensor, Tensor]] = {}
 
     def weak_geometry(self, images: Tensor) -> Tensor:
         """torchvision's ``RandomCrop(size, padding=size // 8, padding_mode="reflect")`` and,
         where it keeps the label, ``RandomHorizontalFlip()``, with an offset and a coin per
-        image: uint8 in, uint8 out."""
+        image: uint8 in, uint8 out, by one gather (each row and column of the crop read
+        through the reflection of the padded border)."""
         b, c, h, w = images.shape
-        p = self.pad
-        padded = torch.nn.functional.pad(images.float(), (p, p, p, p), mode="reflect")
-        top = torch.randint(0, 2 * p + 1, (b,)).to(images.device)
-        left = torch.randint(0, 2 * p + 1, (b,)).to(images.device)
-        rows = top[:, None] + torch.arange(h, device=images.device)  # (B, H)
-        cols = left[:, None] + torch.arange(w, device=images.device)  # (B, W)
+        device = images.device
+        index = self._indices(c, h, w, device)
+        top = torch.randint(0, 2 * self.pad + 1, (b,)).to(device)
+        left = torch.randint(0, 2 * self.pad + 1, (b,)).to(device)
+        rows = index["reflect_rows"][top.view(b, 1, 1, 1) + index["rows"]]  # (B, 1, H, 1)
+        cols = index["reflect_cols"][left.view(b, 1, 1, 1) + index["cols"]]  # (B, 1, 1, W)
         if self.spec.hflip:
-            flip = (torch.rand(b) < 0.5).to(images.device)
-            cols = torch.where(flip[:, None], cols.flip(1), cols)
-        batch = torch.arange(b, device=images.device)[:, None, None, None]
-        channel = torch.arange(c, device=images.device)[None, :, None, None]
-        out = padded[batch, channel, rows[:, None, :, None], cols[:, None, None, :]]
-        return out.to(torch.uint8)
+            flip = (torch.rand(b) < 0.5).to(device)
+            cols = torch.where(flip.view(b, 1, 1, 1), cols.flip(-1), cols)
+        key = (b, str(device))
+        if key not in self._batch_index:
+            self._batch_index[key] = torch.arange(b, device=device).view(b, 1, 1, 1)
+        return images[self._batch_index[key], index["channels"], rows, cols]
+
+    def _indices(self, c: int, h: int, w: int, device: torch.device) -> dict[str, Tensor]:
+        """The index tensors of :meth:`weak_geometry` and :meth:`cutout`, cached per size and
+        device: ``reflect_rows`` / ``reflect_cols``, the source row or column of each padded
+        one; ``rows`` (1, 1, H, 1), ``cols`` (1, 1, 1, W) and ``channels`` (1, C, 1, 1)
+        aranges; and Cutout's ``cut_rows`` (S, T, H) and ``cut_cols`` (S, T, W) masks on the
+        CPU (where the sides and positions are drawn), position t of side s covering
+        [t, t + s)."""
+        key = (c, h, w, str(device))
+        if key not in self._index_cache:
+            p = self.pad
+
+            def reflect(n: int) -> Tensor:  # "reflect" padding: the border is not repeated
+                i = (torch.arange(n + 2 * p) - p).abs()
+                return ((n - 1) - ((n - 1) - i).abs()).to(device)
+
+            def cut(n: int, most: int) -> Tensor:
+                side = torch.arange(most + 1).view(-1, 1, 1)
+                start = torch.arange(most + 1).view(1, -1, 1)
+                at = torch.arange(n).view(1, 1, -1)
+                return (at >= start) & (at < start + side)
+
+            most = max(h, w)
+            self._index_cache[key] = {
+                "reflect_rows": reflect(h),
+                "reflect_cols": reflect(w),
+                "rows": torch.arange(h, device=device).view(1, 1, h, 1),
+                "cols": torch.arange(w, device=device).view(1, 1, 1, w),
+                "channels": torch.arange(c, device=device).view(1, c, 1, 1),
+                "cut_rows": cut(h, most),
+                "cut_cols": cut(w, most),
+            }
+        return self._index_cache[key]
 
     def cutout(self, images: Tensor) -> Tensor:
         """torchvision's ``RandomErasing(p=1, scale=CUTOUT_SCALE, ratio=(1, 1), value=0)``
         per image: a square of side round(sqrt(s H W)), s ~ U(scale), at a uniform position,
         set to 0 in every channel (the normalised data set mean)."""
-        b, _, h, w = images.shape
+        b, c, h, w = images.shape
         area = torch.empty(b).uniform_(*CUTOUT_SCALE) * (h * w)
         side = area.sqrt().round().long()  # < min(h, w) for scale <= 0.25: the first try fits
         top = (torch.rand(b) * (h - side + 1)).long()
         left = (torch.rand(b) * (w - side + 1)).long()
-        rows = torch.arange(h)[None, :]
-        cols = torch.arange(w)[None, :]
-        inside_rows = (rows >= top[:, None]) & (rows < (top + side)[:, None])  # (B, H)
-        inside_cols = (cols >= left[:, None]) & (cols < (left + side)[:, None])  # (B, W)
-        erase = (inside_rows[:, :, None] & inside_cols[:, None, :]).to(images.device)
-        return images.masked_fill(erase[:, None], 0.0)
+        index = self._indices(c, h, w, images.device)
+        inside_rows = index["cut_rows"][side, top].view(b, 1, h, 1)
+        inside_cols = index["cut_cols"][side, left].view(b, 1, 1, w)
+        return images.masked_fill((inside_rows & inside_cols).to(images.device), 0.0)
 
     def normalize(self, images: Tensor) -> Tensor:
-        mean = torch.tensor(self.spec.mean, device=images.device).view(1, -1, 1, 1)
-        std = torch.tensor(self.spec.std, device=images.device).view(1, -1, 1, 1)
+        """(x / 255 - mean) / std with the data set's channel means and deviations."""
+        key = str(images.device)
+        if key not in self._moments:
+            mean, std = (
+                torch.tensor(m, device=images.device) for m in (self.spec.mean, self.spec.std)
+            )
+            self._moments[key] = (mean.view(1, -1, 1, 1), std.view(1, -1, 1, 1))
+        mean, std = self._moments[key]
         return (images.float() / 255.0 - mean) / std
 
     def __call__(self, images: Tensor) -> Tensor:
