@@ -269,10 +269,11 @@ def test_a_comparison_starts_each_seeds_runs_from_its_source_run(
 def test_the_calibrated_spec_runs_every_recipe_on_one_protocol_from_its_plateau(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """recipes/comparisons/fmnist_warm.yaml: sixteen methods, the oracle and the two centralized
-    references, each (seed 0, IID) with the same data, rounds, client work (2 local epochs) and
-    light server step (1 epoch of 100 labels in batches of 32), started from the plateau run of
-    its setting and seed, which trains 400 epochs in batches of 16 on the same labeled set."""
+    """recipes/comparisons/fmnist_warm.yaml: sixteen methods, the oracle, the two centralized
+    references and the three ablations of recipes/ablations/, each (seed 0, IID) with the same
+    data, rounds, client work (2 local epochs) and light server
+    step (1 epoch of 100 labels in batches of 32), started from the plateau run of its setting
+    and seed, which trains 400 epochs in batches of 16 on the same labeled set."""
     from fedlit.cli import resolve
     from fedlit.comparison import Comparison, SourceRun, plan
     from fedlit.comparison.runner import plan_sources
@@ -282,7 +283,8 @@ def test_the_calibrated_spec_runs_every_recipe_on_one_protocol_from_its_plateau(
     comparison = Comparison(**values | {"init_from": SourceRun(**values["init_from"])})
     stems = [Path(r).stem for r in comparison.recipes]
     references = {"server_sl", "fedavg_sl", "centralized_fixmatch", "centralized_fixmatch_joint"}
-    assert len(stems) == 18 and references <= set(stems)
+    ablations = {"fedcon_identity_projector", "fedrgd_one_group", "fedswitch_teacher_always"}
+    assert len(stems) == 21 and references | ablations <= set(stems)
     assert comparison.baseline == "server_sl" and comparison.seeds == [0, 1, 2]
     assert comparison.jobs == 2 and set(comparison.settings) == {"iid", "noniid"}
     protocols = set()
