@@ -313,6 +313,30 @@ def test_the_calibrated_spec_runs_every_recipe_on_one_protocol_from_its_plateau(
     assert {k: config["data"][k] for k in labels} == {k: data[k] for k in labels}
 
 
+def test_the_long_spec_is_the_calibrated_one_for_10_rounds() -> None:
+    """recipes/comparisons/fmnist_warm_long.yaml: fmnist_warm's plateau, settings, seeds and
+    overrides but 10 rounds, for the baseline, the oracle, the joint reference, FixMatch and
+    FedSEAL."""
+    specs = {
+        name: yaml.safe_load((REPO / f"recipes/comparisons/{name}.yaml").read_text())
+        for name in ("fmnist_warm", "fmnist_warm_long")
+    }
+    short, long = specs["fmnist_warm"], specs["fmnist_warm_long"]
+    stems = [Path(r).stem for r in long["recipes"]]
+    assert stems == [
+        "server_sl",
+        "fedavg_sl",
+        "centralized_fixmatch_joint",
+        "fedavg_fixmatch",
+        "fedseal",
+    ]
+    assert set(long["recipes"]) <= set(short["recipes"])
+    rounds = {"--federation.rounds=5": "--federation.rounds=10"}
+    assert long["overrides"] == [rounds.get(o, o) for o in short["overrides"]]
+    for key in ("init_from", "settings", "seeds", "baseline", "last_k", "jobs"):
+        assert long[key] == short[key], key
+
+
 @pytest.mark.slow  # worker processes start (about 30 s of CPU on 2 cores)
 def test_a_warm_run_gives_the_same_weights_in_worker_processes(
     fmnist_root: Path, source: Path, tmp_path: Path
