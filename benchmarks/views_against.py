@@ -5,8 +5,8 @@ then for each data set, view and batch:
 
 - checks that both give the same images bit for bit from the same generator state, and leave
   the generator in the same state (a change of the views that should keep every result);
-- counts the ops each dispatches (``TorchDispatchMode``: on a GPU, about one kernel launch
-  each);
+- counts the ops each dispatches (``step_profile.Profile``'s count: on a GPU, about one
+  kernel launch each);
 - times both, taking turns, and prints the median time of each and their ratio.
 
     OMP_NUM_THREADS=1 python benchmarks/views_against.py --against HEAD~1
@@ -19,7 +19,6 @@ import argparse
 import importlib.util
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -27,21 +26,11 @@ from pathlib import Path
 from types import ModuleType
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from step_profile import Profile
 
 from fedlit.data import augment, dataset_spec
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-class OpCount(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        self.ops += 1
-        return func(*args, **(kwargs or {}))
 
 
 def module_at(revision: str, folder: Path) -> ModuleType:
@@ -73,10 +62,10 @@ def same_views(then: Callable, now: Callable, images: torch.Tensor) -> bool:  # 
 
 def ops(view: Callable, images: torch.Tensor) -> int:  # type: ignore[type-arg]
     view(images)  # the per-size tables, built once
-    counter = OpCount()
+    counter = Profile(count=True)
     with counter:
         view(images)
-    return counter.ops
+    return counter.phases["other"].ops
 
 
 def timed(view: Callable, images: torch.Tensor, calls: int) -> float:  # type: ignore[type-arg]
@@ -121,7 +110,6 @@ def main() -> None:
                 f"{name:14} {view_name:7} {args.batch:4d} {str(same):>5} {counts[0]:9d} "
                 f"{counts[1]:8d} {t_then:8.2f} {t_now:7.2f} {t_now / t_then:9.2f}"
             )
-    sys.stdout.flush()
 
 
 if __name__ == "__main__":
