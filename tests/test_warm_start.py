@@ -337,6 +337,20 @@ def test_the_long_spec_is_the_calibrated_one_for_10_rounds() -> None:
         assert long[key] == short[key], key
 
 
+def test_the_low_lr_spec_is_the_long_one_but_for_the_client_lr() -> None:
+    """recipes/comparisons/fmnist_warm_long_low_lr.yaml: fmnist_warm_long's spec with the
+    clients' learning rate at 0.01 instead of 0.03, its own folder and document."""
+    long, low = (
+        yaml.safe_load((REPO / f"recipes/comparisons/{name}.yaml").read_text())
+        for name in ("fmnist_warm_long", "fmnist_warm_long_low_lr")
+    )
+    lr = {"--model.init_args.optim.client_lr=0.03": "--model.init_args.optim.client_lr=0.01"}
+    assert low["overrides"] == [lr.get(o, o) for o in long["overrides"]] != long["overrides"]
+    for key in ("init_from", "recipes", "settings", "seeds", "baseline", "last_k", "jobs"):
+        assert low[key] == long[key], key
+    assert low["out"] != long["out"] and low["report"] != long["report"]
+
+
 @pytest.mark.slow  # worker processes start (about 30 s of CPU on 2 cores)
 def test_a_warm_run_gives_the_same_weights_in_worker_processes(
     fmnist_root: Path, source: Path, tmp_path: Path
