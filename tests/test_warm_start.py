@@ -339,7 +339,7 @@ def test_the_long_spec_is_the_calibrated_one_for_10_rounds() -> None:
 
 def test_the_low_lr_spec_is_the_long_one_but_for_the_client_lr() -> None:
     """recipes/comparisons/fmnist_warm_long_low_lr.yaml: fmnist_warm_long's spec with the
-    clients' learning rate at 0.01 instead of 0.03 and three seeds more, its own folder and
+    clients' learning rate at 0.01 instead of 0.03 and seeds 0-5, its own folder and
     document."""
     long, low = (
         yaml.safe_load((REPO / f"recipes/comparisons/{name}.yaml").read_text())
@@ -349,7 +349,7 @@ def test_the_low_lr_spec_is_the_long_one_but_for_the_client_lr() -> None:
     assert low["overrides"] == [lr.get(o, o) for o in long["overrides"]] != long["overrides"]
     for key in ("init_from", "recipes", "settings", "baseline", "last_k", "jobs"):
         assert low[key] == long[key], key
-    assert low["seeds"] == [*long["seeds"], 3, 4, 5]
+    assert low["seeds"] == [0, 1, 2, 3, 4, 5] and set(long["seeds"]) <= set(low["seeds"])
     assert low["out"] != long["out"] and low["report"] != long["report"]
 
 
