@@ -19,6 +19,7 @@ import argparse
 import importlib.util
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -31,6 +32,7 @@ from step_profile import Profile
 from fedlit.data import augment, dataset_spec
 
 REPO = Path(__file__).resolve().parents[1]
+View = Callable[[torch.Tensor], torch.Tensor]  # a batched view: uint8 images in, a batch out
 
 
 def module_at(revision: str, folder: Path) -> ModuleType:
@@ -47,11 +49,12 @@ def module_at(revision: str, folder: Path) -> ModuleType:
     spec = importlib.util.spec_from_file_location("augment_then", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # where a dataclass of the module looks itself up
     spec.loader.exec_module(module)
     return module
 
 
-def same_views(then: Callable, now: Callable, images: torch.Tensor) -> bool:  # type: ignore[type-arg]
+def same_views(then: View, now: View, images: torch.Tensor) -> bool:
     """Both views from one generator state: equal images and equal states afterwards."""
     torch.manual_seed(0)
     a, after_a = then(images), torch.get_rng_state()
@@ -60,7 +63,7 @@ def same_views(then: Callable, now: Callable, images: torch.Tensor) -> bool:  # 
     return torch.equal(a, b) and a.stride() == b.stride() and torch.equal(after_a, after_b)
 
 
-def ops(view: Callable, images: torch.Tensor) -> int:  # type: ignore[type-arg]
+def ops(view: View, images: torch.Tensor) -> int:
     view(images)  # the per-size tables, built once
     counter = Profile(count=True)
     with counter:
@@ -68,7 +71,7 @@ def ops(view: Callable, images: torch.Tensor) -> int:  # type: ignore[type-arg]
     return counter.phases["other"].ops
 
 
-def timed(view: Callable, images: torch.Tensor, calls: int) -> float:  # type: ignore[type-arg]
+def timed(view: View, images: torch.Tensor, calls: int) -> float:
     start = time.perf_counter()
     for _ in range(calls):
         view(images)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -70,6 +71,11 @@ def source(fmnist_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     run_dir = tmp_path_factory.mktemp("source") / "server_sl"
     _federation(fmnist_root, run_dir, ServerSL(10, 1), rounds=2, server_epochs=2).run()
     return run_dir
+
+
+def _spec(name: str) -> dict[str, Any]:
+    """The comparison spec ``recipes/comparisons/<name>.yaml``, as its YAML reads."""
+    return yaml.safe_load((REPO / f"recipes/comparisons/{name}.yaml").read_text())
 
 
 def _source_acc(run_dir: Path) -> float:
@@ -279,7 +285,7 @@ def test_the_calibrated_spec_runs_every_recipe_on_one_protocol_from_its_plateau(
     from fedlit.comparison.runner import plan_sources
 
     monkeypatch.chdir(REPO)
-    values = yaml.safe_load((REPO / "recipes/comparisons/fmnist_warm.yaml").read_text())
+    values = _spec("fmnist_warm")
     comparison = Comparison(**values | {"init_from": SourceRun(**values["init_from"])})
     stems = [Path(r).stem for r in comparison.recipes]
     references = {"server_sl", "fedavg_sl", "centralized_fixmatch", "centralized_fixmatch_joint"}
@@ -317,11 +323,7 @@ def test_the_long_spec_is_the_calibrated_one_for_10_rounds() -> None:
     """recipes/comparisons/fmnist_warm_long.yaml: fmnist_warm's plateau, settings, seeds and
     overrides but 10 rounds, for the baseline, the oracle, the joint reference, FixMatch and
     FedSEAL."""
-    specs = {
-        name: yaml.safe_load((REPO / f"recipes/comparisons/{name}.yaml").read_text())
-        for name in ("fmnist_warm", "fmnist_warm_long")
-    }
-    short, long = specs["fmnist_warm"], specs["fmnist_warm_long"]
+    short, long = _spec("fmnist_warm"), _spec("fmnist_warm_long")
     stems = [Path(r).stem for r in long["recipes"]]
     assert stems == [
         "server_sl",
@@ -341,10 +343,7 @@ def test_the_low_lr_spec_is_the_long_one_but_for_the_client_lr() -> None:
     """recipes/comparisons/fmnist_warm_long_low_lr.yaml: fmnist_warm_long's spec with the
     clients' learning rate at 0.01 instead of 0.03 and seeds 0-5, its own folder and
     document."""
-    long, low = (
-        yaml.safe_load((REPO / f"recipes/comparisons/{name}.yaml").read_text())
-        for name in ("fmnist_warm_long", "fmnist_warm_long_low_lr")
-    )
+    long, low = _spec("fmnist_warm_long"), _spec("fmnist_warm_long_low_lr")
     lr = {"--model.init_args.optim.client_lr=0.03": "--model.init_args.optim.client_lr=0.01"}
     assert low["overrides"] == [lr.get(o, o) for o in long["overrides"]] != long["overrides"]
     for key in ("init_from", "recipes", "settings", "baseline", "last_k", "jobs"):
