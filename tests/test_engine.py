@@ -5,9 +5,11 @@ order; shuffled loaders give one batch shape; a loader's split is staged once on
 from __future__ import annotations
 
 import pickle
+import random
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from ray_runs import federation
@@ -17,6 +19,8 @@ from fedlit.data.datasets import SPECS
 from fedlit.data.loaders import ImageBatches, staged
 from fedlit.federation import RaySettings
 from fedlit.federation.client import ClientRunner
+from fedlit.federation.seeding import derive_seed, rng_states, seed_all
+from fedlit.federation.trainers import TrainerTemplate
 from fedlit.methods import FedAvgFixMatch, FederatedMethod, FedSEAL, TSClientEMA
 from fedlit.methods.client_side import BUILD_SEED, ClientUpdate
 from fedlit.objectives.base import KeptOptimizers
@@ -50,6 +54,40 @@ def test_a_client_update_does_not_depend_on_the_clients_run_before_it(
     torch.testing.assert_close(alone[1].upload, forward[1].upload, rtol=0, atol=0)
     sent = payload[MODEL]
     assert any(not torch.equal(forward[0].model[k], sent[k]) for k in sent)  # it trained
+
+
+def test_seeding_a_unit_of_work_sets_every_global_generator_as_the_libraries_own_seeding() -> None:
+    """seed_all skips torch's queued device seedings where there is no accelerator: the
+    generators end where ``random.seed``, ``np.random.seed`` and ``torch.manual_seed`` put
+    them."""
+    seed = derive_seed(7, 3, 2)
+    seed_all(seed)
+    ours, our_draw = rng_states(), torch.rand(4)
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+    theirs, their_draw = rng_states(), torch.rand(4)
+    assert ours["python"] == theirs["python"]
+    (kind, keys, *rest), (their_kind, their_keys, *their_rest) = ours["numpy"], theirs["numpy"]
+    assert (kind, rest) == (their_kind, their_rest)
+    torch.testing.assert_close(keys, their_keys, rtol=0, atol=0)
+    torch.testing.assert_close(ours["torch"], theirs["torch"], rtol=0, atol=0)
+    torch.testing.assert_close(our_draw, their_draw, rtol=0, atol=0)
+    seed_all(seed + 1)
+    assert not torch.equal(torch.get_rng_state(), theirs["torch"])
+
+
+def test_per_step_trainers_do_not_probe_for_gpus_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lightning's device lines come once per process and accelerator: later Trainers of the
+    same settings do not ask torch for the CUDA devices (an NVML probe each)."""
+    template = TrainerTemplate(accelerator="cpu")
+    template.build()
+    asked: list[int] = []
+    counted = torch.cuda.device_count
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: asked.append(1) or counted())
+    for _ in range(3):
+        template.build(max_epochs=1)
+    assert asked == []
 
 
 def test_a_worker_keeps_one_network_per_role_overwritten_in_place() -> None:

@@ -22,6 +22,7 @@ import torch
 from lightning import LightningModule, Trainer
 from lightning.fabric.plugins.precision.precision import _PRECISION_INPUT
 from lightning.pytorch.strategies import SingleDeviceStrategy
+from lightning.pytorch.trainer import setup as _trainer_setup
 from lightning.pytorch.trainer.connectors import callback_connector as _callback_connector
 from lightning.pytorch.utilities.combined_loader import CombinedLoader
 from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
@@ -58,6 +59,30 @@ def _discover_callback_factories_once() -> None:
 
 
 _discover_callback_factories_once()
+
+
+def _log_device_info_once() -> None:
+    """Lightning's device lines ("GPU available: ..., used: ...", and its "GPU available but
+    not used" warning) once per process and kind of accelerator instead of in every per-step
+    Trainer: their checks ask torch for the CUDA devices twice, which with Lightning imported
+    is an NVML probe each (about 0.2 ms a Trainer where there is no GPU), and they say the
+    same thing every time."""
+    original = _trainer_setup._log_device_info
+    if getattr(original, "fedlit_once", False):
+        return
+    logged: set[type] = set()
+
+    def log(trainer: Trainer) -> None:
+        kind = type(trainer.accelerator)
+        if kind not in logged:
+            logged.add(kind)
+            original(trainer)
+
+    log.fedlit_once = True  # type: ignore[attr-defined]
+    _trainer_setup._log_device_info = log
+
+
+_log_device_info_once()
 
 TERMINATED = 128 + signal.SIGTERM  # the exit status of a run stopped by SIGTERM
 
