@@ -320,9 +320,9 @@ def test_the_calibrated_spec_runs_every_recipe_on_one_protocol_from_its_plateau(
 
 
 def test_the_long_spec_is_the_calibrated_one_for_10_rounds() -> None:
-    """recipes/comparisons/fmnist_warm_long.yaml: fmnist_warm's plateau, settings, seeds and
-    overrides but 10 rounds, for the baseline, the oracle, the joint reference, FixMatch and
-    FedSEAL."""
+    """recipes/comparisons/fmnist_warm_long.yaml: fmnist_warm's plateau, settings and
+    overrides but 10 rounds, and its seeds and three more, for the baseline, the oracle, the
+    joint reference, FixMatch and FedSEAL."""
     short, long = _spec("fmnist_warm"), _spec("fmnist_warm_long")
     stems = [Path(r).stem for r in long["recipes"]]
     assert stems == [
@@ -335,8 +335,9 @@ def test_the_long_spec_is_the_calibrated_one_for_10_rounds() -> None:
     assert set(long["recipes"]) <= set(short["recipes"])
     rounds = {"--federation.rounds=5": "--federation.rounds=10"}
     assert long["overrides"] == [rounds.get(o, o) for o in short["overrides"]]
-    for key in ("init_from", "settings", "seeds", "baseline", "last_k", "jobs"):
+    for key in ("init_from", "settings", "baseline", "last_k", "jobs"):
         assert long[key] == short[key], key
+    assert long["seeds"] == [0, 1, 2, 3, 4, 5] and set(short["seeds"]) <= set(long["seeds"])
 
 
 def test_the_low_lr_spec_is_the_long_one_but_for_the_client_lr() -> None:
