@@ -1,0 +1,93 @@
+"""Paired differences between runs of comparisons that share their seeds and settings: one
+method under two protocols, or two methods of one comparison, with a paired 95% interval, and
+each side's mean test accuracy by round.
+
+Each pair ``A`` or ``A:B`` names a recipe folder in the first comparison's out folder and one
+in the second's (``A:A`` when only ``A`` is given; the second out folder is the first when it
+is left out). Per setting, the per-seed differences (second side minus first) of the runs'
+scores (the mean of the last ``--last_k`` rounds' test accuracy, as in the comparison's
+table), their mean and the two-sided 95% t-interval; then each side's mean test accuracy at
+each round and each seed's lowest round. Every number comes from the runs' ``metrics.csv``; a
+run missing on either side, or an unfinished one, is refused by name.
+
+    python benchmarks/paired_protocols.py runs/compare/fmnist_warm_long \\
+        --second runs/compare/fmnist_warm_long_low_lr --pairs fedseal,fedavg_fixmatch,fedavg_sl
+    python benchmarks/paired_protocols.py runs/compare/fmnist_warm_long \\
+        --pairs fedavg_fixmatch:fedseal,fedseal:centralized_fixmatch_joint
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from pathlib import Path
+
+from fedlit.reporting.runs import RunRecord, load_run
+from fedlit.reporting.table import ci95
+
+
+def _finished(run_dir: Path) -> RunRecord:
+    try:
+        run = load_run(run_dir)
+    except ValueError as err:
+        raise SystemExit(str(err)) from err
+    if not run.finished:
+        raise SystemExit(f"{run_dir}: unfinished (round {run.last_round} of {run.rounds})")
+    return run
+
+
+def score(run: RunRecord, last_k: int) -> float:
+    """The run's score in points: the mean test/acc of its last ``last_k`` rounds."""
+    _, values = run.series("test/acc")
+    return 100 * float(values[-last_k:].mean())
+
+
+def by_round(runs: list[RunRecord]) -> list[float]:
+    """The mean test/acc (points) over ``runs`` at each round."""
+    curves = [run.series("test/acc")[1] for run in runs]
+    return [100 * statistics.mean(float(c[i]) for c in curves) for i in range(len(curves[0]))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("first", type=Path, help="a comparison's out folder")
+    parser.add_argument(
+        "--second", type=Path, default=None, help="another (the same settings and seeds)"
+    )
+    parser.add_argument("--pairs", required=True, help="A or A:B recipe folders, comma-separated")
+    parser.add_argument("--last_k", type=int, default=3, help="score: mean of the last K rounds")
+    args = parser.parse_args()
+    second_out = args.second or args.first
+    pairs = [(p.split(":") + p.split(":"))[:2] for p in args.pairs.split(",")]
+    settings = sorted(p.name for p in args.first.iterdir() if (p / "plateau").is_dir())
+    if not settings:
+        raise SystemExit(f"{args.first}: no setting folder with a plateau in it")
+    print(f"second side minus first, score = mean of last {args.last_k} rounds' test/acc")
+    for setting in settings:
+        for a, b in pairs:
+            seeds = sorted(p.name for p in (args.first / setting / a).glob("seed*"))
+            if not seeds:
+                raise SystemExit(f"{args.first / setting / a}: no seed folder")
+            first = [_finished(args.first / setting / a / s) for s in seeds]
+            second = [_finished(second_out / setting / b / s) for s in seeds]
+            matched = zip(first, second, strict=True)
+            diffs = [score(y, args.last_k) - score(x, args.last_k) for x, y in matched]
+            mean, half = statistics.mean(diffs), ci95(diffs)
+            print(
+                f"{setting}: {second_out / b} - {args.first / a} ({len(seeds)} seeds): "
+                f"{mean:+.2f} "
+                f"[{mean - half:+.3f}, {mean + half:+.3f}]; per seed "
+                + ", ".join(f"{d:+.2f}" for d in diffs)
+            )
+            for name, runs in (("first", first), ("second", second)):
+                lowest = [100 * float(run.series("test/acc")[1].min()) for run in runs]
+                print(
+                    f"    {name} by round: "
+                    + ", ".join(f"{m:.2f}" for m in by_round(runs))
+                    + "; lowest round per seed: "
+                    + ", ".join(f"{m:.1f}" for m in lowest)
+                )
+
+
+if __name__ == "__main__":
+    main()
