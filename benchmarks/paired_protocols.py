@@ -1,12 +1,13 @@
 """Paired differences between runs of comparisons that share their seeds and settings: one
-method under two protocols, or two methods of one comparison, with a paired 95% interval, and
+method under two protocols, or two methods of one comparison, with a paired t-interval, and
 each side's mean test accuracy by round.
 
 Each pair ``A`` or ``A:B`` names a recipe folder in the first comparison's out folder and one
 in the second's (``A:A`` when only ``A`` is given; the second out folder is the first when it
 is left out). Per setting, the per-seed differences (second side minus first) of the runs'
 scores (the mean of the last ``--last_k`` rounds' test accuracy, as in the comparison's
-table), their mean and the two-sided 95% t-interval; then each side's mean test accuracy at
+table), their mean and the two-sided t-interval (95%, or ``--confidence``: e.g. 0.9833 for
+one of three protocols looked at, Bonferroni); then each side's mean test accuracy at
 each round and each seed's lowest round. Every number comes from the runs' ``metrics.csv``; a
 run missing on either side, or an unfinished one, is refused by name.
 
@@ -19,11 +20,13 @@ run missing on either side, or an unfinished one, is refused by name.
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 from pathlib import Path
 
+from scipy import stats
+
 from fedlit.reporting.runs import RunRecord, load_run
-from fedlit.reporting.table import ci95
 
 
 def _finished(run_dir: Path) -> RunRecord:
@@ -42,6 +45,15 @@ def score(run: RunRecord, last_k: int) -> float:
     return 100 * float(values[-last_k:].mean())
 
 
+def interval(values: list[float], confidence: float) -> float:
+    """The half-width of the two-sided t-interval of the mean of ``values`` at ``confidence``
+    (NaN for fewer than 2 values)."""
+    if len(values) < 2:
+        return math.nan
+    t = float(stats.t.ppf(0.5 + confidence / 2, len(values) - 1))
+    return t * statistics.stdev(values) / math.sqrt(len(values))
+
+
 def by_round(runs: list[RunRecord]) -> list[float]:
     """The mean test/acc (points) over ``runs`` at each round."""
     curves = [run.series("test/acc")[1] for run in runs]
@@ -56,13 +68,17 @@ def main() -> None:
     )
     parser.add_argument("--pairs", required=True, help="A or A:B recipe folders, comma-separated")
     parser.add_argument("--last_k", type=int, default=3, help="score: mean of the last K rounds")
+    parser.add_argument("--confidence", type=float, default=0.95, help="the interval's level")
     args = parser.parse_args()
     second_out = args.second or args.first
     pairs = [(p.split(":") + p.split(":"))[:2] for p in args.pairs.split(",")]
     settings = sorted(p.name for p in args.first.iterdir() if (p / "plateau").is_dir())
     if not settings:
         raise SystemExit(f"{args.first}: no setting folder with a plateau in it")
-    print(f"second side minus first, score = mean of last {args.last_k} rounds' test/acc")
+    print(
+        f"second side minus first, score = mean of last {args.last_k} rounds' test/acc, "
+        f"{100 * args.confidence:g}% t-intervals"
+    )
     for setting in settings:
         for a, b in pairs:
             seeds = sorted(p.name for p in (args.first / setting / a).glob("seed*"))
@@ -72,7 +88,7 @@ def main() -> None:
             second = [_finished(second_out / setting / b / s) for s in seeds]
             matched = zip(first, second, strict=True)
             diffs = [score(y, args.last_k) - score(x, args.last_k) for x, y in matched]
-            mean, half = statistics.mean(diffs), ci95(diffs)
+            mean, half = statistics.mean(diffs), interval(diffs, args.confidence)
             print(
                 f"{setting}: {second_out / b} - {args.first / a} ({len(seeds)} seeds): "
                 f"{mean:+.2f} "

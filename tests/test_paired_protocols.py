@@ -67,11 +67,17 @@ def _run(
     return code, out, err
 
 
-def _expected(first: list[list[float]], second: list[list[float]], last_k: int) -> str:
+def _expected(
+    first: list[list[float]], second: list[list[float]], last_k: int, level: float = 0.95
+) -> str:
     diffs = 100 * (
         np.mean(np.array(second)[:, -last_k:], 1) - np.mean(np.array(first)[:, -last_k:], 1)
     )
-    half = stats.t.ppf(0.975, len(diffs) - 1) * np.std(diffs, ddof=1) / np.sqrt(len(diffs))
+    half = (
+        stats.t.ppf(1 - (1 - level) / 2, len(diffs) - 1)
+        * np.std(diffs, ddof=1)
+        / np.sqrt(len(diffs))
+    )
     mean = diffs.mean()
     return f"{mean:+.2f} [{mean - half:+.3f}, {mean + half:+.3f}]; per seed " + ", ".join(
         f"{d:+.2f}" for d in diffs
@@ -96,6 +102,13 @@ def test_pairs_in_one_comparison_and_across_two(
     for setting in ("iid", "noniid"):
         expected = _expected(ACC["a"][setting]["m"], ACC["b"][setting]["m"], 3)
         assert f"{setting}: {b / 'm'} - {a / 'm'} (2 seeds): {expected}" in out
+
+    code, out, err = _run(capsys, monkeypatch, str(a), "--pairs", "m:base", "--confidence", "0.99")
+    assert code == 0, err
+    assert "99% t-intervals" in out.splitlines()[0]
+    for setting in ("iid", "noniid"):
+        expected = _expected(ACC["a"][setting]["m"], ACC["a"][setting]["base"], 3, 0.99)
+        assert f"{setting}: {a / 'base'} - {a / 'm'} (2 seeds): {expected}" in out
 
 
 @pytest.mark.parametrize("pairs, why", [("m:nothing", "nothing/seed0"), ("base:m", "unfinished")])
