@@ -114,6 +114,29 @@ def test_compare_skips_finished_and_resumes_interrupted(tmp_path: Path) -> None:
     assert (kept / "metrics.csv").read_text() == "round\n0\n"  # set aside, never deleted
 
 
+def test_a_resumed_run_keeps_what_its_run_json_recorded(tmp_path: Path) -> None:
+    """A warm-started run records its source in run.json when it starts; a resume does not
+    read the source again, so the comparison that resumes it keeps that record (and names
+    the run again); a new run's run.json is the comparison's alone."""
+    recipe = REPO / "recipes/server_sl.yaml"
+    comparison = Comparison(name="c", recipes=[str(recipe)], seeds=[0, 1], out=str(tmp_path))
+    interrupted, new = plan(comparison)
+    source = {"path": "/a/plateau/last.ckpt", "sha256": "ab" * 32, "round": 1}
+    recorded = {"method": "old", "seed": 0, "rounds": 3, "init_from": source}
+    interrupted.run_dir.mkdir(parents=True)
+    (interrupted.run_dir / "run.json").write_text(json.dumps(recorded))
+    save_checkpoint(interrupted.run_dir / "checkpoints" / "last.ckpt", {"round": 1})
+    calls: list[list[str]] = []
+    counts = execute(
+        [interrupted, new], dict.fromkeys([interrupted, new], 3), calls.append, log=lambda _: None
+    )
+    assert counts == {"run": 1, "resumed": 1, "skipped": 0}
+    resumed = json.loads((interrupted.run_dir / "run.json").read_text())
+    assert resumed["init_from"] == source and resumed["rounds"] == 3
+    assert resumed["method"] == interrupted.method and resumed["setting"] == interrupted.setting
+    assert "init_from" not in json.loads((new.run_dir / "run.json").read_text())
+
+
 def test_compare_in_parallel_processes_matches_one_process(
     fmnist_root: Path,
     tmp_path: Path,

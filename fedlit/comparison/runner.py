@@ -31,6 +31,7 @@ from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import numpy as np
 
@@ -256,6 +257,15 @@ def _wandb_args(
     ]
 
 
+def _recorded(run_file: Path) -> dict[str, Any]:
+    """The ``run.json`` a run wrote (empty where it is unreadable: the run rewrites it)."""
+    try:
+        info = json.loads(run_file.read_text())
+    except (OSError, ValueError):
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
 def run_state(run: PlannedRun, rounds: int) -> str:
     """ "new" (nothing written), "finished", "resumable" (a checkpoint short of ``rounds``)
     or "broken" (files but no checkpoint: stopped inside its first round)."""
@@ -421,7 +431,13 @@ def execute(
             log(f"{head}: {run.command()}")
         run.run_dir.mkdir(parents=True, exist_ok=True)
         info = {"method": run.method, "setting": run.setting, "seed": run.seed}
-        (run.run_dir / RUN_FILE).write_text(json.dumps(info | {"recipe": str(run.recipe)}))
+        info |= {"recipe": str(run.recipe)}
+        run_file = run.run_dir / RUN_FILE
+        if state == "resumable" and run_file.is_file():
+            # what the run recorded itself (its warm start's source: a resume does not read
+            # the source again, so nothing else would write it back) is kept
+            info = _recorded(run_file) | info
+        run_file.write_text(json.dumps(info))
         if jobs == 1:
             fit(["fit", *args])
         else:
