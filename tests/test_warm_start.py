@@ -353,6 +353,18 @@ def test_the_low_lr_spec_is_the_long_one_but_for_the_client_lr() -> None:
     assert low["out"] != long["out"] and low["report"] != long["report"]
 
 
+def test_the_lr02_spec_is_the_long_one_but_for_the_client_lr() -> None:
+    """recipes/comparisons/fmnist_warm_long_lr02.yaml: fmnist_warm_long's spec with the
+    clients' learning rate at 0.02 instead of 0.03, its own folder and document."""
+    long, mid = _spec("fmnist_warm_long"), _spec("fmnist_warm_long_lr02")
+    lr = {"--model.init_args.optim.client_lr=0.03": "--model.init_args.optim.client_lr=0.02"}
+    assert mid["overrides"] == [lr.get(o, o) for o in long["overrides"]] != long["overrides"]
+    for key in ("init_from", "recipes", "settings", "seeds", "baseline", "last_k", "jobs"):
+        assert mid[key] == long[key], key
+    others = [_spec(name) for name in ("fmnist_warm_long", "fmnist_warm_long_low_lr")]
+    assert all(mid["out"] != o["out"] and mid["report"] != o["report"] for o in others)
+
+
 @pytest.mark.slow  # worker processes start (about 30 s of CPU on 2 cores)
 def test_a_warm_run_gives_the_same_weights_in_worker_processes(
     fmnist_root: Path, source: Path, tmp_path: Path
