@@ -20,13 +20,11 @@ run missing on either side, or an unfinished one, is refused by name.
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 from pathlib import Path
 
-from scipy import stats
-
 from fedlit.reporting.runs import RunRecord, load_run
+from fedlit.reporting.table import ci95
 
 
 def _finished(run_dir: Path) -> RunRecord:
@@ -43,15 +41,6 @@ def score(run: RunRecord, last_k: int) -> float:
     """The run's score in points: the mean test/acc of its last ``last_k`` rounds."""
     _, values = run.series("test/acc")
     return 100 * float(values[-last_k:].mean())
-
-
-def interval(values: list[float], confidence: float) -> float:
-    """The half-width of the two-sided t-interval of the mean of ``values`` at ``confidence``
-    (NaN for fewer than 2 values)."""
-    if len(values) < 2:
-        return math.nan
-    t = float(stats.t.ppf(0.5 + confidence / 2, len(values) - 1))
-    return t * statistics.stdev(values) / math.sqrt(len(values))
 
 
 def by_round(runs: list[RunRecord]) -> list[float]:
@@ -88,7 +77,7 @@ def main() -> None:
             second = [_finished(second_out / setting / b / s) for s in seeds]
             matched = zip(first, second, strict=True)
             diffs = [score(y, args.last_k) - score(x, args.last_k) for x, y in matched]
-            mean, half = statistics.mean(diffs), interval(diffs, args.confidence)
+            mean, half = statistics.mean(diffs), ci95(diffs, args.confidence)
             print(
                 f"{setting}: {second_out / b} - {args.first / a} ({len(seeds)} seeds): "
                 f"{mean:+.2f} "

@@ -89,12 +89,14 @@ def t975(df: int) -> float:
     return float(stats.t.ppf(0.975, df))
 
 
-def ci95(values: Sequence[float]) -> float:
-    """The half-width of the two-sided 95% t-interval of the mean of ``values``."""
+def ci95(values: Sequence[float], confidence: float = 0.95) -> float:
+    """The half-width of the two-sided t-interval of the mean of ``values`` (95%, or
+    ``confidence``); NaN for fewer than 2 values."""
     n = len(values)
     if n < 2:
         return math.nan
-    return t975(n - 1) * float(np.std(values, ddof=1)) / math.sqrt(n)
+    t = t975(n - 1) if confidence == 0.95 else float(stats.t.ppf(0.5 + confidence / 2, n - 1))
+    return t * float(np.std(values, ddof=1)) / math.sqrt(n)
 
 
 def _first_round_at(run: RunRecord, metric: str, target: float) -> int | None:
