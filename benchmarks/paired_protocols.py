@@ -24,7 +24,9 @@ import statistics
 from pathlib import Path
 
 from fedlit.reporting.runs import RunRecord, load_run
-from fedlit.reporting.table import ci95
+from fedlit.reporting.table import ci95, score
+
+ACC = "test/acc"
 
 
 def _finished(run_dir: Path) -> RunRecord:
@@ -37,15 +39,9 @@ def _finished(run_dir: Path) -> RunRecord:
     return run
 
 
-def score(run: RunRecord, last_k: int) -> float:
-    """The run's score in points: the mean test/acc of its last ``last_k`` rounds."""
-    _, values = run.series("test/acc")
-    return 100 * float(values[-last_k:].mean())
-
-
 def by_round(runs: list[RunRecord]) -> list[float]:
     """The mean test/acc (points) over ``runs`` at each round."""
-    curves = [run.series("test/acc")[1] for run in runs]
+    curves = [run.series(ACC)[1] for run in runs]
     return [100 * statistics.mean(float(c[i]) for c in curves) for i in range(len(curves[0]))]
 
 
@@ -76,7 +72,9 @@ def main() -> None:
             first = [_finished(args.first / setting / a / s) for s in seeds]
             second = [_finished(second_out / setting / b / s) for s in seeds]
             matched = zip(first, second, strict=True)
-            diffs = [score(y, args.last_k) - score(x, args.last_k) for x, y in matched]
+            diffs = [
+                100 * (score(y, ACC, args.last_k) - score(x, ACC, args.last_k)) for x, y in matched
+            ]
             mean, half = statistics.mean(diffs), ci95(diffs, args.confidence)
             print(
                 f"{setting}: {second_out / b} - {args.first / a} ({len(seeds)} seeds): "
@@ -85,7 +83,7 @@ def main() -> None:
                 + ", ".join(f"{d:+.2f}" for d in diffs)
             )
             for name, runs in (("first", first), ("second", second)):
-                lowest = [100 * float(run.series("test/acc")[1].min()) for run in runs]
+                lowest = [100 * float(run.series(ACC)[1].min()) for run in runs]
                 print(
                     f"    {name} by round: "
                     + ", ".join(f"{m:.2f}" for m in by_round(runs))

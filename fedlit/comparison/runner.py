@@ -31,7 +31,6 @@ from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Any
 
 import numpy as np
 
@@ -40,6 +39,7 @@ from fedlit.federation.checkpoint import checkpoint_round
 from fedlit.federation.console import warn
 from fedlit.federation.rundir import holding, set_aside_dead_run
 from fedlit.reporting import FINAL_EVAL_KEYS, last_k_warning, load_run
+from fedlit.reporting.runs import read_run_json
 from fedlit.run_layout import CHECKPOINT, MAX_SEED, RUN_FILE, RUN_MARKERS, write_path_error
 
 
@@ -257,15 +257,6 @@ def _wandb_args(
     ]
 
 
-def _recorded(run_file: Path) -> dict[str, Any]:
-    """The ``run.json`` a run wrote (empty where it is unreadable: the run rewrites it)."""
-    try:
-        info = json.loads(run_file.read_text())
-    except (OSError, ValueError):
-        return {}
-    return info if isinstance(info, dict) else {}
-
-
 def run_state(run: PlannedRun, rounds: int) -> str:
     """ "new" (nothing written), "finished", "resumable" (a checkpoint short of ``rounds``)
     or "broken" (files but no checkpoint: stopped inside its first round)."""
@@ -433,10 +424,12 @@ def execute(
         info = {"method": run.method, "setting": run.setting, "seed": run.seed}
         info |= {"recipe": str(run.recipe)}
         run_file = run.run_dir / RUN_FILE
-        if state == "resumable" and run_file.is_file():
+        if state == "resumable":
             # what the run recorded itself (its warm start's source: a resume does not read
-            # the source again, so nothing else would write it back) is kept
-            info = _recorded(run_file) | info
+            # the source again, so nothing else would write it back) is kept; an unreadable
+            # record is the run's to rewrite
+            with suppress(ValueError):
+                info = read_run_json(run_file) | info
         run_file.write_text(json.dumps(info))
         if jobs == 1:
             fit(["fit", *args])

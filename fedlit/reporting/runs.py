@@ -86,7 +86,7 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
-def _read_run_json(path: Path) -> dict[str, Any]:
+def read_run_json(path: Path) -> dict[str, Any]:
     """run.json's mapping, or {} when the file is absent; ValueError naming the path if bad."""
     if not path.is_file():
         return {}
@@ -178,7 +178,7 @@ def load_run(run_dir: str | Path) -> RunRecord:
     """
     run_dir = Path(run_dir)
     config_path = run_dir / CONFIG_FILE
-    meta = _read_run_json(run_dir / RUN_FILE)
+    meta = read_run_json(run_dir / RUN_FILE)
     # Runs made through the Python API have no config.yaml; their run.json says enough.
     api_run = not config_path.is_file() and {"method", "seed", "rounds"} <= set(meta)
     config = {} if api_run else _read_yaml(config_path)

@@ -95,7 +95,7 @@ def ci95(values: Sequence[float], confidence: float = 0.95) -> float:
     n = len(values)
     if n < 2:
         return math.nan
-    t = t975(n - 1) if confidence == 0.95 else float(stats.t.ppf(0.5 + confidence / 2, n - 1))
+    t = float(stats.t.ppf(0.5 + confidence / 2, n - 1))
     return t * float(np.std(values, ddof=1)) / math.sqrt(n)
 
 
@@ -127,7 +127,7 @@ def _final(run: RunRecord, metric: str) -> float:
     return float(values[-1]) if values.size else math.nan
 
 
-def _score(run: RunRecord, metric: str, last_k: int) -> float:
+def score(run: RunRecord, metric: str, last_k: int) -> float:
     """The mean of the run's last ``last_k`` logged values of ``metric`` (fewer if it logged
     fewer; NaN if none)."""
     _, values = run.series(metric)
@@ -163,7 +163,7 @@ def _summarize_group(
     finals, scores, selected, hits, deltas = [], [], [], [], []
     for run in runs:
         finals.append(_final(run, metric))
-        scores.append(_score(run, metric, last_k))
+        scores.append(score(run, metric, last_k))
         selected.append(_selected(run, metric))
         if target is not None:
             hit = _first_round_at(run, metric, target)
@@ -294,7 +294,7 @@ def summarize(
         if baseline is None:
             return None
         runs = groups.get((setting, baseline), [])
-        return {run.seed: _score(run, metric, last_k) for run in runs}
+        return {run.seed: score(run, metric, last_k) for run in runs}
 
     return [
         _summarize_group(group, target, metric, reference(setting), last_k)
