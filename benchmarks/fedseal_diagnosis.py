@@ -42,7 +42,7 @@ from fedlit.cli import resolve
 from fedlit.comparison.runner import ROOT_DIR_ARG, PlannedRun, execute, fit_in_subprocess
 from fedlit.reporting import load_run
 from fedlit.reporting.runs import RunRecord
-from fedlit.reporting.table import ci95
+from fedlit.reporting.table import ci95, score
 
 MODEL = "--model.init_args."
 BASELINE = "server_sl"
@@ -187,11 +187,6 @@ def _with(run: PlannedRun, extra: Sequence[str]) -> PlannedRun:
 # ----------------------------------------------------------------------------- report
 
 
-def _score(run: RunRecord, last_k: int) -> float:
-    _, acc = run.series("test/acc")
-    return float(np.mean(acc[-last_k:])) if acc.size else math.nan
-
-
 def _paired(ours: Mapping[int, float], theirs: Mapping[int, float]) -> str:
     """Mean paired difference in points, with its 95% interval over the shared seeds."""
     diffs = [100 * (ours[s] - theirs[s]) for s in sorted(ours) if s in theirs]
@@ -230,7 +225,9 @@ def report(
     groups: dict[str, list[RunRecord]] = {}
     for run in runs:
         groups.setdefault(run.setting, []).append(run)
-    scores = {name: {r.seed: _score(r, last_k) for r in rs} for name, rs in groups.items()}
+    scores = {
+        name: {r.seed: score(r, "test/acc", last_k) for r in rs} for name, rs in groups.items()
+    }
     lines = [*header, "", f"## Scores (mean of the last {last_k} rounds' test accuracy, %)", ""]
     lines += [
         f"| run | what it changes | score (mean ± std) | vs {BASELINE} (paired, 95% CI) | "

@@ -276,8 +276,8 @@ def test_the_calibrated_spec_runs_every_recipe_on_one_protocol_from_its_plateau(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """recipes/comparisons/fmnist_warm.yaml: sixteen methods, the oracle, the two centralized
-    references and the three ablations of recipes/ablations/, each (seed 0, IID) with the same
-    data, rounds, client work (2 local epochs) and light server
+    references and the ablations of FedCon, FedRGD and FedSwitch in recipes/ablations/, each
+    (seed 0, IID) with the same data, rounds, client work (2 local epochs) and light server
     step (1 epoch of 100 labels in batches of 32), started from the plateau run of its setting
     and seed, which trains 400 epochs in batches of 16 on the same labeled set."""
     from fedlit.cli import resolve
@@ -363,6 +363,43 @@ def test_the_lr02_spec_is_the_long_one_but_for_the_client_lr() -> None:
         assert mid[key] == long[key], key
     others = [_spec(name) for name in ("fmnist_warm_long", "fmnist_warm_long_low_lr")]
     assert all(mid["out"] != o["out"] and mid["report"] != o["report"] for o in others)
+
+
+def test_the_ramp_spec_adds_one_fedseal_ablation_to_the_lr02_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """recipes/comparisons/fmnist_warm_long_lr02_ramp.yaml: fmnist_warm_long_lr02's protocol
+    and run folder (its baseline, oracle and FedSEAL runs are that comparison's own, the same
+    commands) and FedSEAL with lambda ramped over half the run, its one difference from
+    recipes/fedseal.yaml; its own document."""
+    from fedlit.cli import resolve
+    from fedlit.comparison import Comparison, SourceRun, plan
+
+    monkeypatch.chdir(REPO)
+    mid, ramp = _spec("fmnist_warm_long_lr02"), _spec("fmnist_warm_long_lr02_ramp")
+    for key in ("init_from", "settings", "seeds", "overrides", "baseline", "last_k", "jobs"):
+        assert ramp[key] == mid[key], key
+    assert ramp["out"] == mid["out"] and ramp["report"] != mid["report"]
+    ablation = "recipes/ablations/fedseal_ramp_half.yaml"
+    shared = ["recipes/server_sl.yaml", "recipes/fedavg_sl.yaml", "recipes/fedseal.yaml"]
+    assert ramp["recipes"] == [*shared, ablation] and set(shared) <= set(mid["recipes"])
+
+    def runs(values: dict[str, Any]) -> dict[tuple[str, str, int], tuple[str, ...]]:
+        comparison = Comparison(**values | {"init_from": SourceRun(**values["init_from"])})
+        return {(r.setting, r.recipe.stem, r.seed): r.args for r in plan(comparison)}
+
+    mine, theirs = runs(ramp), runs(mid)
+    assert all(mine[key] == theirs[key] for key in mine if key[1] != "fedseal_ramp_half")
+    new = [key for key in mine if key not in theirs]
+    assert len(new) == 12 and {key[1] for key in new} == {"fedseal_ramp_half"}
+    (args,) = [mine[key] for key in new if key[0] == "noniid" and key[2] == 0]
+    (base,) = [theirs[key] for key in theirs if key == ("noniid", "fedseal", 0)]
+    configs = [resolve(list(a)).config.as_dict() for a in (args, base)]
+    loss = [c["model"]["init_args"].pop("loss") for c in configs]
+    assert (loss[0].pop("ramp"), loss[1].pop("ramp")) == (0.5, 0.25) and loss[0] == loss[1]
+    for config in configs:
+        config["trainer"].pop("default_root_dir"), config.pop("config")
+    assert configs[0] == configs[1]
 
 
 @pytest.mark.slow  # worker processes start (about 30 s of CPU on 2 cores)
