@@ -65,7 +65,12 @@ def test_compare_two_recipes_two_seeds(
     out = tmp_path / "out"
     for name in ("csv", "markdown", "curves", "partition_default", "report"):
         assert Path(written[name]).is_file(), name
-    rows = _csv(out / "results.csv")
+    rows = _csv(out / "tiny.csv")  # out's report files are named after the comparison
+    assert {Path(written[k]) for k in ("csv", "markdown", "curves")} == {
+        out / "tiny.csv",
+        out / "tiny.md",
+        out / "tiny_curves.png",
+    }
     assert sorted(r["method"] for r in rows) == ["fedavg_fixmatch", "server_sl"]
     for row in rows:  # the mean over seeds is the mean of each seed's final test/acc
         finals = []
@@ -199,6 +204,24 @@ def test_compare_rerun_runs_nothing(
     assert (tmp_path / "out/default/server_sl/seed0/metrics.csv").read_text() == before
 
 
+def test_a_comparison_sharing_another_ones_runs_leaves_its_report_alone(
+    fmnist_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A comparison of another name on the same out folder skips the runs it shares and writes
+    its own report files; the first comparison's stay as they were."""
+    server_sl = [str(REPO / "recipes/server_sl.yaml")]
+    main(["compare", f"--config={_spec(tmp_path, fmnist_root, recipes=server_sl, seeds=[0])}"])
+    out = tmp_path / "out"
+    first = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    assert {"tiny.md", "tiny.csv", "tiny_curves.png"} <= set(first)
+    capsys.readouterr()
+    again = _spec(tmp_path, fmnist_root, recipes=server_sl, seeds=[0], name="tiny_again")
+    main(["compare", f"--config={again}"])
+    assert "finished, skipped" in capsys.readouterr().out
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.name in first} == first
+    assert "# Comparison: tiny_again" in (out / "tiny_again.md").read_text()
+
+
 def test_compare_bad_input_stops_before_any_run(
     fmnist_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -214,6 +237,9 @@ def test_compare_bad_input_stops_before_any_run(
     with pytest.raises(SystemExit) as exc:
         main(["compare", f"--config={_spec(tmp_path, fmnist_root, baseline='fedsup')}"])
     assert "baseline: 'fedsup'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        main(["compare", f"--config={_spec(tmp_path, fmnist_root, name='a/b')}"])
+    assert exc.value.code == 2 and "name='a/b'" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
 

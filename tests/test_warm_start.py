@@ -264,12 +264,12 @@ def test_a_comparison_starts_each_seeds_runs_from_its_source_run(
         run = load_run(out / "default" / "server_sl" / f"seed{seed}")
         assert run.init_from["path"] == str((source / "checkpoints/last.ckpt").resolve())
         assert run.summary["warm_start_test/acc"] == _source_acc(source)
-        results = (out / "results.md").read_text()
+        results = (out / "warm.md").read_text()
         assert "### Warm starts" in results and run.init_from["sha256"] in results
     assert "*warm start*" in results
     capsys.readouterr()
     main(["compare", f"--config={path}"])
-    assert "2 finished before" in (out / "results.md").read_text()
+    assert "2 finished before" in (out / "warm.md").read_text()
 
 
 def test_the_calibrated_spec_runs_every_recipe_on_one_protocol_from_its_plateau(

@@ -32,9 +32,12 @@ def write_report(
     report: str | Path | None = None,
     baseline: str | None = None,
     last_k: int = 1,
+    name: str | None = None,
 ) -> dict[str, Path]:
-    """Write ``results.csv``, ``results.md`` and the plots into ``out``; with ``report``, the
-    Markdown goes there too, its plots copied beside it (``<stem>_<plot>.png``).
+    """Write ``results.csv``, ``results.md`` and the plots (``curves.png``, ...) into ``out``,
+    or with ``name`` ``<name>.csv``, ``<name>.md`` and ``<name>_curves.png``, ..., so that
+    reports of several comparisons can share one folder of runs; with ``report``, the Markdown
+    goes there too, its plots copied beside it (``<report's stem>_<plot>.png``).
 
     Args:
         runs: the runs to report.
@@ -47,34 +50,36 @@ def write_report(
         report: a second place for the Markdown report (e.g. ``docs/results/x.md``).
         baseline: the method every other is compared with, seed by seed.
         last_k: each run's score is the mean of its last ``last_k`` rounds' accuracy.
+        name: what the files written into ``out`` are named after (None: ``results``).
 
     Returns:
         name -> path of everything written (``csv``, ``markdown``, ``curves``, ...).
     """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    stem, prefix = (name, f"{name}_") if name is not None else ("results", "")
     rows = summarize(runs, target=target, baseline=baseline, last_k=last_k)
-    written: dict[str, Path] = {"csv": write_csv(rows, out / "results.csv", published)}
-    written["curves"] = plot_curves(runs, out / "curves.png")
-    diagnostics = plot_diagnostics(runs, out / "diagnostics.png")
+    written: dict[str, Path] = {"csv": write_csv(rows, out / f"{stem}.csv", published)}
+    written["curves"] = plot_curves(runs, out / f"{prefix}curves.png")
+    diagnostics = plot_diagnostics(runs, out / f"{prefix}diagnostics.png")
     if diagnostics is not None:
         written["diagnostics"] = diagnostics
     for setting, counts in (partitions or {}).items():
         written[f"partition_{setting}"] = plot_partition(
-            counts, out / f"partition_{setting}.png", title=f"partition: {setting}"
+            counts, out / f"{prefix}partition_{setting}.png", title=f"partition: {setting}"
         )
     table = to_markdown(rows, target=target, published=published, baseline=baseline)
     table += warm_starts(runs)
-    written["markdown"] = out / "results.md"
+    written["markdown"] = out / f"{stem}.md"
     written["markdown"].write_text(_document(title, about, table, written, out))
     if report is not None:
         report = Path(report)
         report.parent.mkdir(parents=True, exist_ok=True)
         copies = {}
-        for name, path in written.items():
+        for key, path in written.items():
             if path.suffix == ".png":
-                copies[name] = report.parent / f"{report.stem}_{path.name}"
-                shutil.copyfile(path, copies[name])
+                copies[key] = report.parent / f"{report.stem}_{key}.png"
+                shutil.copyfile(path, copies[key])
         report.write_text(_document(title, about, table, copies, report.parent))
         written["report"] = report
     return written

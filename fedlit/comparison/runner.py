@@ -78,13 +78,16 @@ class Comparison:
     """What a comparison runs and reports (the ``fedlit compare`` config).
 
     Args:
-        name: the comparison's name (also the W&B group).
+        name: the comparison's name (also the W&B group), and that of its report's files in
+            ``out`` (``<name>.md``, ``<name>.csv``, ``<name>_curves.png``, ...): comparisons
+            of other names can share one ``out``, e.g. one that adds a recipe to another's
+            runs, whose finished runs it skips.
         recipes: recipe files; each recipe's file stem names its method in the results.
         seeds: run seeds (``seed_everything``): the partition, sampling and initialisation.
         settings: setting name -> overrides for it (e.g. ``noniid: [--data.partitioner=...]``);
             one column group of the results per setting.
         overrides: overrides for every run (e.g. fewer rounds, a smaller backbone).
-        out: the comparison's directory.
+        out: the comparison's directory: its runs, their logs and its report's files.
         target: report the first round each run reaches this test accuracy.
         baseline: a recipe stem (e.g. ``server_sl``) every method is compared with, seed by
             seed: the paired difference of the score, in points, with its 95% interval.
@@ -119,6 +122,11 @@ class Comparison:
     init_from: SourceRun | None = None
 
     def __post_init__(self) -> None:
+        if not self.name or Path(self.name).name != self.name or self.name in (".", ".."):
+            raise ValueError(
+                f"name={self.name!r}: give one file name (the report files written into `out` "
+                "are named after it)"
+            )
         if not self.recipes:
             raise ValueError("recipes: give at least one recipe")
         missing = [r for r in self.recipes if not Path(r).is_file()]
@@ -577,6 +585,7 @@ def run_comparison(
         report=comparison.report,
         baseline=comparison.baseline,
         last_k=comparison.last_k,
+        name=comparison.name,
     )
     if comparison.wandb is not None:
         log_to_wandb(
