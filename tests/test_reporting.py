@@ -27,7 +27,7 @@ from fedlit.reporting import (
     to_markdown,
     write_csv,
 )
-from fedlit.reporting.table import summary, t975
+from fedlit.reporting.table import summary, t_quantile
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 ROUNDS = 4
@@ -349,7 +349,7 @@ def test_last_k_score_and_paired_interval(tmp_path: Path) -> None:
     text = to_markdown(list(rows.values()), baseline="B")
     assert "mean of last 2" in text and " *|" in text.replace(" * |", " *|")
     # Student's t 0.975 quantiles as printed in tables (3 decimals)
-    assert [round(t975(df), 3) for df in (1, 2, 4, 30, 60, 1000)] == [
+    assert [round(t_quantile(df), 3) for df in (1, 2, 4, 30, 60, 1000)] == [
         12.706,
         4.303,
         2.776,

@@ -393,12 +393,13 @@ def test_the_ramp_spec_adds_one_fedseal_ablation_to_the_lr02_runs(
     new = [key for key in mine if key not in theirs]
     assert len(new) == 12 and {key[1] for key in new} == {"fedseal_ramp_half"}
     (args,) = [mine[key] for key in new if key[0] == "noniid" and key[2] == 0]
-    (base,) = [theirs[key] for key in theirs if key == ("noniid", "fedseal", 0)]
+    base = theirs[("noniid", "fedseal", 0)]
     configs = [resolve(list(a)).config.as_dict() for a in (args, base)]
     loss = [c["model"]["init_args"].pop("loss") for c in configs]
     assert (loss[0].pop("ramp"), loss[1].pop("ramp")) == (0.5, 0.25) and loss[0] == loss[1]
     for config in configs:
-        config["trainer"].pop("default_root_dir"), config.pop("config")
+        config["trainer"].pop("default_root_dir")
+        config.pop("config")
     assert configs[0] == configs[1]
 
 

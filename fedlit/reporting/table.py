@@ -82,11 +82,12 @@ def _mean_std(values: Sequence[float]) -> tuple[float, float]:
     return mean, std
 
 
-def t975(df: int) -> float:
-    """Student's t 0.975 quantile with ``df`` degrees of freedom (NaN for ``df < 1``)."""
+def t_quantile(df: int, confidence: float = 0.95) -> float:
+    """Student's t quantile of a two-sided ``confidence`` interval (0.95: the 0.975 quantile)
+    with ``df`` degrees of freedom (NaN for ``df < 1``)."""
     if df < 1:
         return math.nan
-    return float(stats.t.ppf(0.975, df))
+    return float(stats.t.ppf(0.5 + confidence / 2, df))
 
 
 def ci95(values: Sequence[float], confidence: float = 0.95) -> float:
@@ -95,8 +96,7 @@ def ci95(values: Sequence[float], confidence: float = 0.95) -> float:
     n = len(values)
     if n < 2:
         return math.nan
-    t = float(stats.t.ppf(0.5 + confidence / 2, n - 1))
-    return t * float(np.std(values, ddof=1)) / math.sqrt(n)
+    return t_quantile(n - 1, confidence) * float(np.std(values, ddof=1)) / math.sqrt(n)
 
 
 def _first_round_at(run: RunRecord, metric: str, target: float) -> int | None:
