@@ -355,3 +355,33 @@ def test_paper002_specs_run_one_protocol(spec: str, monkeypatch: pytest.MonkeyPa
         assert len(seen) == len(methods) and len(set(seen)) == 1, setting
     backbone = json.loads(protocols["iid"][0])["backbone"]
     assert backbone == ("resnet18" if spec == "paper002_fmnist.yaml" else "small_cnn")
+
+
+def test_cpu_precision_spec_runs_each_method_and_seed_in_both_precisions(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The precision comparison behind the CPU default: each method and seed run twice, the
+    two runs' configs equal but for ``trainer.precision`` (and their run folders)."""
+    from fedlit.cli import resolve
+
+    monkeypatch.chdir(REPO)
+    values = yaml.safe_load((REPO / "recipes/comparisons/cpu_precision.yaml").read_text())
+    comparison = Comparison(**values)
+    assert list(comparison.settings) == ["fp32", "bf16"]
+    configs: dict[tuple[str, int], dict[str, dict]] = {}
+    for run in plan(comparison):
+        config = resolve(run.args).config.as_dict()
+        trainer = config.pop("trainer")
+        assert trainer.pop("default_root_dir") == str(run.run_dir)
+        config["trainer"] = trainer
+        configs.setdefault((run.recipe.stem, run.seed), {})[run.setting] = config
+    assert len(configs) == len(comparison.recipes) * len(comparison.seeds)
+    for pair in configs.values():
+        fp32, bf16 = pair["fp32"], pair["bf16"]
+        assert (fp32["trainer"]["precision"], bf16["trainer"]["precision"]) == (
+            "32-true",
+            "bf16-mixed",
+        )
+        del fp32["trainer"]["precision"]
+        del bf16["trainer"]["precision"]
+        assert fp32 == bf16
