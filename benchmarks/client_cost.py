@@ -43,7 +43,8 @@ def main() -> None:
     method = FedAvgFixMatch(
         num_classes=10, in_channels=1, backbone=args.backbone, optim=Optimization(client_lr=0.003)
     )
-    template = TrainerTemplate(accelerator="cpu")  # the plain loop runs on the CPU
+    # the plain loop runs on the CPU in fp32: so does the engine here, whatever the CPU's default
+    template = TrainerTemplate(accelerator="cpu", precision="32-true")
     with tempfile.TemporaryDirectory() as tmp:
         fed = Federation(
             method,

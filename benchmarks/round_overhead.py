@@ -110,7 +110,10 @@ def federation(
         executor=executor,  # type: ignore[arg-type]
         pool=PoolSettings(workers=workers, threads=args.threads),
     )
-    trainer = TrainerTemplate(accelerator="gpu" if args.device == "cuda" else "cpu")
+    # against the plain loop (fp32), the engine in fp32 too; the pool's runs in its default
+    precision = "32-true" if args.executor == "local" else None
+    accelerator = "gpu" if args.device == "cuda" else "cpu"
+    trainer = TrainerTemplate(accelerator=accelerator, precision=precision)
     fed = Federation(method, data, config, run_dir=run_dir, trainer=trainer, progress=False)
     fed.prepare()
     return fed

@@ -278,7 +278,7 @@ def federation(s: Setting, run_dir: Path) -> Federation:
         server_epochs=s.server_epochs,
         eval_every=s.rounds,
     )
-    trainer = TrainerTemplate(accelerator="cpu")
+    trainer = TrainerTemplate(accelerator="cpu", precision="32-true")  # as the plain loop
     return Federation(
         METHODS[s.method](s), data, config, run_dir=run_dir, trainer=trainer, progress=False
     )
