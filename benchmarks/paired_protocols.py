@@ -2,19 +2,24 @@
 method under two protocols, or two methods of one comparison, with a paired t-interval, and
 each side's mean test accuracy by round.
 
-Each pair ``A`` or ``A:B`` names a recipe folder in the first comparison's out folder and one
-in the second's (``A:A`` when only ``A`` is given; the second out folder is the first when it
-is left out). Per setting, the per-seed differences (second side minus first) of the runs'
-scores (the mean of the last ``--last_k`` rounds' test accuracy, as in the comparison's
-table), their mean and the two-sided t-interval (95%, or ``--confidence``: e.g. 0.9833 for
-one of three protocols looked at, Bonferroni); then each side's mean test accuracy at
-each round and each seed's lowest round. Every number comes from the runs' ``metrics.csv``; a
-run missing on either side, or an unfinished one, is refused by name.
+Each pair ``A`` or ``A:B`` names a recipe folder in the first comparison's out folder and one in
+the second's (``A:A`` when only ``A`` is given; the second out folder is the first when it is
+left out). Each setting of the first is paired with the same setting of the second, or, with
+``--settings S:T``, setting ``S`` of the first with setting ``T`` of the second (one comparison
+whose settings differ in one thing, e.g. the precision). Per pair of settings, the per-seed
+differences (second side minus first) of the runs' scores (the mean of the last ``--last_k``
+rounds' test accuracy, as in the comparison's table), their mean and the two-sided t-interval
+(95%, or ``--confidence``: e.g. 0.9833 for one of three protocols looked at, Bonferroni); then
+each side's mean test accuracy at each round and each seed's lowest round. Every number comes
+from the runs' ``metrics.csv``; a run missing on either side, or an unfinished one, is refused
+by name.
 
     python benchmarks/paired_protocols.py runs/compare/fmnist_warm_long \\
         --second runs/compare/fmnist_warm_long_low_lr --pairs fedseal,fedavg_fixmatch,fedavg_sl
     python benchmarks/paired_protocols.py runs/compare/fmnist_warm_long \\
         --pairs fedavg_fixmatch:fedseal,fedseal:centralized_fixmatch_joint
+    python benchmarks/paired_protocols.py runs/compare/cpu_precision --settings fp32:bf16 \\
+        --pairs server_sl,fedavg_sl,fedavg_fixmatch,fedseal
 """
 
 from __future__ import annotations
@@ -52,32 +57,40 @@ def main() -> None:
         "--second", type=Path, default=None, help="another (the same settings and seeds)"
     )
     parser.add_argument("--pairs", required=True, help="A or A:B recipe folders, comma-separated")
+    parser.add_argument(
+        "--settings", default=None, help="S:T, comma-separated: setting S of the first with T"
+    )
     parser.add_argument("--last_k", type=int, default=3, help="score: mean of the last K rounds")
     parser.add_argument("--confidence", type=float, default=0.95, help="the interval's level")
     args = parser.parse_args()
     second_out = args.second or args.first
     pairs = [(p.split(":") + p.split(":"))[:2] for p in args.pairs.split(",")]
-    settings = sorted(p.name for p in args.first.iterdir() if (p / "plateau").is_dir())
-    if not settings:
-        raise SystemExit(f"{args.first}: no setting folder with a plateau in it")
+    if args.settings is None:
+        names = sorted(p.name for p in args.first.iterdir() if (p / pairs[0][0]).is_dir())
+        if not names:
+            raise SystemExit(f"{args.first}: no setting folder holds {pairs[0][0]!r}")
+        settings = [(name, name) for name in names]
+    else:
+        settings = [(p.split(":") + p.split(":"))[:2] for p in args.settings.split(",")]
     print(
         f"second side minus first, score = mean of last {args.last_k} rounds' test/acc, "
         f"{100 * args.confidence:g}% t-intervals"
     )
-    for setting in settings:
+    for s, t in settings:
         for a, b in pairs:
-            seeds = sorted(p.name for p in (args.first / setting / a).glob("seed*"))
+            seeds = sorted(p.name for p in (args.first / s / a).glob("seed*"))
             if not seeds:
-                raise SystemExit(f"{args.first / setting / a}: no seed folder")
-            first = [_finished(args.first / setting / a / s) for s in seeds]
-            second = [_finished(second_out / setting / b / s) for s in seeds]
+                raise SystemExit(f"{args.first / s / a}: no seed folder")
+            first = [_finished(args.first / s / a / seed) for seed in seeds]
+            second = [_finished(second_out / t / b / seed) for seed in seeds]
             matched = zip(first, second, strict=True)
             diffs = [
                 100 * (score(y, ACC, args.last_k) - score(x, ACC, args.last_k)) for x, y in matched
             ]
             mean, half = statistics.mean(diffs), ci95(diffs, args.confidence)
             print(
-                f"{setting}: {second_out / b} - {args.first / a} ({len(seeds)} seeds): "
+                f"{s if s == t else f'{s}:{t}'}: {second_out / t / b} - {args.first / s / a} "
+                f"({len(seeds)} seeds): "
                 f"{mean:+.2f} "
                 f"[{mean - half:+.3f}, {mean + half:+.3f}]; per seed "
                 + ", ".join(f"{d:+.2f}" for d in diffs)

@@ -37,7 +37,6 @@ ACC = {
 def _comparisons(root: Path, rounds: int = 3) -> None:
     for name, settings in ACC.items():
         for setting, methods in settings.items():
-            (root / name / setting / "plateau").mkdir(parents=True, exist_ok=True)
             for method, seeds in methods.items():
                 for seed, accs in enumerate(seeds):
                     run = root / name / setting / method / f"seed{seed}"
@@ -93,7 +92,9 @@ def test_pairs_in_one_comparison_and_across_two(
     assert code == 0, err
     lines = [line for line in out.splitlines() if not line.startswith("    ")]
     for line, setting in zip(lines[1:], ("iid", "noniid"), strict=True):
-        assert line.startswith(f"{setting}: {a / 'm'} - {a / 'base'} (2 seeds): ")
+        assert line.startswith(
+            f"{setting}: {a / setting / 'm'} - {a / setting / 'base'} (2 seeds): "
+        )
         assert line.endswith(_expected(ACC["a"][setting]["base"], ACC["a"][setting]["m"], 2))
     assert "first by round: 45.00, 55.00, 60.00; lowest round per seed: 50.0, 40.0" in out
 
@@ -101,14 +102,23 @@ def test_pairs_in_one_comparison_and_across_two(
     assert code == 0, err
     for setting in ("iid", "noniid"):
         expected = _expected(ACC["a"][setting]["m"], ACC["b"][setting]["m"], 3)
-        assert f"{setting}: {b / 'm'} - {a / 'm'} (2 seeds): {expected}" in out
+        assert f"{setting}: {b / setting / 'm'} - {a / setting / 'm'} (2 seeds): {expected}" in out
 
     code, out, err = _run(capsys, monkeypatch, str(a), "--pairs", "m:base", "--confidence", "0.99")
     assert code == 0, err
     assert "99% t-intervals" in out.splitlines()[0]
     for setting in ("iid", "noniid"):
         expected = _expected(ACC["a"][setting]["m"], ACC["a"][setting]["base"], 3, 0.99)
-        assert f"{setting}: {a / 'base'} - {a / 'm'} (2 seeds): {expected}" in out
+        assert (
+            f"{setting}: {a / setting / 'base'} - {a / setting / 'm'} (2 seeds): {expected}" in out
+        )
+
+    # one comparison's two settings, method by method (e.g. fp32 against bf16)
+    code, out, err = _run(capsys, monkeypatch, str(a), "--settings", "iid:noniid", "--pairs", "m")
+    assert code == 0, err
+    expected = _expected(ACC["a"]["iid"]["m"], ACC["a"]["noniid"]["m"], 3)
+    assert f"iid:noniid: {a / 'noniid' / 'm'} - {a / 'iid' / 'm'} (2 seeds): {expected}" in out
+    assert len([line for line in out.splitlines() if not line.startswith("    ")]) == 2
 
 
 @pytest.mark.parametrize("pairs, why", [("m:nothing", "nothing/seed0"), ("base:m", "unfinished")])
