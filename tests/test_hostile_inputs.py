@@ -624,9 +624,12 @@ def test_a_compiler_that_does_not_run_is_refused_before_the_run_directory(
     from torch._inductor import config as inductor_config
 
     monkeypatch.setenv("CXX", "/nonexistent/g++")
-    monkeypatch.setattr(inductor_config.cpp, "cxx", (None, "/nonexistent/g++"))
     argv = _fit_argv(fmnist_root, work / "run", "--federation.compile=default")
-    _refused_by_name(argv, "federation.compile='default'", "/nonexistent/g++", capsys, (work,))
+    # torch's own patch: monkeypatch's undo would delete the setting from inductor's config,
+    # failing every later compile in this process
+    with inductor_config.patch({"cpp.cxx": (None, "/nonexistent/g++")}):
+        _refused_by_name(argv, "federation.compile='default'", "/nonexistent/g++", capsys, (work,))
+    assert inductor_config.cpp.cxx[-1] != "/nonexistent/g++"
     assert not (work / "run").exists()
 
 
