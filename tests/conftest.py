@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+import torch
 
 from fedlit.data.datasets import DEBIAN_FASHION_MNIST, stage_debian_fashion_mnist
 from fedlit.federation.trainers import CPU_BF16_ENV
@@ -18,6 +19,14 @@ from fedlit.federation.trainers import CPU_BF16_ENV
 # their numbers do not depend on the machine. Set in the environment, so that the `fedlit`
 # subprocesses and the pool's and Ray's workers the tests start inherit it.
 os.environ[CPU_BF16_ENV] = "0"
+
+# pytest-xdist's workers (setup.cfg: ``-n auto``, a worker per core) each take an equal share
+# of the cores, they and the processes they start: processes that each take every core slow
+# each other down many times over.
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
+    _threads = max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+    os.environ["OMP_NUM_THREADS"] = str(_threads)
+    torch.set_num_threads(_threads)
 
 
 @pytest.fixture(scope="session")
