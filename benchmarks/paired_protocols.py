@@ -76,20 +76,21 @@ def main() -> None:
         f"second side minus first, score = mean of last {args.last_k} rounds' test/acc, "
         f"{100 * args.confidence:g}% t-intervals"
     )
-    for s, t in settings:
+    for ours, theirs in settings:
         for a, b in pairs:
-            seeds = sorted(p.name for p in (args.first / s / a).glob("seed*"))
+            seeds = sorted(p.name for p in (args.first / ours / a).glob("seed*"))
             if not seeds:
-                raise SystemExit(f"{args.first / s / a}: no seed folder")
-            first = [_finished(args.first / s / a / seed) for seed in seeds]
-            second = [_finished(second_out / t / b / seed) for seed in seeds]
+                raise SystemExit(f"{args.first / ours / a}: no seed folder")
+            first = [_finished(args.first / ours / a / seed) for seed in seeds]
+            second = [_finished(second_out / theirs / b / seed) for seed in seeds]
             matched = zip(first, second, strict=True)
             diffs = [
                 100 * (score(y, ACC, args.last_k) - score(x, ACC, args.last_k)) for x, y in matched
             ]
             mean, half = statistics.mean(diffs), ci95(diffs, args.confidence)
             print(
-                f"{s if s == t else f'{s}:{t}'}: {second_out / t / b} - {args.first / s / a} "
+                f"{ours if ours == theirs else f'{ours}:{theirs}'}: "
+                f"{second_out / theirs / b} - {args.first / ours / a} "
                 f"({len(seeds)} seeds): "
                 f"{mean:+.2f} "
                 f"[{mean - half:+.3f}, {mean + half:+.3f}]; per seed "

@@ -110,7 +110,7 @@ def federation(
         executor=executor,  # type: ignore[arg-type]
         pool=PoolSettings(workers=workers, threads=args.threads),
     )
-    # against the plain loop (fp32), the engine in fp32 too; the pool's runs in its default
+    # beside the plain loop (fp32) the engine trains in fp32 too; pool mode: its default precision
     precision = "32-true" if args.executor == "local" else None
     accelerator = "gpu" if args.device == "cuda" else "cpu"
     trainer = TrainerTemplate(accelerator=accelerator, precision=precision)
