@@ -44,6 +44,12 @@ def _finished(run_dir: Path) -> RunRecord:
     return run
 
 
+def _pair(text: str) -> tuple[str, str]:
+    """``"A:B"`` -> (A, B); ``"A"`` -> (A, A)."""
+    first, _, second = text.partition(":")
+    return first, second or first
+
+
 def by_round(runs: list[RunRecord]) -> list[float]:
     """The mean test/acc (points) over ``runs`` at each round."""
     curves = [run.series(ACC)[1] for run in runs]
@@ -64,14 +70,14 @@ def main() -> None:
     parser.add_argument("--confidence", type=float, default=0.95, help="the interval's level")
     args = parser.parse_args()
     second_out = args.second or args.first
-    pairs = [(p.split(":") + p.split(":"))[:2] for p in args.pairs.split(",")]
+    pairs = [_pair(text) for text in args.pairs.split(",")]
     if args.settings is None:
         names = sorted(p.name for p in args.first.iterdir() if (p / pairs[0][0]).is_dir())
         if not names:
             raise SystemExit(f"{args.first}: no setting folder holds {pairs[0][0]!r}")
         settings = [(name, name) for name in names]
     else:
-        settings = [(p.split(":") + p.split(":"))[:2] for p in args.settings.split(",")]
+        settings = [_pair(text) for text in args.settings.split(",")]
     print(
         f"second side minus first, score = mean of last {args.last_k} rounds' test/acc, "
         f"{100 * args.confidence:g}% t-intervals"

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from fedlit.data.datasets import DEBIAN_FASHION_MNIST, stage_debian_fashion_mnist
+from fedlit.federation.pool import available_cores
 from fedlit.federation.trainers import CPU_BF16_ENV
 
 # The tests run in fp32 on every CPU (the default is bf16 on a CPU that computes it natively):
@@ -24,7 +25,7 @@ os.environ[CPU_BF16_ENV] = "0"
 # of the cores, they and the processes they start: processes that each take every core slow
 # each other down many times over.
 if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
-    _threads = max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+    _threads = max(1, available_cores() // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
     os.environ["OMP_NUM_THREADS"] = str(_threads)
     torch.set_num_threads(_threads)
 

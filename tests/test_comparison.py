@@ -371,9 +371,7 @@ def test_cpu_precision_spec_runs_each_method_and_seed_in_both_precisions(
     configs: dict[tuple[str, int], dict[str, dict]] = {}
     for run in plan(comparison):
         config = resolve(run.args).config.as_dict()
-        trainer = config.pop("trainer")
-        assert trainer.pop("default_root_dir") == str(run.run_dir)
-        config["trainer"] = trainer
+        assert config["trainer"].pop("default_root_dir") == str(run.run_dir)
         configs.setdefault((run.recipe.stem, run.seed), {})[run.setting] = config
     assert len(configs) == len(comparison.recipes) * len(comparison.seeds)
     for pair in configs.values():
