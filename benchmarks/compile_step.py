@@ -1,167 +1,181 @@
-"""A FixMatch client step with the network eager vs ``torch.compile``d, in one process.
+"""Each method's whole training step compiled (``federation.compile``) against eager, per method.
 
-What ``federation.compile`` does to a training step: the network (forward and backward) is
-compiled, the optimiser and the augmentation stay eager (the views are drawn outside the graph:
-here every step reuses batches computed beforehand, so each step has the same fixed shapes, as
-CUDA graphs need). For each mode the script measures, from the same initial weights and the
-same batches:
+For each method a small run of its recipe (the local Fashion-MNIST, 4 clients of 512 images in
+batches of 16, 32 steps a client, the small CNN, 4 rounds) is made eager and compiled (``--mode``, default
+``default``), in this process, and the script prints:
 
-- the first compiled step (tracing and code generation) against an eager step;
-- the steady-state step time (median of ``--repeats`` runs of ``--steps`` steps, eager and
-  compiled taking turns);
-- how far the compiled run's losses and final weights are from the eager run's (with every
-  image in the loss: threshold 0).
+- graph breaks (torch._dynamo's counter; the step is compiled with ``fullgraph=True``, so a
+  break is an error, and a method that has one says so in the ``error`` column);
+- frames compiled after round 2 and after round 4 (torch._dynamo's ``unique_graphs``): one per
+  (objective, network) pair of the run, not growing with rounds or clients;
+- compile time: round 1's wall time compiled minus eager's (the graphs are built in round 1);
+- aten ops per client step, rounds 2-4 under torch.profiler, all phases of the round together
+  (the clients' and the server's steps, their set-up, aggregation, evaluation), eager and
+  compiled, and their ratio;
+- the median round time of rounds 2-4, eager and compiled, and their ratio.
 
-``--federation`` also runs the quick-start-sized tiny federation (FedAvg-FixMatch, two rounds)
-eager and compiled and prints both test accuracies.
-
-    python benchmarks/compile_step.py                              # small CNN, CPU
-    python benchmarks/compile_step.py --device cuda --backbone resnet18
-    python benchmarks/compile_step.py --modes default reduce-overhead --federation
+    python benchmarks/compile_step.py                        # paper 002's Table 1 methods
+    python benchmarks/compile_step.py --methods all          # every method's recipe
+    python benchmarks/compile_step.py --methods fedseal --clients 8   # more clients
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
 import statistics
+import sys
 import tempfile
-import time
+import traceback
 from pathlib import Path
+from typing import Any
 
 import torch
-from torch import nn
+import torch._dynamo
+from torch._dynamo.utils import counters
+from torch.profiler import ProfilerActivity, profile
 
-from fedlit.data import ImageBatches, dataset_spec, load_split
+from fedlit.cli.fit import resolve
 from fedlit.data.datasets import stage_debian_fashion_mnist
-from fedlit.data.loaders import expand_batches
-from fedlit.models import build_classifier
-from fedlit.objectives import FixMatch, FixMatchLoss
+from fedlit.federation import Federation
+from fedlit.federation.callbacks import Callback, RunView
+
+STEPS = 32  # client steps a round (batches of 16)
+TABLE_1 = ("server_sl", "fedavg_sl", "fedavg_fixmatch", "fedavg_uda", "fedseal")
+RECIPES = Path(__file__).parents[1] / "recipes"
 
 
-def sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
+def small(root: Path, run_dir: Path, clients: int, rounds: int) -> list[str]:
+    """Overrides that shrink a recipe to the small run this script measures."""
+    return [
+        "--data.dataset=fashion_mnist",
+        f"--data.root={root}",
+        f"--data.num_clients={clients}",
+        f"--data.examples_per_client={16 * STEPS}",
+        "--data.client_batch_size=16",
+        "--data.batch_size=16",
+        "--data.labeled_per_class=5",
+        "--data.labeled_fraction=null",
+        "--data.val_per_class=2",
+        "--data.test_subset=200",
+        f"--federation.rounds={rounds}",
+        f"--federation.clients_per_round={clients}",
+        "--federation.local_epochs=1",
+        "--federation.local_steps=null",
+        "--federation.server_epochs=1",
+        "--federation.eval_epochs=1",
+        "--model.init_args.backbone=small_cnn",
+        "--trainer.accelerator=cpu",
+        "--trainer.precision=32-true",
+        f"--trainer.default_root_dir={run_dir}",
+    ]
 
 
-def run_steps(
-    objective: FixMatch, batches: list[tuple[torch.Tensor, torch.Tensor]], device: str
-) -> tuple[float, list[float]]:
-    """Seconds for one FixMatch step per batch (forward, backward, SGD step) and the losses."""
-    optimizer, _ = objective.optimizer_and_scheduler(1)
-    autocast = torch.autocast("cuda", torch.bfloat16, enabled=device.startswith("cuda"))
-    losses = []
-    sync(device)
-    t0 = time.perf_counter()
-    for i, batch in enumerate(batches):
-        with autocast:
-            loss = objective.training_step(batch, i)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()  # type: ignore[union-attr]
-        losses.append(loss.detach())
-    sync(device)
-    return time.perf_counter() - t0, [x.item() for x in losses]
+class Measure(Callback):
+    """Frames compiled after each round; rounds 2 to the last under torch.profiler, its aten
+    ops counted."""
+
+    def __init__(self) -> None:
+        self.frames: dict[int, int] = {}
+        self.round_s: dict[int, float] = {}
+        self.ops = 0
+        self.profiler: Any = None
+
+    def on_round_end(self, run: RunView, round_idx: int, metrics: dict[str, float]) -> None:
+        self.frames[round_idx] = counters["stats"]["unique_graphs"]
+        self.round_s[round_idx] = metrics["time/round_s"]
+        if round_idx == 1:
+            self.profiler = profile(activities=[ProfilerActivity.CPU])
+            self.profiler.__enter__()
+        elif round_idx == run.config.rounds and self.profiler is not None:
+            self.profiler.__exit__(None, None, None)
+            events = self.profiler.key_averages()
+            self.ops = sum(e.count for e in events if e.key.startswith("aten::"))
+            self.profiler = None
 
 
-def objective_for(network: nn.Module, tau: float = 0.95) -> FixMatch:
-    return FixMatch(copy.deepcopy(network), lr=0.003, loss=FixMatchLoss(tau=tau))
-
-
-def max_difference(a: nn.Module, b: nn.Module) -> float:
-    return max(
-        (x.float() - y.float()).abs().max().item()
-        for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True)
-    )
-
-
-def measure(args: argparse.Namespace, images: torch.Tensor) -> None:
-    dev, bs = args.device, args.batch_size
-    spec = dataset_spec("fashion_mnist")
-    torch.manual_seed(0)
-    loader = ImageBatches(images, spec, ("weak", "strong"), bs, shuffle=True)
-    batches = [tuple(x.to(dev) for x in expand_batches(raw)) for raw in loader.on_device()]
-    batches = [b for b in batches if len(b[0]) == bs][: args.steps]  # one fixed shape
-    torch.manual_seed(0)
-    initial = build_classifier(args.backbone, 10, 1).to(dev)
-    eager = objective_for(initial)
-    run_steps(eager, batches[:2], dev)  # warm-up (allocator, kernels' first use)
-    print(f"device {dev}; torch threads {torch.get_num_threads()}; {args.backbone}, batch {bs}")
-    print(f"{'mode':<18}{'first step s':>13}{'eager step ms':>15}{'compiled ms':>13}{'ratio':>8}")
-    for mode in args.modes:
-        torch._dynamo.reset()
-        compiled = objective_for(initial)
-        compiled.network.compile(mode=mode)
-        first, _ = run_steps(compiled, batches[:1], dev)
-        one_eager, _ = run_steps(objective_for(initial), batches[:1], dev)
-        run_steps(compiled, batches[1:3], dev)  # CUDA graphs record on the first calls
-        a, b = [], []
-        for _ in range(args.repeats):
-            a.append(run_steps(objective_for(initial), batches, dev)[0] / len(batches))
-            b.append(run_steps(compiled, batches, dev)[0] / len(batches))
-        ea, cb = statistics.median(a), statistics.median(b)
-        print(
-            f"{mode:<18}{first:>13.1f}{1000 * ea:>15.2f}{1000 * cb:>13.2f}{ea / cb:>7.2f}x"
-            f"   (an eager first step: {1000 * one_eager:.1f} ms)"
-        )
-        # the same steps from the same weights, every image in the loss (tau 0; at 0.95 a new
-        # network's loss is masked to 0): how far compiled is from eager
-        left, right = objective_for(initial, 0.0), objective_for(initial, 0.0)
-        right.network.compile(mode=mode)
-        _, eager_losses = run_steps(left, batches, dev)
-        _, compiled_losses = run_steps(right, batches, dev)
-        loss_gap = max(abs(x - y) for x, y in zip(eager_losses, compiled_losses, strict=True))
-        print(
-            f"{'':<18}after {len(batches)} steps: losses differ by at most {loss_gap:.2e}, "
-            f"weights by {max_difference(left.network, right.network):.2e}"
-        )
-
-
-def federation_accuracy(root: Path, mode: str | None, rounds: int) -> float:
-    """Test accuracy of a tiny FedAvg-FixMatch run (the quick-start's protocol, shrunk)."""
-    from fedlit.data import FederatedDataModule
-    from fedlit.federation import Federation, FederationConfig
-    from fedlit.methods import FedAvgFixMatch
-
-    data = FederatedDataModule(
-        root=str(root), num_clients=4, examples_per_client=256, test_subset=1000
-    )
-    config = FederationConfig(rounds=rounds, clients_per_round=4, compile=mode)  # type: ignore[arg-type]
-    with tempfile.TemporaryDirectory() as run_dir:
-        fed = Federation(
-            FedAvgFixMatch(num_classes=10, in_channels=1),
-            data,
-            config,
-            Path(run_dir),
+def run(method: str, mode: str | None, root: Path, clients: int, rounds: int) -> Measure:
+    """A small run of ``method``'s recipe, eager (``mode`` None) or compiled."""
+    torch._dynamo.reset()
+    counters.clear()
+    measure = Measure()
+    with tempfile.TemporaryDirectory() as tmp:
+        args = [
+            "--config",
+            str(RECIPES / f"{method}.yaml"),
+            *small(root, Path(tmp), clients, rounds),
+        ]
+        if mode is not None:
+            args.append(f"--federation.compile={mode}")
+        cli = resolve(args)
+        federation = Federation(
+            method=cli.model,
+            data=cli.datamodule,
+            config=cli.config_init.federation,
+            run_dir=Path(tmp),
+            seed=int(cli.config.seed_everything),
+            trainer=cli.trainer,
             progress=False,
+            extra_callbacks=[measure],
         )
-        result = fed.run()
-    return result.history[-1]["test/acc"]
+        try:
+            federation.prepare()
+            federation.open_run_dir()
+            federation.run()
+        finally:
+            federation.close()
+    return measure
+
+
+def client_steps(method: str, clients: int, rounds: int) -> int:
+    """Client steps in rounds 2..rounds (:data:`STEPS` a client, all clients)."""
+    return (rounds - 1) * clients * STEPS
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--device", default="cpu", help="cpu or cuda")
-    parser.add_argument("--backbone", default="small_cnn", help="small_cnn or resnet18")
-    parser.add_argument("--batch_size", type=int, default=64)
-    parser.add_argument("--steps", type=int, default=15, help="steps per timed run")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--modes", nargs="+", default=["default", "reduce-overhead"])
-    parser.add_argument("--federation", action="store_true", help="also a tiny run, both ways")
-    parser.add_argument("--rounds", type=int, default=2, help="the tiny run's rounds")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--methods", nargs="+", default=list(TABLE_1), help="recipe stems, or all")
+    parser.add_argument("--mode", default="default", help="federation.compile's mode")
+    parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--root", default="data")
     args = parser.parse_args()
     root = Path(args.root)
     stage_debian_fashion_mnist(root)
-    images = load_split("fashion_mnist", root, train=True, download=True).images[:2000]
-    measure(args, images)
-    if args.federation:
-        for mode in (None, args.modes[0]):
-            torch._dynamo.reset()
-            t0 = time.perf_counter()
-            acc = federation_accuracy(root, mode, args.rounds)
-            took = time.perf_counter() - t0
-            print(f"tiny federation, compile {mode}: test/acc {acc:.4f} ({took:.0f} s wall)")
+    methods = args.methods
+    if methods == ["all"]:
+        methods = sorted(p.stem for p in RECIPES.glob("*.yaml") if p.stem != "quickstart")
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads; mode {args.mode}; "
+        f"{args.clients} clients x {16 * STEPS} images, small CNN, {args.rounds} rounds"
+    )
+    head = (
+        f"{'method':<22}{'breaks':>7}{'frames r2':>10}{'frames r' + str(args.rounds):>10}"
+        f"{'compile s':>10}{'ops/step eager':>15}{'compiled':>9}{'ratio':>7}"
+        f"{'round ms eager':>15}{'compiled':>9}{'ratio':>7}"
+    )
+    print(head)
+    for method in methods:
+        try:
+            eager = run(method, None, root, args.clients, args.rounds)
+            compiled = run(method, args.mode, root, args.clients, args.rounds)
+        except Exception as err:  # a graph break under fullgraph=True, or another failure
+            reason = traceback.format_exception_only(err)[-1].strip().splitlines()[0]
+            print(f"{method:<22}error: {reason[:160]}")
+            continue
+        breaks = sum(counters["graph_break"].values())
+        steps = client_steps(method, args.clients, args.rounds)
+        later = range(2, args.rounds + 1)
+        e_round = statistics.median(eager.round_s[r] for r in later)
+        c_round = statistics.median(compiled.round_s[r] for r in later)
+        print(
+            f"{method:<22}{breaks:>7}{compiled.frames.get(2, 0):>10}"
+            f"{compiled.frames.get(args.rounds, 0):>10}"
+            f"{compiled.round_s[1] - eager.round_s[1]:>10.1f}"
+            f"{eager.ops / steps:>15.0f}{compiled.ops / steps:>9.0f}"
+            f"{compiled.ops / max(eager.ops, 1):>6.2f}x"
+            f"{1000 * e_round:>15.0f}{1000 * c_round:>9.0f}{c_round / e_round:>6.2f}x"
+        )
+        sys.stdout.flush()
 
 
 if __name__ == "__main__":

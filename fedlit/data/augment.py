@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
 
@@ -237,10 +236,23 @@ class BatchRandAugment:
 
     def __call__(self, images: Tensor, codes: Tensor | None = None) -> Tensor:
         """Augment uint8 ``images`` (B, C, H, W); ``codes`` (B, num_ops) fixes :meth:`draw`."""
-        codes = self.draw(len(images)) if codes is None else codes.cpu()
+        codes = self.draw(len(images)) if codes is None else codes
+        self.prepare(images)
+        return self.apply(images, codes.to(images.device, non_blocking=True))
+
+    def prepare(self, images: Tensor) -> None:
+        """Build the tables :meth:`apply` reads for ``images``' size and device (outside a
+        compiled step, so that the step only reads them)."""
         b, channels, height, width = images.shape
         tables = self.slot_tables(channels, height, width, images.device)
-        codes = codes.to(images.device, non_blocking=True)  # one transfer for all slots
+        tables.ones(torch.Size((b, channels, 1, height * width)))
+        tables.expanded(b, channels)
+
+    def apply(self, images: Tensor, codes: Tensor) -> Tensor:
+        """Augment uint8 ``images`` (B, C, H, W) with the drawn ``codes`` (B, num_ops) on their
+        device: tensor work alone, no draw and no transfer (a compiled step traces it)."""
+        b, channels, height, width = images.shape
+        tables = self.slot_tables(channels, height, width, images.device)
         out = images
         for slot in range(codes.shape[1]):
             code = codes[:, slot]
@@ -380,25 +392,76 @@ class BatchView:
         self._batch_index: dict[tuple[int, str], Tensor] = {}
         self._moments: dict[str, tuple[Tensor, Tensor]] = {}
 
-    def weak_geometry(self, images: Tensor) -> Tensor:
+    #: Rows of a view's draws (:meth:`draw`): the weak crop's offsets and flip, then (strong)
+    #: RandAugment's codes per slot and Cutout's side and position.
+    WEAK_ROWS = ("top", "left", "flip")
+    STRONG_ROWS = (
+        *WEAK_ROWS,
+        *(f"op{k}" for k in range(RANDAUGMENT_OPS)),
+        "side",
+        "cut_top",
+        "cut_left",
+    )
+
+    def rows(self) -> int:
+        """How many rows :meth:`draw` gives (0 for ``plain``)."""
+        return {"plain": 0, "weak": len(self.WEAK_ROWS), "strong": len(self.STRONG_ROWS)}[self.view]
+
+    def draw(self, b: int, h: int, w: int) -> Tensor:
+        """This view's random parameters for b images of h x w: (:meth:`rows`, B) int64 on the
+        CPU (:data:`WEAK_ROWS`, :data:`STRONG_ROWS`), drawn from torch's global CPU generator in
+        the order the views are computed (crop, flip, RandAugment, Cutout)."""
+        if self.view == "plain" or b == 0:
+            return torch.empty((0, b), dtype=torch.int64)
+        rows = list(self._draw_weak(b))
+        if self.view == "strong":
+            rows += list(self.randaugment.draw(b).T)
+            rows += list(self._draw_cutout(b, h, w))
+        return torch.stack(rows)
+
+    def _draw_weak(self, b: int) -> tuple[Tensor, Tensor, Tensor]:
+        top = torch.randint(0, 2 * self.pad + 1, (b,))
+        left = torch.randint(0, 2 * self.pad + 1, (b,))
+        flip = (torch.rand(b) < 0.5).long() if self.spec.hflip else torch.zeros(b, dtype=torch.long)
+        return top, left, flip
+
+    def _draw_cutout(self, b: int, h: int, w: int) -> tuple[Tensor, Tensor, Tensor]:
+        area = torch.empty(b).uniform_(*CUTOUT_SCALE) * (h * w)
+        side = area.sqrt().round().long()  # < min(h, w) for scale <= 0.25: the first try fits
+        top = (torch.rand(b) * (h - side + 1)).long()
+        left = (torch.rand(b) * (w - side + 1)).long()
+        return side, top, left
+
+    def prepare(self, images: Tensor) -> None:
+        """Build every table :meth:`apply` reads for ``images``' shape and device (outside a
+        compiled step, so that the step only reads them)."""
+        b, c, h, w = images.shape
+        self._indices(c, h, w, images.device)
+        key = (b, str(images.device))
+        if key not in self._batch_index:
+            self._batch_index[key] = torch.arange(b, device=images.device).view(b, 1, 1, 1)
+        self._mean_std(images.device)
+        if self.view == "strong" and b:
+            self.randaugment.prepare(images)
+
+    def weak_geometry(self, images: Tensor, drawn: Tensor | None = None) -> Tensor:
         """torchvision's ``RandomCrop(size, padding=size // 8, padding_mode="reflect")`` and,
         where it keeps the label, ``RandomHorizontalFlip()``, with an offset and a coin per
-        image: uint8 in, uint8 out, by one gather (each row and column of the crop read
-        through the reflection of the padded border)."""
+        image (``drawn``: the rows top, left, flip on ``images``' device; None: drawn here):
+        uint8 in, uint8 out, by one gather (each row and column of the crop read through the
+        reflection of the padded border)."""
         b, c, h, w = images.shape
-        device = images.device
-        index = self._indices(c, h, w, device)
-        top = torch.randint(0, 2 * self.pad + 1, (b,)).to(device)
-        left = torch.randint(0, 2 * self.pad + 1, (b,)).to(device)
+        if drawn is None:
+            self.prepare(images)
+            drawn = torch.stack(self._draw_weak(b)).to(images.device)
+        top, left, flip = drawn[0], drawn[1], drawn[2]
+        index = self._indices(c, h, w, images.device)
         rows = index["reflect_rows"][top.view(b, 1, 1, 1) + index["rows"]]  # (B, 1, H, 1)
         cols = index["reflect_cols"][left.view(b, 1, 1, 1) + index["cols"]]  # (B, 1, 1, W)
         if self.spec.hflip:
-            flip = (torch.rand(b) < 0.5).to(device)
-            cols = torch.where(flip.view(b, 1, 1, 1), cols.flip(-1), cols)
-        key = (b, str(device))
-        if key not in self._batch_index:
-            self._batch_index[key] = torch.arange(b, device=device).view(b, 1, 1, 1)
-        return images[self._batch_index[key], index["channels"], rows, cols]
+            cols = torch.where(flip.view(b, 1, 1, 1) != 0, cols.flip(-1), cols)
+        batch = self._batch_index[(b, str(images.device))]
+        return images[batch, index["channels"], rows, cols]
 
     def _indices(self, c: int, h: int, w: int, device: torch.device) -> dict[str, Tensor]:
         """The index tensors of :meth:`weak_geometry` and :meth:`cutout`, cached per size and
@@ -415,66 +478,75 @@ class BatchView:
                 i = (torch.arange(n + 2 * p) - p).abs()
                 return ((n - 1) - ((n - 1) - i).abs()).to(device)
 
-            def cut(n: int, most: int) -> Tensor:
-                side = torch.arange(most + 1).view(-1, 1, 1)
-                start = torch.arange(most + 1).view(1, -1, 1)
-                at = torch.arange(n).view(1, 1, -1)
-                return (at >= start) & (at < start + side)
-
-            most = max(h, w)
             self._index_cache[key] = {
                 "reflect_rows": reflect(h),
                 "reflect_cols": reflect(w),
                 "rows": torch.arange(h, device=device).view(1, 1, h, 1),
                 "cols": torch.arange(w, device=device).view(1, 1, 1, w),
                 "channels": torch.arange(c, device=device).view(1, c, 1, 1),
-                "cut_rows": cut(h, most),
-                "cut_cols": cut(w, most),
             }
         return self._index_cache[key]
 
-    def cutout(self, images: Tensor) -> Tensor:
+    def cutout(self, images: Tensor, drawn: Tensor | None = None) -> Tensor:
         """torchvision's ``RandomErasing(p=1, scale=CUTOUT_SCALE, ratio=(1, 1), value=0)``
         per image: a square of side round(sqrt(s H W)), s ~ U(scale), at a uniform position,
-        set to 0 in every channel (the normalised data set mean)."""
+        set to 0 in every channel (the normalised data set mean). ``drawn``: the rows side,
+        top, left on ``images``' device; None: drawn here."""
         b, c, h, w = images.shape
-        area = torch.empty(b).uniform_(*CUTOUT_SCALE) * (h * w)
-        side = area.sqrt().round().long()  # < min(h, w) for scale <= 0.25: the first try fits
-        top = (torch.rand(b) * (h - side + 1)).long()
-        left = (torch.rand(b) * (w - side + 1)).long()
+        if drawn is None:
+            self.prepare(images)
+            drawn = torch.stack(self._draw_cutout(b, h, w)).to(images.device)
+        side, top, left = (r.view(b, 1, 1, 1) for r in drawn.unbind(0))
         index = self._indices(c, h, w, images.device)
-        inside_rows = index["cut_rows"][side, top].view(b, 1, h, 1)
-        inside_cols = index["cut_cols"][side, left].view(b, 1, 1, w)
-        return images.masked_fill((inside_rows & inside_cols).to(images.device), 0.0)
+        rows, cols = index["rows"], index["cols"]
+        inside = (rows >= top) & (rows < top + side) & (cols >= left) & (cols < left + side)
+        return images.masked_fill(inside, 0.0)
+
+    def _mean_std(self, device: torch.device) -> tuple[Tensor, Tensor]:
+        key = str(device)
+        if key not in self._moments:
+            mean, std = (torch.tensor(m, device=device) for m in (self.spec.mean, self.spec.std))
+            self._moments[key] = (mean.view(1, -1, 1, 1), std.view(1, -1, 1, 1))
+        return self._moments[key]
 
     def normalize(self, images: Tensor) -> Tensor:
         """(x / 255 - mean) / std with the data set's channel means and deviations."""
-        key = str(images.device)
-        if key not in self._moments:
-            mean, std = (
-                torch.tensor(m, device=images.device) for m in (self.spec.mean, self.spec.std)
-            )
-            self._moments[key] = (mean.view(1, -1, 1, 1), std.view(1, -1, 1, 1))
-        mean, std = self._moments[key]
+        mean, std = self._mean_std(images.device)
         return (images.float() / 255.0 - mean) / std
 
     def __call__(self, images: Tensor) -> Tensor:
-        """The view of uint8 ``images`` (B, C, H, W): float32, channels-last (the networks'
-        layout, :func:`fedlit.models.build_classifier`)."""
+        """The view of uint8 ``images`` (B, C, H, W), drawn here: float32, channels-last (the
+        networks' layout, :func:`fedlit.models.build_classifier`)."""
+        self.check(images)
+        self.prepare(images)
+        drawn = self.draw(*images.shape[:1], *images.shape[2:])
+        return self.apply(images, drawn.to(images.device, non_blocking=True))
+
+    @staticmethod
+    def check(images: Tensor) -> None:
         if images.dtype != torch.uint8 or images.ndim != 4:
             raise ValueError(
                 f"expected uint8 images (B, C, H, W), got {images.dtype} {tuple(images.shape)}"
             )
+
+    def apply(self, images: Tensor, drawn: Tensor) -> Tensor:
+        """The view of uint8 ``images`` (B, C, H, W) with its draws ``drawn`` (:meth:`draw`'s
+        rows, on ``images``' device), after :meth:`prepare`: tensor work alone, no draw, no
+        transfer and no read back (a compiled step traces it). float32, channels-last."""
         if self.view == "plain" or len(images) == 0:
             out = self.normalize(images)
-        elif self.view == "weak":
-            out = self.normalize(self.weak_geometry(images))
         else:
-            out = self.cutout(self.normalize(self.randaugment(self.weak_geometry(images))))
+            out = self.weak_geometry(images, drawn[:3])
+            if self.view == "weak":
+                out = self.normalize(out)
+            else:
+                ops = drawn[3 : 3 + RANDAUGMENT_OPS].T
+                out = self.randaugment.apply(out, ops)
+                out = self.cutout(self.normalize(out), drawn[3 + RANDAUGMENT_OPS :])
         return out.contiguous(memory_format=torch.channels_last)
 
 
 @cache
-def batch_view(view: str, spec: DatasetSpec) -> Callable[[Tensor], Tensor]:
+def batch_view(view: str, spec: DatasetSpec) -> BatchView:
     """The (shared, stateless) :class:`BatchView` of ``view`` for data set ``spec``."""
     return BatchView(view, spec)

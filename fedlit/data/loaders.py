@@ -21,12 +21,12 @@ from __future__ import annotations
 import copy
 import weakref
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 
-from fedlit.data.augment import VIEWS, batch_view
+from fedlit.data.augment import VIEWS, BatchView, batch_view
 from fedlit.data.datasets import DatasetSpec
 
 
@@ -58,23 +58,76 @@ class RawBatch:
     def __len__(self) -> int:
         return len(self.images)
 
+    def draw(self) -> DrawnBatch:
+        """The batch with every view's random parameters drawn (torch's global CPU
+        generator, view after view) and moved to the images' device in one transfer."""
+        views = tuple(batch_view(v, self.spec) for v in self.views)
+        BatchView.check(self.images)
+        for view in views:
+            view.prepare(self.images)
+        b, _, h, w = self.images.shape
+        rows = [view.rows() for view in views]
+        device = self.images.device
+        if sum(rows):
+            packed = torch.cat([view.draw(b, h, w) for view in views])
+            packed = packed.to(device, non_blocking=True)  # one transfer for every view
+        else:
+            packed = torch.empty((0, b), dtype=torch.int64, device=device)
+        return DrawnBatch(self.images, views, packed.split(rows), self.index, self.labels)
+
     def expand(self) -> tuple[Tensor, ...]:
         """``(index?, view_1(x), ..., view_n(x), labels?)``, each view drawn independently."""
-        views = tuple(batch_view(v, self.spec)(self.images) for v in self.views)
-        head = () if self.index is None else (self.index,)
+        return self.draw().expand()
+
+
+class DrawnBatch(NamedTuple):
+    """A batch whose random parameters are drawn, before its views are computed: what a
+    compiled training step takes (:meth:`expand` is tensor work alone, no draw, no transfer).
+
+    ``draws`` holds each view's rows (:meth:`~fedlit.data.augment.BatchView.draw`) on the
+    images' device; ``positions`` is :class:`RawBatch`'s ``index``."""
+
+    images: Tensor
+    views: tuple[BatchView, ...]
+    draws: tuple[Tensor, ...]
+    positions: Tensor | None
+    labels: Tensor | None
+
+    def expand(self) -> tuple[Tensor, ...]:
+        """``(index?, view_1(x), ..., view_n(x), labels?)``."""
+        views = tuple(
+            view.apply(self.images, drawn)
+            for view, drawn in zip(self.views, self.draws, strict=True)
+        )
+        head = () if self.positions is None else (self.positions,)
         tail = () if self.labels is None else (self.labels,)
         return (*head, *views, *tail)
 
 
 def expand_batches(batch: Any) -> Any:
-    """``batch`` with every :class:`RawBatch` in it (also inside the tuples, lists and dicts of a
-    ``CombinedLoader``) replaced by its views; anything else is returned as it is."""
-    if isinstance(batch, RawBatch):
+    """``batch`` with every :class:`RawBatch` or :class:`DrawnBatch` in it (also inside the
+    tuples, lists and dicts of a ``CombinedLoader``) replaced by its views; anything else is
+    returned as it is."""
+    if isinstance(batch, (RawBatch, DrawnBatch)):
         return batch.expand()
     if isinstance(batch, dict):
         return {k: expand_batches(v) for k, v in batch.items()}
-    if isinstance(batch, (list, tuple)) and any(isinstance(b, RawBatch) for b in batch):
+    if isinstance(batch, (list, tuple)) and any(
+        isinstance(b, (RawBatch, DrawnBatch)) for b in batch
+    ):
         return type(batch)(expand_batches(b) for b in batch)
+    return batch
+
+
+def draw_batches(batch: Any) -> Any:
+    """``batch`` with every :class:`RawBatch` in it replaced by its :class:`DrawnBatch` (the
+    draws made, the views not yet computed), as :func:`expand_batches` walks it."""
+    if isinstance(batch, RawBatch):
+        return batch.draw()
+    if isinstance(batch, dict):
+        return {k: draw_batches(v) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)) and any(isinstance(b, RawBatch) for b in batch):
+        return type(batch)(draw_batches(b) for b in batch)
     return batch
 
 
@@ -84,8 +137,12 @@ class AugmentsOnDevice:
     :class:`RawBatch` on the device the module runs on. Put it before ``LightningModule`` in
     the bases."""
 
+    #: Whether the module computes the views inside its (compiled) training step: then this
+    #: hook only draws their random parameters (:func:`draw_batches`).
+    views_in_step: bool = False
+
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        return expand_batches(batch)
+        return draw_batches(batch) if self.views_in_step else expand_batches(batch)
 
 
 #: Each split's tensor staged on a device, by (id of the split's tensor, device); an entry is

@@ -21,14 +21,15 @@ from typing import Any, Literal
 import torch
 from lightning import LightningModule, Trainer
 from lightning.fabric.plugins.precision.precision import _PRECISION_INPUT
+from lightning.pytorch.accelerators import CUDAAccelerator
 from lightning.pytorch.strategies import SingleDeviceStrategy
 from lightning.pytorch.trainer import setup as _trainer_setup
 from lightning.pytorch.trainer.connectors import callback_connector as _callback_connector
 from lightning.pytorch.utilities.combined_loader import CombinedLoader
 from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
-from torch import nn
 
 from fedlit.data.loaders import AugmentsOnDevice, ImageBatches
+from fedlit.federation.compiled import whole_step_compiled
 
 # Per-step Trainers would otherwise print device banners and worker hints hundreds of times.
 for _name in ("lightning.pytorch.utilities.rank_zero", "lightning.pytorch.accelerators.cuda"):
@@ -86,7 +87,7 @@ _log_device_info_once()
 
 TERMINATED = 128 + signal.SIGTERM  # the exit status of a run stopped by SIGTERM
 
-#: ``federation.compile``: torch.compile's modes for the training steps' network (None: eager).
+#: ``federation.compile``: torch.compile's modes for the whole training step (None: eager).
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
 
 
@@ -109,24 +110,6 @@ def compile_toolchain_missing(device: torch.device) -> str | None:
             continue
     source = f"$CXX={os.environ['CXX']!r}" if os.environ.get("CXX") else "g++"
     return f"the C++ compiler inductor uses, {source}, does not run"
-
-
-@contextmanager
-def compiled_network(module: LightningModule, mode: str | None) -> Iterator[None]:
-    """``module.network`` compiled with ``torch.compile(mode=mode)`` (``nn.Module.compile``:
-    in place, its parameters, buffers and state-dict keys unchanged) while the block runs, and
-    eager again after it, so evaluation and aggregation see the plain network. Graphs are
-    cached by torch for the process: every client's copy of the same architecture reuses them.
-    Nothing happens for ``mode`` None or a module without a ``network``."""
-    network = getattr(module, "network", None)
-    if mode is None or not isinstance(network, nn.Module):
-        yield
-        return
-    network.compile(mode=mode)
-    try:
-        yield
-    finally:
-        network._compiled_call_impl = None  # what nn.Module.compile set: back to eager
 
 
 #: Set to "0" or "1", says whether this CPU computes bf16 natively instead of asking torch (the
@@ -181,8 +164,8 @@ class TrainerTemplate:
         benchmark: cuDNN's benchmark mode.
         limit_train_batches: batches per epoch (a number, or a fraction of the loader).
         detect_anomaly: torch's autograd anomaly detection.
-        compile: torch.compile's mode for the training steps' network (``federation.compile``,
-            not a ``trainer`` key).
+        compile: torch.compile's mode for the whole training step (``federation.compile``,
+            not a ``trainer`` key; :mod:`fedlit.federation.compiled`).
     """
 
     accelerator: str = "auto"
@@ -270,6 +253,8 @@ class TrainerTemplate:
             precision=self.precision or default_precision(self.accelerator), barebones=True
         )
         kwargs.update(overrides)
+        if kwargs["accelerator"] in ("auto", "gpu", "cuda") and torch.cuda.is_available():
+            kwargs["accelerator"] = CUDAKeepingCache()
         return Trainer(**kwargs)
 
     def fit(
@@ -281,7 +266,8 @@ class TrainerTemplate:
         stay_on_device: bool = False,
     ) -> None:
         """Train ``module`` on ``loader`` for ``epochs`` epochs (or ``max_steps`` steps),
-        its ``network`` compiled meanwhile where ``compile`` says so (:func:`compiled_network`).
+        its whole training step compiled meanwhile where ``compile`` says so
+        (:func:`~fedlit.federation.compiled.whole_step_compiled`).
         ``stay_on_device`` (a client's fit): on one device, ``module`` is left on the device
         after the fit, and not moved there again when it is already there
         (:class:`StayOnDevice`), so a worker's persistent networks never cross to the host."""
@@ -292,7 +278,7 @@ class TrainerTemplate:
         if strategy is not None:
             length["strategy"] = strategy  # type: ignore[assignment]
         trainer = self.build(**length, limit_val_batches=0)
-        with compiled_network(module, self.compile):
+        with whole_step_compiled(module, self.compile):
             trainer.fit(module, train_dataloaders=on_device(module, loader, self.device()))
         _stop_if_terminated(trainer)
 
@@ -313,6 +299,21 @@ class TrainerTemplate:
         trainer = self.build()
         trainer.test(module, dataloaders=on_device(module, loader, self.device()), verbose=False)
         _stop_if_terminated(trainer)
+
+
+class CUDAKeepingCache(CUDAAccelerator):
+    """Lightning's CUDA accelerator without its clearing of the device's memory at every fit's
+    set-up and teardown (``torch.cuda.empty_cache`` and cuBLAS's workspaces). fedlit builds a
+    Trainer for every step of a round (each client's fit, the server's, the evaluation), so
+    that clearing gave the caching allocator's memory back to the driver and took it again a
+    few dozen times a round, each a synchronising driver call; PyTorch's caching allocator
+    reuses it instead."""
+
+    def setup(self, trainer: Trainer) -> None:
+        """Nothing: Lightning's set-up only clears the memory (and logs the visible devices)."""
+
+    def teardown(self) -> None:
+        """Nothing: the memory stays cached for the next step's Trainer."""
 
 
 class StayOnDevice(SingleDeviceStrategy):

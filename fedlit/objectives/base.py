@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeAlias
 
 import torch
 from lightning import LightningModule
@@ -12,6 +13,12 @@ from fedlit.data.loaders import AugmentsOnDevice
 from fedlit.models import Classifier
 from fedlit.objectives.optimization import OPTIMIZERS
 from fedlit.objectives.schedules import WarmupCosine
+
+#: What a training step logs: (weight, {name: value}) pairs, each added to the fit's running
+#: means by :meth:`Objective.accumulate` (values: scalar tensors or Python numbers).
+Logged: TypeAlias = tuple[tuple[float, dict[str, Tensor | float]], ...]
+#: A training step's result: the loss to minimise and what the step logs.
+Step: TypeAlias = tuple[Tensor, Logged]
 
 
 class KeptOptimizers:
@@ -26,11 +33,17 @@ class KeptOptimizers:
         self._kept: dict[str, torch.optim.Optimizer] = {}
 
     def get(
-        self, kind: str, params: list[nn.Parameter], settings: dict[str, float]
+        self,
+        kind: str,
+        params: list[nn.Parameter],
+        settings: dict[str, float],
+        fused: bool = False,
     ) -> torch.optim.Optimizer:
         """The optimiser of ``kind`` over ``params`` with ``settings`` (lr, weight_decay and,
-        for SGD, momentum), as new."""
-        kept = self._kept.get(kind)
+        for SGD, momentum), as new; ``fused``: torch's fused implementation (one kernel per
+        step over all parameters, for a compiled step), else the multi-tensor ``foreach``."""
+        key = f"{kind}-fused" if fused else kind
+        kept = self._kept.get(key)
         if kept is not None and _same_parameters(kept, params):
             group = kept.param_groups[0]
             group.pop("initial_lr", None)
@@ -42,16 +55,17 @@ class KeptOptimizers:
         lr, decay = settings["lr"], settings["weight_decay"]
         # foreach: a few multi-tensor ops per step instead of a few ops per parameter (torch's
         # default on a GPU already; on a CPU it makes the same per-tensor updates)
+        foreach, fuse = (None, True) if fused else (True, None)
         if kind == "adam":
             optimizer: torch.optim.Optimizer = torch.optim.Adam(
-                params, lr=lr, weight_decay=decay, foreach=True
+                params, lr=lr, weight_decay=decay, foreach=foreach, fused=fuse
             )
         else:
             momentum = settings["momentum"]
             optimizer = torch.optim.SGD(
-                params, lr=lr, momentum=momentum, weight_decay=decay, foreach=True
+                params, lr=lr, momentum=momentum, weight_decay=decay, foreach=foreach, fused=fuse
             )
-        self._kept[kind] = optimizer
+        self._kept[key] = optimizer
         return optimizer
 
 
@@ -74,7 +88,10 @@ class Objective(AugmentsOnDevice, LightningModule):
     the driver with :meth:`epoch_metrics`.
 
     Batches arrive as the loaders of :mod:`fedlit.data.loaders` make them: augmented on the
-    device the objective trains on, right after the transfer.
+    device the objective trains on, right after the transfer. A subclass computes its loss in
+    :meth:`step`, tensor work alone (what it logs is returned, not stored), so that the whole
+    step (the views, every forward pass, the loss and its backward) can run as one compiled
+    graph (``federation.compile``: :attr:`compiled_step`).
 
     ``schedule`` (optional) scales the learning rate every step by ``schedule(p)``, where p moves
     linearly over ``progress`` = (start, end), the fraction of the whole run this fit covers.
@@ -108,6 +125,25 @@ class Objective(AugmentsOnDevice, LightningModule):
         #: A worker's optimisers to reuse (a client's objective on persistent networks), or
         #: None: a new optimiser every fit.
         self.kept_optimizers: KeptOptimizers | None = None
+        #: The compiled whole step, ``(objective, drawn batch) -> Step``, where the fit runs
+        #: compiled (:mod:`fedlit.federation.compiled`); None: :meth:`step`, eager.
+        self.compiled_step: Callable[[Objective, Any], Step] | None = None
+
+    def step(self, batch: Any) -> Step:
+        """One training step on a batch of views: its loss and what it logs. Tensor work alone:
+        no side effect, no read back to the host, no Python branch on a tensor's value (a
+        compiled fit traces it whole, with the views before it)."""
+        raise NotImplementedError(f"{type(self).__name__} defines no step")
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        """:meth:`step` (or the compiled whole step), its logs added to the running means."""
+        if self.compiled_step is None:
+            loss, logged = self.step(batch)
+        else:
+            loss, logged = self.compiled_step(self, batch)
+        for weight, values in logged:
+            self.accumulate(weight, **values)
+        return loss
 
     def forward(self, x: Tensor) -> Tensor:
         return self.network(x)
@@ -122,7 +158,7 @@ class Objective(AugmentsOnDevice, LightningModule):
         if self.optimizer_name != "adam":
             settings["momentum"] = self.momentum
         optimizer = (self.kept_optimizers or KeptOptimizers()).get(
-            self.optimizer_name, params, settings
+            self.optimizer_name, params, settings, fused=self.compiled_step is not None
         )
         if self.schedule is None:
             return optimizer, None

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedlit.models import Classifier
-from fedlit.objectives.base import Objective
+from fedlit.objectives.base import Objective, Step
 
 
 def proximal_term(network: nn.Module, anchor: list[Tensor], mu: float) -> Tensor:
@@ -69,19 +69,16 @@ class WeakStrongObjective(Objective):
         mu = self.loss.mu
         return loss + proximal_term(self.network, self.anchor, mu) if mu > 0 else loss
 
-    def training_step(
-        self, batch: tuple[Tensor, Tensor] | dict[str, tuple[Tensor, ...]], batch_idx: int
-    ) -> Tensor:
+    def step(self, batch: tuple[Tensor, Tensor] | dict[str, tuple[Tensor, ...]]) -> Step:
         if isinstance(batch, dict):
             return self.joint_step(batch["unlabeled"], batch["labeled"])
         weak, strong = batch
         logits_weak, logits_strong = self.network(torch.cat([weak, strong])).chunk(2)
         loss, mask = self.unlabeled_loss(logits_weak, logits_strong)
         loss = self.proximal(loss)
-        self.accumulate(len(weak), loss=loss, mask_rate=mask.mean())
-        return loss
+        return loss, ((len(weak), {"loss": loss, "mask_rate": mask.mean()}),)
 
-    def joint_step(self, unlabeled: tuple[Tensor, ...], labeled: tuple[Tensor, ...]) -> Tensor:
+    def joint_step(self, unlabeled: tuple[Tensor, ...], labeled: tuple[Tensor, ...]) -> Step:
         """FixMatch's own loss, labeled and unlabeled images in one step (Sohn et al. 2020,
         eq 4 with lambda_u = 1): CE on the labeled batch's weak views plus the unlabeled loss,
         in one forward pass over (labeled, weak, strong), so that BatchNorm sees them together.
@@ -97,5 +94,4 @@ class WeakStrongObjective(Objective):
         ce = F.cross_entropy(logits_x.float(), y)
         unsupervised, mask = self.unlabeled_loss(logits_weak, logits_strong)
         loss = self.proximal(ce + unsupervised)
-        self.accumulate(len(weak), loss=loss, ce=ce, mask_rate=mask.mean())
-        return loss
+        return loss, ((len(weak), {"loss": loss, "ce": ce, "mask_rate": mask.mean()}),)

@@ -8,7 +8,7 @@ from lightly.models.utils import deactivate_requires_grad, update_momentum
 from torch import Tensor
 
 from fedlit.models import Classifier
-from fedlit.objectives.base import Objective
+from fedlit.objectives.base import Objective, Step
 from fedlit.objectives.ema import frozen_copy
 from fedlit.objectives.schedules import ramped_decay
 
@@ -68,11 +68,7 @@ class FedConServer(Objective):
         self.ema_decay = ema_decay
         self.steps_done = start_step
 
-    def training_step(
-        self,
-        batch: tuple[Tensor, Tensor, Tensor] | dict[str, tuple[Tensor, ...]],
-        batch_idx: int,
-    ) -> Tensor:
+    def step(self, batch: tuple[Tensor, Tensor, Tensor] | dict[str, tuple[Tensor, ...]]) -> Step:
         labeled, unlabeled = (
             (batch["labeled"], batch["unlabeled"]) if isinstance(batch, dict) else (batch, ())
         )
@@ -83,8 +79,7 @@ class FedConServer(Objective):
         with torch.no_grad():
             t1, t2 = self.target(torch.cat([v1, v2])).chunk(2)
         loss, ce, consistency = server_loss(c1, c2, t1, t2, y)
-        self.accumulate(len(y), loss=loss, ce=ce, consistency=consistency)
-        return loss
+        return loss, ((len(y), {"loss": loss, "ce": ce, "consistency": consistency}),)
 
     def on_train_batch_end(self, outputs: object, batch: object, batch_idx: int) -> None:
         update_momentum(self.network, self.target, ramped_decay(self.steps_done, self.ema_decay))
@@ -106,14 +101,13 @@ class FedConClient(Objective):
         self.ema_decay = ema_decay
         self.target_backbone = frozen_copy(network.backbone)
 
-    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+    def step(self, batch: tuple[Tensor, Tensor]) -> Step:
         v1, v2 = batch
         z1, z2 = self.network.projection(self.network.backbone(torch.cat([v1, v2]))).chunk(2)
         with torch.no_grad():
             t1, t2 = self.target_backbone(torch.cat([v1, v2])).chunk(2)
         loss = (projection_mse(z1, t2) + projection_mse(z2, t1)) / 2
-        self.accumulate(len(v1), loss=loss)
-        return loss
+        return loss, ((len(v1), {"loss": loss}),)
 
     def on_train_batch_end(self, outputs: object, batch: object, batch_idx: int) -> None:
         update_momentum(self.network.backbone, self.target_backbone, self.ema_decay)

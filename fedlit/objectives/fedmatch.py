@@ -40,7 +40,7 @@ from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
 from fedlit.models import Classifier
-from fedlit.objectives.base import Objective
+from fedlit.objectives.base import Objective, Step
 
 # --- the decomposition theta = sigma + psi -------------------------------------------------
 
@@ -231,14 +231,13 @@ class FedMatchServer(Objective):
         super().__init__(network, lr, **kw)
         self.lambda_s = lambda_s
 
-    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+    def step(self, batch: tuple[Tensor, Tensor]) -> Step:
         x, y = batch
         logits = self.network(x)
         ce = F.cross_entropy(logits.float(), y)
         loss = self.lambda_s * ce
         acc = (logits.argmax(-1) == y).float().mean()
-        self.accumulate(len(y), loss=loss, ce=ce, acc=acc)
-        return loss
+        return loss, ((len(y), {"loss": loss, "ce": ce, "acc": acc}),)
 
 
 class FedMatchClient(Objective):
@@ -277,7 +276,7 @@ class FedMatchClient(Objective):
         self.received = received
         self.loss = loss
 
-    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+    def step(self, batch: tuple[Tensor, Tensor]) -> Step:
         plain, strong = batch
         cfg = self.loss
         logits_plain, logits_strong = self.network(plain), self.network(strong)
@@ -291,16 +290,18 @@ class FedMatchClient(Objective):
             [s for s, _ in pairs], [p for _, p in pairs], cfg.lambda_l1, cfg.lambda_l2
         )
         loss = loss_u + penalty
-        self.accumulate(
-            len(plain),
-            loss=loss,
-            loss_u=loss_u,
-            consistency=consistency,
-            agreement=agreement,
-            mask_rate=mask.mean(),
-        )
-        self.accumulate(1.0, penalty=penalty, helpers=float(len(self.helpers)))
-        return loss
+        per_example: dict[str, Tensor | float] = {
+            "loss": loss,
+            "loss_u": loss_u,
+            "consistency": consistency,
+            "agreement": agreement,
+            "mask_rate": mask.mean(),
+        }
+        per_step: dict[str, Tensor | float] = {
+            "penalty": penalty,
+            "helpers": float(len(self.helpers)),
+        }
+        return loss, ((len(plain), per_example), (1.0, per_step))
 
     def psi(self) -> dict[str, Tensor]:
         """The trained psi, by parameter name (detached)."""

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedlit.models import Classifier
-from fedlit.objectives.base import Objective
+from fedlit.objectives.base import Objective, Step
 from fedlit.objectives.schedules import gaussian_rampup
 
 
@@ -225,6 +225,9 @@ class FedSEALClient(Objective):
         self.pseudo = pseudo.to(self.device)
         self.positive = positive.to(self.device)
         self.complementary = complementary.to(self.device)
+        # lambda as a tensor on the device: a compiled step reads it as an input, so a new
+        # lambda each round neither recompiles the step nor re-records its CUDA graph
+        self.lam_tensor = torch.tensor(self.lam, dtype=torch.float32, device=self.device)
         self._log_sets(pseudo, positive, complementary)
 
     def _log_sets(self, pseudo: Tensor, positive: Tensor, complementary: Tensor) -> None:
@@ -247,7 +250,7 @@ class FedSEALClient(Objective):
             correct = (complementary[negative] != y[negative]).float().mean()
             self.accumulate(float(negative.sum()), **{"pseudo/neg_acc": correct})
 
-    def training_step(self, batch: tuple[Tensor, Tensor, Tensor], batch_idx: int) -> Tensor:
+    def step(self, batch: tuple[Tensor, Tensor, Tensor]) -> Step:
         index, plain, strong = batch
         logits_plain, logits_strong = self.network(torch.cat([plain, strong])).chunk(2)
         positive, complementary = self.positive[index].float(), self.complementary[index]
@@ -259,6 +262,5 @@ class FedSEALClient(Objective):
         loss_pos = (ce * positive).sum() / positive.sum().clamp(min=1.0)
         per_example = complementary_loss(logits_plain, complementary.clamp(min=0))
         loss_neg = (per_example * negative).sum() / negative.sum().clamp(min=1.0)
-        loss = self.lam * loss_pos + loss_neg
-        self.accumulate(len(index), loss=loss, loss_pos=loss_pos, loss_neg=loss_neg)
-        return loss
+        loss = self.lam_tensor * loss_pos + loss_neg
+        return loss, ((len(index), {"loss": loss, "loss_pos": loss_pos, "loss_neg": loss_neg}),)

@@ -9,7 +9,7 @@ from lightly.models.utils import deactivate_requires_grad
 from torch import Tensor
 
 from fedlit.models import Classifier
-from fedlit.objectives.base import Objective
+from fedlit.objectives.base import Objective, Step
 
 
 def feature_map_mse(online: list[Tensor], target: list[Tensor]) -> Tensor:
@@ -43,7 +43,7 @@ class FedSupClient(Objective):
     def on_train_epoch_start(self) -> None:
         self.target.eval()
 
-    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+    def step(self, batch: tuple[Tensor, Tensor]) -> Step:
         aug, raw = batch
         net, target = self.network, self.target
         maps_raw = net.backbone.feature_maps(raw)
@@ -56,5 +56,5 @@ class FedSupClient(Objective):
         consistency = 0.5 * (self.criterion(p_aug, z_raw) + self.criterion(p_raw, z_aug))
         mse = feature_map_mse(maps_raw, target_maps_raw)
         loss = consistency + self.mse_weight * mse
-        self.accumulate(len(aug), loss=loss, consistency=consistency, feature_mse=mse)
-        return loss
+        logged = {"loss": loss, "consistency": consistency, "feature_mse": mse}
+        return loss, ((len(aug), logged),)

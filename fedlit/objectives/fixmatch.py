@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fedlit.models import Classifier
+from fedlit.objectives.base import Step
 from fedlit.objectives.consistency import ConsistencyLoss, WeakStrongObjective
 
 
@@ -73,10 +74,9 @@ class SelfTraining(FixMatch):
     Batches: (weak (B, C, H, W),).
     """
 
-    def training_step(self, batch: tuple[Tensor], batch_idx: int) -> Tensor:  # type: ignore[override]
+    def step(self, batch: tuple[Tensor]) -> Step:  # type: ignore[override]
         (weak,) = batch
         logits = self.network(weak)
         loss, mask = fixmatch_loss(logits, logits, self.loss.tau)
         loss = self.proximal(loss)
-        self.accumulate(len(weak), loss=loss, mask_rate=mask.mean())
-        return loss
+        return loss, ((len(weak), {"loss": loss, "mask_rate": mask.mean()}),)

@@ -12,7 +12,7 @@ from lightly.utils.scheduler import cosine_schedule
 from torch import Tensor
 
 from fedlit.models import Classifier
-from fedlit.objectives.base import Objective
+from fedlit.objectives.base import Objective, Step
 from fedlit.objectives.ema import frozen_copy
 
 
@@ -31,11 +31,10 @@ class SimCLR(Objective):
         super().__init__(network, lr, **kw)
         self.criterion = NTXentLoss(temperature=temperature)
 
-    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+    def step(self, batch: tuple[Tensor, Tensor]) -> Step:
         v1, v2 = batch
         loss = self.criterion(project(self.network, v1), project(self.network, v2))
-        self.accumulate(len(v1), loss=loss)
-        return loss
+        return loss, ((len(v1), {"loss": loss}),)
 
 
 class SimSiam(Objective):
@@ -46,13 +45,12 @@ class SimSiam(Objective):
         super().__init__(network, lr, **kw)
         self.criterion = NegativeCosineSimilarity()
 
-    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+    def step(self, batch: tuple[Tensor, Tensor]) -> Step:
         v1, v2 = batch
         z1, z2 = project(self.network, v1), project(self.network, v2)
         p1, p2 = self.network.prediction(z1), self.network.prediction(z2)
         loss = 0.5 * (self.criterion(p1, z2.detach()) + self.criterion(p2, z1.detach()))
-        self.accumulate(len(v1), loss=loss)
-        return loss
+        return loss, ((len(v1), {"loss": loss}),)
 
 
 class BYOL(Objective):
@@ -78,15 +76,14 @@ class BYOL(Objective):
     def on_fit_end(self) -> None:
         self.target = None
 
-    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+    def step(self, batch: tuple[Tensor, Tensor]) -> Step:
         assert self.target is not None
         v1, v2 = batch
         p1 = self.network.prediction(project(self.network, v1))
         p2 = self.network.prediction(project(self.network, v2))
         t1, t2 = project(self.target, v1).detach(), project(self.target, v2).detach()
         loss = 0.5 * (self.criterion(p1, t2) + self.criterion(p2, t1))
-        self.accumulate(len(v1), loss=loss)
-        return loss
+        return loss, ((len(v1), {"loss": loss}),)
 
     def on_train_batch_end(self, outputs: object, batch: object, batch_idx: int) -> None:
         assert self.target is not None

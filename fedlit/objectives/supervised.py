@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor
 
-from fedlit.objectives.base import Objective
+from fedlit.objectives.base import Objective, Step
 
 
 class SupervisedCE(Objective):
@@ -14,10 +14,9 @@ class SupervisedCE(Objective):
     Batches: (x (B, C, H, W) augmented, y (B,) int64).
     """
 
-    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+    def step(self, batch: tuple[Tensor, Tensor]) -> Step:
         x, y = batch
         logits = self.network(x)
         loss = F.cross_entropy(logits, y)
         acc = (logits.argmax(-1) == y).float().mean()
-        self.accumulate(len(y), loss=loss, acc=acc)
-        return loss
+        return loss, ((len(y), {"loss": loss, "acc": acc}),)

@@ -13,6 +13,7 @@ from lightly.models.utils import update_momentum
 from torch import Tensor, nn
 
 from fedlit.models import Classifier
+from fedlit.objectives.base import Step
 from fedlit.objectives.consistency import WeakStrongObjective
 from fedlit.objectives.ema import copy_buffers
 from fedlit.objectives.fixmatch import FixMatchLoss, fixmatch_loss
@@ -102,7 +103,7 @@ class TeacherStudentClient(WeakStrongObjective):
         self.teacher_ema = teacher_ema
         self.num_classes = num_classes
 
-    def training_step(self, batch: tuple | dict, batch_idx: int) -> Tensor:
+    def step(self, batch: tuple | dict) -> Step:
         labeled = None
         if isinstance(batch, dict):
             labeled, batch = batch.get("labeled"), batch["unlabeled"]
@@ -132,9 +133,12 @@ class TeacherStudentClient(WeakStrongObjective):
             loss = loss + loss_s
             metrics["loss_s"] = loss_s
         loss = self.proximal(loss)
-        self.accumulate(1.0, **metrics)
-        self.accumulate(len(weak), loss=loss, loss_u=loss_u, mask_rate=mask.mean())
-        return loss
+        per_example: dict[str, Tensor | float] = {
+            "loss": loss,
+            "loss_u": loss_u,
+            "mask_rate": mask.mean(),
+        }
+        return loss, ((1.0, metrics), (len(weak), per_example))
 
     def on_train_batch_end(self, outputs: object, batch: object, batch_idx: int) -> None:
         if self.teacher is not None and self.teacher_ema is not None:

@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# Paper 002 at its own scale on one lent GPU, every training step compiled (issue 44), in calls
+# of at most ~9.5 minutes that chain on a warm machine:
+#   1. solo (SOLO=1): paper 002's FedSEAL round alone, compiled (federation.compile=$MODE)
+#      then eager, each for a fixed time, with each round's stage times and rounds 2-3 under
+#      cProfile (benchmarks/round_profile.py; its torch.profiler summary of a round took longer
+#      than the round itself to write at this scale, so it is left out here);
+#   2. the headline: Server-SL and FedSEAL, IID, ResNet-18, the paper's 200 rounds, seeds 0-2
+#      (recipes/comparisons/paper002_fmnist.yaml's runs), side by side with `jobs` $JOBS,
+#      compiled, for what is left of the call.
+# nvidia-smi samples the GPU's utilisation every second throughout. The comparison lives in
+# /tmp/cmp on the machine, so the same script called again while the machine is warm (SOLO=0)
+# resumes it. Set-up as ../shared/gpu/README.md says: the call carries .whl (lightly,
+# jsonargparse and their needs) and .fmnist (Debian's files).
+#   device run: bash benchmarks/gpu_paper002.sh    (carry [".whl", ".fmnist"], timeout_s 590)
+#   device run: SOLO=0 BUDGET=... bash benchmarks/gpu_paper002.sh   (the next call)
+# What comes back in $OUT: summary.json (per run: rounds done, s/round, last test/acc;
+# utilisation per phase) and results.tgz: gpu.txt, util.csv (time, phase, utilisation %,
+# memory MiB),
+# stages_*.jsonl, cprofile_*.txt, solo_*.log, compare.log, report.md, runs.tgz (the
+# runs' metrics and configs, no checkpoints).
+set -u
+START=$(date +%s)
+BUDGET=${BUDGET:-560}            # seconds this call may use in all
+SOLO=${SOLO:-1}
+MODE=${MODE:-reduce-overhead}    # federation.compile for the compiled runs
+JOBS=${JOBS:-6}
+EAGER_S=${EAGER_S:-50}           # seconds of the eager solo run
+COMPILED_S=${COMPILED_S:-110}    # seconds of the compiled solo run (its compilation included)
+FINAL=${OUT:-/tmp/gpu_out}        # what comes back: summary.json and results.tgz
+OUT=/tmp/gpu_work                # everything else, packed into results.tgz at the end
+RECIPE=recipes/papers/paper002_fmnist/fedseal.yaml
+mkdir -p "$OUT" "$FINAL"
+if [ ! -d /tmp/site/lightly ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+fi
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 WANDB_MODE=disabled
+if [ ! -f data/FashionMNIST/raw/t10k-labels-idx1-ubyte ] && [ ! -d data/fashion_mnist ]; then
+  mkdir -p /usr/share/datasets/fashion-mnist && cp .fmnist/*.gz /usr/share/datasets/fashion-mnist/
+  python3 -c "from fedlit.data.datasets import stage_debian_fashion_mnist as s; s('data')" || exit 1
+fi
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+  python3 -c "import torch, lightning; print(torch.__version__, lightning.__version__)"; } >> "$OUT/gpu.txt"
+echo setup > /tmp/phase
+( while true; do
+    echo "$(date +%s),$(cat /tmp/phase),$(nvidia-smi --query-gpu=utilization.gpu,memory.used \
+      --format=csv,noheader,nounits | tr -d ' ')"
+    sleep 1
+  done ) >> "$OUT/util.csv" &
+SAMPLER=$!
+
+solo() {  # solo NAME SECONDS [overrides]: the paper's FedSEAL alone, stage times per round
+  local name=$1 seconds=$2; shift 2
+  echo "solo_$name" > /tmp/phase
+  rm -rf "/tmp/solo_$name"
+  timeout "$seconds" python3 benchmarks/round_profile.py "$RECIPE" --round 2 --last 3 \
+    --no-profile --cprofile "$OUT/cprofile_$name.txt" --stages "$OUT/stages_$name.jsonl" \
+    -- --trainer.default_root_dir "/tmp/solo_$name" "$@" > "$OUT/solo_$name.log" 2>&1
+  echo "exit $?" >> "$OUT/solo_$name.log"
+}
+if [ "$SOLO" = 1 ]; then
+  TORCH_LOGS=perf_hints solo compiled "$COMPILED_S" --federation.compile "$MODE"
+  solo eager "$EAGER_S"
+  if [ ! -s "$OUT/cprofile_compiled.txt" ]; then MODE=none; fi  # it never reached round 3
+fi
+echo "headline mode: $MODE" >> "$OUT/gpu.txt"
+
+echo headline > /tmp/phase
+LEFT=$(( BUDGET - ($(date +%s) - START) - 30 ))
+if [ "$LEFT" -gt 30 ] && [ "$MODE" != none ]; then
+  timeout -s TERM "$LEFT" python3 -m fedlit compare --config recipes/comparisons/paper002_fmnist.yaml \
+    --recipes '[recipes/papers/paper002_fmnist/server_sl.yaml, recipes/papers/paper002_fmnist/fedseal.yaml]' \
+    --settings '{iid: []}' --seeds '[0, 1, 2]' --jobs "$JOBS" \
+    --overrides "[--federation.compile=$MODE]" \
+    --out /tmp/cmp --report /tmp/cmp/report.md >> "$OUT/compare.log" 2>&1
+  echo "compare exit $? after $(( $(date +%s) - START )) s" >> "$OUT/compare.log"
+fi
+sleep 2
+kill $SAMPLER
+
+python3 - "$OUT" <<'PY'
+import csv, json, sys
+from pathlib import Path
+
+out = Path(sys.argv[1])
+summary = {}
+runs = sorted(Path("/tmp").glob("solo_*/**/metrics.csv")) + sorted(
+    Path("/tmp/cmp").glob("**/metrics.csv"))
+for metrics in runs:
+    rows = list(csv.DictReader(open(metrics)))
+    times = [float(r["time/round_s"]) for r in rows if r.get("time/round_s")]
+    accs = [float(r["test/acc"]) for r in rows if r.get("test/acc")]
+    later = sorted(times[1:])
+    summary[str(metrics.parent)] = {
+        "rounds": len(times),
+        "round_s": [round(t, 3) for t in times],
+        "median_round_s_after_first": later[len(later) // 2] if later else None,
+        "last_test_acc": accs[-1] if accs else None,
+    }
+util = [line.strip().split(",") for line in open(out / "util.csv") if line.count(",") == 3]
+for phase in sorted({u[1] for u in util}):
+    busy = [float(u[2]) for u in util if u[1] == phase and u[2].replace(".", "").isdigit()]
+    if busy:
+        summary[f"util_{phase}"] = {"samples": len(busy), "mean": sum(busy) / len(busy),
+                                    "median": sorted(busy)[len(busy) // 2]}
+json.dump(summary, open(out / "summary.json", "w"), indent=1)
+for key, value in summary.items():
+    if key.startswith("util"):
+        print(key, value)
+    else:
+        print(key, {k: value[k] for k in ("rounds", "median_round_s_after_first", "last_test_acc")})
+PY
+cp /tmp/cmp/report.md "$OUT/report.md" 2>/dev/null
+cp "$OUT/summary.json" "$FINAL/"
+tar czf "$FINAL/results.tgz" -C /tmp --exclude='*.ckpt' --exclude='*.pt' --exclude='clients' \
+  gpu_work cmp solo_eager solo_compiled 2>/dev/null
+grep -h "exit" "$OUT"/solo_*.log "$OUT/compare.log" 2>/dev/null
+tail -3 "$OUT/compare.log" 2>/dev/null
+cat "$OUT"/stages_*.jsonl 2>/dev/null
