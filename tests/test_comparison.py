@@ -357,17 +357,24 @@ def test_paper002_specs_run_one_protocol(spec: str, monkeypatch: pytest.MonkeyPa
     assert backbone == ("resnet18" if spec == "paper002_fmnist.yaml" else "small_cnn")
 
 
-def test_cpu_precision_spec_runs_each_method_and_seed_in_both_precisions(
-    monkeypatch: pytest.MonkeyPatch,
+@pytest.mark.parametrize(
+    ("spec", "group", "key", "values"),
+    [
+        ("cpu_precision.yaml", "trainer", "precision", {"fp32": "32-true", "bf16": "bf16-mixed"}),
+        ("cpu_compile.yaml", "federation", "compile", {"eager": None, "compiled": "default"}),
+    ],
+)
+def test_a_setting_comparison_runs_each_method_and_seed_in_both_settings(
+    monkeypatch: pytest.MonkeyPatch, spec: str, group: str, key: str, values: dict[str, object]
 ) -> None:
-    """The precision comparison behind the CPU default: each method and seed run twice, the
-    two runs' configs equal but for ``trainer.precision`` (and their run folders)."""
+    """The comparisons of one setting (the precision behind the CPU default; the compiled
+    step against eager): each method and seed run twice, the two runs' configs equal but for
+    that setting (and their run folders)."""
     from fedlit.cli import resolve
 
     monkeypatch.chdir(REPO)
-    values = yaml.safe_load((REPO / "recipes/comparisons/cpu_precision.yaml").read_text())
-    comparison = Comparison(**values)
-    assert list(comparison.settings) == ["fp32", "bf16"]
+    comparison = Comparison(**yaml.safe_load((REPO / "recipes/comparisons" / spec).read_text()))
+    assert list(comparison.settings) == list(values)
     configs: dict[tuple[str, int], dict[str, dict]] = {}
     for run in plan(comparison):
         config = resolve(run.args).config.as_dict()
@@ -375,11 +382,6 @@ def test_cpu_precision_spec_runs_each_method_and_seed_in_both_precisions(
         configs.setdefault((run.recipe.stem, run.seed), {})[run.setting] = config
     assert len(configs) == len(comparison.recipes) * len(comparison.seeds)
     for pair in configs.values():
-        fp32, bf16 = pair["fp32"], pair["bf16"]
-        assert (fp32["trainer"]["precision"], bf16["trainer"]["precision"]) == (
-            "32-true",
-            "bf16-mixed",
-        )
-        del fp32["trainer"]["precision"]
-        del bf16["trainer"]["precision"]
-        assert fp32 == bf16
+        assert {name: pair[name][group].pop(key) for name in values} == values
+        first, second = (pair[name] for name in values)
+        assert first == second
