@@ -1,8 +1,8 @@
 """Each method's whole training step compiled (``federation.compile``) against eager, per method.
 
 For each method a small run of its recipe (the local Fashion-MNIST, 4 clients of 512 images in
-batches of 16, 32 steps a client, the small CNN, 4 rounds) is made eager and compiled (``--mode``, default
-``default``), in this process, and the script prints:
+batches of 16, 32 steps a client, the small CNN, 4 rounds) is made eager and compiled
+(``--mode``, default ``default``), in this process, and the script prints:
 
 - graph breaks (torch._dynamo's counter; the step is compiled with ``fullgraph=True``, so a
   break is an error, and a method that has one says so in the ``error`` column);

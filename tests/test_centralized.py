@@ -133,7 +133,7 @@ def test_the_joint_step_is_ce_on_the_labels_plus_the_unlabeled_loss() -> None:
     weak, strong = torch.randn(5, 1, 2, 2), torch.randn(5, 1, 2, 2)
     tau = float(net(weak).detach().softmax(1).max(1).values.sort().values[2])  # keeps 3 of 5
     objective = FixMatch(net, lr=0.1, loss=FixMatchLoss(tau=tau))  # type: ignore[arg-type]
-    got = objective.joint_step((weak, strong), (x, y))
+    got, _ = objective.joint_step((weak, strong), (x, y))
     unlabeled, mask = fixmatch_loss(net(weak), net(strong), tau)
     expected = F.cross_entropy(net(x), y) + unlabeled
     assert mask.tolist().count(1.0) == 3  # the threshold keeps some pseudo-labels, drops others

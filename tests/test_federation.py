@@ -8,6 +8,7 @@ import os
 import signal
 from dataclasses import fields, replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -18,7 +19,14 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from fedlit.aggregation import state_bytes
 from fedlit.data import ClientData, FederatedDataModule, ImageSplit
-from fedlit.federation import Callback, Federation, FederationConfig, RunView, load_checkpoint
+from fedlit.federation import (
+    Callback,
+    Federation,
+    FederationConfig,
+    RunView,
+    compiled,
+    load_checkpoint,
+)
 from fedlit.federation.checkpoint import RunCheckpoint
 from fedlit.federation.server import Server
 from fedlit.federation.trainers import TrainerTemplate
@@ -33,7 +41,7 @@ from fedlit.methods import (
     FedSwitch,
     ServerSL,
 )
-from fedlit.objectives import FixMatchLoss
+from fedlit.objectives import FixMatchLoss, Objective
 
 
 def _federation(
@@ -408,30 +416,41 @@ def test_the_round_of_a_checkpoint_of_any_format_is_read(tmp_path: Path) -> None
 def test_compile_setting_compiles_every_training_step_and_trains_as_eager(
     fmnist_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``federation.compile`` compiles the network of every client and server step and only
-    while it trains. Here torch.compile traces with its "eager" backend (the graphs torch
-    captures, run by torch's own kernels: seconds instead of inductor's minutes of C++), so
-    the weights must equal an eager run's exactly."""
+    """``federation.compile`` compiles the whole step of every client and server fit (the
+    views, the forward passes, the loss: :mod:`fedlit.federation.compiled`) and only while it
+    trains. Here torch.compile traces with its "eager" backend (the graphs torch captures, run
+    by torch's own kernels: seconds instead of inductor's minutes of C++), so the weights must
+    equal an eager run's but for the fused optimiser's rounding (one kernel over all
+    parameters, in another order than the eager optimiser's multi-tensor ops: a few 1e-6
+    after a round's steps here)."""
     small = {"examples_per_client": 64, "test_subset": 100}
     eager = _federation(fmnist_root, tmp_path / "eager", data_kw=small, rounds=1)
     eager.run()
-    original, modes = torch.nn.Module.compile, []
+    monkeypatch.setattr(compiled, "BACKEND", "eager")
+    calls: list[str] = []
+    original = compiled.compiled_step
 
-    def traced(self: torch.nn.Module, mode: str | None = None) -> None:
-        modes.append(mode)
-        original(self, backend="eager")
+    def recording(objective: Objective, mode: str) -> Any:
+        calls.append(f"{type(objective).__name__}/{mode}")
+        return original(objective, mode)
 
-    monkeypatch.setattr(torch.nn.Module, "compile", traced)
+    monkeypatch.setattr(compiled, "compiled_step", recording)
     torch._dynamo.reset()
     fed = _federation(
         fmnist_root, tmp_path / "compiled", data_kw=small, rounds=1, compile="reduce-overhead"
     )
     fed.run()
     # 2 clients + the server's step + its fine-tuning step after aggregation
-    assert modes == ["reduce-overhead"] * 4
+    assert calls == [
+        "SupervisedCE/reduce-overhead",
+        "FixMatch/reduce-overhead",
+        "FixMatch/reduce-overhead",
+        "SupervisedCE/reduce-overhead",
+    ]
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > 0  # dynamo did trace
-    _assert_same(_weights(eager), _weights(fed))
-    assert fed.method.network._compiled_call_impl is None  # eager again after the steps
+    assert not torch._dynamo.utils.counters["graph_break"]
+    for a, b in zip(_weights(eager).values(), _weights(fed).values(), strict=True):
+        torch.testing.assert_close(a, b, atol=5e-5, rtol=1e-4)
 
 
 def test_compile_setting_refused_with_a_clear_error(

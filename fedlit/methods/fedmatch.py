@@ -6,7 +6,7 @@ import copy
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
@@ -36,6 +36,9 @@ from fedlit.objectives import (
     Optimization,
 )
 from fedlit.objectives.fedmatch import decompose, decomposed_parameters
+
+if TYPE_CHECKING:
+    from fedlit.federation.config import FederationConfig
 
 SIGMA = "sigma"  # down: sigma and the network's buffers, dense
 PSI = "psi"  # down: the global psi, sparse
@@ -343,6 +346,17 @@ class FedMatch(FederatedMethod):
                 param.copy_(sigma[name])
         self.psi.copy_(psi)
         self.client_psi, self.embeddings = {}, {}
+
+    def check_federation(self, config: FederationConfig) -> None:
+        """A compiled step (``federation.compile``) is refused: every server and client step
+        trains a network built for it (sigma + psi as parametrizations, which give each module
+        a class of its own), so every step would be compiled anew."""
+        if config.compile is not None:
+            raise ValueError(
+                f"federation.compile={config.compile!r}: FedMatch builds a new decomposed "
+                "network (sigma + psi parametrizations) for every server and client step, so "
+                "each step would be compiled anew; leave federation.compile null"
+            )
 
     def on_data_ready(self, data: FederatedDataModule) -> None:
         """The probe images the embeddings are taken on, of the data set's shape."""

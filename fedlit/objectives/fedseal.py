@@ -195,6 +195,10 @@ class FedSEALClient(Objective):
     ) -> None:
         super().__init__(network, lr, **kw)
         self.thresholds, self.lam, self.loss = thresholds, lam, loss
+        # lambda as a tensor (on the training device once training starts): a compiled step
+        # reads it as an input, so a new lambda each round neither recompiles the step nor
+        # re-records its CUDA graph
+        self.lam_tensor = torch.tensor(lam, dtype=torch.float32)
         self.previous = ensemble
         self.images: Iterable[tuple[Tensor, ...]] | None = None
         self.hidden_labels: Tensor | None = None
@@ -225,9 +229,7 @@ class FedSEALClient(Objective):
         self.pseudo = pseudo.to(self.device)
         self.positive = positive.to(self.device)
         self.complementary = complementary.to(self.device)
-        # lambda as a tensor on the device: a compiled step reads it as an input, so a new
-        # lambda each round neither recompiles the step nor re-records its CUDA graph
-        self.lam_tensor = torch.tensor(self.lam, dtype=torch.float32, device=self.device)
+        self.lam_tensor = self.lam_tensor.to(self.device)
         self._log_sets(pseudo, positive, complementary)
 
     def _log_sets(self, pseudo: Tensor, positive: Tensor, complementary: Tensor) -> None:

@@ -38,7 +38,14 @@ class FedSupClient(Objective):
         deactivate_requires_grad(target)
         self.target = target
         self.mse_weight = mse_weight
+        # the round's weight as a tensor (on the training device once the fit starts): a
+        # compiled step reads it as an input, so a new weight each round neither recompiles
+        # the step nor re-records its graph
+        self.mse_weight_tensor = torch.tensor(mse_weight)
         self.criterion = NegativeCosineSimilarity()
+
+    def on_fit_start(self) -> None:
+        self.mse_weight_tensor = self.mse_weight_tensor.to(self.device)
 
     def on_train_epoch_start(self) -> None:
         self.target.eval()
@@ -55,6 +62,6 @@ class FedSupClient(Objective):
             z_aug = target.projection(target.backbone(aug))
         consistency = 0.5 * (self.criterion(p_aug, z_raw) + self.criterion(p_raw, z_aug))
         mse = feature_map_mse(maps_raw, target_maps_raw)
-        loss = consistency + self.mse_weight * mse
+        loss = consistency + self.mse_weight_tensor * mse
         logged = {"loss": loss, "consistency": consistency, "feature_mse": mse}
         return loss, ((len(aug), logged),)
