@@ -14,7 +14,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import tiny_overrides
+import torch
+from conftest import lock_held_by_another_process, tiny_overrides
 
 from fedlit.cli import main
 from fedlit.federation import TrainerTemplate
@@ -537,6 +538,41 @@ def test_console_script_prints_the_refusal_alone(
     assert sorted(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--federation.executor=ray"],
+        ["--federation.executor=ray", "--federation.ray.address=nowhere:1"],
+        ["--federation.executor=ray", "--federation.ray.workers=2", "--federation.ray.gpus=1"],
+    ],
+    ids=["plain", "address", "workers-gpus"],
+)
+def test_ray_without_ray_installed_is_refused_naming_the_extra(
+    args: list[str],
+    fmnist_root: Path,
+    work: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The quick-start's install has no Ray: the executor is refused before any work, naming
+    the extra to install, whatever other Ray settings are given (a ModuleNotFoundError's
+    traceback before)."""
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "ray" else find_spec(name, *a)
+    )
+    argv = [
+        "fit",
+        f"--config={RECIPES / 'fedavg_fixmatch.yaml'}",
+        *tiny_overrides(fmnist_root),
+        f"--trainer.default_root_dir={work / 'run'}",
+        *args,
+    ]
+    _refused_by_name(argv, "federation.executor", "fedlit[ray]", capsys, (work,))
+
+
 def test_the_table_covers_every_group_of_settings() -> None:
     keys = " ".join(key for *_, key, _ in FIT)
     for group in ("data.", "model.", "optim.", "loss.", "federation.", "ray.", "trainer."):
@@ -674,6 +710,10 @@ def test_settings_of_another_executor_and_too_many_threads_are_warned_of() -> No
     assert pool.startswith("federation.pool.workers=4: not used")
     (threads,) = executor_warnings({"executor": "pool", "pool": {"threads": 64}}, cores=2)
     assert threads.startswith("federation.pool.threads=64 exceeds the 2 CPU core(s)")
+    (workers,) = executor_warnings({"executor": "pool", "pool": {"workers": 64}}, cores=2)
+    assert workers.startswith("federation.pool.workers=64 exceeds the 2 CPU core(s)")
+    both = executor_warnings({"executor": "pool", "pool": {"workers": 64, "threads": 64}}, 2)
+    assert len(both) == 2
 
 
 def test_a_fit_with_ray_settings_and_a_local_executor_warns_and_runs(
@@ -738,6 +778,40 @@ def _rewrite_arrays(work: Path, **changes: object) -> None:
     np.savez(work / "arrays.npz", **{k: v for k, v in arrays.items() if v is not None})
 
 
+def _huge_header(work: Path) -> None:
+    """``arrays.npz`` whose ``x_train`` header claims 10^12 bytes (its data is 10 bytes)."""
+    import io
+    import zipfile
+
+    member = io.BytesIO()
+    np.lib.format.write_array_header_1_0(
+        member, {"descr": "|u1", "fortran_order": False, "shape": (10**6, 1000, 1000)}
+    )
+    member.write(bytes(10))
+    with np.load(work / "arrays.npz") as saved:
+        others = {k: saved[k] for k in saved.files if k != "x_train"}
+    with zipfile.ZipFile(work / "arrays.npz", "w") as npz:
+        npz.writestr("x_train.npy", member.getvalue())
+        for key, value in others.items():
+            buffer = io.BytesIO()
+            np.save(buffer, value)
+            npz.writestr(f"{key}.npy", buffer.getvalue())
+
+
+class _Code:
+    """Pickles as a call (print): what ``torch.load(weights_only=True)`` must refuse to run."""
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return (print, ("code from a data file ran",))
+
+
+def _pickle_with_code(work: Path) -> None:
+    import pickle
+
+    with open(work / "arrays.pt", "wb") as f:
+        pickle.dump({"x_train": _Code()}, f)
+
+
 def _bad_png(work: Path, name: str, size: int) -> None:
     import torch
     from torchvision.io import write_png
@@ -750,11 +824,21 @@ SPOIL = {
     "": lambda w: None,
     "no test split": lambda w: shutil.rmtree(w / "images" / "test"),
     "empty class": lambda w: [p.unlink() for p in (w / "images/train/c3").iterdir()],
+    "link loop": lambda w: (w / "images/train/c6/loop").symlink_to("."),
+    "one class": lambda w: [
+        shutil.rmtree(p) for p in (w / "images/train").iterdir() if p.name != "c0"
+    ],
     "broken image": lambda w: (w / "images/train/c0/broken.png").write_bytes(b"\x89PNG nope"),
     "other size": lambda w: _bad_png(w, "images/train/c1/big.png", 30),
     "label 12": lambda w: _rewrite_arrays(w, y_test=np.array([12] * 20)),
     "no y_test": lambda w: _rewrite_arrays(w, y_test=None),
     "float images": lambda w: _rewrite_arrays(w, x_train=np.zeros((200, 28, 28))),
+    "empty x_test": lambda w: _rewrite_arrays(
+        w, x_test=np.zeros((0, 28, 28), np.uint8), y_test=np.zeros(0, np.int64)
+    ),
+    "string labels": lambda w: _rewrite_arrays(w, y_train=np.array(["shoe"] * 200)),
+    "huge header": _huge_header,
+    "pickled code": _pickle_with_code,
 }
 
 IMAGES = ["--data.dataset=folder", "--data.path={work}/images"]
@@ -767,15 +851,28 @@ ARRAYS = ["--data.dataset=arrays", "--data.path={work}/arrays.npz"]
 USER_DATA = [
     ("server_sl", "no test split", IMAGES, "images/test", "missing"),
     ("server_sl", "empty class", IMAGES, "images/train/c3", "empty class folder"),
+    ("server_sl", "link loop", IMAGES, "c6/loop", "read twice"),
+    ("server_sl", "one class", IMAGES, "images/train", "one class folder ('c0')"),
     ("server_sl", "broken image", IMAGES, "c0/broken.png", "not a readable image"),
     ("server_sl", "other size", IMAGES, "data.image_size", "big.png is 30x30"),
     ("server_sl", "", [*IMAGES, "--data.image_size=0"], "data.image_size", "0"),
+    ("server_sl", "", [*IMAGES, "--data.image_size=100000"], "data.image_size", "100000"),
     ("server_sl", "", ["--data.dataset=folder"], "data.path", "folder"),
     ("server_sl", "", ["--data.path={work}/images"], "data.path", "images"),
     ("server_sl", "", [IMAGES[0], "--data.path={work}/nowhere"], "data.path", "nowhere"),
     ("server_sl", "label 12", ARRAYS, "y_test", "label 12"),
     ("server_sl", "no y_test", ARRAYS, "arrays.npz", "y_test"),
     ("server_sl", "float images", ARRAYS, "x_train", "uint8"),
+    ("server_sl", "empty x_test", ARRAYS, "x_test", "holds no images"),
+    ("server_sl", "string labels", ARRAYS, "y_train", "labels must be integers"),
+    ("server_sl", "huge header", ARRAYS, "arrays.npz", "larger than this machine's memory"),
+    (
+        "server_sl",
+        "pickled code",
+        ["--data.dataset=arrays", "--data.path={work}/arrays.pt"],
+        "arrays.pt",
+        "cannot be read as arrays",
+    ),
     ("fedavg_sl", "", CLIENTS, "data.dataset='client_folders'", "FedAvgSL is an oracle"),
     ("server_sl", "", [*CLIENTS, "--data.labels_at=client"], "data.labels_at", "client_folders"),
     ("server_sl", "", [*CLIENTS, "--data.num_clients=3"], "data.num_clients=3", "2 client"),
@@ -824,3 +921,109 @@ def test_fit_refuses_the_users_files_by_name_before_any_work(
         *_filled(args, work, finished),
     ]
     _refused_by_name(argv, key, value, capsys, (work, finished))
+
+
+#: A user's Dataset (tests/custom_datasets.py) as data.dataset, its test split a good one.
+DATASET_ARGS = [
+    "--data.path=null",
+    "--data.image_size=null",
+    "--data.num_clients=2",
+    "--data.labeled_per_class=1",
+    "--data.val_per_class=0",
+    "--data.examples_per_client=null",
+]
+
+
+@pytest.mark.parametrize(
+    ("dataset", "line"),
+    [
+        (
+            "custom_datasets.RaisesOnItem",
+            "data.dataset[3]: RaisesOnItem.__getitem__(3) raised KeyError",
+        ),
+        ("custom_datasets.RaisesOnLen", "data.dataset: RaisesOnLen.__len__ raised RuntimeError"),
+    ],
+)
+def test_a_users_dataset_that_raises_is_named_with_the_item_before_its_traceback(
+    dataset: str, line: str, work: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The user's own code failing: one line naming the setting and the item, then the
+    user's exception with its traceback (exit 1, not a setting refused); nothing written."""
+    argv = [
+        "fit",
+        f"--config={RECIPES / 'examples' / 'image_folder.yaml'}",
+        f"--data.dataset={{class_path: {dataset}}}",
+        "--data.test_dataset={class_path: custom_datasets.RaisesOnItem}",
+        *DATASET_ARGS,
+        f"--trainer.default_root_dir={work / 'run'}",
+    ]
+    before = _snapshot(work)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exc.value.code == 1, err
+    assert err.splitlines()[0] == f"fedlit: error: {line}; its traceback:", err
+    assert "Traceback" in err and "custom_datasets.py" in err  # the user's own frames
+    assert _snapshot(work) == before
+
+
+def test_a_users_float_image_with_a_nan_pixel_is_refused_by_item(
+    work: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = [
+        "fit",
+        f"--config={RECIPES / 'examples' / 'image_folder.yaml'}",
+        "--data.dataset={class_path: custom_datasets.NanPixel}",
+        "--data.test_dataset={class_path: custom_datasets.NanPixel}",
+        *DATASET_ARGS,
+        f"--trainer.default_root_dir={work / 'run'}",
+    ]
+    _refused_by_name(argv, "data.dataset[5]", "NaN", capsys, (work,))
+
+
+def test_a_statistics_file_holding_nan_is_measured_again(tmp_path: Path) -> None:
+    """A damaged cache under the right fingerprint (NaN, an infinity, a negative deviation)
+    is not used: the statistics are measured again and the file written right."""
+    import json
+
+    from fedlit.data.user_data import StatisticsCache
+
+    cache = StatisticsCache(tmp_path / "fedlit-stats.json", "key")
+    for mean, std in (([float("nan")], [0.2]), ([0.5], [float("inf")]), ([0.5], [-0.1])):
+        cache.path.write_text(json.dumps({"fingerprint": "key", "mean": mean, "std": std}))
+        assert cache.read() is None
+    cache.write([0.5], [0.2])
+    assert cache.read() == ((0.5,), (0.2,))
+
+
+def test_an_animated_gif_is_read_as_its_first_frame(tmp_path: Path) -> None:
+    """A class folder may hold GIFs; an animated one is read as its first frame (as PIL and
+    image viewers show it), not refused and not a traceback."""
+    from PIL import Image
+
+    from fedlit.data.user_data import read_image
+
+    frames = [Image.new("L", (9, 7), color=c) for c in (10, 200, 90)]
+    frames[0].save(tmp_path / "moving.gif", save_all=True, append_images=frames[1:])
+    image = read_image(tmp_path / "moving.gif")
+    assert image.ndim == 3 and image.shape[-2:] == (7, 9)  # (C, H, W): one frame
+    assert image.dtype == torch.uint8 and int(image.float().mean()) == 10  # the first
+
+
+def test_a_warm_start_from_a_run_still_being_written_is_refused(
+    fmnist_root: Path, finished: Path, work: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``federation.init_from`` a run directory whose lock a live process holds: its last
+    checkpoint changes as that run goes on, so the warm start would depend on when it was
+    read; refused by name (a checkpoint file named directly is taken as it is)."""
+    argv = [
+        "fit",
+        f"--config={RECIPES / 'server_sl.yaml'}",
+        *tiny_overrides(fmnist_root),
+        "--federation.final_eval=[]",
+        f"--trainer.default_root_dir={work / 'run'}",
+        f"--federation.init_from={finished}",
+    ]
+    with lock_held_by_another_process(finished / ".lock"):
+        _refused_by_name(argv, "federation.init_from", "still being written", capsys, (work,))

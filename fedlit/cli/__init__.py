@@ -16,6 +16,7 @@ from __future__ import annotations
 import atexit
 import os
 import sys
+import traceback
 import warnings
 from collections.abc import Sequence
 from contextlib import suppress
@@ -49,6 +50,7 @@ from fedlit.cli.fit import (
 from fedlit.cli.partition import PARTITION_HELP, PartitionCLI, partition_main
 from fedlit.cli.report import report_main
 from fedlit.cli.test import SPLIT_FREE, TEST_HELP, run_test
+from fedlit.data.user_data import UserCodeFailed
 from fedlit.federation.trainers import TERMINATED
 
 __all__ = [
@@ -150,6 +152,11 @@ def main(args: Sequence[str] | None = None) -> None:
             COMMANDS[argv[0]](argv[1:])
             return
         FedlitCLI(args=argv)
+    except UserCodeFailed as failed:  # the user's Dataset raised: one line, then its traceback
+        print(f"fedlit: error: {failed}; its traceback:", file=sys.stderr, flush=True)
+        if failed.__cause__ is not None:
+            traceback.print_exception(failed.__cause__, file=sys.stderr)
+        raise SystemExit(1) from None
     except SIGTERMException as stop:  # Lightning's own raise carries no status: not a success
         raise SystemExit(stop.code or TERMINATED) from None
     except KeyboardInterrupt:  # Ctrl-C outside a run's rounds

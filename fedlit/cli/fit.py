@@ -311,8 +311,8 @@ EXECUTOR_GROUPS: dict[str, Any] = {"pool": DEFAULT_POOL, "ray": DEFAULT_RAY}
 def executor_warnings(federation: dict[str, Any], cores: int | None = None) -> list[str]:
     """Lines warning of settings of a ``federation`` group (a dict) that do not apply as given:
     ``federation.pool.*`` or ``federation.ray.*`` set for another executor (unused), and
-    ``federation.pool.threads`` above this machine's ``cores`` (default: those this process
-    may run on)."""
+    ``federation.pool.threads`` or ``federation.pool.workers`` above this machine's ``cores``
+    (default: those this process may run on)."""
     executor = federation.get("executor", "local")
     lines = []
     for group, default in EXECUTOR_GROUPS.items():
@@ -327,13 +327,21 @@ def executor_warnings(federation: dict[str, Any], cores: int | None = None) -> l
                 f"{', '.join(changed)}: not used, federation.executor is {executor!r} "
                 f"(these settings are the {group} executor's)"
             )
-    threads = (federation.get("pool") or {}).get("threads", DEFAULT_POOL.threads)
+    pool = federation.get("pool") or {}
+    threads = pool.get("threads", DEFAULT_POOL.threads)
+    workers = pool.get("workers", DEFAULT_POOL.workers)
     cores = available_cores() if cores is None else cores
     if executor == "pool" and isinstance(threads, int) and threads > cores:
         lines.append(
             f"federation.pool.threads={threads} exceeds the {cores} CPU core(s) this process "
             "may use: each worker's threads wait on each other (a round may take many times "
             f"longer); give at most {cores}"
+        )
+    if executor == "pool" and isinstance(workers, int) and workers > cores:
+        lines.append(
+            f"federation.pool.workers={workers} exceeds the {cores} CPU core(s) this process "
+            "may use: the workers take turns on the cores (and each holds the run's data and "
+            f"networks); give at most {cores}"
         )
     return lines
 

@@ -44,7 +44,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
+import pickle
 import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -84,10 +86,20 @@ class LooseImage:
 
 # --- images ---------------------------------------------------------------------------------
 def image_files(folder: Path) -> list[Path]:
-    """The images under ``folder`` (sub-folders included), sorted by path: files ending in
-    :data:`IMAGE_EXTENSIONS`, hidden files and folders left out."""
+    """The images under ``folder`` (sub-folders included, symbolic links followed), sorted by
+    path: files ending in :data:`IMAGE_EXTENSIONS`, hidden files and folders left out. A
+    ValueError naming the folder where one is reached twice (a link back to a folder above
+    it, or two links to one folder): its images would be read twice, or without end."""
     found = []
+    seen: dict[str, str] = {}
     for dirpath, dirnames, filenames in os.walk(folder, followlinks=True):
+        real = os.path.realpath(dirpath)
+        if real in seen:
+            raise ValueError(
+                f"data.path: {dirpath} is {seen[real]} again (through a symbolic link): its "
+                "images would be read twice; remove the link"
+            )
+        seen[real] = dirpath
         dirnames[:] = [d for d in dirnames if not d.startswith(".")]
         found += [
             Path(dirpath) / f
@@ -111,13 +123,15 @@ def as_colour_image(image: Tensor) -> Tensor:
 
 
 def read_image(path: Path) -> Tensor:
-    """The image file ``path``, decoded by torchvision, as uint8 (C, H, W), C 1 or 3;
-    a ValueError naming the file if it cannot be decoded."""
+    """The image file ``path``, decoded by torchvision, as uint8 (C, H, W), C 1 or 3 (of an
+    animated image, its first frame); a ValueError naming the file if it cannot be decoded."""
     try:
         image = decode_image(str(path), mode=ImageReadMode.UNCHANGED)
     except (RuntimeError, OSError, ValueError) as err:
         first = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
         raise ValueError(f"data.path: {path} is not a readable image ({first})") from err
+    if image.ndim == 4:  # an animated GIF's frames (N, C, H, W): its first, as PIL shows it
+        image = image[0]
     return as_colour_image(image)
 
 
@@ -127,6 +141,19 @@ def fit_size(image: Tensor, size: int) -> Tensor:
     if tuple(image.shape[-2:]) == (size, size):
         return image
     return F.center_crop(F.resize(image, size, antialias=True), [size, size])
+
+
+def available_memory() -> int | None:
+    """Bytes of memory this machine can give now (Linux's ``MemAvailable``), or None where
+    it does not say."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def uniform_images(
@@ -154,6 +181,13 @@ def uniform_images(
                 f"({first.source}); set data.image_size to resize and centre-crop them"
             )
         image_size = shape[0]
+    needed, free = len(items) * channels * image_size * image_size, available_memory()
+    if free is not None and needed > free:
+        raise ValueError(
+            f"data.image_size={image_size}: the {len(items)} images at {image_size}x"
+            f"{image_size} take {needed / 2**30:.1f} GiB as uint8, more than the "
+            f"{free / 2**30:.1f} GiB of memory free here; set a smaller data.image_size"
+        )
 
     def stacked(split: list[LooseImage]) -> Tensor:
         out = torch.empty(len(split), channels, image_size, image_size, dtype=torch.uint8)
@@ -209,7 +243,10 @@ class StatisticsCache:
             saved = json.loads(self.path.read_text())
             if saved.get("fingerprint") != self.key:
                 return None
-            return tuple(map(float, saved["mean"])), tuple(map(float, saved["std"]))
+            mean, std = tuple(map(float, saved["mean"])), tuple(map(float, saved["std"]))
+            if not all(math.isfinite(v) for v in mean + std) or min(std, default=0.0) < 0:
+                return None  # a damaged file: measured again, and written right
+            return mean, std
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return None
 
@@ -291,6 +328,11 @@ def class_folders(split_dir: Path, classes: Sequence[str] | None) -> list[tuple[
     folders = sub_folders(split_dir)
     if not folders:
         raise ValueError(f"data.path: {split_dir} holds no class folders")
+    if classes is None and len(folders) == 1:
+        raise ValueError(
+            f"data.path: {split_dir} holds one class folder ({folders[0].name!r}); a classifier "
+            "needs at least two classes, a folder each"
+        )
     out: list[tuple[int, list[Path]]] = []
     for folder in folders:
         if classes is not None and folder.name not in classes:
@@ -420,7 +462,14 @@ def _array_images(value: Any, where: str) -> list[LooseImage]:
 
 
 def _array_labels(value: Any, where: str, count: int) -> Tensor:
-    y = torch.as_tensor(np.asarray(value)) if not isinstance(value, Tensor) else value
+    if not isinstance(value, Tensor):
+        value = np.asarray(value)
+        if value.dtype.kind not in "iub":  # strings, objects: no tensor of them
+            raise ValueError(
+                f"{where}: labels must be integers of shape (N,), got {value.dtype} of shape "
+                f"{tuple(value.shape)} (class names belong in 'classes', labels index them)"
+            )
+    y = torch.as_tensor(value) if not isinstance(value, Tensor) else value
     if y.dtype.is_floating_point or y.dtype.is_complex or y.dtype == torch.bool or y.ndim != 1:
         raise ValueError(
             f"{where}: labels must be integers of shape (N,), got {y.dtype} "
@@ -445,8 +494,14 @@ def load_array_file(path: Path) -> dict[str, Any]:
             if not isinstance(loaded, dict):
                 raise ValueError(f"holds a {type(loaded).__name__}, not a dict of arrays")
             return loaded
-    except (OSError, ValueError, RuntimeError, EOFError, KeyError) as err:
-        raise ValueError(f"data.path: {path} cannot be read as arrays ({err})") from err
+    except MemoryError as err:  # a header that claims more than the machine holds
+        raise ValueError(
+            f"data.path: {path}: an array it holds is larger than this machine's memory ({err})"
+        ) from err
+    except (OSError, ValueError, RuntimeError, EOFError, KeyError, pickle.UnpicklingError) as err:
+        # pickle: a .pt file holding objects other than tensors (code is never run)
+        why = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise ValueError(f"data.path: {path} cannot be read as arrays ({why})") from err
     raise ValueError(f"data.path: {path}: an array file is a .npz or a .pt file")
 
 
@@ -472,8 +527,9 @@ def read_arrays(path: Path, image_size: int | None) -> tuple[DatasetSpec, ReadIm
         )
         for split in ("train", "test")
     }
-    if not loose["train"]:
-        raise ValueError(f"data.path: {path}: x_train holds no images")
+    for split in ("train", "test"):  # an empty test split would score every model 0
+        if not loose[split]:
+            raise ValueError(f"data.path: {path}: x_{split} holds no images")
     classes = (
         [str(c) for c in np.asarray(arrays["classes"]).tolist()] if "classes" in arrays else None
     )
@@ -510,6 +566,8 @@ def dataset_image(item: Any, where: str) -> Tensor:
             f"{where}: an image tensor is (C, H, W) or (H, W), got {tuple(item.shape)}"
         )
     if item.dtype.is_floating_point:
+        if item.numel() and not bool(torch.isfinite(item).all()):
+            raise ValueError(f"{where}: a float image holds NaN or an infinite pixel")
         if item.numel() and (float(item.min()) < 0 or float(item.max()) > 1):
             raise ValueError(
                 f"{where}: a float image must lie in [0, 1] (not normalised: fedlit normalises "
@@ -522,15 +580,31 @@ def dataset_image(item: Any, where: str) -> Tensor:
     return as_colour_image(item)
 
 
+class UserCodeFailed(Exception):
+    """A user's own code (a torch Dataset's ``__len__`` or ``__getitem__``) raised: the
+    message names the setting and the item; the user's exception is the ``__cause__``, whose
+    traceback the CLI prints after the message."""
+
+
 def read_dataset(dataset: Any, key: str) -> tuple[list[LooseImage], Tensor]:
     """A torch Dataset's ``(image, label)`` items, read in index order; ValueError naming
     ``key`` (and the item) when it is not one or an item is not an image with a label."""
     if not isinstance(dataset, Dataset) or not hasattr(dataset, "__len__"):
         raise ValueError(f"{key}: {type(dataset).__name__} is not a torch Dataset with a length")
     images, labels = [], []
-    for n in range(len(dataset)):
-        item = dataset[n]
+    name = type(dataset).__name__
+    try:
+        count = len(dataset)
+    except Exception as err:
+        raise UserCodeFailed(f"{key}: {name}.__len__ raised {type(err).__name__}") from err
+    for n in range(count):
         where = f"{key}[{n}]"
+        try:
+            item = dataset[n]
+        except Exception as err:
+            raise UserCodeFailed(
+                f"{where}: {name}.__getitem__({n}) raised {type(err).__name__}"
+            ) from err
         if not isinstance(item, (tuple, list)) or len(item) < 2:
             raise ValueError(f"{where}: an item is (image, label), got {type(item).__name__}")
         label = item[1]

@@ -11,6 +11,7 @@ runs them on long-lived Ray actors, in parallel, on one machine or a cluster;
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import socket
@@ -359,9 +360,15 @@ EXECUTORS: dict[str, ExecutorFactory] = {
 
 
 def check_executor(name: str) -> None:
-    """Refuse an executor name :data:`EXECUTORS` does not hold (a ValueError naming the key)."""
+    """Refuse an executor name :data:`EXECUTORS` does not hold, or ``ray`` where Ray is not
+    installed (a ValueError naming the key and the extra to install)."""
     if name not in EXECUTORS:
         raise ValueError(f"federation.executor must be one of {tuple(EXECUTORS)}, got {name!r}")
+    if name == "ray" and importlib.util.find_spec("ray") is None:
+        raise ValueError(
+            "federation.executor='ray': Ray is not installed here; install fedlit's ray "
+            "extra (pip install 'fedlit[ray]'), or use federation.executor local or pool"
+        )
 
 
 def make_executor(

@@ -21,10 +21,11 @@ import torch
 import fedlit.methods  # noqa: F401  (every built-in method class, for the source's lookup)
 from fedlit.aggregation.payloads import StateDict
 from fedlit.federation.checkpoint import RunCheckpoint
+from fedlit.federation.rundir import RunLock
 from fedlit.methods.base import FederatedMethod
 from fedlit.methods.client_side import Architecture
 from fedlit.models import Classifier
-from fedlit.run_layout import CHECKPOINT, TEST_ACC
+from fedlit.run_layout import CHECKPOINT, LOCK_FILE, TEST_ACC
 
 KEY = "federation.init_from"
 
@@ -74,9 +75,21 @@ def weights_sha256(state: StateDict) -> str:
 
 def source_checkpoint(init_from: str | Path) -> Path:
     """The checkpoint ``init_from`` names: the file itself, or a run directory's
-    ``checkpoints/last.ckpt``; a ValueError names the key if there is none."""
+    ``checkpoints/last.ckpt``; a ValueError names the key if there is none, or if a live
+    process still writes that run (its lock is held: its last checkpoint would move)."""
     path = Path(init_from)
     if path.is_dir():
+        lock = RunLock(path)
+        try:
+            lock.acquire(create=False)  # nothing written; refused if a live process holds it
+        except ValueError:
+            raise ValueError(
+                f"{KEY}={str(init_from)!r}: that run is still being written by a live process "
+                f"(it holds {path / LOCK_FILE}), so its last checkpoint changes as it runs; "
+                "wait for it to end, or name one checkpoint file"
+            ) from None
+        finally:
+            lock.release()
         ckpt = path / CHECKPOINT
         if not ckpt.is_file():
             raise ValueError(
