@@ -31,6 +31,7 @@ _PARSER_KEY = re.compile(r'^Parser key "([^"]+)":\s*(.*)$')
 _CLASS_PATH = re.compile(r"^- Problem with given class_path '([^']+)':$")
 _NOT_ACCEPTED = re.compile(r"^Option '([^']+)' is not accepted$")
 _UNRECOGNIZED = re.compile(r"^unrecognized arguments: --?([\w.]+)(?:=(.*))?$")
+_GIVEN_CLASS = re.compile(r"Namespace\(class_path='([^']+)'")
 _EXPECTED_ANY = re.compile(r"^Expected an? (.+?)(?:\. Got value: (.*))?$")
 _CLASS = re.compile(r"<class '([\w.]+)'>")
 _NESTED = re.compile(r"^Given value: NestedArg\(key='([^']*)', val=(.*)\)$")
@@ -213,6 +214,11 @@ def condensed(message: str) -> str:
         named = value if value is not None else given
         return f"{key}={named}: not a {base}; give one by class name or full class path"
     expected = [m for r in reasons if (m := _EXPECTED_ANY.match(r))]
+    built = _GIVEN_CLASS.search(given or "")
+    raised = [r for r in reasons if not _EXPECTED_ANY.match(r) and not r.startswith(_NO_CLASS)]
+    if built and raised:  # the user's class was found, and its constructor raised
+        where = f"{key}: " if key else ""
+        return f"{where}{built.group(1)}(...) raised in its constructor: {raised[0]}"
     if key and reasons and len(expected) == len(reasons):  # a value of the wrong type
         kinds = [
             _CLASS.sub(r"\1", m.group(1)).replace("typing.Literal", "one of ") for m in expected

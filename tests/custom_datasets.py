@@ -32,3 +32,10 @@ class NanPixel(RaisesOnItem):
         if n == 5:
             image[0, 2, 2] = float("nan")
         return image, n % 2
+
+
+class RaisesOnInit(RaisesOnItem):
+    """A user's Dataset whose constructor raises (its files are missing, say)."""
+
+    def __init__(self, root: str = "nowhere") -> None:
+        raise FileNotFoundError(f"{root}/index.csv")

@@ -1027,3 +1027,21 @@ def test_a_warm_start_from_a_run_still_being_written_is_refused(
     ]
     with lock_held_by_another_process(finished / ".lock"):
         _refused_by_name(argv, "federation.init_from", "still being written", capsys, (work,))
+
+
+def test_a_users_class_whose_constructor_raises_is_named_with_its_error(
+    work: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A Dataset given by class path whose ``__init__`` raises: one line naming the class and
+    what it raised ("Expected a <class 'str'>; ..." before)."""
+    argv = [
+        "fit",
+        f"--config={RECIPES / 'examples' / 'image_folder.yaml'}",
+        "--data.dataset={class_path: custom_datasets.RaisesOnInit}",
+        "--data.test_dataset={class_path: custom_datasets.RaisesOnItem}",
+        *DATASET_ARGS,
+        f"--trainer.default_root_dir={work / 'run'}",
+    ]
+    _refused_by_name(
+        argv, "RaisesOnInit(...) raised in its constructor", "nowhere/index.csv", capsys, (work,)
+    )
