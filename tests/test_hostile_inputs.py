@@ -1045,3 +1045,64 @@ def test_a_users_class_whose_constructor_raises_is_named_with_its_error(
     _refused_by_name(
         argv, "RaisesOnInit(...) raised in its constructor", "nowhere/index.csv", capsys, (work,)
     )
+
+
+def test_a_constant_channel_is_normalised_to_zero_not_divided_by_zero(tmp_path: Path) -> None:
+    """Decided: a channel spread over less than one grey level (every pixel the same here) is
+    divided by 1, not by its deviation (it was clamped to 1e-6: the plain view 0, but the
+    strong view, whose RandAugment moves the pixels, reached 3 x 10^5): every view within
+    [-1, 1], nothing refused."""
+    from fedlit.data.augment import batch_view
+    from fedlit.data.user_data import read_arrays
+
+    x = np.full((40, 8, 8), 77, np.uint8)
+    np.savez(
+        tmp_path / "flat.npz",
+        x_train=x,
+        y_train=np.arange(40) % 2,
+        x_test=x[:4],
+        y_test=np.arange(4) % 2,
+    )
+    spec, _ = read_arrays(tmp_path / "flat.npz", None)
+    assert spec.std == (1.0,)
+    for view in ("plain", "weak", "strong"):
+        views = batch_view(view, spec)(torch.from_numpy(x[:8, None]))
+        assert views.abs().max() <= 1.0, view
+
+
+def test_no_process_of_a_pool_run_outlives_its_driver_but_the_resource_tracker(
+    fmnist_root: Path, tmp_path: Path
+) -> None:
+    """Decided: the pool's workers are killed and reaped before the driver exits; the only
+    process of the run's group that may outlive it is multiprocessing's resource tracker
+    (spawn's helper), which ends by itself within seconds once the driver's end closes its
+    pipe."""
+    import time
+
+    import psutil
+
+    argv = [
+        sys.executable, "-m", "fedlit", "fit", f"--config={RECIPES / 'fedavg_fixmatch.yaml'}",
+        *tiny_overrides(fmnist_root), "--federation.final_eval=[]",
+        "--federation.executor=pool", "--federation.pool.workers=2",
+        f"--trainer.default_root_dir={tmp_path / 'run'}",
+    ]  # fmt: skip
+    driver = subprocess.Popen(argv, start_new_session=True, stdout=subprocess.DEVNULL)
+
+    def group() -> list[psutil.Process]:
+        found = []
+        for proc in psutil.process_iter():
+            try:
+                if os.getpgid(proc.pid) == driver.pid and proc.pid != driver.pid:
+                    found.append(proc)
+            except (ProcessLookupError, psutil.Error):
+                pass
+        return found
+
+    assert driver.wait(timeout=300) == 0
+    left = [" ".join(p.cmdline()) for p in group() if p.status() != psutil.STATUS_ZOMBIE]
+    assert all("resource_tracker" in cmd for cmd in left), left
+    deadline = time.monotonic() + 10
+    while group() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not group()

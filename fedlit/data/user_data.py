@@ -424,7 +424,9 @@ def _spec(
         channels=channels,
         size=size,
         mean=mean,
-        std=tuple(max(s, 1e-6) for s in std),  # a constant channel: no division by 0
+        # a channel spread over less than one grey level is constant: divided by 1, so that
+        # its views (RandAugment moves its pixels) stay within [-1, 1]
+        std=tuple(s if s >= 1 / 255 else 1.0 for s in std),
         hflip=hflip,
         loader=read,
         classes=tuple(classes) if classes is not None else None,
