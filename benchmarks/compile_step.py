@@ -8,10 +8,11 @@ batches of 16, 32 steps a client, the small CNN, 4 rounds) is made eager and com
   break is an error, and a method that has one says so in the ``error`` column);
 - frames compiled after round 2 and after round 4 (torch._dynamo's ``unique_graphs``): one per
   (objective, network) pair of the run, not growing with rounds or clients;
-- compile time: round 1's wall time compiled minus eager's (the graphs are built in round 1);
+- compile time: round 1's wall time compiled minus eager's (the graphs are built in round 1;
+  inductor's on-disk cache, warm after a first run, makes later compilations faster);
 - aten ops per client step, rounds 2-4 under torch.profiler, all phases of the round together
   (the clients' and the server's steps, their set-up, aggregation, evaluation), eager and
-  compiled, and their ratio;
+  compiled, and their ratio ("-" for a method whose clients do not train);
 - the median round time of rounds 2-4, eager and compiled, and their ratio.
 
     python benchmarks/compile_step.py                        # paper 002's Table 1 methods
@@ -78,10 +79,12 @@ class Measure(Callback):
         self.frames: dict[int, int] = {}
         self.round_s: dict[int, float] = {}
         self.ops = 0
+        self.clients_train = False  # whether the method's clients train (client/* metrics)
         self.profiler: Any = None
 
     def on_round_end(self, run: RunView, round_idx: int, metrics: dict[str, float]) -> None:
         self.frames[round_idx] = counters["stats"]["unique_graphs"]
+        self.clients_train |= any(k.startswith("client/loss") for k in metrics)
         self.round_s[round_idx] = metrics["time/round_s"]
         if round_idx == 1:
             self.profiler = profile(activities=[ProfilerActivity.CPU])
@@ -167,12 +170,16 @@ def main() -> None:
         later = range(2, args.rounds + 1)
         e_round = statistics.median(eager.round_s[r] for r in later)
         c_round = statistics.median(compiled.round_s[r] for r in later)
+        ops = (  # per client step: none where the clients do not train (Server-SL)
+            f"{eager.ops / steps:>15.0f}{compiled.ops / steps:>9.0f}"
+            f"{compiled.ops / max(eager.ops, 1):>6.2f}x"
+            if eager.clients_train
+            else f"{'-':>15}{'-':>9}{'-':>7}"
+        )
         print(
             f"{method:<22}{breaks:>7}{compiled.frames.get(2, 0):>10}"
             f"{compiled.frames.get(args.rounds, 0):>10}"
-            f"{compiled.round_s[1] - eager.round_s[1]:>10.1f}"
-            f"{eager.ops / steps:>15.0f}{compiled.ops / steps:>9.0f}"
-            f"{compiled.ops / max(eager.ops, 1):>6.2f}x"
+            f"{compiled.round_s[1] - eager.round_s[1]:>10.1f}{ops}"
             f"{1000 * e_round:>15.0f}{1000 * c_round:>9.0f}{c_round / e_round:>6.2f}x"
         )
         sys.stdout.flush()
