@@ -35,9 +35,8 @@ import torch._dynamo
 from torch._dynamo.utils import counters
 from torch.profiler import ProfilerActivity, profile
 
-from fedlit.cli.fit import resolve
+from fedlit.cli.fit import federation_of, resolve, run_federation
 from fedlit.data.datasets import stage_debian_fashion_mnist
-from fedlit.federation import Federation
 from fedlit.federation.callbacks import Callback, RunView
 
 STEPS = 32  # client steps a round (batches of 16)
@@ -109,23 +108,10 @@ def run(method: str, mode: str | None, root: Path, clients: int, rounds: int) ->
         ]
         if mode is not None:
             args.append(f"--federation.compile={mode}")
-        cli = resolve(args)
-        federation = Federation(
-            method=cli.model,
-            data=cli.datamodule,
-            config=cli.config_init.federation,
-            run_dir=Path(tmp),
-            seed=int(cli.config.seed_everything),
-            trainer=cli.trainer,
-            progress=False,
-            extra_callbacks=[measure],
+        federation = federation_of(
+            resolve(args), Path(tmp), progress=False, extra_callbacks=[measure]
         )
-        try:
-            federation.prepare()
-            federation.open_run_dir()
-            federation.run()
-        finally:
-            federation.close()
+        run_federation(federation)
     return measure
 
 

@@ -27,8 +27,7 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from fedlit.cli.fit import loggers, resolve
-from fedlit.federation import Federation
+from fedlit.cli.fit import federation_of, loggers, resolve, run_federation
 from fedlit.federation.callbacks import Callback, RunView
 
 LAUNCHES = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx")
@@ -159,16 +158,10 @@ def main() -> None:
     if args.round < 2:
         parser.error("--round must be >= 2 (round 1 compiles and warms up)")
     cli = resolve(["--config", args.recipe, *overrides])
-    config, init = cli.config, cli.config_init
-    run_dir = Path(config.trainer.default_root_dir)
-    federation = Federation(
-        method=cli.model,
-        data=cli.datamodule,
-        config=init.federation,
-        run_dir=run_dir,
-        seed=int(config.seed_everything),
-        trainer=cli.trainer,
-        loggers=loggers(init.trainer.logger, run_dir),
+    run_dir = Path(cli.config.trainer.default_root_dir)
+    federation = federation_of(
+        cli,
+        loggers=loggers(cli.config_init.trainer.logger, run_dir),
         extra_callbacks=[
             *([] if args.no_profile else [ProfileRound(args.round, args.out)]),
             *([StageTimes(args.stages)] if args.stages else []),
@@ -179,12 +172,7 @@ def main() -> None:
             ),
         ],
     )
-    try:
-        federation.prepare()
-        federation.open_run_dir()
-        federation.run()
-    finally:
-        federation.close()
+    run_federation(federation)
 
 
 if __name__ == "__main__":

@@ -16,9 +16,9 @@ import torch._dynamo
 from conftest import tiny_overrides
 from torch._dynamo.utils import counters
 
-from fedlit.cli.fit import resolve
+from fedlit.cli.fit import federation_of, resolve, run_federation
 from fedlit.data import ImageBatches, dataset_spec, load_split
-from fedlit.federation import Federation, compiled
+from fedlit.federation import compiled
 from fedlit.federation.callbacks import Callback, RunView
 from fedlit.models import build_classifier
 from fedlit.objectives import FixMatch, FixMatchLoss, SupervisedCE
@@ -51,23 +51,8 @@ def compiled_run(recipe: str, root: Path, run_dir: Path, clients: int, rounds: i
         f"--trainer.default_root_dir={run_dir}",
         "--federation.compile=default",
     ]
-    cli = resolve(args)
-    federation = Federation(
-        method=cli.model,
-        data=cli.datamodule,
-        config=cli.config_init.federation,
-        run_dir=run_dir,
-        seed=0,
-        trainer=cli.trainer,
-        progress=False,
-        extra_callbacks=[frames],
-    )
-    try:
-        federation.prepare()
-        federation.open_run_dir()
-        federation.run()
-    finally:
-        federation.close()
+    federation = federation_of(resolve(args), progress=False, extra_callbacks=[frames])
+    run_federation(federation)
     return frames
 
 
@@ -158,15 +143,7 @@ def test_fedmatch_refuses_a_compiled_step_before_any_work(
         f"--trainer.default_root_dir={tmp_path / 'run'}",
         "--federation.compile=default",
     ]
-    cli = resolve(args)
-    federation = Federation(
-        method=cli.model,
-        data=cli.datamodule,
-        config=cli.config_init.federation,
-        run_dir=tmp_path / "run",
-        trainer=cli.trainer,
-        progress=False,
-    )
+    federation = federation_of(resolve(args), progress=False)
     with pytest.raises(ValueError, match=r"federation\.compile='default': FedMatch builds"):
         federation.prepare()
     assert not (tmp_path / "run").exists()

@@ -19,7 +19,13 @@ from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 from fedlit.cli.common import CONFIG_MODE, config_file_error, json_line
 from fedlit.cli.test import TEST_HELP, run_test
 from fedlit.data.datamodule import FederatedDataModule
-from fedlit.federation import Federation, FederationConfig, TrainerTemplate, load_checkpoint
+from fedlit.federation import (
+    Federation,
+    FederationConfig,
+    FederationResult,
+    TrainerTemplate,
+    load_checkpoint,
+)
 from fedlit.federation.checkpoint import WRITE_FAILED, WriteFailed, write_error
 from fedlit.federation.config import DEFAULT_POOL, DEFAULT_RAY
 from fedlit.federation.console import warn
@@ -426,3 +432,30 @@ def _floats(value: Any, key: str = "") -> Iterator[tuple[str, float]]:
 def resolve(args: Sequence[str]) -> FedlitCLI:
     """A recipe and its overrides (``fit``'s arguments), parsed and instantiated, not run."""
     return FedlitCLI(args=list(args), run=False)
+
+
+def federation_of(cli: FedlitCLI, run_dir: Path | None = None, **settings: Any) -> Federation:
+    """The federation a resolved recipe (:func:`resolve`) describes, in ``run_dir`` (None:
+    its ``trainer.default_root_dir``), not prepared; ``settings``: the :class:`Federation`'s
+    other fields (loggers, extra callbacks, progress)."""
+    config = cli.config
+    return Federation(
+        method=cli.model,
+        data=cli.datamodule,
+        config=cli.config_init.federation,
+        run_dir=Path(run_dir if run_dir is not None else config.trainer.default_root_dir),
+        seed=int(config.seed_everything),
+        trainer=cli.trainer,
+        **settings,
+    )
+
+
+def run_federation(federation: Federation) -> FederationResult:
+    """Prepare ``federation`` (its checks), lock its run directory, run it and close it: what
+    ``fedlit fit`` does, without its config file and its messages."""
+    try:
+        federation.prepare()
+        federation.open_run_dir()
+        return federation.run()
+    finally:
+        federation.close()
