@@ -1047,7 +1047,7 @@ def test_a_users_class_whose_constructor_raises_is_named_with_its_error(
     )
 
 
-def test_a_constant_channel_is_normalised_to_zero_not_divided_by_zero(tmp_path: Path) -> None:
+def test_a_constant_channel_is_divided_by_one_so_its_views_stay_bounded(tmp_path: Path) -> None:
     """Decided: a channel spread over less than one grey level (every pixel the same here) is
     divided by 1, not by its deviation (it was clamped to 1e-6: the plain view 0, but the
     strong view, whose RandAugment moves the pixels, reached 3 x 10^5): every view within
