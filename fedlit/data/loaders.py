@@ -104,31 +104,29 @@ class DrawnBatch(NamedTuple):
         return (*head, *views, *tail)
 
 
+def _replaced(batch: Any, kinds: tuple[type, ...], replace: Any) -> Any:
+    """``batch`` with every object of ``kinds`` in it (also inside the tuples, lists and dicts
+    of a ``CombinedLoader``) replaced by ``replace(it)``; anything else as it is."""
+    if isinstance(batch, kinds):
+        return replace(batch)
+    if isinstance(batch, dict):
+        return {k: _replaced(v, kinds, replace) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)) and any(isinstance(b, kinds) for b in batch):
+        return type(batch)(_replaced(b, kinds, replace) for b in batch)
+    return batch
+
+
 def expand_batches(batch: Any) -> Any:
     """``batch`` with every :class:`RawBatch` or :class:`DrawnBatch` in it (also inside the
     tuples, lists and dicts of a ``CombinedLoader``) replaced by its views; anything else is
     returned as it is."""
-    if isinstance(batch, (RawBatch, DrawnBatch)):
-        return batch.expand()
-    if isinstance(batch, dict):
-        return {k: expand_batches(v) for k, v in batch.items()}
-    if isinstance(batch, (list, tuple)) and any(
-        isinstance(b, (RawBatch, DrawnBatch)) for b in batch
-    ):
-        return type(batch)(expand_batches(b) for b in batch)
-    return batch
+    return _replaced(batch, (RawBatch, DrawnBatch), lambda b: b.expand())
 
 
 def draw_batches(batch: Any) -> Any:
     """``batch`` with every :class:`RawBatch` in it replaced by its :class:`DrawnBatch` (the
     draws made, the views not yet computed), as :func:`expand_batches` walks it."""
-    if isinstance(batch, RawBatch):
-        return batch.draw()
-    if isinstance(batch, dict):
-        return {k: draw_batches(v) for k, v in batch.items()}
-    if isinstance(batch, (list, tuple)) and any(isinstance(b, RawBatch) for b in batch):
-        return type(batch)(draw_batches(b) for b in batch)
-    return batch
+    return _replaced(batch, (RawBatch,), lambda b: b.draw())
 
 
 class AugmentsOnDevice:

@@ -471,7 +471,7 @@ def _array_labels(value: Any, where: str, count: int) -> Tensor:
                 f"{where}: labels must be integers of shape (N,), got {value.dtype} of shape "
                 f"{tuple(value.shape)} (class names belong in 'classes', labels index them)"
             )
-    y = torch.as_tensor(value) if not isinstance(value, Tensor) else value
+    y = value if isinstance(value, Tensor) else torch.as_tensor(value)
     if y.dtype.is_floating_point or y.dtype.is_complex or y.dtype == torch.bool or y.ndim != 1:
         raise ValueError(
             f"{where}: labels must be integers of shape (N,), got {y.dtype} "
