@@ -2,7 +2,7 @@
 # Paper 002 at its own scale on one lent GPU, every training step compiled (issue 44), in calls
 # of at most ~9.5 minutes that chain on a warm machine:
 #   1. solo (SOLO=1): paper 002's FedSEAL round alone, compiled (federation.compile=$MODE)
-#      then eager, each for a fixed time, with each round's stage times and rounds 2-3 under
+#      then eager, each for a fixed time, with each round's stage times and round 3 under
 #      cProfile (benchmarks/round_profile.py; its torch.profiler summary of a round took longer
 #      than the round itself to write at this scale, so it is left out here);
 #   2. the headline: Server-SL and FedSEAL, IID, ResNet-18, the paper's 200 rounds, seeds 0-2
@@ -25,7 +25,7 @@ BUDGET=${BUDGET:-560}            # seconds this call may use in all
 SOLO=${SOLO:-1}
 MODE=${MODE:-reduce-overhead}    # federation.compile for the compiled runs
 JOBS=${JOBS:-6}
-EAGER_S=${EAGER_S:-50}           # seconds of the eager solo run
+EAGER_S=${EAGER_S:-50}           # seconds of the eager solo run (0: none)
 COMPILED_S=${COMPILED_S:-110}    # seconds of the compiled solo run (its compilation included)
 FINAL=${OUT:-/tmp/gpu_out}        # what comes back: summary.json and results.tgz
 OUT=/tmp/gpu_work                # everything else, packed into results.tgz at the end
@@ -53,14 +53,14 @@ solo() {  # solo NAME SECONDS [overrides]: the paper's FedSEAL alone, stage time
   local name=$1 seconds=$2; shift 2
   echo "solo_$name" > /tmp/phase
   rm -rf "/tmp/solo_$name"
-  timeout "$seconds" python3 benchmarks/round_profile.py "$RECIPE" --round 2 --last 3 \
+  timeout "$seconds" python3 benchmarks/round_profile.py "$RECIPE" --round 3 --last 3 \
     --no-profile --cprofile "$OUT/cprofile_$name.txt" --stages "$OUT/stages_$name.jsonl" \
     -- --trainer.default_root_dir "/tmp/solo_$name" "$@" > "$OUT/solo_$name.log" 2>&1
   echo "exit $?" >> "$OUT/solo_$name.log"
 }
 if [ "$SOLO" = 1 ]; then
   TORCH_LOGS=perf_hints solo compiled "$COMPILED_S" --federation.compile "$MODE"
-  solo eager "$EAGER_S"
+  if [ "$EAGER_S" -gt 0 ]; then solo eager "$EAGER_S"; fi  # EAGER_S=0: no eager run
   if [ ! -s "$OUT/cprofile_compiled.txt" ]; then MODE=none; fi  # it never reached round 3
 fi
 echo "headline mode: $MODE" >> "$OUT/gpu.txt"

@@ -33,14 +33,38 @@ from fedlit.federation.callbacks import Callback, RunView
 LAUNCHES = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx")
 
 
+class Recordings:
+    """Counts the CUDA graphs torch.compile's graph trees record (``reduce-overhead``): one
+    per compiled graph and its first replayable call where the step's static inputs keep
+    their memory; a recording every fit means they do not."""
+
+    count = 0
+
+    @classmethod
+    def install(cls) -> None:
+        from torch._inductor import cudagraph_trees
+
+        manager = cudagraph_trees.CUDAGraphTreeManager
+        original = manager.record_function
+
+        def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
+            cls.count += 1
+            return original(self, *args, **kwargs)
+
+        manager.record_function = counted  # type: ignore[method-assign]
+
+
 class StageTimes(Callback):
     """Each round's wall time per stage (the device synchronised at every mark): the server
     step, each client, the updates' callbacks and aggregation, the evaluation, and the round's
-    end (logging and the checkpoint), one JSON line a round in ``out``."""
+    end (logging and the checkpoint), with the round's CUDA graph recordings and the frames
+    dynamo has compiled so far, one JSON line a round in ``out``."""
 
     def __init__(self, out: Path) -> None:
         self.out = out
         self.marks: list[tuple[str, float]] = []
+        self.recorded = 0
+        Recordings.install()
 
     def _mark(self, label: str) -> None:
         if torch.cuda.is_available():
@@ -58,7 +82,16 @@ class StageTimes(Callback):
         times: dict[str, float] = {}
         for (label, t), (_, t_next) in zip(self.marks, self.marks[1:], strict=False):
             times[label] = times.get(label, 0.0) + t_next - t
-        line = {"round": round_idx, "round_s": metrics.get("time/round_s"), **times}
+        from torch._dynamo.utils import counters
+
+        line = {
+            "round": round_idx,
+            "round_s": metrics.get("time/round_s"),
+            **times,
+            "cuda_graphs_recorded": Recordings.count - self.recorded,
+            "frames": counters["stats"]["unique_graphs"],
+        }
+        self.recorded = Recordings.count
         with self.out.open("a") as f:
             f.write(
                 json.dumps({k: v if isinstance(v, int) else round(v, 4) for k, v in line.items()})

@@ -8,6 +8,8 @@ generation), to keep the suite fast. The numbers test runs inductor's real kerne
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -18,8 +20,9 @@ from torch._dynamo.utils import counters
 
 from fedlit.cli.fit import federation_of, resolve, run_federation
 from fedlit.data import ImageBatches, dataset_spec, load_split
-from fedlit.federation import compiled
+from fedlit.federation import compiled, trainers
 from fedlit.federation.callbacks import Callback, RunView
+from fedlit.federation.compiled import whole_step_compiled
 from fedlit.models import build_classifier
 from fedlit.objectives import FixMatch, FixMatchLoss, SupervisedCE
 
@@ -38,7 +41,44 @@ class Frames(Callback):
         self.after[round_idx] = counters["stats"]["unique_graphs"]
 
 
-def compiled_run(recipe: str, root: Path, run_dir: Path, clients: int, rounds: int) -> Frames:
+class StaticInputs:
+    """Wraps ``whole_step_compiled``: after every compiled fit, the tensors the step read as
+    static inputs (dynamo marks them: a module's parameters, buffers and tensor attributes),
+    by objective class and network, and every name whose tensor a later fit of the same
+    class and network replaced (a CUDA graph records a static input's memory: a new tensor
+    records the graphs anew)."""
+
+    def __init__(self) -> None:
+        self.last: dict[tuple[str, int], dict[str, torch.Tensor]] = {}
+        self.replaced: set[str] = set()
+        self.fits = 0
+
+    @contextmanager
+    def __call__(self, module: torch.nn.Module, mode: str | None) -> Iterator[None]:
+        with whole_step_compiled(module, mode):
+            yield
+        self.fits += 1
+        key = (type(module).__name__, id(module.network))
+        now = {
+            f"{type(module).__name__}{'.' if name else ''}{name}.{attr}": value
+            for name, sub in module.named_modules()
+            for attr, value in [*vars(sub).items(), *sub._parameters.items(), *sub._buffers.items()]
+            if isinstance(value, torch.Tensor)
+        }
+        for name, value in self.last.get(key, {}).items():
+            if now.get(name) is not value:
+                self.replaced.add(name)
+        self.last[key] = {n: v for n, v in now.items() if hasattr(v, "_dynamo_static_input_type")}
+
+
+def compiled_run(
+    recipe: str,
+    root: Path,
+    run_dir: Path,
+    clients: int,
+    rounds: int,
+    static: StaticInputs | None = None,
+) -> Frames:
     torch._dynamo.reset()
     counters.clear()
     frames = Frames()
@@ -52,7 +92,10 @@ def compiled_run(recipe: str, root: Path, run_dir: Path, clients: int, rounds: i
         "--federation.compile=default",
     ]
     federation = federation_of(resolve(args), progress=False, extra_callbacks=[frames])
-    run_federation(federation)
+    with pytest.MonkeyPatch.context() as patch:
+        if static is not None:
+            patch.setattr(trainers, "whole_step_compiled", static)
+        run_federation(federation)
     return frames
 
 
@@ -67,11 +110,16 @@ def test_whole_step_compiles_without_a_break_once_per_objective_and_network(
     (``federation.final_eval``: fine-tuning and a linear probe, each compiled once)."""
     monkeypatch.setattr(compiled, "BACKEND", "aot_eager")
     two = compiled_run(recipe, fmnist_root, tmp_path / "two", clients=2, rounds=1)
-    four = compiled_run(recipe, fmnist_root, tmp_path / "four", clients=4, rounds=3)
+    static = StaticInputs()
+    four = compiled_run(recipe, fmnist_root, tmp_path / "four", clients=4, rounds=3, static=static)
     assert not counters["graph_break"]
     assert four.after[1] >= (1 if recipe == "server_sl" else 2)  # the server's, the clients'
     assert four.after[2] == four.after[1]
     assert four.after[3] == two.after[1]  # the same run end, with twice the clients
+    # and the graphs' static inputs are the same tensors in every fit: a CUDA graph recorded
+    # once replays for every client and round (FedSEAL's sets and lambda: step_input's slots)
+    assert static.fits >= 3
+    assert not static.replaced
 
 
 def test_compiled_steps_equal_eager_ones_to_float32_rounding(fmnist_root: Path) -> None:
@@ -147,3 +195,32 @@ def test_fedmatch_refuses_a_compiled_step_before_any_work(
     with pytest.raises(ValueError, match=r"federation\.compile='default': FedMatch builds"):
         federation.prepare()
     assert not (tmp_path / "run").exists()
+
+
+def test_step_input_is_the_value_eager_and_one_slot_overwritten_in_place_compiled() -> None:
+    """Eager, ``step_input`` sets the value itself. Compiled (``step_slots`` given), every
+    objective of the worker gets the same slot, the value copied into it: a shorter value
+    fills the first rows (the step indexes no further), a longer one or another dtype takes a
+    new slot."""
+    torch.manual_seed(0)
+    network = build_classifier("small_cnn", 10, 1)
+    eager = SupervisedCE(network, lr=0.1)
+    value = torch.tensor([3, 1, 4])
+    eager.step_input("pseudo", value)
+    assert eager.pseudo is value
+
+    slots: dict[str, torch.Tensor] = {}
+    first, second = SupervisedCE(network, lr=0.1), SupervisedCE(network, lr=0.1)
+    first.step_slots = second.step_slots = slots
+    first.step_input("pseudo", torch.tensor([3, 1, 4]))
+    first.step_input("lam", torch.tensor(0.5))
+    second.step_input("pseudo", torch.tensor([2, 7]))
+    second.step_input("lam", torch.tensor(0.25))
+    assert second.pseudo is first.pseudo is slots["pseudo"]
+    assert second.pseudo.tolist() == [2, 7, 4]  # the first two rows are the new value's
+    assert second.lam is first.lam and second.lam.item() == 0.25
+    second.step_input("pseudo", torch.tensor([5, 6, 7, 8]))  # longer: a new slot
+    assert second.pseudo is slots["pseudo"] and second.pseudo is not first.pseudo
+    assert second.pseudo.tolist() == [5, 6, 7, 8]
+    second.step_input("lam", torch.tensor(1.0, dtype=torch.float64))  # another dtype
+    assert second.lam.dtype == torch.float64 and second.lam is not first.lam

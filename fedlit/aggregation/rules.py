@@ -122,10 +122,14 @@ def weight_diversity(starts: Sequence[State], finals: Sequence[State]) -> float:
         return float("nan")
     squares: torch.Tensor | None = None
     total: torch.Tensor | None = None
+    befores: dict[int, torch.Tensor] = {}  # a start state many clients share: cast once
     for start, final in zip(starts, finals, strict=True):
         # each state as one float64 vector (one cast of the concatenation, not one a key)
         after = torch.cat([final[k].flatten() for k in keys]).double()
-        before = torch.cat([start[k].flatten() for k in keys]).to(after.device, torch.float64)
+        before = befores.get(id(start))
+        if before is None or before.device != after.device:
+            before = torch.cat([start[k].flatten() for k in keys]).to(after.device, torch.float64)
+            befores[id(start)] = before
         delta = after - before
         square = delta.pow(2).sum()
         squares = square if squares is None else squares + square.to(squares.device)

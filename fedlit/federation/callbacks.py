@@ -211,7 +211,8 @@ class WeightDiversity(Callback):
         updates: Sequence[ClientUpdate],
         metrics: dict[str, float],
     ) -> None:
-        start: list[dict[str, Tensor]] = [flatten_payload(p) for p in received]
+        flat: dict[int, dict[str, Tensor]] = {}  # one payload sent to many clients: one state
+        start = [flat.setdefault(id(p), flatten_payload(p)) for p in received]
         metrics["diag/weight_diversity"] = weight_diversity(
             start, [flatten_payload(u.upload) for u in updates]
         )

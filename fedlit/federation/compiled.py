@@ -12,8 +12,12 @@ over all parameters). ``reduce-overhead`` replays the forward and the backward a
 
 One compiled function serves each (objective class, network) pair of a process: a worker's
 persistent networks (one per role) mean one compilation per worker and batch shape, never one
-per client or round; a round's changing numbers (a loss weight, a client's pseudo-labels) are
-tensors, inputs of the graph.
+per client or round. A round's changing numbers (a loss weight, a client's pseudo-labels) are
+tensors that the step reads from slots kept for the worker
+(:meth:`~fedlit.objectives.Objective.step_input`), overwritten in place every fit: torch.compile
+takes a module's tensors as static inputs, whose memory a CUDA graph records, so a new tensor
+every fit would record the graphs anew (a recording costs tens of milliseconds, and each one
+stays in the graph tree's memory).
 """
 
 from __future__ import annotations
@@ -37,6 +41,12 @@ BACKEND = "inductor"
 
 #: Each network's compiled steps by (objective class, mode, backend), kept while it lives.
 _STEPS: weakref.WeakKeyDictionary[nn.Module, dict[tuple[type, str, str], Callable[..., Step]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+#: Each network's step inputs (:meth:`~fedlit.objectives.Objective.step_input`) by objective
+#: class: the same tensors, overwritten in place, for every fit of a worker.
+_SLOTS: weakref.WeakKeyDictionary[nn.Module, dict[type, dict[str, torch.Tensor]]] = (
     weakref.WeakKeyDictionary()
 )
 
@@ -90,10 +100,11 @@ def whole_step_compiled(module: nn.Module, mode: str | None) -> Iterator[None]:
         return
     assert isinstance(module, Objective)
     module.compiled_step, module.views_in_step = compiled_step(module, mode), True
+    module.step_slots = _SLOTS.setdefault(module.network, {}).setdefault(type(module), {})
     try:
         yield
     finally:
-        module.compiled_step, module.views_in_step = None, False
+        module.compiled_step, module.views_in_step, module.step_slots = None, False, None
 
 
 @contextmanager

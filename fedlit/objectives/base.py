@@ -128,6 +128,43 @@ class Objective(AugmentsOnDevice, LightningModule):
         #: The compiled whole step, ``(objective, drawn batch) -> Step``, where the fit runs
         #: compiled (:mod:`fedlit.federation.compiled`); None: :meth:`step`, eager.
         self.compiled_step: Callable[[Objective, Any], Step] | None = None
+        #: Where a compiled fit keeps the tensors :meth:`step_input` sets, one slot a name,
+        #: the same for every fit of the worker's objective class and network (set by
+        #: :func:`~fedlit.federation.compiled.whole_step_compiled`); None: eager.
+        self.step_slots: dict[str, Tensor] | None = None
+
+    def step_input(self, name: str, value: Tensor) -> None:
+        """Sets ``self.<name>`` to ``value`` on the objective's device: a tensor that
+        :meth:`step` reads and that changes between fits (a round's loss weight, a client's
+        pseudo-labels).
+
+        Eager, it is ``value`` itself. Compiled, it is a slot kept for every fit of the worker
+        (:attr:`step_slots`), ``value`` copied into it: a compiled step reads an nn.Module's
+        tensor attributes as static inputs, whose memory a CUDA graph records
+        (``reduce-overhead``), so a new tensor every fit would record the graphs anew every
+        fit. A slot keeps its shape: ``value`` (N, ...) fills its first N rows where the slot
+        has as many or more (rows past N are a longer earlier value's: the step indexes the
+        first N alone), and a longer ``value`` takes a new slot (one more recording)."""
+        value = value.to(self.device)
+        if self.step_slots is not None:
+            slot = self.step_slots.get(name)
+            fits = (
+                slot is not None
+                and slot.dtype == value.dtype
+                and slot.device == value.device
+                and (
+                    slot.shape == value.shape
+                    if value.dim() == 0
+                    else slot.shape[1:] == value.shape[1:] and len(slot) >= len(value)
+                )
+            )
+            if fits:
+                assert slot is not None
+                (slot if value.dim() == 0 else slot[: len(value)]).copy_(value)
+            else:
+                slot = self.step_slots[name] = value.clone()
+            value = slot
+        setattr(self, name, value)
 
     def step(self, batch: Any) -> Step:
         """One training step on a batch of views: its loss and what it logs. Tensor work alone:

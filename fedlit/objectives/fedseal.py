@@ -195,14 +195,15 @@ class FedSEALClient(Objective):
     ) -> None:
         super().__init__(network, lr, **kw)
         self.thresholds, self.lam, self.loss = thresholds, lam, loss
-        # lambda as a tensor (on the training device once training starts): a compiled step
-        # reads it as an input, so a new lambda each round neither recompiles the step nor
-        # re-records its CUDA graph
+        # lambda as a tensor the step reads (Objective.step_input): a new lambda each round
+        # neither recompiles a compiled step nor re-records its CUDA graphs
         self.lam_tensor = torch.tensor(lam, dtype=torch.float32)
         self.previous = ensemble
         self.images: Iterable[tuple[Tensor, ...]] | None = None
         self.hidden_labels: Tensor | None = None
         self.ensemble: tuple[Tensor, int] | None = None
+        # the client's sets over its examples, set as training starts (step_input)
+        self.pseudo = self.positive = self.complementary = torch.empty(0, dtype=torch.long)
 
     def attach(
         self, images: Iterable[tuple[Tensor, ...]], hidden_labels: Tensor | None = None
@@ -226,10 +227,10 @@ class FedSEALClient(Objective):
         pseudo, positive, complementary = positive_negative_sets(
             pbar, self.thresholds, self.loss.theta, self.loss.negative_learning
         )
-        self.pseudo = pseudo.to(self.device)
-        self.positive = positive.to(self.device)
-        self.complementary = complementary.to(self.device)
-        self.lam_tensor = self.lam_tensor.to(self.device)
+        self.step_input("pseudo", pseudo)
+        self.step_input("positive", positive)
+        self.step_input("complementary", complementary)
+        self.step_input("lam_tensor", self.lam_tensor)
         self._log_sets(pseudo, positive, complementary)
 
     def _log_sets(self, pseudo: Tensor, positive: Tensor, complementary: Tensor) -> None:

@@ -38,14 +38,13 @@ class FedSupClient(Objective):
         deactivate_requires_grad(target)
         self.target = target
         self.mse_weight = mse_weight
-        # the round's weight as a tensor (on the training device once the fit starts): a
-        # compiled step reads it as an input, so a new weight each round neither recompiles
-        # the step nor re-records its graph
+        # the round's weight as a tensor the step reads (Objective.step_input): a new weight
+        # each round neither recompiles a compiled step nor re-records its CUDA graphs
         self.mse_weight_tensor = torch.tensor(mse_weight)
         self.criterion = NegativeCosineSimilarity()
 
     def on_fit_start(self) -> None:
-        self.mse_weight_tensor = self.mse_weight_tensor.to(self.device)
+        self.step_input("mse_weight_tensor", self.mse_weight_tensor)
 
     def on_train_epoch_start(self) -> None:
         self.target.eval()
