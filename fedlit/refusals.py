@@ -78,15 +78,6 @@ def fedlit_error(err: BaseException | None) -> ValueError | None:
     return found[0] if found else None
 
 
-def flat_keys(config: Any, prefix: str = "") -> Iterator[str]:
-    """The dotted keys of a nested config (a dict), groups included."""
-    if isinstance(config, dict):
-        for key, value in config.items():
-            name = f"{prefix}.{key}" if prefix else str(key)
-            yield name
-            yield from flat_keys(value, name)
-
-
 def with_full_key(sentence: str, keys: Iterable[str]) -> str:
     """``sentence`` with its leading key (``tau``, ``optim.momentum``, ``model.beta``) written
     in full as the config has it (``model.init_args.loss.tau``), where exactly one key fits."""

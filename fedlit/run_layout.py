@@ -13,7 +13,7 @@ import errno
 import os
 import stat
 from pathlib import Path, PurePath
-from typing import Literal
+from typing import Any, Literal
 
 METRICS_FILE = "metrics.csv"  # one row per round
 CONFIG_FILE = "config.yaml"  # the run's full config (config.resumeN.yaml for each resume)
@@ -25,6 +25,30 @@ LOCK_FILE = ".lock"  # flock-ed by the process writing the run; holds its pid
 RUN_MARKERS = (METRICS_FILE, "checkpoints", CONFIG_FILE)
 #: What a run writes besides its markers (removed with a dead run; other files are kept).
 RUN_FILES = (RUN_FILE, HPARAMS_FILE, "partition.png")
+
+
+def flat_config(config: Any, groups: bool = False) -> dict[str, Any]:
+    """A nested config as one level of dotted keys (``{"a": {"b": 1}}`` -> ``{"a.b": 1}``),
+    the form of ``hparams.yaml``: a leaf YAML writes as a scalar (None, a bool, a number, a
+    string) stays as it is, any other (a list, an object) becomes its ``str``. With
+    ``groups``, every group's key too (its value, the group's mapping), as error messages
+    that name a group need."""
+    flat: dict[str, Any] = {}
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, dict):
+            if groups and prefix:
+                flat[prefix] = value
+            for key, item in value.items():
+                walk(f"{prefix}.{key}" if prefix else str(key), item)
+        elif value is None or isinstance(value, (bool, int, float, str)):
+            flat[prefix] = value
+        else:
+            flat[prefix] = str(value)
+
+    walk("", config)
+    return flat
+
 
 #: The largest seed (``seed_everything``, a comparison's ``seeds``): numpy's seeds are 32-bit.
 MAX_SEED = 2**32 - 1

@@ -34,12 +34,8 @@ from fedlit.federation.pool import available_cores
 from fedlit.federation.rundir import free_config_name
 from fedlit.federation.trainers import stop_on_sigterm
 from fedlit.methods import FederatedMethod
-from fedlit.refusals import (
-    OneLineLightningParser,
-    flat_keys,
-    one_line,
-)
-from fedlit.run_layout import MAX_SEED, write_path_error
+from fedlit.refusals import OneLineLightningParser, one_line
+from fedlit.run_layout import MAX_SEED, flat_config, write_path_error
 
 #: The exit status of a run stopped by Ctrl-C (SIGINT), as shells report it: 128 + 2.
 INTERRUPTED = 130
@@ -227,7 +223,7 @@ class FedlitCLI(LightningCLI):
         try:
             super().instantiate_classes()
         except ValueError as err:
-            self.parser.error(one_line(str(err), err, flat_keys(config.as_dict())))
+            self.parser.error(one_line(str(err), err, flat_config(config.as_dict(), groups=True)))
         contradiction = linked_contradiction(given, self.datamodule)
         if contradiction:
             self.parser.error(contradiction)
@@ -237,19 +233,10 @@ class FedlitCLI(LightningCLI):
         return template(self._get(self.config_init, "trainer"))
 
     # --- helpers -------------------------------------------------------------------------------
-    def _flat_config(self) -> dict[str, Any]:
-        flat: dict[str, Any] = {}
-
-        def walk(prefix: str, value: Any) -> None:
-            if isinstance(value, dict):
-                for k, v in value.items():
-                    walk(f"{prefix}.{k}" if prefix else str(k), v)
-            elif value is None or isinstance(value, (bool, int, float, str)):
-                flat[prefix] = value
-            else:
-                flat[prefix] = str(value)
-
-        walk("", self.config[self.subcommand].clone().as_dict())
+    def flat_config(self) -> dict[str, Any]:
+        """The subcommand's config as ``hparams.yaml`` holds it (dotted keys), without the
+        ``--config`` files' names."""
+        flat = flat_config(self.config[self.subcommand].clone().as_dict())
         flat.pop("config", None)
         return flat
 
@@ -261,7 +248,19 @@ class FedlitCLI(LightningCLI):
         ckpt_path: str | None = None,
         **_: Any,
     ) -> None:
-        run_test(self, model, datamodule, ckpt_path)
+        if not ckpt_path:
+            self.parser.error("test: --ckpt_path <run>/checkpoints/last.ckpt is required")
+        try:
+            run_test(
+                model,
+                datamodule,
+                ckpt_path,
+                self.flat_config(),
+                int(self.config[self.subcommand].seed_everything),
+                self.trainer,
+            )
+        except ValueError as err:
+            self.parser.error(str(err))
 
     def fit(self, model: FederatedMethod, datamodule: FederatedDataModule, **_: Any) -> None:
         with stop_on_sigterm():  # from the checks on, a SIGTERM exits with 143 cleanly
@@ -278,7 +277,7 @@ class FedlitCLI(LightningCLI):
             seed=int(config.seed_everything),
             trainer=self.trainer,
             loggers=loggers(init.trainer.logger, run_dir),
-            hparams=self._flat_config(),
+            hparams=self.flat_config(),
         )
         try:
             federation.prepare()

@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 from fedlit.cli.common import json_line
 from fedlit.data.datamodule import FederatedDataModule
 from fedlit.evaluation import Evaluator, scored
 from fedlit.federation import load_checkpoint
 from fedlit.federation.checks import loading_data
+from fedlit.federation.trainers import TrainerTemplate
 from fedlit.methods import FederatedMethod
-
-if TYPE_CHECKING:
-    from fedlit.cli.fit import FedlitCLI
-
 
 #: Data settings that change neither the split ``fedlit test`` re-draws nor the scoring.
 SPLIT_FREE = ("data.root", "data.download", "data.batch_size", "data.client_batch_size")
@@ -26,36 +23,36 @@ TEST_HELP = (
 
 
 def run_test(
-    cli: FedlitCLI,
     model: FederatedMethod,
     datamodule: FederatedDataModule,
-    ckpt_path: str | None = None,
+    ckpt_path: str,
+    config: dict[str, Any],
+    seed: int,
+    trainer: TrainerTemplate,
 ) -> None:
-    """``fedlit test``: the checkpoint's model, scored on the run's own split's test set."""
-    if not ckpt_path:
-        cli.parser.error("test: --ckpt_path <run>/checkpoints/last.ckpt is required")
+    """``fedlit test``: the checkpoint's model, scored on the run's own split's test set,
+    printed as one JSON line. ``config`` is the command's flat config, which must draw the
+    run's split, ``seed`` its ``seed_everything``, ``trainer`` the Trainers' settings. A
+    ValueError says what is wrong."""
     try:
         ckpt = load_checkpoint(ckpt_path)
         model.load_state_dict(ckpt["method_state"])
     except (ValueError, RuntimeError) as err:
-        cli.parser.error(f"ckpt_path: {err}")
+        raise ValueError(f"ckpt_path: {err}") from err
     # the run's own split (its seed): the scored network's BatchNorm statistics are
     # re-estimated on the server's clean images, as every round's test/acc is
-    saved, flat = ckpt.get("hparams") or {}, cli._flat_config()
+    saved = ckpt.get("hparams") or {}
     for key in sorted(k for k in saved if k == "seed_everything" or k.startswith("data.")):
-        if key not in SPLIT_FREE and key in flat and flat[key] != saved[key]:
-            cli.parser.error(
-                f"test: {key}={flat[key]!r}, the run had {saved[key]!r}; the scored model's "
+        if key not in SPLIT_FREE and key in config and config[key] != saved[key]:
+            raise ValueError(
+                f"test: {key}={config[key]!r}, the run had {saved[key]!r}; the scored model's "
                 "statistics come from the run's own server split: give the run's config "
                 "(--config <run>/config.yaml)"
             )
-    try:
-        with loading_data(datamodule):
-            datamodule.setup_federation(int(cli.config[cli.subcommand].seed_everything))
-    except ValueError as err:
-        cli.parser.error(str(err))
-    network = scored(model.eval_network(), datamodule, cli.trainer.device())
+    with loading_data(datamodule):
+        datamodule.setup_federation(seed)
+    network = scored(model.eval_network(), datamodule, trainer.device())
     evaluator = Evaluator(network, datamodule.num_classes)
-    cli.trainer.test(evaluator, datamodule.test_dataloader())
+    trainer.test(evaluator, datamodule.test_dataloader())
     result = {"ckpt_path": str(ckpt_path), "round": ckpt["round"], **evaluator.metrics()}
     print(json_line(result))

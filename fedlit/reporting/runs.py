@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from fedlit.run_layout import CONFIG_FILE, HPARAMS_FILE, METRICS_FILE, RUN_FILE
+from fedlit.run_layout import CONFIG_FILE, HPARAMS_FILE, METRICS_FILE, RUN_FILE, flat_config
 
 DEFAULT_SETTING = "default"
 
@@ -99,17 +99,7 @@ def read_run_json(path: Path) -> dict[str, Any]:
     return data
 
 
-def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
-    """A nested mapping as one level of dotted keys (``{"a": {"b": 1}}`` -> ``{"a.b": 1}``)."""
-    if not isinstance(value, dict):
-        return {prefix: value}
-    flat: dict[str, Any] = {}
-    for key, item in value.items():
-        flat |= flatten(item, f"{prefix}.{key}" if prefix else str(key))
-    return flat
-
-
-def _flat_config(run_dir: Path, config: dict[str, Any]) -> dict[str, Any]:
+def _recorded_config(run_dir: Path, config: dict[str, Any]) -> dict[str, Any]:
     """The run's flat config: ``hparams.yaml`` (what its loggers received), else ``config``
     flattened."""
     path = run_dir / HPARAMS_FILE
@@ -120,7 +110,7 @@ def _flat_config(run_dir: Path, config: dict[str, Any]) -> dict[str, Any]:
             raise ValueError(f"{path}: unreadable YAML ({err})") from err
         if isinstance(data, dict):
             return {str(k): v for k, v in data.items()}
-    return flatten(config)
+    return flat_config(config)
 
 
 def _parse_row(path: Path, line: int, row: dict[str | None, Any]) -> dict[str, float]:
@@ -217,7 +207,7 @@ def load_run(run_dir: str | Path) -> RunRecord:
         history=history,
         summary=summary,
         marks=tuple(str(m) for m in meta.get("marks", ())),
-        config=_flat_config(run_dir, config),
+        config=_recorded_config(run_dir, config),
         init_from=dict(meta.get("init_from") or {}),
     )
 
