@@ -41,6 +41,7 @@ from fedlit.methods import (
     FedSwitch,
     ServerSL,
 )
+from fedlit.methods.base import marks
 from fedlit.objectives import FixMatchLoss, Objective
 
 
@@ -197,12 +198,12 @@ def test_oracle_is_marked_and_uses_labels(
     fmnist_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert FedAvgSL.oracle and not FedAvgFixMatch.oracle and not ServerSL.oracle
-    assert FedAvgSL.marks() == ("oracle",) and FedAvgFixMatch.marks() == ()
+    assert marks(FedAvgSL) == ("oracle",) and marks(FedAvgFixMatch) == ()
 
     class Sharing(FedAvgFixMatch):
         private = False
 
-    assert Sharing.marks() == ("not private",)
+    assert marks(Sharing) == ("not private",)
     fed = _federation(fmnist_root, tmp_path / "run", FedAvgSL, rounds=1)
     fed.prepare()
     _, y = next(iter(fed.method.client_side().loader(fed.data.client_data(0))))

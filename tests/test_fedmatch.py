@@ -15,6 +15,7 @@ from fedlit.data import ClientData, FederatedDataModule, ImageSplit
 from fedlit.data.datasets import SPECS
 from fedlit.federation import Federation, FederationConfig
 from fedlit.methods import ClientUpdate, FedMatch
+from fedlit.methods.base import marks
 from fedlit.methods.fedmatch import (
     PSI,
     SIGMA,
@@ -300,7 +301,7 @@ def test_each_client_receives_the_models_nearest_to_its_own() -> None:
 
 def test_fedmatch_is_marked_not_private() -> None:
     assert FedMatch.private is False
-    assert FedMatch.marks() == ("not private",)
+    assert marks(FedMatch) == ("not private",)
 
 
 # --- real data ----------------------------------------------------------------------------

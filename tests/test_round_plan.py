@@ -169,8 +169,9 @@ class Recording(FedAvgFixMatch):
         self.calls.append(f"aggregate {[u.client_id for u in updates]}")
         return super().aggregate(updates)
 
-    def end_round(self) -> None:
+    def end_round(self) -> dict[str, float]:
         self.calls.append("end")
+        return {}
 
 
 class RecordingClient(ObjectiveClientSide):

@@ -401,7 +401,7 @@ def write_failure(err: OSError) -> str | None:
 
 def interrupted(federation: Federation, config: Path) -> str:
     """What a run stopped by Ctrl-C kept, and the command that continues it."""
-    done, ckpt = federation.checkpointed_round, federation.checkpoint_path
+    done, ckpt = federation.checkpointer.round, federation.checkpoint_path
     head = f"fedlit fit: interrupted in round {done + 1} of {federation.config.rounds}"
     if done == 0 or not ckpt.is_file():
         return (

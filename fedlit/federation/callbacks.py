@@ -30,7 +30,7 @@ from fedlit.federation.faults import ROUND_FAILED, ClientFault
 from fedlit.federation.loggers import RoundCSVLogger
 from fedlit.federation.resume import Checkpointer
 from fedlit.federation.warmstart import WarmStart
-from fedlit.methods.base import FederatedMethod
+from fedlit.methods.base import FederatedMethod, marks
 from fedlit.methods.client_side import ClientUpdate
 from fedlit.run_layout import RUN_FILE
 
@@ -193,7 +193,7 @@ class RunFile(Callback):
         info.setdefault("method", type(run.method).__name__)
         info.setdefault("seed", run.seed)
         info["rounds"] = run.config.rounds
-        info["marks"] = list(run.method.marks())
+        info["marks"] = list(marks(type(run.method)))
         if run.source is not None:
             info["init_from"] = run.source.info()
         path.write_text(json.dumps(info))

@@ -1,7 +1,7 @@
 """The federation driver: a run's set-up (checks, data, a resume, a fresh or a warm start) and
-the run (bootstrap, rounds, final encoder evaluation) between its callbacks. Its parts: the run
-directory (:mod:`~fedlit.federation.rundir`), the checkpoint (:mod:`~fedlit.federation.resume`),
-the server (:mod:`~fedlit.federation.server`), the round (:mod:`~fedlit.federation.rounds`)."""
+the run (bootstrap, rounds, final encoder evaluation) between its callbacks, over its parts:
+:mod:`~fedlit.federation.rundir`, :mod:`~fedlit.federation.resume`,
+:mod:`~fedlit.federation.server`, :mod:`~fedlit.federation.rounds`."""
 
 from __future__ import annotations
 
@@ -22,11 +22,10 @@ from fedlit.federation.faults import RoundFailed
 from fedlit.federation.resume import Checkpointer, check_may_change, load_resume
 from fedlit.federation.rounds import RoundContext, run_round
 from fedlit.federation.rundir import RunDirectory
-from fedlit.federation.seeding import INIT, derive_seed, seed_all
 from fedlit.federation.server import Server
 from fedlit.federation.store import CLIENT_DIR, ClientStateStore
 from fedlit.federation.trainers import TrainerTemplate, stop_on_sigterm
-from fedlit.federation.warmstart import WarmStart, load_warm_start
+from fedlit.federation.warmstart import WarmStart, load_warm_start, start_afresh
 from fedlit.methods.base import FederatedMethod
 
 #: The prefix of a warm-started run's evaluation before round 1, in row 0: the source's scored
@@ -64,10 +63,9 @@ class Federation:
         )
         self.visits: dict[int, int] = {}  # client id -> rounds it has been selected in
         self.history: list[dict[str, float]] = []
-        self.start_round = 1
+        self.start_round, self._prepared = 1, False
         #: the warm start's source (``federation.init_from``) of a run that starts afresh
         self.source: WarmStart | None = None
-        self._prepared = False
         self._executor: ClientExecutor | None = None
         self.callbacks = Callbacks([*default_callbacks(self.loggers), *self.extra_callbacks], self)
 
@@ -75,17 +73,10 @@ class Federation:
     def checkpoint_path(self) -> Path:
         return self.directory.checkpoint_path
 
-    @property
-    def checkpointed_round(self) -> int:
-        """The round of the run's last checkpoint (0: none yet)."""
-        return self.checkpointer.round
-
     # --- checks and set-up ---------------------------------------------------------------
     def prepare(self) -> None:
         """Validate everything and load the data; raises ValueError naming the offending key.
-
-        Nothing is written; a run directory another process is writing is refused first.
-        """
+        Nothing is written; a run directory another process is writing is refused first."""
         self.directory.reserve()
         try:
             self._prepare(self.config)
@@ -106,16 +97,12 @@ class Federation:
         with loading_data(self.data):
             self.data.setup_federation(self.seed)
         self.method.validate_data(self.data)
-        self.method.on_data_ready(self.data)
         if ckpt is not None:
             self.checkpointer.restore(ckpt, cfg)
             self.visits, self.history = dict(ckpt.visits), list(ckpt.history)
             self.start_round = ckpt.round + 1
-        else:  # the initial global network comes from the run's seed too
-            seed_all(derive_seed(self.seed, 0, INIT))
-            self.method.initialize()
-            if self.source is not None:
-                self.method.warm_start(self.source.network, self.data)
+        else:
+            start_afresh(self.method, self.data, self.seed, self.source)
         self.runner = ClientRunner(
             client=self.method.client_side(),
             data=self.data,
@@ -128,10 +115,12 @@ class Federation:
         self.server = Server(
             self.method, self.data, cfg, self.trainer, self.seed, self.checkpoint_path
         )
+        self.round_context = RoundContext(
+            self.method, cfg, self.data, self.store, self.visits, self.seed,
+            self.callbacks, self.server, start_executor=lambda: self.executor,
+        )  # fmt: skip
         if cfg.executor == "ray" and self.method.round_plan().uses_clients:
-            # connected (or started) and checked against the cluster's resources now, before
-            # anything is written; a refusal names the key (federation.ray.*)
-            self._executor = self.executor
+            self._executor = self.executor  # Ray checked now, before anything is written
         self.data.save_statistics()  # beside the user's files, once every check has passed
         self._prepared = True
 
@@ -196,11 +185,7 @@ class Federation:
 
     def run_round(self, round_idx: int) -> dict[str, float]:
         """Round ``round_idx`` (:func:`fedlit.federation.rounds.run_round`); its metrics."""
-        context = RoundContext(
-            self.method, self.config, self.data, self.store, self.visits, self.seed,
-            self.callbacks, self.server, start_executor=lambda: self.executor,
-        )  # fmt: skip
-        return run_round(context, round_idx)
+        return run_round(self.round_context, round_idx)
 
     def run_and_record_round(self, round_idx: int) -> dict[str, float]:
         """Round ``round_idx``, after the last one the final encoder evaluation

@@ -77,9 +77,9 @@ def run_round(ctx: RoundContext, round_idx: int) -> dict[str, float]:
     ctx.store.begin_round(round_idx)
     for step in method.round_plan().steps:
         STEPS[step](ctx, round_idx, work)
-    method.end_round()
+    ended = method.end_round() or {}  # (None from a method written before it returned)
     ctx.server.check_finite(round_idx, "the end of the round (end_round)")
-    metrics = work.metrics
+    metrics = work.metrics | ended
     if round_idx % cfg.eval_every == 0 or round_idx == cfg.rounds:
         ctx.callbacks.stage(round_idx, "evaluation")
         metrics |= ctx.server.evaluate()
@@ -158,8 +158,7 @@ def _receive(ctx: RoundContext, round_idx: int, work: RoundWork) -> None:
 
 def _aggregate(ctx: RoundContext, round_idx: int, work: RoundWork) -> None:
     """:attr:`Step.AGGREGATE`: stop the run if too few clients survived, let the callbacks
-    observe the updates, aggregate them; the clients' metrics averaged (``client/*``) and the
-    method's own (``round_metrics``)."""
+    observe the updates, aggregate them; the clients' metrics averaged (``client/*``)."""
     method, metrics = ctx.method, work.metrics
     updates = [update for _, update in work.kept]
     ctx.server.check_survivors(round_idx, len(work.sampled), updates, work.faults)
@@ -168,7 +167,6 @@ def _aggregate(ctx: RoundContext, round_idx: int, work: RoundWork) -> None:
     method.aggregate(updates)
     ctx.server.check_finite(round_idx, "aggregation")
     metrics |= mean_metrics("client", [u.metrics for u in updates])
-    metrics |= method.round_metrics()
 
 
 def _finetune(ctx: RoundContext, round_idx: int, work: RoundWork) -> None:

@@ -16,6 +16,7 @@ from fedlit.federation.seeding import CENTRAL, EVAL, FINETUNE, SERVER, derive_se
 from fedlit.federation.trainers import TrainerTemplate
 from fedlit.methods.base import FederatedMethod
 from fedlit.methods.client_side import ClientUpdate
+from fedlit.methods.plan import CentralTraining
 
 
 def client_steps_per_round(config: FederationConfig, data: FederatedDataModule) -> int:
@@ -67,10 +68,16 @@ class Server:
         ``central_objective`` on ``central_loader`` (every client's images at the server) for
         :func:`client_steps_per_round` steps, on a seed of its own; logged as ``central/*``
         with ``central/steps``."""
-        objective = self.method.central_objective()
+        method = self.method
+        if not isinstance(method, CentralTraining):
+            raise TypeError(
+                f"{type(method).__name__}'s plan has a centralized step, and it defines no "
+                "central_objective and central_loader (fedlit.methods.plan.CentralTraining)"
+            )
+        objective = method.central_objective()
         steps = client_steps_per_round(self.config, self.data)
         seed_all(derive_seed(self.seed, round_idx, CENTRAL))
-        self.trainer.fit(objective, self.method.central_loader(self.data), 1, max_steps=steps)
+        self.trainer.fit(objective, method.central_loader(self.data), 1, max_steps=steps)
         self.check_finite(round_idx, "the centralized step")
         metrics = {f"central/{k}": v for k, v in objective.epoch_metrics().items()}
         return metrics | {"central/steps": float(steps)}

@@ -20,8 +20,10 @@ import torch
 
 import fedlit.methods  # noqa: F401  (every built-in method class, for the source's lookup)
 from fedlit.aggregation.payloads import StateDict
+from fedlit.data.datamodule import FederatedDataModule
 from fedlit.federation.checkpoint import RunCheckpoint
 from fedlit.federation.rundir import RunLock
+from fedlit.federation.seeding import INIT, derive_seed, seed_all
 from fedlit.methods.base import FederatedMethod
 from fedlit.methods.client_side import Architecture
 from fedlit.models import Classifier
@@ -159,6 +161,24 @@ def _check_fits(state: StateDict, template: Classifier, method: FederatedMethod)
         raise ValueError(f"{KEY}: the source's network does not fit this run's: it has {what}")
 
 
+def check_warm_start(method: FederatedMethod) -> None:
+    """Raise ValueError, naming ``federation.init_from``, if ``method`` cannot start from
+    another run's network (called before any work): one that holds networks besides
+    ``network`` (a teacher, a target) and does not say how a warm start seeds them (its own
+    :meth:`~fedlit.methods.FederatedMethod.warm_start`)."""
+    others = [
+        name
+        for name, child in method.named_children()
+        if name != "network" and any(True for _ in child.parameters())
+    ]
+    if others and type(method).warm_start is FederatedMethod.warm_start:
+        raise ValueError(
+            f"{KEY}: {type(method).__name__} holds networks besides its global network "
+            f"({', '.join(others)}) and does not say how a warm start seeds them "
+            "(FederatedMethod.warm_start); it cannot start from another run"
+        )
+
+
 def load_warm_start(init_from: str | Path, method: FederatedMethod) -> WarmStart:
     """Read the source run ``init_from`` names and check that ``method`` can start from it;
     ValueError naming ``federation.init_from`` otherwise. Nothing is changed."""
@@ -174,7 +194,7 @@ def load_warm_start(init_from: str | Path, method: FederatedMethod) -> WarmStart
             f"{KEY}: the source's method {name!r} is not a method this process knows "
             "(import its module, or give a run of a built-in method)"
         )
-    method.check_warm_start()
+    check_warm_start(method)
     template = template_network(method)
     saved = ckpt.hparams or {}
     for key, mine in (
@@ -201,3 +221,15 @@ def load_warm_start(init_from: str | Path, method: FederatedMethod) -> WarmStart
         sha256=weights_sha256(state),
         test_acc=float(accs[-1]) if accs else None,
     )
+
+
+def start_afresh(
+    method: FederatedMethod, data: FederatedDataModule, seed: int, source: WarmStart | None
+) -> None:
+    """A run's start without a checkpoint: the initial global network drawn from the run's
+    seed, then, for a warm start, ``source``'s network in its place (the method says how:
+    :meth:`~fedlit.methods.FederatedMethod.warm_start`, with the run's data)."""
+    seed_all(derive_seed(seed, 0, INIT))
+    method.initialize()
+    if source is not None:
+        method.warm_start(source.network, data)

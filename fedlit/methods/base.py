@@ -53,6 +53,16 @@ def seed_classifier(network: Classifier, state: StateDict) -> None:
         raise ValueError(f"the warm start has no {left[0]!r}")
 
 
+def marks(method: type[FederatedMethod]) -> tuple[str, ...]:
+    """What results tables write beside a method's name (``run.json``'s ``marks``), from its
+    class's flags: ``oracle``, ``centralized``, ``not private``."""
+    return (
+        ("oracle",) * method.oracle
+        + ("centralized",) * method.centralized
+        + ("not private",) * (not method.private)
+    )
+
+
 class FederatedMethod(LightningModule):
     """Base of all methods: the global network, its evaluation, and default FedAvg rules.
 
@@ -92,8 +102,6 @@ class FederatedMethod(LightningModule):
     private: ClassVar[bool] = True
     #: The method can run with the labels at the clients (``data.labels_at: client``).
     supports_labels_at_client: ClassVar[bool] = False
-    #: ``backbone`` as given (a name, or a module each build copies).
-    backbone_source: str | nn.Module
     #: Every client's images are trained on at the server, without federation: a reference
     #: for what semi-supervised learning gives at the budget, not a federated method
     #: (announced and marked as the oracle is).
@@ -115,6 +123,7 @@ class FederatedMethod(LightningModule):
         # a module given as the backbone is a template each build copies: kept out of the
         # method's submodules, so that it is in no state dict and no device move
         object.__setattr__(self, "backbone_source", backbone)
+        self.backbone_source: str | nn.Module  # ``backbone`` as given
         self.backbone_name, self.norm = describe(backbone), norm
         self.backbone_weights = backbone_weights
         self.optim = optim
@@ -134,15 +143,6 @@ class FederatedMethod(LightningModule):
         (:class:`~fedlit.methods.plan.RoundPlan`): by default the server trains, broadcasts,
         and aggregates the clients' uploads (:data:`~fedlit.methods.plan.SERVER_FIRST`)."""
         return SERVER_FIRST
-
-    @classmethod
-    def marks(cls) -> tuple[str, ...]:
-        """What results tables write beside the method's name (``run.json``'s ``marks``)."""
-        return (
-            ("oracle",) * cls.oracle
-            + ("centralized",) * cls.centralized
-            + ("not private",) * (not cls.private)
-        )
 
     # --- the network ---------------------------------------------------------------------
     def architecture(self) -> Architecture:
@@ -177,23 +177,6 @@ class FederatedMethod(LightningModule):
         network's (``network.*``)."""
         return classifier_part(method_state, "network.", template)
 
-    def check_warm_start(self) -> None:
-        """Raise ValueError, naming ``federation.init_from``, if this method cannot start from
-        another run's network (called before any work). By default a method that holds
-        networks besides ``network`` (a teacher, a target) and does not say how a warm start
-        seeds them (its own :meth:`warm_start`) is refused."""
-        others = [
-            name
-            for name, child in self.named_children()
-            if name != "network" and any(True for _ in child.parameters())
-        ]
-        if others and type(self).warm_start is FederatedMethod.warm_start:
-            raise ValueError(
-                f"federation.init_from: {type(self).__name__} holds networks besides its "
-                f"global network ({', '.join(others)}) and does not say how a warm start "
-                "seeds them (FederatedMethod.warm_start); it cannot start from another run"
-            )
-
     def warm_start(self, network: StateDict, data: FederatedDataModule) -> None:
         """Seed every network the method holds from ``network``, another run's scored network
         (a Classifier's state of this method's architecture, checked), after
@@ -226,16 +209,6 @@ class FederatedMethod(LightningModule):
         """The server step's loader (FedCon with unlabeled images at the server: a labeled
         and an unlabeled batch together)."""
         return data.server_dataloader(("weak",))
-
-    def central_objective(self) -> Objective:
-        """The objective of the plan's centralized step
-        (:attr:`~fedlit.methods.plan.Step.CENTRAL`), training ``self.network`` in place: only
-        a method whose plan has that step (the centralized reference) defines it."""
-        raise NotImplementedError(f"{type(self).__name__}'s plan has no centralized step")
-
-    def central_loader(self, data: FederatedDataModule) -> ImageBatches | CombinedLoader:
-        """The centralized step's loader: every client's whole shard, pooled at the server."""
-        raise NotImplementedError(f"{type(self).__name__}'s plan has no centralized step")
 
     # --- communication --------------------------------------------------------------------
     def is_shared(self, key: str) -> bool:
@@ -288,18 +261,17 @@ class FederatedMethod(LightningModule):
         shared part of the global network."""
         return {k: v for k, v in self.network.state_dict().items() if self.is_shared(k)}
 
-    def round_metrics(self) -> dict[str, float]:
-        """The method's own numbers for the round's row (after its clients' work); none by
-        default."""
+    def end_round(self) -> dict[str, float]:
+        """Called once a round's steps are done, before evaluation (a teacher's EMA step);
+        returns the method's own numbers for the round's row (FedSEAL's lambda and
+        thresholds as sent), none by default."""
         return {}
 
-    def end_round(self) -> None:
-        """Called once a round's aggregation and server step are done, before evaluation
-        (e.g. a teacher's EMA step)."""
-
     def validate_data(self, data: FederatedDataModule) -> None:
-        """Raise ValueError, naming the key, if ``data`` cannot serve this method (called by
-        the driver before any work starts)."""
+        """Raise ValueError, naming the key, if ``data`` cannot serve this method; a method
+        that needs something of the data takes it here too (FedMatch: its probe images).
+        Called by the driver once the data are loaded, before any work starts and before the
+        networks are initialised or restored."""
         check_input_fits(self.network.backbone, data.image_shape, self.backbone_name)
         unlabeled = data.clients_without_labels
         if self.oracle and unlabeled is not None:
@@ -308,11 +280,6 @@ class FederatedMethod(LightningModule):
                 f"{setting}: {type(self).__name__} is an oracle whose clients train on their "
                 f"true labels, and {why}"
             )
-
-    def on_data_ready(self, data: FederatedDataModule) -> None:
-        """The run's data are loaded and passed :meth:`validate_data`: the method takes what it
-        needs of them (FedMatch: its probe images, from the data set's spec). Called by the
-        driver once, before the networks are initialised or restored."""
 
     def check_federation(self, config: FederationConfig) -> None:
         """Raise ValueError, naming the key, if this method's settings cannot run with the

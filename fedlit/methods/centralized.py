@@ -107,6 +107,7 @@ class CentralizedConsistency(FederatedMethod):
                 "every client's whole shard at once; it has no stream"
             )
 
+    # --- the plan's centralized step (fedlit.methods.plan.CentralTraining) ----------------
     def central_objective(self) -> Objective:
         kwargs = self.optim.objective_kwargs(
             self.optim.client_lr, self.round_idx, self.total_rounds

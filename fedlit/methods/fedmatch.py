@@ -306,7 +306,7 @@ class FedMatch(FederatedMethod):
         #: each client's latest psi (as sent) and embedding, for the clients that uploaded
         self.client_psi: dict[int, StateDict] = {}
         self.embeddings: dict[int, Tensor] = {}
-        #: the fixed noise input of the embeddings (:meth:`on_data_ready`)
+        #: the fixed noise input of the embeddings (:meth:`validate_data`)
         self.probe: Tensor | None = None
 
     def theta(self, psi: Tensor) -> Classifier:
@@ -358,8 +358,10 @@ class FedMatch(FederatedMethod):
                 "each step would be compiled anew; leave federation.compile null"
             )
 
-    def on_data_ready(self, data: FederatedDataModule) -> None:
-        """The probe images the embeddings are taken on, of the data set's shape."""
+    def validate_data(self, data: FederatedDataModule) -> None:
+        """The base's checks, then the probe images the embeddings are taken on, of the data
+        set's shape."""
+        super().validate_data(data)
         self.probe = probe_images(data.spec)
 
     def get_extra_state(self) -> dict[str, Any]:
@@ -416,7 +418,7 @@ class FedMatch(FederatedMethod):
         """psi = the plain mean of the clients' psi, sparsified; each client's psi and the
         embedding of sigma + psi_k kept for the helper selection."""
         if self.probe is None:
-            raise RuntimeError("FedMatch.on_data_ready(data) sets the probe before aggregation")
+            raise RuntimeError("FedMatch.validate_data(data) sets the probe before aggregation")
         psis = [decode_sparse(state_part(u.upload, UPDATE), self.psi) for u in updates]
         for update, psi in zip(updates, psis, strict=True):
             self.client_psi[update.client_id] = encode_sparse(psi, psi != 0)

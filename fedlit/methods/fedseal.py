@@ -143,7 +143,7 @@ class FedSEAL(FederatedMethod):
         seed_classifier(self.network, network)
         self.measure(data)
 
-    def round_metrics(self) -> dict[str, float]:
+    def end_round(self) -> dict[str, float]:
         """What the clients were sent this round: ``fedseal/lambda`` (lambda_t) and
         ``fedseal/tau_<m>``, each class's threshold tau_m."""
         lam = self.loss.weight(self.round_idx / self.total_rounds)  # as the clients' this round

@@ -9,6 +9,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from lightning.pytorch.utilities import CombinedLoader
+
+    from fedlit.data.datamodule import FederatedDataModule
+    from fedlit.data.loaders import ImageBatches
+    from fedlit.objectives import Objective
 
 
 class Step(Enum):
@@ -34,6 +42,19 @@ class Step(Enum):
     #: images pooled at the server, as many steps as the round's clients take together
     #: (``central/*``, stage "centralized step"; the centralized reference).
     CENTRAL = "central"
+
+
+@runtime_checkable
+class CentralTraining(Protocol):
+    """What a method whose plan has :attr:`Step.CENTRAL` defines (the centralized reference)."""
+
+    def central_objective(self) -> Objective:
+        """The centralized step's objective, training the method's global network in place."""
+        ...
+
+    def central_loader(self, data: FederatedDataModule) -> ImageBatches | CombinedLoader:
+        """The centralized step's loader: every client's whole shard, pooled at the server."""
+        ...
 
 
 #: The steps that exist only together, in this order: a round with clients.

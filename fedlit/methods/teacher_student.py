@@ -140,7 +140,7 @@ class TeacherStudentEMA(FederatedMethod):
             self.teacher.load_state_dict(self.aggregator(teachers, counts).state)
         return result
 
-    def end_round(self) -> None:
+    def end_round(self) -> dict[str, float]:
         """T <- a T + (1 - a) S (paper 003 eq 1), after aggregation and the server's step."""
         decay = ramped_decay(int(self.teacher_steps), self.ema_decay)
         ema = weighted_average(
@@ -148,6 +148,7 @@ class TeacherStudentEMA(FederatedMethod):
         )
         self.teacher.load_state_dict(ema)
         self.teacher_steps += 1
+        return {}
 
 
 class TeacherStudentClientSide(ClientSide):
