@@ -39,7 +39,8 @@ import numpy as np
 
 from fedlit.cli import main as fedlit_main
 from fedlit.cli import resolve
-from fedlit.comparison.runner import ROOT_DIR_ARG, PlannedRun, execute, fit_in_subprocess
+from fedlit.comparison.plan import ROOT_DIR_ARG, PlannedRun
+from fedlit.comparison.runner import execute, fit_in_subprocess
 from fedlit.reporting import load_run
 from fedlit.reporting.runs import RunRecord
 from fedlit.reporting.table import ci95, score

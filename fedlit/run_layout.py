@@ -207,6 +207,7 @@ PLACEMENT_KEYS = (
     "federation.executor",
     "federation.pool",
     "federation.ray",
+    "federation.labels",
     "data.root",
     "data.download",
     "trainer.default_root_dir",

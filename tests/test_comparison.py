@@ -7,6 +7,8 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -16,7 +18,10 @@ from conftest import tiny_overrides
 
 from fedlit.cli import main
 from fedlit.comparison import Comparison, execute, plan, run_state
+from fedlit.federation.callbacks import RunFile
 from fedlit.federation.checkpoint import save_checkpoint
+from fedlit.federation.config import FederationConfig
+from fedlit.methods import ServerSL
 
 REPO = Path(__file__).parents[1]
 
@@ -120,26 +125,38 @@ def test_compare_skips_finished_and_resumes_interrupted(tmp_path: Path) -> None:
 
 
 def test_a_resumed_run_keeps_what_its_run_json_recorded(tmp_path: Path) -> None:
-    """A warm-started run records its source in run.json when it starts; a resume does not
-    read the source again, so the comparison that resumes it keeps that record (and names
-    the run again); a new run's run.json is the comparison's alone."""
+    """run.json has one writer, the run (RunFile): a comparison names each run by its
+    ``federation.labels`` (the recipe's name as its method, the setting, the recipe), which
+    the run writes beside what it knows itself. A warm-started run records its source when
+    it starts; a resume does not read the source again, so the resumed run keeps that record
+    (and is named again); a record that cannot be read is written anew."""
     recipe = REPO / "recipes/server_sl.yaml"
     comparison = Comparison(name="c", recipes=[str(recipe)], seeds=[0, 1], out=str(tmp_path))
     interrupted, new = plan(comparison)
-    source = {"path": "/a/plateau/last.ckpt", "sha256": "ab" * 32, "round": 1}
-    recorded = {"method": "old", "seed": 0, "rounds": 3, "init_from": source}
-    interrupted.run_dir.mkdir(parents=True)
-    (interrupted.run_dir / "run.json").write_text(json.dumps(recorded))
-    save_checkpoint(interrupted.run_dir / "checkpoints" / "last.ckpt", {"round": 1})
+    labels = {"method": "server_sl", "setting": "default", "recipe": str(recipe)}
+    assert f"--federation.labels={json.dumps(labels)}" in interrupted.args
     calls: list[list[str]] = []
-    counts = execute(
-        [interrupted, new], dict.fromkeys([interrupted, new], 3), calls.append, log=lambda _: None
-    )
-    assert counts == {"run": 1, "resumed": 1, "skipped": 0}
-    resumed = json.loads((interrupted.run_dir / "run.json").read_text())
-    assert resumed["init_from"] == source and resumed["rounds"] == 3
-    assert resumed["method"] == interrupted.method and resumed["setting"] == interrupted.setting
-    assert "init_from" not in json.loads((new.run_dir / "run.json").read_text())
+    counts = execute([interrupted, new], dict.fromkeys([interrupted, new], 3), calls.append)
+    assert counts == {"run": 2, "resumed": 0, "skipped": 0}
+    assert not (interrupted.run_dir / "run.json").exists()  # the comparison writes none
+
+    def start(run_dir: Path, seed: int, source: Any = None) -> dict[str, Any]:
+        config = FederationConfig(rounds=3, labels=labels)
+        view = SimpleNamespace(
+            method=ServerSL(10, 1), run_dir=run_dir, seed=seed, config=config, source=source
+        )
+        RunFile().on_run_start(view)  # type: ignore[arg-type]
+        return dict(json.loads((run_dir / "run.json").read_text()))
+
+    source = {"path": "/a/plateau/last.ckpt", "sha256": "ab" * 32, "round": 1}
+    interrupted.run_dir.mkdir(parents=True)
+    recorded = {"method": "old", "seed": 0, "rounds": 2, "init_from": source}
+    (interrupted.run_dir / "run.json").write_text(json.dumps(recorded))
+    resumed = start(interrupted.run_dir, 0)
+    assert resumed == {**labels, "seed": 0, "rounds": 3, "marks": [], "init_from": source}
+    new.run_dir.mkdir(parents=True)
+    (new.run_dir / "run.json").write_text("{not json")
+    assert start(new.run_dir, 1) == {**labels, "seed": 1, "rounds": 3, "marks": []}
 
 
 def test_compare_in_parallel_processes_matches_one_process(
@@ -340,6 +357,7 @@ def test_paper002_specs_run_one_protocol(spec: str, monkeypatch: pytest.MonkeyPa
         if run.seed != comparison.seeds[0]:
             continue
         config = resolve(run.args).config.as_dict()
+        assert config["federation"].pop("labels")["method"] == run.method
         partitioner = config["data"]["partitioner"]["class_path"]
         expected = "IID" if run.setting == "iid" else "RandomProportions"
         assert partitioner == f"fedlit.data.partition.{expected}"
@@ -379,6 +397,7 @@ def test_a_setting_comparison_runs_each_method_and_seed_in_both_settings(
     for run in plan(comparison):
         config = resolve(run.args).config.as_dict()
         assert config["trainer"].pop("default_root_dir") == str(run.run_dir)
+        assert config["federation"].pop("labels")["setting"] == run.setting
         configs.setdefault((run.recipe.stem, run.seed), {})[run.setting] = config
     assert len(configs) == len(comparison.recipes) * len(comparison.seeds)
     for pair in configs.values():

@@ -1,16 +1,11 @@
-"""Comparisons: recipes x settings x seeds run one after another, and their report."""
+"""Comparisons: recipes x settings x seeds run one after another, and their report: the spec
+(:mod:`~fedlit.comparison.spec`), its runs (:mod:`~fedlit.comparison.plan`), running them
+(:mod:`~fedlit.comparison.runner`) and the report (:mod:`~fedlit.comparison.report`)."""
 
-from fedlit.comparison.runner import (
-    RUN_FILE,
-    Comparison,
-    PlannedRun,
-    SourceRun,
-    WandbSettings,
-    execute,
-    plan,
-    run_comparison,
-    run_state,
-)
+from fedlit.comparison.plan import PlannedRun, plan, run_state
+from fedlit.comparison.runner import execute, run_comparison
+from fedlit.comparison.spec import Comparison, SourceRun, WandbSettings
+from fedlit.run_layout import RUN_FILE
 
 __all__ = [
     "RUN_FILE",

@@ -10,8 +10,12 @@ from typing import Any
 
 import numpy as np
 
+from fedlit.comparison.plan import PlannedRun
+from fedlit.comparison.spec import Comparison
 from fedlit.reporting import (
+    FINAL_EVAL_KEYS,
     RunRecord,
+    load_run,
     plot_curves,
     plot_diagnostics,
     plot_partition,
@@ -166,3 +170,77 @@ def log_to_wandb(
 
 def _plain(value: Any) -> Any:
     return list(value) if isinstance(value, tuple) else value
+
+
+def about_lines(
+    comparison: Comparison,
+    records: Sequence[RunRecord],
+    sources: Sequence[PlannedRun],
+    counts: Mapping[str, int],
+    minutes: float,
+    command: str,
+) -> list[str]:
+    """The lines that open a comparison's report: its description, how it was made
+    (``command``; the runs run, resumed and skipped: ``counts``; this invocation's
+    ``minutes``; the runs' own compute time), its recipes, seeds, settings and overrides,
+    its warm starts' sources, and what the table's columns mean."""
+    compute = sum(row.get("time/round_s", 0.0) for r in records for row in r.history) / 60
+    settings = [
+        f"- setting `{name}`: `{' '.join(args) or '(the recipes as they are)'}`"
+        for name, args in comparison.settings.items()
+    ]
+    about = [
+        *comparison.description,
+        "",
+        f"Made by `{command}`: {len(records)} runs ({counts['run']} run, {counts['resumed']} "
+        f"resumed, {counts['skipped']} finished before; this invocation took {minutes:.1f} "
+        f"min; the runs' rounds took {compute:.1f} min in all). Every number below comes "
+        "from those runs.",
+        "",
+        f"- recipes: {', '.join(f'`{r}`' for r in comparison.recipes)}",
+        f"- seeds: {list(comparison.seeds)}",
+        *settings,
+        f"- every run: `{' '.join(comparison.overrides) or '(no overrides)'}`",
+    ]
+    if comparison.init_from is not None:
+        about += _source_lines(comparison, sources)
+    if comparison.baseline is not None:
+        about.append(
+            f"- *vs {comparison.baseline} (paired, 95% CI)*: per seed, the method's score "
+            f"minus {comparison.baseline}'s with the same seed (the same labeled set and "
+            "partition); mean ± sample std over the seeds, in points, then the two-sided 95% "
+            "t-interval of the mean difference; `*` where it excludes 0."
+        )
+    if comparison.last_k > 1:
+        about.append(
+            f"- *mean of last {comparison.last_k}*: each run's score, the mean of its last "
+            f"{comparison.last_k} rounds' test/acc (less of one round's noise than the last)."
+        )
+    if any(r.series(key)[1].size for r in records for key in FINAL_EVAL_KEYS.values()):
+        about.append(
+            "- *finetune / linear (final eval)*: the global encoder after the last round, "
+            "fine-tuned end to end / with a linear classifier on the server's labeled set "
+            "(`federation.final_eval`), for the recipes that ask for it."
+        )
+    return about
+
+
+def _source_lines(comparison: Comparison, sources: Sequence[PlannedRun]) -> list[str]:
+    """What the report says of the runs every run started from: the recipe, its overrides,
+    where they are, and each one's final test accuracy."""
+    assert comparison.init_from is not None
+    source = comparison.init_from
+    scores = []
+    for run in sources:
+        history = load_run(run.run_dir).history
+        acc = history[-1].get("test/acc") if history else None
+        shown = f"{100 * acc:.2f}" if acc is not None else "-"
+        scores.append(f"{run.setting} seed {run.seed}: {shown}")
+    return [
+        f"- *warm start*: every run starts (`federation.init_from`) from the final network of "
+        f"`{source.recipe}` with `{' '.join(source.overrides) or '(no overrides)'}` (after "
+        "the comparison's and the setting's overrides), run once per setting and seed, before "
+        f"the others, in `{comparison.out}/<setting>/{source.folder}/seed<k>`; its test/acc "
+        f"(%): {'; '.join(scores)}. The *Warm starts* table names each source's weights by "
+        "their SHA-256.",
+    ]

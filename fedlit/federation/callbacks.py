@@ -14,6 +14,7 @@ import json
 import sys
 import time
 from collections.abc import Sequence
+from contextlib import suppress
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -32,6 +33,7 @@ from fedlit.federation.resume import Checkpointer
 from fedlit.federation.warmstart import WarmStart
 from fedlit.methods.base import FederatedMethod, marks
 from fedlit.methods.client_side import ClientUpdate
+from fedlit.reporting.runs import read_run_json
 from fedlit.run_layout import RUN_FILE
 
 #: How a run ended: all rounds done, stopped by a failed round, or stopped otherwise
@@ -182,16 +184,19 @@ class Announce(Callback):
 
 
 class RunFile(Callback):
-    """``run.json``: who this run is (kept where a comparison already named it), how many
-    rounds it is configured for, its marks and, for a warm start, its source (``init_from``:
-    path, SHA-256 of the weights, method, round, test accuracy; kept on a resume), so reports
-    can read runs without their config."""
+    """``run.json``, its one writer: who this run is (its method and seed, and the labels it
+    is given, ``federation.labels``: a comparison's method name, setting and recipe), how
+    many rounds it is configured for, its marks and, for a warm start, its source
+    (``init_from``: path, SHA-256 of the weights, method, round, test accuracy; kept on a
+    resume), so reports can read runs without their config."""
 
     def on_run_start(self, run: RunView) -> None:
         path = run.run_dir / RUN_FILE
-        info = json.loads(path.read_text()) if path.is_file() else {}
-        info.setdefault("method", type(run.method).__name__)
-        info.setdefault("seed", run.seed)
+        before: dict[str, Any] = {}
+        with suppress(ValueError):  # an unreadable record is rewritten
+            before = read_run_json(path) if path.is_file() else {}
+        info = {"method": type(run.method).__name__, "seed": run.seed} | before
+        info |= run.config.labels or {}
         info["rounds"] = run.config.rounds
         info["marks"] = list(marks(type(run.method)))
         if run.source is not None:

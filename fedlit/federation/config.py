@@ -71,12 +71,15 @@ class FederationConfig:
             ``workers``, ``threads`` per worker, ``max_retries``).
         ray: the Ray executor's settings (:class:`~fedlit.federation.executors.RaySettings`:
             ``address``, ``workers``, ``cpus`` and ``gpus`` per client, ``max_retries``).
-        compile: ``torch.compile``'s mode for the network of every server and client training
-            step ("default", "reduce-overhead": CUDA graphs on a GPU, "max-autotune"); null
-            (the default) runs eager. The first step of each batch shape and train/eval mode
-            compiles (about a minute for the small CNN on a 2-core CPU, where it was measured
-            no faster: ``benchmarks/compile_step.py``); results agree with eager's to rounding,
-            not bit for bit.
+        compile: ``torch.compile``'s mode for every server and client training step, compiled
+            whole: the views, the forward passes, the loss and the backward
+            (:mod:`~fedlit.federation.compiled`; "default", "reduce-overhead": CUDA graphs on
+            a GPU, "max-autotune"); null (the default) runs eager. Results agree with eager's
+            to rounding, not bit for bit.
+        labels: names ``run.json`` records for this run beside what the run knows of itself
+            (a comparison gives each run its recipe's name as ``method``, its ``setting`` and
+            its ``recipe``); a label named ``method`` or ``seed`` replaces the run's own. What
+            a run is called, not what it computes: a resume may change them.
     """
 
     rounds: int = 10
@@ -96,6 +99,7 @@ class FederationConfig:
     pool: PoolSettings = DEFAULT_POOL
     ray: RaySettings = DEFAULT_RAY
     compile: Literal["default", "reduce-overhead", "max-autotune"] | None = None
+    labels: dict[str, str] | None = None
 
     def __post_init__(self) -> None:
         if self.compile is not None and self.compile not in COMPILE_MODES:

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from fedlit.federation.children import exit_with_parent
 from fedlit.federation.faults import WorkerDied
 from fedlit.federation.trainers import TERMINATED
 
@@ -103,7 +104,7 @@ def _serve(conn: Connection, threads: int) -> None:
     ``(True, result)`` or ``(False, exception)`` pickled, until the driver closes the pipe or
     is gone."""
     _leave_signals_to_the_driver()
-    _exit_with_parent()
+    exit_with_parent()
     try:
         runner = conn.recv_bytes()
         try:
@@ -149,20 +150,6 @@ def _sendable(err: Exception) -> Exception:
     except Exception:
         return RuntimeError(f"{type(err).__name__}: {err}")
     return err
-
-
-def _exit_with_parent() -> None:
-    """End this worker as soon as the driver's process is gone (killed, not only stopped)."""
-    parent = multiprocessing.parent_process()
-    if parent is None or parent.sentinel is None:
-        return
-    sentinel = parent.sentinel
-
-    def watch() -> None:
-        wait([sentinel])
-        os._exit(1)
-
-    threading.Thread(target=watch, name="fedlit-parent-watch", daemon=True).start()
 
 
 def _runner() -> ClientRunner:

@@ -1,0 +1,129 @@
+"""A comparison's runs: each one's ``fedlit fit`` arguments and directory (:func:`plan`, and
+:func:`plan_sources` for the runs the others start from), and what a run directory holds
+already (:func:`run_state`)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+from fedlit.comparison.spec import Comparison
+from fedlit.federation.checkpoint import checkpoint_round
+from fedlit.run_layout import CHECKPOINT, RUN_MARKERS
+
+ROOT_DIR_ARG = "--trainer.default_root_dir="
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    """One run of a comparison."""
+
+    recipe: Path
+    setting: str
+    seed: int
+    run_dir: Path
+    args: tuple[str, ...]  # the ``fedlit fit`` arguments, without any resume
+
+    @property
+    def method(self) -> str:
+        return self.recipe.stem
+
+    def command(self) -> str:
+        return shlex.join(["fedlit", "fit", *self.args])
+
+
+INIT_FROM_ARG = "--federation.init_from="
+
+
+def source_dir(comparison: Comparison, setting: str, seed: int) -> Path:
+    """Where the run that ``setting``'s runs of ``seed`` start from is written."""
+    assert comparison.init_from is not None
+    return comparison.run_dir(setting, comparison.init_from.folder, seed)
+
+
+def plan_sources(comparison: Comparison) -> list[PlannedRun]:
+    """The runs the others start from (``comparison.init_from``), setting by setting, seed by
+    seed; none without ``init_from``."""
+    source = comparison.init_from
+    if source is None:
+        return []
+    recipe = Path(source.recipe)
+    runs = []
+    for setting, setting_args in comparison.settings.items():
+        for seed in comparison.seeds:
+            run_dir = source_dir(comparison, setting, seed)
+            args = [
+                f"--config={recipe}",
+                *comparison.overrides,
+                *setting_args,
+                *source.overrides,
+                f"--seed_everything={seed}",
+                f"{ROOT_DIR_ARG}{run_dir}",
+                _labels_arg(recipe, setting),
+            ]
+            runs.append(PlannedRun(recipe, setting, seed, run_dir, tuple(args)))
+    return runs
+
+
+def plan(comparison: Comparison) -> list[PlannedRun]:
+    """Every run of ``comparison``, setting by setting, recipe by recipe, seed by seed (each
+    started from its setting's and seed's source run where ``init_from`` is given)."""
+    runs = []
+    for setting, setting_args in comparison.settings.items():
+        for recipe in map(Path, comparison.recipes):
+            for seed in comparison.seeds:
+                run_dir = comparison.run_dir(setting, recipe.stem, seed)
+                warm = (
+                    [f"{INIT_FROM_ARG}{source_dir(comparison, setting, seed)}"]
+                    if comparison.init_from is not None
+                    else []
+                )
+                args = [
+                    f"--config={recipe}",
+                    *comparison.overrides,
+                    *setting_args,
+                    *warm,
+                    f"--seed_everything={seed}",
+                    f"{ROOT_DIR_ARG}{run_dir}",
+                    _labels_arg(recipe, setting),
+                    *_wandb_args(comparison, setting, recipe.stem, seed, run_dir),
+                ]
+                runs.append(PlannedRun(recipe, setting, seed, run_dir, tuple(args)))
+    return runs
+
+
+def _labels_arg(recipe: Path, setting: str) -> str:
+    """What the run's ``run.json`` names it by (``federation.labels``; the run writes it):
+    its recipe's name as its method, the setting and the recipe."""
+    labels = {"method": recipe.stem, "setting": setting, "recipe": str(recipe)}
+    return f"--federation.labels={json.dumps(labels)}"
+
+
+def _wandb_args(
+    comparison: Comparison, setting: str, method: str, seed: int, run_dir: Path
+) -> list[str]:
+    if comparison.wandb is None:
+        return []
+    return [
+        "--trainer.logger=lightning.pytorch.loggers.WandbLogger",
+        f"--trainer.logger.init_args.project={comparison.wandb.project}",
+        f"--trainer.logger.init_args.name={comparison.name}/{setting}/{method}/seed{seed}",
+        f"--trainer.logger.init_args.save_dir={run_dir}",
+        f"--trainer.logger.init_args.offline={str(comparison.wandb.offline).lower()}",
+        f"--trainer.logger.dict_kwargs.group={comparison.name}",
+        f"--trainer.logger.dict_kwargs.tags=[{method}, {setting}, seed{seed}]",
+        f"--trainer.logger.dict_kwargs.config={{method: {method}, setting: {setting}}}",
+    ]
+
+
+def run_state(run: PlannedRun, rounds: int) -> str:
+    """ "new" (nothing written), "finished", "resumable" (a checkpoint short of ``rounds``)
+    or "broken" (files but no checkpoint: stopped inside its first round)."""
+    ckpt = run.run_dir / CHECKPOINT
+    if ckpt.is_file():
+        # the round alone, from a checkpoint of any format: a finished run written by an
+        # earlier fedlit is finished; one to resume needs today's format (the resume says so)
+        return "finished" if checkpoint_round(ckpt) >= rounds else "resumable"
+    return "broken" if any((run.run_dir / m).exists() for m in RUN_MARKERS) else "new"

@@ -1,0 +1,143 @@
+"""A comparison's spec (the ``fedlit compare`` config): what it runs and reports, checked
+as it is built, before anything runs (:class:`Comparison`), and where each run goes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fedlit.run_layout import MAX_SEED, write_path_error
+
+
+@dataclass(frozen=True)
+class WandbSettings:
+    """Where a comparison's runs go on W&B: one ``group`` per comparison.
+
+    Args:
+        project: the W&B project.
+        offline: log to local files only (``wandb sync`` uploads them later).
+    """
+
+    project: str = "fedlit"
+    offline: bool = False
+
+
+@dataclass(frozen=True)
+class SourceRun:
+    """The run every run of a comparison starts from (``federation.init_from``): the recipe
+    run once per setting and seed, before the others, in ``<out>/<setting>/<folder>/seed<k>``,
+    with the comparison's overrides, the setting's, then its own (which win), and the seed.
+
+    Args:
+        recipe: its recipe file (e.g. a Server-SL trained to its plateau).
+        overrides: its own overrides, after the comparison's and the setting's.
+        folder: the name of its folder in each setting's directory.
+    """
+
+    recipe: str
+    overrides: list[str] = field(default_factory=list)
+    folder: str = "init_from"
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """What a comparison runs and reports (the ``fedlit compare`` config).
+
+    Args:
+        name: the comparison's name (also the W&B group), and that of its report's files in
+            ``out`` (``<name>.md``, ``<name>.csv``, ``<name>_curves.png``, ...): comparisons
+            of other names can share one ``out``, e.g. one that adds a recipe to another's
+            runs, whose finished runs it skips.
+        recipes: recipe files; each recipe's file stem names its method in the results.
+        seeds: run seeds (``seed_everything``): the partition, sampling and initialisation.
+        settings: setting name -> overrides for it (e.g. ``noniid: [--data.partitioner=...]``);
+            one column group of the results per setting.
+        overrides: overrides for every run (e.g. fewer rounds, a smaller backbone).
+        out: the comparison's directory: its runs, their logs and its report's files.
+        target: report the first round each run reaches this test accuracy.
+        baseline: a recipe stem (e.g. ``server_sl``) every method is compared with, seed by
+            seed: the paired difference of the score, in points, with its 95% interval.
+        last_k: a run's score is the mean of its last ``last_k`` rounds' test accuracy.
+        report: also write the Markdown report here (plots beside it).
+        published: recipe stem -> setting -> a paper's accuracy (percent), shown beside ours.
+        wandb: log every run to W&B (None: no W&B).
+        description: Markdown lines that open the report (the protocol in words).
+        init_from: a run per setting and seed that every run of that setting and seed starts
+            from (:class:`SourceRun`, ``federation.init_from``); run first. None: every run
+            starts afresh.
+        jobs: runs at a time. 1 runs them one after another in this process; more runs each in
+            its own ``fedlit fit`` process with torch limited to (CPU cores // jobs) threads
+            (``OMP_NUM_THREADS``: processes that each take every core slow each other down
+            many times over), its output in ``<out>/logs/``.
+    """
+
+    name: str
+    recipes: list[str]
+    seeds: list[int] = field(default_factory=lambda: [0])
+    settings: dict[str, list[str]] = field(default_factory=lambda: {"default": []})
+    overrides: list[str] = field(default_factory=list)
+    out: str = "runs/compare"
+    target: float | None = None
+    baseline: str | None = None
+    last_k: int = 1
+    report: str | None = None
+    published: dict[str, dict[str, float]] = field(default_factory=dict)
+    wandb: WandbSettings | None = None
+    description: list[str] = field(default_factory=list)
+    jobs: int = 1
+    init_from: SourceRun | None = None
+
+    def __post_init__(self) -> None:
+        if not self.name or Path(self.name).name != self.name or self.name in (".", ".."):
+            raise ValueError(
+                f"name={self.name!r}: give one file name (the report files written into `out` "
+                "are named after it)"
+            )
+        if not self.recipes:
+            raise ValueError("recipes: give at least one recipe")
+        missing = [r for r in self.recipes if not Path(r).is_file()]
+        if missing:
+            raise ValueError(f"recipes: no such file {missing[0]!r}")
+        stems = [Path(r).stem for r in self.recipes]
+        if len(set(stems)) != len(stems):
+            raise ValueError(f"recipes: two recipes share a file name ({stems})")
+        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"seeds: give distinct seeds, got {self.seeds}")
+        for seed in self.seeds:
+            if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+                raise ValueError(f"seeds: {seed!r} is not a seed (an integer in [0, {MAX_SEED}])")
+        if not self.settings:
+            raise ValueError("settings: give at least one setting")
+        if self.init_from is not None:
+            if not Path(self.init_from.recipe).is_file():
+                raise ValueError(f"init_from.recipe: no such file {self.init_from.recipe!r}")
+            folder = self.init_from.folder
+            if not folder or Path(folder).name != folder or folder in stems or folder == "logs":
+                raise ValueError(
+                    f"init_from.folder={folder!r}: name one folder that is no recipe's ({stems})"
+                )
+        if self.baseline is not None and self.baseline not in stems:
+            raise ValueError(f"baseline: {self.baseline!r} is not one of the recipes {stems}")
+        if isinstance(self.last_k, bool) or not isinstance(self.last_k, int) or self.last_k < 1:
+            raise ValueError(f"last_k must be a positive integer, got {self.last_k!r}")
+        if isinstance(self.jobs, bool) or not isinstance(self.jobs, int) or self.jobs < 1:
+            raise ValueError(f"jobs must be a positive integer, got {self.jobs!r}")
+        if self.target is not None and not 0 < self.target <= 1:
+            raise ValueError(f"target must be in (0, 1], got {self.target}")
+        error = write_path_error(self.out, "out", "folder")
+        if error is None and self.report is not None:
+            error = write_path_error(self.report, "report", "file")
+        runs = [(s, stem, seed) for s in self.settings for stem in stems for seed in self.seeds]
+        for setting, stem, seed in runs if error is None else ():
+            error = write_path_error(
+                self.run_dir(setting, stem, seed), f"settings.{setting}", "run"
+            )
+            if error:
+                break
+        if error:
+            raise ValueError(error)
+
+    def run_dir(self, setting: str, folder: str, seed: int) -> Path:
+        """Where the run of ``setting``, ``folder`` (a recipe's stem, or ``init_from``'s
+        folder) and ``seed`` is written: ``<out>/<setting>/<folder>/seed<k>``."""
+        return Path(self.out) / setting / folder / f"seed{seed}"
