@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +34,12 @@ class PlannedRun:
     def command(self) -> str:
         return shlex.join(["fedlit", "fit", *self.args])
 
+    def labels_arg(self) -> str:
+        """What the run's ``run.json`` names it by (``federation.labels``; the run writes
+        it): its recipe's name as its method, its setting and its recipe."""
+        labels = {"method": self.method, "setting": self.setting, "recipe": str(self.recipe)}
+        return f"--federation.labels={json.dumps(labels)}"
+
 
 INIT_FROM_ARG = "--federation.init_from="
 
@@ -49,56 +56,52 @@ def plan_sources(comparison: Comparison) -> list[PlannedRun]:
     source = comparison.init_from
     if source is None:
         return []
-    recipe = Path(source.recipe)
-    runs = []
-    for setting, setting_args in comparison.settings.items():
-        for seed in comparison.seeds:
-            run_dir = source_dir(comparison, setting, seed)
-            args = [
-                f"--config={recipe}",
-                *comparison.overrides,
-                *setting_args,
-                *source.overrides,
-                f"--seed_everything={seed}",
-                f"{ROOT_DIR_ARG}{run_dir}",
-                _labels_arg(recipe, setting),
-            ]
-            runs.append(PlannedRun(recipe, setting, seed, run_dir, tuple(args)))
-    return runs
+    return [
+        _planned(
+            comparison, Path(source.recipe), setting, seed, source.overrides, folder=source.folder
+        )
+        for setting in comparison.settings
+        for seed in comparison.seeds
+    ]
 
 
 def plan(comparison: Comparison) -> list[PlannedRun]:
     """Every run of ``comparison``, setting by setting, recipe by recipe, seed by seed (each
     started from its setting's and seed's source run where ``init_from`` is given)."""
-    runs = []
-    for setting, setting_args in comparison.settings.items():
-        for recipe in map(Path, comparison.recipes):
-            for seed in comparison.seeds:
-                run_dir = comparison.run_dir(setting, recipe.stem, seed)
-                warm = (
-                    [f"{INIT_FROM_ARG}{source_dir(comparison, setting, seed)}"]
-                    if comparison.init_from is not None
-                    else []
-                )
-                args = [
-                    f"--config={recipe}",
-                    *comparison.overrides,
-                    *setting_args,
-                    *warm,
-                    f"--seed_everything={seed}",
-                    f"{ROOT_DIR_ARG}{run_dir}",
-                    _labels_arg(recipe, setting),
-                    *_wandb_args(comparison, setting, recipe.stem, seed, run_dir),
-                ]
-                runs.append(PlannedRun(recipe, setting, seed, run_dir, tuple(args)))
-    return runs
+    return [
+        _planned(comparison, recipe, setting, seed)
+        for setting in comparison.settings
+        for recipe in map(Path, comparison.recipes)
+        for seed in comparison.seeds
+    ]
 
 
-def _labels_arg(recipe: Path, setting: str) -> str:
-    """What the run's ``run.json`` names it by (``federation.labels``; the run writes it):
-    its recipe's name as its method, the setting and the recipe."""
-    labels = {"method": recipe.stem, "setting": setting, "recipe": str(recipe)}
-    return f"--federation.labels={json.dumps(labels)}"
+def _planned(
+    comparison: Comparison,
+    recipe: Path,
+    setting: str,
+    seed: int,
+    own: Sequence[str] = (),
+    folder: str | None = None,
+) -> PlannedRun:
+    """The run of ``recipe`` in ``setting`` at ``seed``: the comparison's overrides, the
+    setting's, then ``own`` (a source run's; ``folder``: its folder) or the warm start from
+    the source run, then the seed, the directory and the W&B logger."""
+    run_dir = comparison.run_dir(setting, folder or recipe.stem, seed)
+    warm = []
+    if folder is None and comparison.init_from is not None:
+        warm = [f"{INIT_FROM_ARG}{source_dir(comparison, setting, seed)}"]
+    args = [
+        f"--config={recipe}",
+        *comparison.overrides,
+        *comparison.settings[setting],
+        *own,
+        *warm,
+        f"--seed_everything={seed}",
+        f"{ROOT_DIR_ARG}{run_dir}",
+        *([] if folder else _wandb_args(comparison, setting, recipe.stem, seed, run_dir)),
+    ]
+    return PlannedRun(recipe, setting, seed, run_dir, tuple(args))
 
 
 def _wandb_args(

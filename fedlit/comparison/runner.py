@@ -97,7 +97,7 @@ def execute(
             log(f"{head}: finished, skipped")
             counts["skipped"] += 1
             continue
-        args = list(run.args)
+        args = [*run.args, run.labels_arg()]  # run.json names the run by these
         if state == "resumable":
             args.append(f"--federation.resume={run.run_dir / CHECKPOINT}")
             counts["resumed"] += 1
