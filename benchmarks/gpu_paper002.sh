@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Paper 002 at its own scale on one lent GPU, every training step compiled (issue 44), in calls
 # of at most ~9.5 minutes that chain on a warm machine:
+#   0. with PROFILE_S > 0: a compiled run whose round 3 runs under torch.profiler (the summary
+#      of host time, kernel time, launches and CUDA graph replays: profile_round3.txt);
 #   1. solo (SOLO=1): paper 002's FedSEAL round alone, compiled (federation.compile=$MODE)
 #      then eager, each for a fixed time, with each round's stage times and round 3 under
 #      cProfile (benchmarks/round_profile.py; its torch.profiler summary of a round took longer
@@ -27,6 +29,7 @@ MODE=${MODE:-reduce-overhead}    # federation.compile for the compiled runs
 JOBS=${JOBS:-6}
 EAGER_S=${EAGER_S:-50}           # seconds of the eager solo run (0: none)
 COMPILED_S=${COMPILED_S:-110}    # seconds of the compiled solo run (its compilation included)
+PROFILE_S=${PROFILE_S:-0}        # seconds for a run whose round 3 is under torch.profiler (0: none)
 FINAL=${OUT:-/tmp/gpu_out}        # what comes back: summary.json and results.tgz
 OUT=/tmp/gpu_work                # everything else, packed into results.tgz at the end
 RECIPE=recipes/papers/paper002_fmnist/fedseal.yaml
@@ -58,6 +61,14 @@ solo() {  # solo NAME SECONDS [overrides]: the paper's FedSEAL alone, stage time
     -- --trainer.default_root_dir "/tmp/solo_$name" "$@" > "$OUT/solo_$name.log" 2>&1
   echo "exit $?" >> "$OUT/solo_$name.log"
 }
+if [ "$PROFILE_S" -gt 0 ]; then  # round 3 under torch.profiler: host, kernel time, launches
+  echo profile > /tmp/phase
+  rm -rf /tmp/solo_profile
+  timeout "$PROFILE_S" python3 benchmarks/round_profile.py "$RECIPE" --round 3 \
+    --out "$OUT/profile_round3.txt" -- --trainer.default_root_dir /tmp/solo_profile \
+    --federation.compile "$MODE" > "$OUT/solo_profile.log" 2>&1
+  echo "exit $?" >> "$OUT/solo_profile.log"
+fi
 if [ "$SOLO" = 1 ]; then
   TORCH_LOGS=perf_hints solo compiled "$COMPILED_S" --federation.compile "$MODE"
   if [ "$EAGER_S" -gt 0 ]; then solo eager "$EAGER_S"; fi  # EAGER_S=0: no eager run
@@ -113,7 +124,7 @@ PY
 cp /tmp/cmp/report.md "$OUT/report.md" 2>/dev/null
 cp "$OUT/summary.json" "$FINAL/"
 tar czf "$FINAL/results.tgz" -C /tmp --exclude='*.ckpt' --exclude='*.pt' --exclude='clients' \
-  gpu_work cmp solo_eager solo_compiled 2>/dev/null
+  gpu_work cmp solo_eager solo_compiled solo_profile 2>/dev/null
 grep -h "exit" "$OUT"/solo_*.log "$OUT/compare.log" 2>/dev/null
 tail -3 "$OUT/compare.log" 2>/dev/null
 cat "$OUT"/stages_*.jsonl 2>/dev/null
