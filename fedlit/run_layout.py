@@ -27,6 +27,23 @@ RUN_MARKERS = (METRICS_FILE, "checkpoints", CONFIG_FILE)
 RUN_FILES = (RUN_FILE, HPARAMS_FILE, "partition.png")
 
 
+def created_mode() -> int:
+    """The permissions a file created now gets from this process's umask (0o666 without the
+    umask's bits: 0o644 under the common 0o022), for a file fedlit writes through a
+    temporary file (``tempfile.mkstemp`` creates it 0o600 whatever the umask). Linux reads
+    the umask from ``/proc/self/status`` and leaves it unchanged; elsewhere it is set and
+    restored at once."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return 0o666 & ~int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
 def flat_config(config: Any, groups: bool = False) -> dict[str, Any]:
     """A nested config as one level of dotted keys (``{"a": {"b": 1}}`` -> ``{"a.b": 1}``),
     the form of ``hparams.yaml``: a leaf YAML writes as a scalar (None, a bool, a number, a

@@ -19,6 +19,8 @@ from fedlit.data.datasets import (
     load_split,
     stage_debian_fashion_mnist,
 )
+from fedlit.data.user_data import StatisticsCache
+from fedlit.run_layout import created_mode
 
 #: A process that stages into ``root``, loads both splits and prints their digest.
 LOAD = """
@@ -108,3 +110,26 @@ def test_a_staged_file_of_the_wrong_length_for_its_archive_is_staged_again(
     assert _has_raw_fashion(root)  # by the headers alone
     assert stage_debian_fashion_mnist(root)  # against Debian's archives: staged again
     assert path.read_bytes() == good
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_files_fedlit_writes_through_a_temporary_file_follow_the_umask(
+    tmp_path: Path, umask: int
+) -> None:
+    """The staged Fashion-MNIST files and a user folder's statistics file are written to a
+    temporary file (``mkstemp``: mode 0o600) renamed into place; they get the permissions
+    the process's umask gives a new file, as any other file the user makes (0o644 under
+    0o022, 0o640 under 0o027)."""
+    previous = os.umask(umask)
+    try:
+        assert created_mode() == 0o666 & ~umask
+        assert stage_debian_fashion_mnist(tmp_path / "data")
+        staged = sorted((tmp_path / "data").rglob("*-ubyte"))
+        stats = StatisticsCache(tmp_path / "stats.json", "key")
+        stats.write([0.5], [0.25])
+    finally:
+        os.umask(previous)
+    assert len(staged) == 4
+    for path in [*staged, stats.path]:
+        assert path.stat().st_mode & 0o777 == 0o666 & ~umask, path
+    assert stats.read() == ((0.5,), (0.25,))

@@ -35,6 +35,8 @@ from filelock import FileLock
 from torch import Tensor
 from torchvision import datasets as tvd
 
+from fedlit.run_layout import created_mode
+
 DEBIAN_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
 
 
@@ -467,6 +469,7 @@ def stage_debian_fashion_mnist(root: str | Path, source: Path = DEBIAN_FASHION_M
                     shutil.copyfileobj(src, dst)
                     dst.flush()
                     os.fsync(dst.fileno())
+                os.chmod(tmp, created_mode())  # the user's umask, not mkstemp's 0o600
                 os.replace(tmp, target)
             except BaseException:
                 Path(tmp).unlink(missing_ok=True)

@@ -61,6 +61,7 @@ from torchvision.io import ImageReadMode, decode_image
 from torchvision.transforms.v2 import functional as F
 
 from fedlit.data.datasets import DatasetSpec, Images
+from fedlit.run_layout import created_mode
 
 #: The ``data.dataset`` names of data sets read from the user's files (``data.path``).
 USER_DATASETS = ("folder", "client_folders", "arrays")
@@ -263,6 +264,7 @@ class StatisticsCache:
         try:
             with os.fdopen(fd, "w") as f:
                 f.write(text + "\n")
+            os.chmod(tmp, created_mode())  # the user's umask, not mkstemp's 0o600
             os.replace(tmp, self.path)
         except OSError:
             Path(tmp).unlink(missing_ok=True)
