@@ -326,8 +326,9 @@ def test_a_torch_dataset_by_class_path_runs_a_round(
 def test_fedlit_partition_on_clients_as_folders_and_an_image_folder(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """``fedlit partition``: clients as folders show their folders' sizes and say that no R
-    is measured; an image folder is divided by the recipe's partitioner, its R measured."""
+    """``fedlit partition``: clients as folders show their folders' sizes under their names
+    and say that no R is measured; an image folder is divided by the recipe's partitioner
+    (named with its parameters), its R measured."""
     clients = client_folders(tmp_path / "clients", labeled=100, test=20)
     main(
         [
@@ -340,7 +341,8 @@ def test_fedlit_partition_on_clients_as_folders_and_an_image_folder(
     )
     shown = final_line(capsys)
     assert shown["title"] == "client_folders: the clients' own folders (no labels: R not measured)"
-    assert shown["class_counts"] == {f"client {k}": [n] for k, n in enumerate(CLIENT_SIZES)}
+    names = ("alice", "bob", "carol")  # the folders' names, in their order
+    assert shown["class_counts"] == {name: [n] for name, n in zip(names, CLIENT_SIZES, strict=True)}
     assert (tmp_path / "clients.png").is_file()
     images = image_folder(tmp_path / "images", train=200, test=20)
     main(
@@ -356,7 +358,8 @@ def test_fedlit_partition_on_clients_as_folders_and_an_image_folder(
         ]
     )
     shown = final_line(capsys)
-    assert shown["title"].startswith("folder, Dirichlet: R = ") and shown["partition/R"] > 0.3
+    assert shown["title"].startswith("folder, Dirichlet(alpha=0.1): R = ")
+    assert shown["partition/R"] > 0.3
     assert sum(sum(row) for row in shown["class_counts"].values()) == 200 - 50 - 100
 
 

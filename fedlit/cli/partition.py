@@ -43,5 +43,6 @@ def partition_main(argv: Sequence[str]) -> None:
     summary = data.partition_summary()
     title = data.partition_title()
     path = plot_partition(data.class_counts, out, title=title, class_names=data.class_names)
-    counts = {f"client {k}": row.tolist() for k, row in enumerate(data.class_counts)}
+    names = data.client_names()
+    counts = {names[k]: row.tolist() for k, row in enumerate(data.class_counts)}
     print(json.dumps({"plot": str(path), "title": title, **summary, "class_counts": counts}))

@@ -516,13 +516,20 @@ class FederatedDataModule(L.LightningDataModule):
         return self.pool.client_data(client_id, visit)
 
     def partition_title(self) -> str:
-        """One line naming the data set and its partition, with its R where the clients'
-        images have labels to measure it with, and saying so where they have none."""
+        """One line naming the data set and its partition (the partitioner with its
+        parameters), with its R where the clients' images have labels to measure it with, and
+        saying so where they have none."""
         if self.client_pool == "folders":
             return f"{self.dataset}: the clients' own folders (no labels: R not measured)"
         if self.client_pool == "unlabeled":
             return f"{self.dataset}, IID over its unlabeled split (no labels: R not measured)"
-        return f"{self.dataset}, {type(self.partitioner).__name__}: R = {self.non_iid_R:.3f}"
+        return f"{self.dataset}, {self.partitioner!r}: R = {self.non_iid_R:.3f}"
+
+    def client_names(self) -> list[str]:
+        """Each client's name: its folder's for clients as folders, else ``client <k>``."""
+        if self.client_pool == "folders":
+            return list(self.user_data.client_names)
+        return [f"client {k}" for k in range(self.num_clients)]
 
     def partition_summary(self) -> dict[str, float]:
         """Numbers that describe the partition, for logging once per run."""
