@@ -122,7 +122,10 @@ def test_bad_settings_rejected_at_construction(kwargs: dict, key: str) -> None:
 
 def test_too_many_labels_rejected_at_setup(fmnist_root: Path) -> None:
     dm = FederatedDataModule(root=str(fmnist_root), labeled_per_class=7000)
-    with pytest.raises(ValueError, match=r"data\.labeled_per_class=7000"):
+    # the class by its number and its name
+    with pytest.raises(
+        ValueError, match=r"data\.labeled_per_class=7000.*class 0 \('T-shirt/top'\)"
+    ):
         dm.setup_federation(0)
     dm = FederatedDataModule(root=str(fmnist_root), num_clients=100, examples_per_client=1000)
     with pytest.raises(ValueError, match=r"data\.examples_per_client"):

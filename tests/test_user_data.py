@@ -418,3 +418,12 @@ def test_a_pt_file_holds_the_same_arrays_as_an_npz(tmp_path: Path) -> None:
         images, labels = pt.spec.loader(tmp_path, split, False)
         assert torch.equal(images, x if split == "train" else xt)
         assert torch.equal(labels, npz.spec.loader(tmp_path, split, False)[1])
+
+
+def test_a_class_too_small_for_the_split_is_named_by_its_folder(tmp_path: Path) -> None:
+    """A message about one class of the user's folder names it by its folder, beside its
+    number."""
+    images = image_folder(tmp_path / "images", train=100, test=20)  # 10 images a class
+    data = FederatedDataModule(dataset="folder", path=str(images), labeled_per_class=30)
+    with pytest.raises(ValueError, match=r"labeled_per_class=30 .*class 0 \('c0'\) of folder"):
+        data.setup_federation(0)

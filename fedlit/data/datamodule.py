@@ -382,6 +382,7 @@ class FederatedDataModule(L.LightningDataModule):
             self.labeled_fraction,
             self.val_per_class,
             self.server_unlabeled_fraction,
+            self.spec.classes,
         )
         pool, pool_labels, pool_classes = train, labels[pool_idx], self.num_classes
         where = "left after the server's split"

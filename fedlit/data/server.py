@@ -48,13 +48,15 @@ def split_by_class(
     labeled_fraction: float | None,
     val_per_class: int,
     server_unlabeled_fraction: float,
+    class_names: Sequence[str] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The training split's indices, per class in a random order: labeled
     (``labeled_per_class``, or ``labeled_fraction`` of the class, or, both None, all that the
     validation and server-unlabeled images leave), validation, server-unlabeled
     (``server_unlabeled_fraction`` of the class), and the rest, the client pool; each sorted.
 
-    Raises ValueError, naming the keys, when a class has too few examples.
+    Raises ValueError, naming the keys and the class (by its name in ``class_names``, a
+    folder's for the user's data), when a class has too few examples.
     """
     labeled, val, unlabeled, pool = [], [], [], []
     for c in range(num_classes):
@@ -73,7 +75,8 @@ def split_by_class(
             raise ValueError(
                 f"{key} (+ data.val_per_class={val_per_class}, + data.server_unlabeled_"
                 f"fraction={server_unlabeled_fraction}) asks for more examples than "
-                f"class {c} of {dataset} has ({len(idx)})"
+                f"class {c}{f' ({class_names[c]!r})' if class_names else ''} of {dataset} "
+                f"has ({len(idx)})"
             )
         cuts = np.cumsum([n_lab, val_per_class, n_unl])
         labeled.append(idx[: cuts[0]])
