@@ -10,6 +10,7 @@ import json
 import math
 import pickle
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -22,7 +23,9 @@ from fedlit.cli import main
 from fedlit.data import Dirichlet, FederatedDataModule
 from fedlit.data.datasets import synthetic_images
 from fedlit.data.user_data import STATS_FILE, channel_statistics
+from fedlit.federation.callbacks import Announce
 from fedlit.federation.checkpoint import load_checkpoint
+from fedlit.methods import ServerSL
 
 EXAMPLES = Path(__file__).parents[1] / "recipes" / "examples"
 
@@ -81,7 +84,9 @@ def test_an_image_folder_learns_through_the_cli(
 ) -> None:
     """recipes/examples/image_folder.yaml on a folder of 400 training and 200 test PNGs (at
     their own 28x28), shrunk to 2 clients and 1 round: far above chance (0.1); only the
-    statistics cache is written into the folder, and a data module made afterwards reads it."""
+    statistics cache is written into the folder, and a data module made afterwards reads it.
+    A line says that the weak view flips the images (``data.hflip`` left to its default);
+    none where it is set."""
     root = image_folder(tmp_path / "images", train=400, test=200)
     before = snapshot(root)
     args = [
@@ -99,7 +104,10 @@ def test_an_image_folder_learns_through_the_cli(
         f"--trainer.default_root_dir={tmp_path / 'run'}",
     ]
     main(args)
-    assert final_line(capsys)["test/acc"] > 0.6
+    shown = capsys.readouterr()
+    assert json.loads(shown.out.strip().splitlines()[-1])["test/acc"] > 0.6
+    # the flips of the weak view, the default for one's own images, said once at the start
+    assert shown.err.count("note: data.hflip: the weak view flips your images") == 1
     after = snapshot(root)
     assert set(after) - set(before) == {root / STATS_FILE} and before.items() <= after.items()
     saved = json.loads((root / STATS_FILE).read_text())
@@ -107,6 +115,12 @@ def test_an_image_folder_learns_through_the_cli(
     assert (data.spec.mean, data.spec.std) == (tuple(saved["mean"]), tuple(saved["std"]))
     assert (data.in_channels, data.spec.size, data.num_classes) == (1, 28, 10)
     assert data.class_names == tuple(f"c{k}" for k in range(10))
+    for hflip, lines in ((None, 1), (False, 0), (True, 0)):  # said only for the default
+        view = SimpleNamespace(
+            data=FederatedDataModule("folder", path=str(root), hflip=hflip), method=ServerSL(10, 1)
+        )
+        Announce().on_run_start(view)  # type: ignore[arg-type]
+        assert capsys.readouterr().err.count("note: data.hflip") == lines
 
 
 def test_clients_as_folders_learn_through_the_cli(

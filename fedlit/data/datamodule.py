@@ -220,6 +220,12 @@ class FederatedDataModule(L.LightningDataModule):
 
     # --- static facts (known before any data is loaded) ---------------------------------
     @property
+    def is_users_own(self) -> bool:
+        """Whether the data set is the user's own (a folder, client folders, arrays, a
+        Dataset), not one of the registry's."""
+        return self._user is not None
+
+    @property
     def num_classes(self) -> int:
         return self.spec.num_classes
 

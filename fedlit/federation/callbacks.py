@@ -159,9 +159,17 @@ class Callbacks:
 
 class Announce(Callback):
     """Say what the method is when it is not an ordinary federated semi-supervised method (an
-    oracle, the centralized reference, not private), and each client left out of its round."""
+    oracle, the centralized reference, not private), that the user's own images are flipped
+    where ``data.hflip`` is left to its default, and each client left out of its round."""
 
     def on_run_start(self, run: RunView) -> None:
+        data = run.data
+        if data.is_users_own and data.hflip is None and data.spec.hflip:
+            note(
+                "data.hflip: the weak view flips your images left to right (the default for "
+                "your own data, as for natural images); set data.hflip=false where a mirror "
+                "changes the class (digits, text)"
+            )
         name = type(run.method).__name__
         if run.method.oracle:
             note(
