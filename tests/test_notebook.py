@@ -30,13 +30,19 @@ def test_quickstart_notebook_is_stripped_and_runs(
     text = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
     assert "server_sl: test/acc" in text and "fedavg_fixmatch: test/acc" in text
     assert "TensorDataset: 10 classes, 1 channel, 28x28; client shards [200, 200]" in text
+    assert "own data: test/acc" in text  # and a federation trains on it
     assert "my network: test/acc" in text  # a user's nn.Module instance as the backbone
     images = [o for o in outputs if "image/png" in o.get("data", {})]
     assert len(images) == 2  # the partition and the curves
     tables = [o for o in outputs if "text/markdown" in o.get("data", {})]
     assert "FedAvgFixMatch" in tables[0]["data"]["text/markdown"]
     runs = sorted((tmp_path / "work" / "runs").glob("*/*/metrics.csv"))
-    assert [p.parent.name for p in runs] == ["fedavg_fixmatch", "my_network", "server_sl"]
+    assert [p.parent.name for p in runs] == [
+        "fedavg_fixmatch",
+        "my_network",
+        "own_data",
+        "server_sl",
+    ]
     # nothing stray: no bare value of a cell's last line, no widget warnings
     results = [o for o in outputs if o.output_type == "execute_result"]
     assert [o["data"].get("text/plain") for o in results] == []
