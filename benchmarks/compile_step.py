@@ -35,7 +35,7 @@ import torch._dynamo
 from torch._dynamo.utils import counters
 from torch.profiler import ProfilerActivity, profile
 
-from fedlit.cli.fit import federation_of, resolve, run_federation
+from fedlit.cli.fit import federation_of, resolve
 from fedlit.data.datasets import stage_debian_fashion_mnist
 from fedlit.federation.callbacks import Callback, RunView
 
@@ -111,7 +111,7 @@ def run(method: str, mode: str | None, root: Path, clients: int, rounds: int) ->
         federation = federation_of(
             resolve(args), Path(tmp), progress=False, extra_callbacks=[measure]
         )
-        run_federation(federation)
+        federation.run()  # prepares, locks the run directory, runs, closes
     return measure
 
 

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from fedlit.cli.fit import federation_of, loggers, resolve, run_federation
+from fedlit.cli.fit import federation_of, loggers, resolve
 from fedlit.federation.callbacks import Callback, RunView
 
 LAUNCHES = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx")
@@ -39,11 +39,16 @@ class Recordings:
     their memory; a recording every fit means they do not."""
 
     count = 0
+    installed = False
 
     @classmethod
     def install(cls) -> None:
+        """Count from now on (once: a second call changes nothing)."""
         from torch._inductor import cudagraph_trees
 
+        if cls.installed:
+            return
+        cls.installed = True
         manager = cudagraph_trees.CUDAGraphTreeManager
         original = manager.record_function
 
@@ -205,7 +210,7 @@ def main() -> None:
             ),
         ],
     )
-    run_federation(federation)
+    federation.run()  # prepares, locks the run directory, runs, closes
 
 
 if __name__ == "__main__":

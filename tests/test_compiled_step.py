@@ -18,7 +18,7 @@ import torch._dynamo
 from conftest import tiny_overrides
 from torch._dynamo.utils import counters
 
-from fedlit.cli.fit import federation_of, resolve, run_federation
+from fedlit.cli.fit import federation_of, resolve
 from fedlit.data import ImageBatches, dataset_spec, load_split
 from fedlit.federation import compiled, trainers
 from fedlit.federation.callbacks import Callback, RunView
@@ -95,7 +95,7 @@ def compiled_run(
     with pytest.MonkeyPatch.context() as patch:
         if static is not None:
             patch.setattr(trainers, "whole_step_compiled", static)
-        run_federation(federation)
+        federation.run()  # prepares, locks the run directory, runs, closes
     return frames
 
 

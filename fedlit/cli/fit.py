@@ -19,13 +19,7 @@ from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 from fedlit.cli.common import CONFIG_MODE, config_file_error, json_line
 from fedlit.cli.test import TEST_HELP, run_test
 from fedlit.data.datamodule import FederatedDataModule
-from fedlit.federation import (
-    Federation,
-    FederationConfig,
-    FederationResult,
-    TrainerTemplate,
-    load_checkpoint,
-)
+from fedlit.federation import Federation, FederationConfig, TrainerTemplate, load_checkpoint
 from fedlit.federation.checkpoint import WRITE_FAILED, WriteFailed, write_error
 from fedlit.federation.config import DEFAULT_POOL, DEFAULT_RAY
 from fedlit.federation.console import warn
@@ -447,14 +441,3 @@ def federation_of(cli: FedlitCLI, run_dir: Path | None = None, **settings: Any) 
         trainer=cli.trainer,
         **settings,
     )
-
-
-def run_federation(federation: Federation) -> FederationResult:
-    """Prepare ``federation`` (its checks), lock its run directory, run it and close it: what
-    ``fedlit fit`` does, without its config file and its messages."""
-    try:
-        federation.prepare()
-        federation.open_run_dir()
-        return federation.run()
-    finally:
-        federation.close()
