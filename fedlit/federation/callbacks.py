@@ -224,8 +224,9 @@ class WeightDiversity(Callback):
         updates: Sequence[ClientUpdate],
         metrics: dict[str, float],
     ) -> None:
-        flat: dict[int, dict[str, Tensor]] = {}  # one payload sent to many clients: one state
-        start = [flat.setdefault(id(p), flatten_payload(p)) for p in received]
+        # one payload sent to many clients: flattened once, one state for all of them
+        flat: dict[int, dict[str, Tensor]] = {id(p): flatten_payload(p) for p in received}
+        start = [flat[id(p)] for p in received]
         metrics["diag/weight_diversity"] = weight_diversity(
             start, [flatten_payload(u.upload) for u in updates]
         )
