@@ -27,6 +27,7 @@ from fedlit.federation import Federation, FederationConfig, TrainerTemplate
 from fedlit.federation.seeding import derive_seed, seed_all
 from fedlit.federation.trainers import on_device
 from fedlit.methods import FedAvgFixMatch
+from fedlit.models import Architecture
 from fedlit.objectives import Optimization
 
 PARTS = ("objective", "build", "fit", "upload", "plain steps")
@@ -41,7 +42,7 @@ def main() -> None:
     args = parser.parse_args()
     data = FederatedDataModule(root=args.root, num_clients=10, examples_per_client=args.examples)
     method = FedAvgFixMatch(
-        num_classes=10, in_channels=1, backbone=args.backbone, optim=Optimization(client_lr=0.003)
+        Architecture(10, 1, backbone=args.backbone), optim=Optimization(client_lr=0.003)
     )
     # the plain loop runs on the CPU in fp32: so does the engine here, whatever the CPU's default
     template = TrainerTemplate(accelerator="cpu", precision="32-true")

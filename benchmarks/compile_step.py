@@ -63,7 +63,7 @@ def small(root: Path, run_dir: Path, clients: int, rounds: int) -> list[str]:
         "--federation.local_steps=null",
         "--federation.server_epochs=1",
         "--federation.eval_epochs=1",
-        "--model.init_args.backbone=small_cnn",
+        "--model.init_args.network.backbone=small_cnn",
         "--trainer.accelerator=cpu",
         "--trainer.precision=32-true",
         f"--trainer.default_root_dir={run_dir}",

@@ -60,6 +60,7 @@ from fedlit.federation.seeding import EVAL, FINETUNE, INIT, SERVER, derive_seed,
 from fedlit.federation.server import Server
 from fedlit.methods import FedAvgFixMatch, FederatedMethod, FedSEAL, ServerSL
 from fedlit.methods.plan import Step
+from fedlit.models import Architecture
 from fedlit.objectives import Objective, Optimization
 
 aten = torch.ops.aten
@@ -251,12 +252,10 @@ class Setting:
 
 METHODS: dict[str, Callable[[Setting], FederatedMethod]] = {
     "fixmatch": lambda s: FedAvgFixMatch(
-        num_classes=10, in_channels=1, backbone=s.backbone, optim=Optimization(client_lr=0.003)
+        Architecture(10, 1, backbone=s.backbone), optim=Optimization(client_lr=0.003)
     ),
-    "fedseal": lambda s: FedSEAL(
-        num_classes=10, in_channels=1, backbone=s.backbone, bootstrap_epochs=1
-    ),
-    "server_sl": lambda s: ServerSL(num_classes=10, in_channels=1, backbone=s.backbone),
+    "fedseal": lambda s: FedSEAL(Architecture(10, 1, backbone=s.backbone), bootstrap_epochs=1),
+    "server_sl": lambda s: ServerSL(Architecture(10, 1, backbone=s.backbone)),
 }
 
 

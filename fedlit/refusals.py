@@ -16,6 +16,7 @@ import importlib
 import inspect
 import re
 import sys
+import typing
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, NoReturn
@@ -98,32 +99,38 @@ def with_full_key(sentence: str, keys: Iterable[str]) -> str:
 
 def moved_to(cls: Any, name: str) -> str | None:
     """Where setting ``name``, which class ``cls`` does not take, now lives: the argument of
-    ``cls`` (``optim``, ``loss``) whose settings hold a field ``name``, or None."""
+    ``cls`` (``network``, ``optim``, ``loss``) whose settings class has a field ``name``, or
+    None."""
     try:
-        parameters = inspect.signature(cls).parameters.values()
-    except (TypeError, ValueError):
+        parameters = inspect.signature(cls).parameters
+        hints = typing.get_type_hints(cls.__init__)
+    except (TypeError, ValueError, NameError):
         return None
-    for parameter in parameters:
-        default = parameter.default
-        if _is_settings(default) and name in {f.name for f in dataclasses.fields(default)}:
+    for parameter in parameters.values():
+        settings = _settings_class(parameter, hints)
+        if settings is not None and name in {f.name for f in dataclasses.fields(settings)}:
             return f"{parameter.name}.{name}"
     return None
 
 
-def _is_settings(value: Any) -> bool:
-    return dataclasses.is_dataclass(value) and not isinstance(value, type)
+def _settings_class(parameter: inspect.Parameter, hints: dict[str, Any]) -> type | None:
+    """The settings dataclass argument ``parameter`` takes (its annotation, else its
+    default's type), or None."""
+    settings = hints.get(parameter.name, type(parameter.default))
+    return settings if isinstance(settings, type) and dataclasses.is_dataclass(settings) else None
 
 
 def _owner(cls: Any, name: str) -> str | None:
     """The name of the class that would take setting ``name`` (dotted: a group's settings
-    class, e.g. ``optim.nope`` -> Optimization)."""
+    class, e.g. ``optim.nope`` -> Optimization, ``network.nope`` -> Architecture)."""
     group, _, _ = name.rpartition(".")
     if group and cls is not None:
         try:
-            default = inspect.signature(cls).parameters[group].default
-        except (TypeError, ValueError, KeyError):
+            parameter = inspect.signature(cls).parameters[group]
+            settings = _settings_class(parameter, typing.get_type_hints(cls.__init__))
+        except (TypeError, ValueError, KeyError, NameError):
             return None
-        return type(default).__name__ if _is_settings(default) else None
+        return settings.__name__ if settings is not None else None
     return getattr(cls, "__name__", None)
 
 
@@ -188,6 +195,9 @@ def condensed(message: str) -> str:
     for reason in reasons:
         if m := _NOT_ACCEPTED.match(reason) or _UNRECOGNIZED.match(reason):
             name = m.group(1)
+            head = name.split(".")[0]
+            if "." in name and cls is not None and moved_to(cls, head) is not None:
+                name, value = head, None  # a moved group given with its own settings
             full = f"{key}.{name}" if key else name
             if value is None and given is not None:
                 value = _value_in(given, name)

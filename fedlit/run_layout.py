@@ -67,6 +67,20 @@ def flat_config(config: Any, groups: bool = False) -> dict[str, Any]:
     return flat
 
 
+#: Settings that moved, as a run written before the move records them -> their key now: the
+#: network's settings went into ``model.init_args.network``.
+MOVED_KEYS = {
+    f"model.init_args.{name}": f"model.init_args.network.{name}"
+    for name in ("num_classes", "in_channels", "backbone", "norm", "image_size", "backbone_weights")
+}
+
+
+def current_keys(flat: dict[str, Any]) -> dict[str, Any]:
+    """A recorded flat config (``hparams.yaml``, a checkpoint's) with each moved setting
+    under its key now (:data:`MOVED_KEYS`), so that runs of either version compare."""
+    return {MOVED_KEYS.get(key, key): value for key, value in flat.items()}
+
+
 #: The largest seed (``seed_everything``, a comparison's ``seeds``): numpy's seeds are 32-bit.
 MAX_SEED = 2**32 - 1
 

@@ -14,6 +14,7 @@ import torch
 from fedlit.data import FederatedDataModule
 from fedlit.federation import Federation, FederationConfig, RayPool, RaySettings
 from fedlit.methods import FedAvgFixMatch, FederatedMethod, FedSEAL
+from fedlit.models import Architecture
 from fedlit.objectives import Optimization
 
 
@@ -30,7 +31,7 @@ def federation(
         test_subset=200,
     )
     kw = {"bootstrap_epochs": 1} if cls is FedSEAL else {}
-    method = cls(num_classes=10, in_channels=1, optim=Optimization(client_lr=0.03), **kw)
+    method = cls(Architecture(10, 1), optim=Optimization(client_lr=0.03), **kw)
     cfg = FederationConfig(rounds=2, clients_per_round=3, executor=executor, ray=ray)  # type: ignore[arg-type]
     return Federation(method, data, cfg, run_dir=run_dir, seed=0, progress=False)
 

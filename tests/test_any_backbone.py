@@ -17,7 +17,7 @@ from fedlit.cli import main
 from fedlit.data import FederatedDataModule
 from fedlit.federation import Federation, FederationConfig, load_checkpoint
 from fedlit.methods import FedSup, ServerSL
-from fedlit.models import ModuleBackbone, build_backbone, build_classifier, has_stages
+from fedlit.models import Architecture, ModuleBackbone, build_backbone, build_classifier, has_stages
 
 REPO = Path(__file__).parents[1]
 
@@ -73,7 +73,7 @@ def test_a_method_starts_from_the_weights_file(tmp_path: Path) -> None:
     saved = build_backbone("small_cnn", in_channels=1).state_dict()
     path = tmp_path / "small_cnn.pt"
     torch.save(saved, path)
-    method = ServerSL(num_classes=10, in_channels=1, backbone_weights=str(path))
+    method = ServerSL(Architecture(10, 1, backbone_weights=str(path)))
     method.initialize()
     for key, value in method.network.backbone.state_dict().items():
         torch.testing.assert_close(value, saved[key], rtol=0, atol=0, msg=key)
@@ -97,8 +97,8 @@ def test_a_weights_file_that_is_missing_or_does_not_fit_is_refused(
         path.write_bytes(content)
     elif content == "resnet18":
         torch.save(_resnet18_state(0), path)
-    with pytest.raises(ValueError, match="model.backbone_weights") as err:
-        ServerSL(num_classes=10, in_channels=1, backbone_weights=str(path))
+    with pytest.raises(ValueError, match="model.network.backbone_weights") as err:
+        ServerSL(Architecture(10, 1, backbone_weights=str(path)))
     assert str(path) in str(err.value) and says in str(err.value)
 
 
@@ -106,7 +106,7 @@ def test_a_module_instance_passes_straight_in_with_its_weights() -> None:
     torch.manual_seed(0)
     mine = TinyNet(in_channels=1, width=6)
     before = {k: v.clone() for k, v in mine.state_dict().items()}
-    method = ServerSL(num_classes=10, in_channels=1, backbone=mine)
+    method = ServerSL(Architecture(10, 1, backbone=mine))
     method.initialize()
     body = method.network.backbone.body
     assert body is not mine and method.network.backbone.feature_dim == 6
@@ -124,7 +124,7 @@ def test_norm_swaps_batchnorm_or_is_refused_where_there_is_none() -> None:
     assert nn.GroupNorm in kinds and nn.BatchNorm2d not in kinds
     none = build_backbone(TinyNet(3), in_channels=3, norm="none")
     assert not any(isinstance(m, nn.BatchNorm2d) for m in none.modules())
-    with pytest.raises(ValueError, match="model.norm='gn'.*no BatchNorm2d"):
+    with pytest.raises(ValueError, match="model.network.norm='gn'.*no BatchNorm2d"):
         build_backbone("torchvision/squeezenet1_0", in_channels=3, norm="gn")
 
 
@@ -136,7 +136,9 @@ def test_a_class_path_gets_the_data_channels_where_it_takes_them() -> None:
 
 def test_timm_missing_is_refused_with_the_install_hint(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "timm", None)  # import timm raises ImportError
-    with pytest.raises(ValueError, match=r"model.backbone='timm/resnet18': timm is not installed"):
+    with pytest.raises(
+        ValueError, match=r"model.network.backbone='timm/resnet18': timm is not installed"
+    ):
         build_backbone("timm/resnet18", in_channels=3)
 
 
@@ -149,7 +151,7 @@ def test_timm_model_where_installed() -> None:
 
 def test_fedsup_refuses_a_backbone_without_stages() -> None:
     with pytest.raises(ValueError, match="FedSup's client loss compares the feature maps"):
-        FedSup(num_classes=10, in_channels=1, backbone=TinyNet(1))
+        FedSup(Architecture(10, 1, backbone=TinyNet(1)))
 
 
 def test_python_api_runs_a_round_with_a_module_instance(tmp_path: Path) -> None:
@@ -162,9 +164,7 @@ def test_python_api_runs_a_round_with_a_module_instance(tmp_path: Path) -> None:
         val_per_class=0,
         test_subset=50,
     )
-    method = ServerSL(
-        num_classes=data.num_classes, in_channels=data.in_channels, backbone=TinyNet(1)
-    )
+    method = ServerSL(Architecture(data.num_classes, data.in_channels, backbone=TinyNet(1)))
     result = Federation(
         method, data, FederationConfig(rounds=1, clients_per_round=2), run_dir=tmp_path / "run"
     ).run()
@@ -202,7 +202,7 @@ def test_cli_runs_a_round_with_any_backbone(
     recipe: str, backbone: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """One tiny round through the CLI (the clients' networks built from a class path too)."""
-    main(_tiny_fit(tmp_path, recipe, f"--model.init_args.backbone={backbone}"))
+    main(_tiny_fit(tmp_path, recipe, f"--model.init_args.network.backbone={backbone}"))
     assert '"test/acc"' in capsys.readouterr().out
     assert (tmp_path / "run" / "checkpoints" / "last.ckpt").is_file()
 
@@ -212,9 +212,10 @@ def test_cli_takes_class_path_and_init_args(tmp_path: Path) -> None:
     recipe.write_text(
         "model:\n"
         "  init_args:\n"
-        "    backbone:\n"
-        "      class_path: custom_backbones.TinyNet\n"
-        "      init_args: {in_channels: 1, width: 4}\n"
+        "    network:\n"
+        "      backbone:\n"
+        "        class_path: custom_backbones.TinyNet\n"
+        "        init_args: {in_channels: 1, width: 4}\n"
     )
     main(_tiny_fit(tmp_path, "server_sl", f"--config={recipe}"))
     config = (tmp_path / "run" / "config.yaml").read_text()
@@ -227,11 +228,11 @@ def test_cli_refuses_a_weights_file_that_does_not_fit_before_writing(
     path = tmp_path / "resnet18.pth"
     torch.save(_resnet18_state(0), path)  # torchvision's ResNet-18, not the small CNN
     with pytest.raises(SystemExit) as exc:
-        main(_tiny_fit(tmp_path, "server_sl", f"--model.init_args.backbone_weights={path}"))
+        main(_tiny_fit(tmp_path, "server_sl", f"--model.init_args.network.backbone_weights={path}"))
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.startswith("error: ")]
     assert exc.value.code == 2 and len(lines) == 1, err
-    assert "model.init_args.backbone_weights" in lines[0] and str(path) in lines[0]
+    assert "model.init_args.network.backbone_weights" in lines[0] and str(path) in lines[0]
     assert "does not fit 'small_cnn'" in lines[0]
     assert not (tmp_path / "run").exists()
 
@@ -243,7 +244,9 @@ def test_a_class_path_run_is_deterministic(tmp_path: Path) -> None:
     for name in ("a", "b"):
         main(
             _tiny_fit(
-                tmp_path / name, "fedavg_sl", "--model.init_args.backbone=custom_backbones.TinyNet"
+                tmp_path / name,
+                "fedavg_sl",
+                "--model.init_args.network.backbone=custom_backbones.TinyNet",
             )
         )
         ckpt = load_checkpoint(tmp_path / name / "run" / "checkpoints" / "last.ckpt")

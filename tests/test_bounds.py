@@ -15,6 +15,7 @@ import pytest
 from fedlit.data import FederatedDataModule
 from fedlit.federation import Federation, FederationConfig
 from fedlit.methods import FedAvgSL, FederatedMethod, ServerSL
+from fedlit.models import Architecture
 
 #: Server-SL's two seeds (two draws of 100 labels) must agree within this many points
 #: (measured at one torch thread: 64.3 and 67.7).
@@ -48,7 +49,7 @@ def test_the_oracle_beats_server_sl_whose_seeds_agree(fmnist_root: Path, tmp_pat
         _accuracy(
             fmnist_root,
             tmp_path / f"server_sl{seed}",
-            ServerSL(num_classes=10, in_channels=1, backbone=BACKBONE),
+            ServerSL(Architecture(10, 1, backbone=BACKBONE)),
             seed,
             rounds=5,
             server_epochs=20,
@@ -60,7 +61,7 @@ def test_the_oracle_beats_server_sl_whose_seeds_agree(fmnist_root: Path, tmp_pat
     oracle = _accuracy(
         fmnist_root,
         tmp_path / "fedavg_sl",
-        FedAvgSL(num_classes=10, in_channels=1, backbone=BACKBONE),
+        FedAvgSL(Architecture(10, 1, backbone=BACKBONE)),
         0,
         rounds=10,
         server_epochs=1,

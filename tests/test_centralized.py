@@ -17,6 +17,7 @@ from fedlit.federation import Federation, FederationConfig
 from fedlit.federation.server import client_steps_per_round
 from fedlit.methods import CentralizedFixMatch, CentralizedUDA
 from fedlit.methods.centralized import pooled_loader
+from fedlit.models import Architecture
 from fedlit.objectives import FixMatch, FixMatchLoss
 from fedlit.objectives.fixmatch import fixmatch_loss
 from fedlit.reporting import load_run, summarize, to_markdown
@@ -69,7 +70,7 @@ def test_it_trains_on_the_clients_images_at_the_server(
         root=str(fmnist_root), num_clients=3, examples_per_client=40, client_batch_size=16,
         labeled_per_class=5, test_subset=100,
     )  # fmt: skip
-    method = CentralizedFixMatch(10, 1, loss=FixMatchLoss(tau=0.0))
+    method = CentralizedFixMatch(Architecture(10, 1), loss=FixMatchLoss(tau=0.0))
     config = FederationConfig(rounds=1, clients_per_round=2, local_epochs=2)
     fed = Federation(method, data, config, run_dir=tmp_path / "run", progress=False)
     fed.prepare()
@@ -115,7 +116,7 @@ def test_streaming_data_is_refused_by_name(fmnist_root: Path, tmp_path: Path) ->
         root=str(fmnist_root), num_clients=2, examples_per_client=32, stream_steps=2
     )
     fed = Federation(
-        CentralizedUDA(10, 1), data, FederationConfig(rounds=1, clients_per_round=2),
+        CentralizedUDA(Architecture(10, 1)), data, FederationConfig(rounds=1, clients_per_round=2),
         run_dir=tmp_path / "run", progress=False,
     )  # fmt: skip
     with pytest.raises(ValueError, match="data.stream_steps=2"):
@@ -163,7 +164,9 @@ def test_with_labeled_in_step_every_step_takes_a_labeled_batch(
         root=str(fmnist_root), num_clients=3, examples_per_client=40, client_batch_size=16,
         batch_size=16, labeled_per_class=5, test_subset=100,
     )  # fmt: skip
-    method = CentralizedFixMatch(10, 1, loss=FixMatchLoss(tau=0.0), labeled_in_step=True)
+    method = CentralizedFixMatch(
+        Architecture(10, 1), loss=FixMatchLoss(tau=0.0), labeled_in_step=True
+    )
     config = FederationConfig(rounds=1, clients_per_round=2, local_epochs=2)
     row = Federation(method, data, config, run_dir=tmp_path / "run", progress=False).run().final
     assert row["central/steps"] == 8 and len(seen) == 8
@@ -181,4 +184,4 @@ def test_with_labeled_in_step_every_step_takes_a_labeled_batch(
 
 def test_labeled_in_step_must_be_a_bool() -> None:
     with pytest.raises(ValueError, match="model.labeled_in_step must be a bool"):
-        CentralizedFixMatch(10, 1, labeled_in_step="yes")  # type: ignore[arg-type]
+        CentralizedFixMatch(Architecture(10, 1), labeled_in_step="yes")  # type: ignore[arg-type]

@@ -52,7 +52,7 @@ def tiny(
     ]
     if recipe is not None:
         config = yaml.safe_load(recipe.read_text())
-        backbone = config["model"]["init_args"].get("backbone")
+        backbone = config["model"]["init_args"].get("network", {}).get("backbone")
         partitioner = config["data"].get("partitioner", {}).get("class_path", "")
         if partitioner.endswith("SSFL"):  # one main user per class
             args += ["--data.num_clients=10", "--federation.clients_per_round=10"]
@@ -68,7 +68,7 @@ def tiny(
         kept = ("fedsup_cifar10_iid.yaml", "fedseal_cifar10_iid.yaml")
         slow = backbone in ("resnet18", "resnet9") and recipe.name not in kept
         if backbone == "fedcon_cifar_cnn" or slow:
-            args.append("--model.init_args.backbone=small_cnn")
+            args.append("--model.init_args.network.backbone=small_cnn")
         if config["data"].get("path"):  # the user's files (recipes/examples): the generated
             # data set here; tests/test_user_data.py runs them on generated folders
             args += ["--data.path=null", "--data.image_size=null"]

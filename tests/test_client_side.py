@@ -21,6 +21,7 @@ from fedlit.federation.client import ClientJob, ClientRunner, ReceiveJob
 from fedlit.federation.executors import InProcess
 from fedlit.methods import FederatedMethod, FedSEAL, FedSup, TSServerEMA
 from fedlit.methods.client_side import ClientUpdate
+from fedlit.models import Architecture
 
 REPO = Path(__file__).parents[1]
 
@@ -72,7 +73,7 @@ def test_recipes_name_every_method_family() -> None:
 
 @pytest.mark.parametrize("name", _recipe_methods())
 def test_the_client_side_holds_nothing_of_the_server(name: str) -> None:
-    method = getattr(fedlit.methods, name)(num_classes=10, in_channels=1)
+    method = getattr(fedlit.methods, name)(Architecture(10, 1))
     method.initialize()
     side = method.client_side()
     assert _ServerStateFinder(method).server_state_in(side) == []

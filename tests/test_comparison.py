@@ -22,6 +22,7 @@ from fedlit.federation.callbacks import RunFile
 from fedlit.federation.checkpoint import save_checkpoint
 from fedlit.federation.config import FederationConfig
 from fedlit.methods import ServerSL
+from fedlit.models import Architecture
 
 REPO = Path(__file__).parents[1]
 
@@ -143,7 +144,11 @@ def test_a_resumed_run_keeps_what_its_run_json_recorded(tmp_path: Path) -> None:
     def start(run_dir: Path, seed: int, source: Any = None) -> dict[str, Any]:
         config = FederationConfig(rounds=3, labels=labels)
         view = SimpleNamespace(
-            method=ServerSL(10, 1), run_dir=run_dir, seed=seed, config=config, source=source
+            method=ServerSL(Architecture(10, 1)),
+            run_dir=run_dir,
+            seed=seed,
+            config=config,
+            source=source,
         )
         RunFile().on_run_start(view)  # type: ignore[arg-type]
         return dict(json.loads((run_dir / "run.json").read_text()))

@@ -23,6 +23,7 @@ from fedlit.federation.seeding import derive_seed, rng_states, seed_all
 from fedlit.federation.trainers import TrainerTemplate
 from fedlit.methods import FedAvgFixMatch, FederatedMethod, FedSEAL, TSClientEMA
 from fedlit.methods.client_side import BUILD_SEED, ClientUpdate
+from fedlit.models import Architecture
 from fedlit.objectives.base import KeptOptimizers
 
 
@@ -91,7 +92,7 @@ def test_per_step_trainers_do_not_probe_for_gpus_again(monkeypatch: pytest.Monke
 
 
 def test_a_worker_keeps_one_network_per_role_overwritten_in_place() -> None:
-    method = FedAvgFixMatch(num_classes=10, in_channels=1)
+    method = FedAvgFixMatch(Architecture(10, 1))
     side = method.client_side()
     weights = method.broadcast()[MODEL]
     generator = torch.get_rng_state()

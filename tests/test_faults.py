@@ -38,6 +38,7 @@ from fedlit.methods.base import StateDict
 from fedlit.methods.client_side import ClientSide, ObjectiveClientSide
 from fedlit.methods.fedrgd import PeerUploadWarning
 from fedlit.methods.plan import SERVER_FIRST, RoundPlan
+from fedlit.models import Architecture
 from fedlit.objectives import FixMatch, Objective, Optimization
 
 REPO = Path(__file__).parents[1]
@@ -134,7 +135,7 @@ def _fed(
 
 
 def _method(cls: type[FederatedMethod], **attrs: Any) -> Any:
-    method = cls(num_classes=10, in_channels=1, optim=Optimization(client_lr=0.003))
+    method = cls(Architecture(10, 1), optim=Optimization(client_lr=0.003))
     for key, value in attrs.items():
         setattr(method, key, value)
     return method
@@ -375,7 +376,7 @@ def _rgd_updates(method: FedRGD, clients: int) -> list[ClientUpdate]:
 def test_fedrgd_warns_when_a_group_of_two_exposes_a_peer(
     num_groups: int, clients: int, warned: bool
 ) -> None:
-    method = FedRGD(num_classes=10, in_channels=1, num_groups=num_groups)
+    method = FedRGD(Architecture(10, 1), num_groups=num_groups)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         method.aggregate(_rgd_updates(method, clients))

@@ -42,6 +42,7 @@ from fedlit.methods import (
     ServerSL,
 )
 from fedlit.methods.base import marks
+from fedlit.models import Architecture
 from fedlit.objectives import FixMatchLoss, Objective
 
 
@@ -57,7 +58,7 @@ def _federation(
     data_args = dict(root=str(root), num_clients=4, examples_per_client=128, client_batch_size=32)
     data_args.update(data_kw or {})
     data = FederatedDataModule(**data_args)  # type: ignore[arg-type]
-    method = method_cls(num_classes=10, in_channels=1, **(method_kw or {}))
+    method = method_cls(Architecture(10, 1), **(method_kw or {}))
     cfg = FederationConfig(**{"rounds": 2, "clients_per_round": 2, **config})  # type: ignore[arg-type]
     return Federation(method, data, cfg, run_dir=run_dir, seed=seed, progress=False)
 

@@ -27,7 +27,7 @@ from fedlit.methods.fedmatch import (
     probe_images,
     sparsify,
 )
-from fedlit.models import build_classifier
+from fedlit.models import Architecture, build_classifier
 from fedlit.objectives import FedMatchClient, FedMatchLoss, FedMatchServer, Optimization
 from fedlit.objectives.fedmatch import (
     agreement_pseudo_labels,
@@ -43,7 +43,7 @@ SPEC = SPECS["fashion_mnist"]
 
 def _method(**kw: object) -> FedMatch:
     torch.manual_seed(0)
-    method = FedMatch(10, 1, **kw)  # type: ignore[arg-type]
+    method = FedMatch(Architecture(10, 1), **kw)  # type: ignore[arg-type]
     method.initialize()
     method.probe = probe_images(SPEC)
     return method
@@ -132,9 +132,9 @@ def test_fedmatch_loss_settings_are_validated() -> None:
     with pytest.raises(ValueError, match="loss.lambda_l2"):
         FedMatchLoss(lambda_l2=-1.0)
     with pytest.raises(ValueError, match="model.helper_interval"):
-        FedMatch(10, 1, helper_interval=0)
+        FedMatch(Architecture(10, 1), helper_interval=0)
     with pytest.raises(ValueError, match="model.delta_threshold"):
-        FedMatch(10, 1, delta_threshold=float("nan"))
+        FedMatch(Architecture(10, 1), delta_threshold=float("nan"))
 
 
 # --- the decomposition ---------------------------------------------------------------------
@@ -317,8 +317,7 @@ def _fed(root: Path, run_dir: Path, rounds: int, **config: object) -> Federation
         test_subset=500,
     )
     method = FedMatch(
-        10,
-        1,
+        Architecture(10, 1),
         optim=Optimization(client_lr=0.03, server_lr=0.03),
         loss=FedMatchLoss(lambda_i=1.0, lambda_a=1.0, lambda_l2=0.03),
         helper_interval=1,

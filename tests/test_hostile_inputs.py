@@ -81,42 +81,90 @@ FIT = [
     # model
     ("server_sl", ["--model=NoSuchMethod"], "model", "NoSuchMethod"),
     ("server_sl", ["--model.class_path=fedlit.data.IID"], "model", "fedlit.data.IID"),
-    ("server_sl", ["--model.init_args.backbone=vgg99"], "model.init_args.backbone", "vgg99"),
-    ("server_sl", ["--model.init_args.norm=xx"], "model.init_args.norm", "xx"),
-    ("server_sl", ["--model.init_args.nope=1"], "model.init_args.nope", "1"),
-    # model vs data: a backbone that does not fit the data's images, linked keys contradicting
-    ("server_sl", ["--model.init_args.backbone=fedcon_cifar_cnn"], "backbone", "fedcon_cifar"),
     (
         "server_sl",
-        ["--data.dataset=synthetic", "--model.init_args.backbone=fedcon_cifar_cnn"],
-        "model.init_args.backbone",
+        ["--model.init_args.network.backbone=vgg99"],
+        "model.init_args.network.backbone",
+        "vgg99",
+    ),
+    ("server_sl", ["--model.init_args.network.norm=xx"], "model.init_args.network.norm", "xx"),
+    ("server_sl", ["--model.init_args.nope=1"], "model.init_args.nope", "1"),
+    # model vs data: a backbone that does not fit the data's images, linked keys contradicting
+    (
+        "server_sl",
+        ["--model.init_args.network.backbone=fedcon_cifar_cnn"],
+        "backbone",
+        "fedcon_cifar",
+    ),
+    (
+        "server_sl",
+        ["--data.dataset=synthetic", "--model.init_args.network.backbone=fedcon_cifar_cnn"],
+        "model.init_args.network.backbone",
         "1x28x28",
     ),
     (
         "server_sl",
-        ["--data.dataset=synthetic_rgb", "--model.init_args.backbone=fedcon_mnist_cnn"],
-        "model.init_args.backbone",
+        ["--data.dataset=synthetic_rgb", "--model.init_args.network.backbone=fedcon_mnist_cnn"],
+        "model.init_args.network.backbone",
         "3x32x32",
     ),
-    ("server_sl", ["--model.init_args.backbone=custom_backbones.FlatNet"], "backbone", "FlatNet"),
-    ("server_sl", ["--model.init_args.num_classes=100"], "model.init_args.num_classes", "100"),
-    ("server_sl", ["--model.init_args.in_channels=3"], "model.init_args.in_channels", "3"),
-    ("server_sl", ["--model.init_args.image_size=32"], "model.init_args.image_size", "32"),
-    # any backbone: names, class paths, weights
-    ("server_sl", ["--model.init_args.backbone=torchvision/nonet"], "backbone", "nonet"),
-    ("server_sl", ["--model.init_args.backbone=custom_backbones.Nope"], "backbone", "Nope"),
-    ("server_sl", ["--model.init_args.backbone=no_such_module.Net"], "backbone", "no_such"),
     (
         "server_sl",
-        ["--model.init_args.backbone=torchvision/squeezenet1_0", "--model.init_args.norm=gn"],
-        "model.init_args.norm",
+        ["--model.init_args.network.backbone=custom_backbones.FlatNet"],
+        "backbone",
+        "FlatNet",
+    ),
+    (
+        "server_sl",
+        ["--model.init_args.network.num_classes=100"],
+        "model.init_args.network.num_classes",
+        "100",
+    ),
+    (
+        "server_sl",
+        ["--model.init_args.network.in_channels=3"],
+        "model.init_args.network.in_channels",
+        "3",
+    ),
+    (
+        "server_sl",
+        ["--model.init_args.network.image_size=32"],
+        "model.init_args.network.image_size",
+        "32",
+    ),
+    # any backbone: names, class paths, weights
+    ("server_sl", ["--model.init_args.network.backbone=torchvision/nonet"], "backbone", "nonet"),
+    ("server_sl", ["--model.init_args.network.backbone=custom_backbones.Nope"], "backbone", "Nope"),
+    ("server_sl", ["--model.init_args.network.backbone=no_such_module.Net"], "backbone", "no_such"),
+    (
+        "server_sl",
+        [
+            "--model.init_args.network.backbone=torchvision/squeezenet1_0",
+            "--model.init_args.network.norm=gn",
+        ],
+        "model.init_args.network.norm",
         "gn",
     ),
-    ("fedsup", ["--model.init_args.backbone=torchvision/squeezenet1_0"], "backbone", "squeeze"),
-    ("server_sl", ["--model.init_args.backbone_weights={work}/none.pt"], "weights", "none.pt"),
-    ("server_sl", ["--model.init_args.backbone_weights={work}/afile"], "weights", "afile"),
-    ("server_sl", ["--model.init_args.backbone_weights={work}"], "backbone_weights", "folder"),
-    ("server_sl", ["--model.init_args.backbone_weights=download"], "weights", "download"),
+    (
+        "fedsup",
+        ["--model.init_args.network.backbone=torchvision/squeezenet1_0"],
+        "backbone",
+        "squeeze",
+    ),
+    (
+        "server_sl",
+        ["--model.init_args.network.backbone_weights={work}/none.pt"],
+        "weights",
+        "none.pt",
+    ),
+    ("server_sl", ["--model.init_args.network.backbone_weights={work}/afile"], "weights", "afile"),
+    (
+        "server_sl",
+        ["--model.init_args.network.backbone_weights={work}"],
+        "backbone_weights",
+        "folder",
+    ),
+    ("server_sl", ["--model.init_args.network.backbone_weights=download"], "weights", "download"),
     ("fedrgd", ["--model.init_args.num_groups=0"], "model.init_args.num_groups", "0"),
     ("fedrgd", ["--model.init_args.num_groups=5"], "model.init_args.num_groups", "5"),
     ("fedcon", ["--model.init_args.ema_decay=1.5"], "model.init_args.ema_decay", "1.5"),
@@ -213,7 +261,12 @@ FIT = [
     ("server_sl", ["--federation.init_from={work}/none"], "federation.init_from", "none"),
     ("server_sl", ["--federation.init_from={work}/afile"], "federation.init_from", "afile"),
     ("server_sl", ["--federation.init_from={work}"], "federation.init_from", "holds no"),
-    ("server_sl", ["--federation.init_from={run}", "--model.init_args.norm=gn"], "init_from", "gn"),
+    (
+        "server_sl",
+        ["--federation.init_from={run}", "--model.init_args.network.norm=gn"],
+        "init_from",
+        "gn",
+    ),
     (
         "server_sl",
         ["--federation.init_from={run}", "--data.dataset=synthetic_rgb"],
@@ -629,13 +682,33 @@ def test_a_recipe_of_the_previous_schema_is_told_where_its_settings_went(
         "model:\n"
         "  class_path: fedlit.methods.FedAvgFixMatch\n"
         "  init_args:\n"
-        "    backbone: small_cnn\n"
         "    client_lr: 0.003\n"
     )
     argv = ["fit", f"--config={old}", *tiny_overrides(fmnist_root)]
     argv.append(f"--trainer.default_root_dir={work / 'run'}")
     key = "model.init_args.client_lr=0.003"
     _refused_by_name(argv, key, "it moved to model.init_args.optim.client_lr", capsys, (work,))
+
+
+@pytest.mark.parametrize(
+    ("setting", "key"),
+    [
+        ("    norm: gn\n", "model.init_args.norm='gn'"),
+        ("    backbone: {class_path: custom_backbones.TinyNet}\n", "model.init_args.backbone"),
+    ],
+)
+def test_a_recipe_written_before_the_network_group_is_told_where_its_settings_went(
+    setting: str, key: str, fmnist_root: Path, work: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The network's settings moved into ``model.init_args.network``: a recipe that gives
+    one (a plain value, or a class with its own settings) at the old place is refused,
+    naming the new one."""
+    old = work / "old.yaml"
+    old.write_text("model:\n  class_path: fedlit.methods.ServerSL\n  init_args:\n" + setting)
+    argv = ["fit", f"--config={old}", *tiny_overrides(fmnist_root)]
+    argv.append(f"--trainer.default_root_dir={work / 'run'}")
+    new = key.split("=")[0].replace("init_args.", "init_args.network.")
+    _refused_by_name(argv, key, f"no such setting of ServerSL; it moved to {new}", capsys, (work,))
 
 
 def _fit_argv(fmnist_root: Path, run_dir: Path, *args: str, rounds: int = 1) -> list[str]:

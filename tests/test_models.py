@@ -130,7 +130,7 @@ def test_make_norm():
     assert make_norm("gn", 64).num_groups == 32
     assert make_norm("gn", 10).num_groups == 10
     assert make_norm("gn", 48).num_groups == 24
-    with pytest.raises(ValueError, match="model.norm"):
+    with pytest.raises(ValueError, match="model.network.norm"):
         make_norm("ln", 8)
 
 
@@ -145,13 +145,13 @@ def test_state_dict_keys(name: str):
 
 
 def test_errors_name_config_keys():
-    with pytest.raises(ValueError, match="model.backbone") as err:
+    with pytest.raises(ValueError, match="model.network.backbone") as err:
         build_classifier("vgg", num_classes=10, in_channels=3)
     assert "'vgg'" in str(err.value) and "resnet18" in str(err.value)
-    with pytest.raises(ValueError, match="model.norm") as err:
+    with pytest.raises(ValueError, match="model.network.norm") as err:
         build_classifier("small_cnn", num_classes=10, in_channels=3, norm="layer")
     assert all(repr(n) in str(err.value) for n in NORMS)
-    with pytest.raises(ValueError, match="model.norm"):
+    with pytest.raises(ValueError, match="model.network.norm"):
         SmallCNN(norm="batch")
 
 

@@ -15,7 +15,7 @@ from fedlit.cli import main
 from fedlit.data import FederatedDataModule
 from fedlit.federation import Federation, FederationConfig
 from fedlit.methods import FedCon
-from fedlit.models import build_classifier
+from fedlit.models import Architecture, build_classifier
 from fedlit.objectives import FedConServer
 from fedlit.objectives.fedcon import server_loss
 
@@ -119,7 +119,7 @@ def _fed(root: Path, run_dir: Path, server_unlabeled: bool, fraction: float) -> 
         test_subset=200,
         server_unlabeled_fraction=fraction,
     )
-    method = FedCon(num_classes=10, in_channels=1, server_unlabeled=server_unlabeled)
+    method = FedCon(Architecture(10, 1), server_unlabeled=server_unlabeled)
     cfg = FederationConfig(rounds=1, clients_per_round=2)
     return Federation(method, data, cfg, run_dir=run_dir, seed=0, progress=False)
 
@@ -150,7 +150,7 @@ def test_server_unlabeled_without_images_names_the_key(
                 *tiny_overrides(fmnist_root),
                 "--data.labeled_fraction=null",
                 "--data.server_unlabeled_fraction=0",
-                "--model.init_args.backbone=small_cnn",
+                "--model.init_args.network.backbone=small_cnn",
                 f"--trainer.default_root_dir={run_dir}",
             ]
         )

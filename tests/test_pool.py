@@ -42,6 +42,7 @@ from fedlit.federation import (
 )
 from fedlit.federation.executors import EXECUTORS
 from fedlit.methods import ClientUpdate, FedAvgFixMatch, FederatedMethod, FedSEAL
+from fedlit.models import Architecture
 from fedlit.objectives import Optimization
 
 pytestmark = pytest.mark.slow
@@ -158,7 +159,7 @@ def _tiny(root: Path, run_dir: Path, pool: PoolSettings | None) -> tuple[Federat
         val_per_class=0,
         test_subset=50,
     )
-    method = KillsItsWorker(num_classes=10, in_channels=1, optim=Optimization(client_lr=0.03))
+    method = KillsItsWorker(Architecture(10, 1), optim=Optimization(client_lr=0.03))
     cfg = FederationConfig(
         rounds=1,
         clients_per_round=2,

@@ -15,6 +15,7 @@ from fedlit.cli import INTERRUPTED, main
 from fedlit.data import FederatedDataModule
 from fedlit.federation import Callback, Federation, FederationConfig, RunView
 from fedlit.methods import FedAvgFixMatch
+from fedlit.models import Architecture
 
 
 class Stages(Callback):
@@ -36,7 +37,7 @@ def _tiny(root: Path, run_dir: Path, method: type = FedAvgFixMatch, **kw: object
         test_subset=50,
     )
     return Federation(
-        method(num_classes=10, in_channels=1),
+        method(Architecture(10, 1)),
         data,
         FederationConfig(rounds=2, clients_per_round=2, **kw),  # type: ignore[arg-type]
         run_dir=run_dir,

@@ -28,6 +28,7 @@ from fedlit.methods import (
 )
 from fedlit.methods.base import Payload
 from fedlit.methods.fedseal import THRESHOLDS
+from fedlit.models import Architecture
 from fedlit.objectives import FedSEALLoss, Objective, Optimization
 from fedlit.objectives.fedseal import predict_probabilities
 
@@ -52,7 +53,7 @@ def _fed(
     data_args.update(data_kw or {})
     data = FederatedDataModule(**data_args)  # type: ignore[arg-type]
     optim = Optimization(**{"client_lr": 0.003, **(optim_kw or {})})
-    method = cls(num_classes=10, in_channels=1, optim=optim, **(method_kw or {}))
+    method = cls(Architecture(10, 1), optim=optim, **(method_kw or {}))
     cfg = FederationConfig(**{"rounds": 1, "clients_per_round": 2, **config})  # type: ignore[arg-type]
     return Federation(method, data, cfg, run_dir=run_dir, seed=0, progress=False)
 
@@ -231,7 +232,7 @@ def test_fedseal_ablations_fixed_tau_and_no_negative_learning(
 
 
 def test_fedseal_thresholds_travel_with_the_model() -> None:
-    method = FedSEAL(num_classes=10, in_channels=1)
+    method = FedSEAL(Architecture(10, 1))
     method.thresholds = torch.linspace(0.1, 1.0, 10)
     method.on_round_start(1, 10)
     payload = method.broadcast()
@@ -310,7 +311,7 @@ def test_teacher_is_the_ema_of_the_students(fmnist_root: Path, tmp_path: Path) -
 
 
 def test_fedrgd_groups_start_from_their_own_average() -> None:
-    method = FedRGD(num_classes=10, in_channels=1, num_groups=2)
+    method = FedRGD(Architecture(10, 1), num_groups=2)
     shape = {k: v for k, v in method.network.state_dict().items()}
 
     def const(c: float) -> dict[str, torch.Tensor]:
@@ -330,7 +331,7 @@ def test_fedrgd_groups_start_from_their_own_average() -> None:
     assert float(method.client_payload(payload, 5)["model"][w][0, 0]) == pytest.approx(7 / 3)
     assert float(method.client_payload(payload, 8)["model"][w][0, 0]) == pytest.approx(5.5)
     assert method.client_payload(payload, 0) is payload  # not in last round's groups
-    single = FedRGD(num_classes=10, in_channels=1, num_groups=1)
+    single = FedRGD(Architecture(10, 1), num_groups=1)
     single.network.load_state_dict(const(1.0))
     single.aggregate(updates)  # eqs 4-5: (1 + 2 + 4 + 10) / 4
     assert float(single.network.state_dict()[w][0, 0]) == pytest.approx(4.25)

@@ -11,6 +11,7 @@ from torch import nn
 
 from fedlit.aggregation import weight_diversity
 from fedlit.methods import FedSwitch
+from fedlit.models import Architecture
 from fedlit.objectives import (
     FedSEALLoss,
     FixMatchLoss,
@@ -173,14 +174,14 @@ def test_weight_diversity_on_known_tensors() -> None:
 def test_fedswitch_switch_decision(
     kl_teacher: float, kl_student: float, beta: float, send: bool
 ) -> None:
-    method = FedSwitch(num_classes=10, in_channels=1, beta=beta)
+    method = FedSwitch(Architecture(10, 1), beta=beta)
     values = torch.tensor([kl_teacher, kl_student], dtype=torch.float64)
     method.kl.copy_(values.nan_to_num())
     method.kl_measured.copy_(~values.isnan())  # NaN: not measured yet
     assert method.send_teacher() is send
     assert ("teacher" in method.broadcast()) is send
     # the switch's ablation: the teacher goes out whatever the measures say
-    fixed = FedSwitch(num_classes=10, in_channels=1, beta=beta, switching=False)
+    fixed = FedSwitch(Architecture(10, 1), beta=beta, switching=False)
     fixed.kl.copy_(method.kl)
     fixed.kl_measured.copy_(method.kl_measured)
     assert fixed.send_teacher() is True and "teacher" in fixed.broadcast()

@@ -270,7 +270,7 @@ CHANGED = [
     ("--data.examples_per_client=16", "data.examples_per_client"),
     ("--data.partitioner=Dirichlet --data.partitioner.alpha=0.5", "data.partitioner.class_path"),
     ("--federation.server_epochs=2", "federation.server_epochs"),
-    ("--model.init_args.backbone=fedcon_mnist_cnn", "model.init_args.backbone"),
+    ("--model.init_args.network.backbone=fedcon_mnist_cnn", "model.init_args.network.backbone"),
 ]
 
 
@@ -311,8 +311,8 @@ def test_resume_from_another_backbone_names_the_mismatch(
         fmnist_root,
         tmp_path / "fork",
         "--federation.rounds=2",
-        "--model.init_args.backbone=fedcon_mnist_cnn",
-        "--federation.resume_may_change=[model.init_args.backbone]",
+        "--model.init_args.network.backbone=fedcon_mnist_cnn",
+        "--federation.resume_may_change=[model.init_args.network.backbone]",
         _resume(finished),
     )
     err = refused(args, capsys)

@@ -23,6 +23,7 @@ from fedlit.methods import (
     FederatedMethod,
     FedSup,
 )
+from fedlit.models import Architecture
 from fedlit.objectives import Optimization, feature_map_weight
 
 
@@ -41,7 +42,7 @@ def _fed(
         client_batch_size=32,
         test_subset=2000,
     )
-    method = cls(num_classes=10, in_channels=1, optim=Optimization(client_lr=0.003))
+    method = cls(Architecture(10, 1), optim=Optimization(client_lr=0.003))
     cfg = FederationConfig(**{"rounds": 1, "clients_per_round": num_clients, **config})  # type: ignore[arg-type]
     return Federation(method, data, cfg, run_dir=run_dir, seed=0, progress=False)
 

@@ -10,6 +10,7 @@ from conftest import tiny_overrides
 
 from fedlit.cli import main
 from fedlit.federation import load_checkpoint
+from fedlit.federation.checkpoint import save_checkpoint
 
 QUICKSTART = Path(__file__).parents[1] / "recipes" / "quickstart.yaml"
 
@@ -70,4 +71,30 @@ def test_resume_names_every_differing_setting_and_the_runs_config(
         "again over 2 rounds from round 2 on; round 1 followed the 1-round schedule, so the "
         "result differs from a fresh 2-round run"
     ) in err, err
+    assert load_checkpoint(ckpt)["round"] == 2
+
+
+def test_a_run_recorded_before_the_network_group_resumes_with_its_settings_compared(
+    fmnist_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A checkpoint that records the network's settings at their keys before
+    ``model.init_args.network`` (``model.init_args.norm``) is compared under the keys now: a
+    changed norm is refused, naming it; the same settings resume."""
+    run = tmp_path / "run"
+    main(_fit(fmnist_root, run))
+    ckpt = run / "checkpoints" / "last.ckpt"
+    state = load_checkpoint(ckpt)
+    state["hparams"] = {
+        key.replace("model.init_args.network.", "model.init_args."): value
+        for key, value in state["hparams"].items()
+    }
+    assert state["hparams"]["model.init_args.norm"] is None
+    save_checkpoint(ckpt, state)
+    capsys.readouterr()
+    longer = ["--federation.rounds=2", f"--federation.resume={ckpt}"]
+    with pytest.raises(SystemExit):
+        main(_fit(fmnist_root, run, "--model.init_args.network.norm=bn", *longer))
+    err = capsys.readouterr().err
+    assert "model.init_args.network.norm='bn' (the checkpoint's: None)" in err, err
+    main(_fit(fmnist_root, run, *longer))
     assert load_checkpoint(ckpt)["round"] == 2

@@ -45,6 +45,7 @@ from fedlit.methods.base import Payload
 from fedlit.methods.client_side import ClientSide, ObjectiveClientSide
 from fedlit.methods.plan import RoundPlan, Step
 from fedlit.methods.teacher_student import KL_REPORT
+from fedlit.models import Architecture
 from fedlit.objectives import FixMatch, Objective, Optimization, TeacherStudentClient
 
 S, B, C, R, A, F, Z = (
@@ -80,7 +81,7 @@ PLANS: dict[type[FederatedMethod], tuple[Step, ...]] = {
 
 
 def _method(cls: type[FederatedMethod], **kw: Any) -> FederatedMethod:
-    return cls(num_classes=10, in_channels=1, **kw)
+    return cls(Architecture(10, 1), **kw)
 
 
 def test_every_method_has_a_written_out_plan() -> None:
@@ -221,7 +222,7 @@ def _recording_round(root: Path, run_dir: Path, steps: tuple[Step, ...]) -> Fede
     data = FederatedDataModule(
         root=str(root), num_clients=3, examples_per_client=32, client_batch_size=32, test_subset=100
     )
-    method = Recording(num_classes=10, in_channels=1, optim=Optimization(client_lr=0.003))
+    method = Recording(Architecture(10, 1), optim=Optimization(client_lr=0.003))
     method.steps = steps
     config = FederationConfig(rounds=1, clients_per_round=2, server_epochs=1)
     fed = Federation(
@@ -289,7 +290,7 @@ def _switch_client(method: FedSwitch, kl: Sequence[dict[str, float]]) -> Teacher
 
 
 def test_fedswitch_uploads_its_kl_report() -> None:
-    method = FedSwitch(num_classes=10, in_channels=1)
+    method = FedSwitch(Architecture(10, 1))
     objective = _switch_client(
         method, [{"teacher": 0.5, "student": 0.25}, {"teacher": 1.0, "student": 0.75}]
     )
@@ -306,7 +307,7 @@ def test_fedswitch_uploads_its_kl_report() -> None:
 
 
 def test_fedswitch_aggregates_the_reports_not_the_metrics() -> None:
-    method = FedSwitch(num_classes=10, in_channels=1)
+    method = FedSwitch(Architecture(10, 1))
     model = method._shared_state()
 
     def update(cid: int, report: dict[str, float]) -> ClientUpdate:

@@ -13,7 +13,7 @@ from fedlit.data import FederatedDataModule
 from fedlit.evaluation import scored
 from fedlit.federation import TrainerTemplate
 from fedlit.methods import ServerSL
-from fedlit.models import build_classifier
+from fedlit.models import Architecture, build_classifier
 from fedlit.objectives import Optimization, SupervisedCE
 
 
@@ -93,7 +93,7 @@ def test_scored_statistics_do_not_depend_on_the_batch_size_while_one_batch_holds
 def test_run_level_schedule_values_at_known_steps(data: FederatedDataModule) -> None:
     """Round 2 of 4 covers the run's fraction [0.25, 0.5): the server's learning rate at its
     k-th of S steps is lr * cos(pi / 2 * (0.25 + 0.25 k / S)) (cosine to 0, no warm-up)."""
-    method = ServerSL(num_classes=10, in_channels=1, optim=Optimization(server_lr=0.1))
+    method = ServerSL(Architecture(10, 1), optim=Optimization(server_lr=0.1))
     method.on_round_start(2, 4)
     kw = method._server_kwargs()
     assert kw["progress"] == (0.25, 0.5)

@@ -20,6 +20,7 @@ from fedlit.data.datamodule import FederatedDataModule
 from fedlit.data.datasets import ImageSplit, load_unlabeled_split
 from fedlit.data.partition import IID, SSFL, ClassesPerClient, Dirichlet
 from fedlit.methods import FedAvgSL
+from fedlit.models import Architecture
 
 CODES = {"train": 1, "test": 2, "unlabeled": 3}
 SIZES = {"train": 100, "test": 50, "unlabeled": 400}  # STL-10: 5,000, 8,000, 100,000
@@ -122,9 +123,9 @@ def test_the_oracle_and_hidden_labels_are_refused_naming_the_key(tmp_path: Path)
     data.setup_federation(0)
     client = data.client_data(0)
     with pytest.raises(ValueError, match="data.client_pool='unlabeled'.*no labels"):
-        FedAvgSL(num_classes=10, in_channels=3).client_side().loader(client)
+        FedAvgSL(Architecture(10, 3)).client_side().loader(client)
     with pytest.raises(ValueError, match="data.client_pool='unlabeled': FedAvgSL is an oracle"):
-        FedAvgSL(num_classes=10, in_channels=3).validate_data(data)  # before any work
+        FedAvgSL(Architecture(10, 3)).validate_data(data)  # before any work
     with pytest.raises(ValueError, match="data.client_pool"):
         client.oracle_dataloader()
     with pytest.raises(ValueError, match="data.client_pool"):
@@ -199,7 +200,7 @@ def test_paper_recipe_runs_on_the_unlabeled_split(
             "--federation.clients_per_round=2",
             "--federation.local_epochs=1",
             "--federation.final_eval=[]",
-            "--model.init_args.backbone=small_cnn",
+            "--model.init_args.network.backbone=small_cnn",
             f"--trainer.default_root_dir={run_dir}",
         ]
     )

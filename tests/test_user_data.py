@@ -26,6 +26,7 @@ from fedlit.data.user_data import STATS_FILE, channel_statistics
 from fedlit.federation.callbacks import Announce
 from fedlit.federation.checkpoint import load_checkpoint
 from fedlit.methods import ServerSL
+from fedlit.models import Architecture
 
 EXAMPLES = Path(__file__).parents[1] / "recipes" / "examples"
 
@@ -117,7 +118,8 @@ def test_an_image_folder_learns_through_the_cli(
     assert data.class_names == tuple(f"c{k}" for k in range(10))
     for hflip, lines in ((None, 1), (False, 0), (True, 0)):  # said only for the default
         view = SimpleNamespace(
-            data=FederatedDataModule("folder", path=str(root), hflip=hflip), method=ServerSL(10, 1)
+            data=FederatedDataModule("folder", path=str(root), hflip=hflip),
+            method=ServerSL(Architecture(10, 1)),
         )
         Announce().on_run_start(view)  # type: ignore[arg-type]
         assert capsys.readouterr().err.count("note: data.hflip") == lines

@@ -40,6 +40,7 @@ from fedlit.methods import (
     TSClientEMA,
     TSServerEMA,
 )
+from fedlit.models import Architecture
 from fedlit.objectives import FixMatchLoss
 from fedlit.reporting import load_run
 
@@ -69,7 +70,9 @@ def _federation(
 def source(fmnist_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A finished 2-round Server-SL run (seed 0): the run others start from."""
     run_dir = tmp_path_factory.mktemp("source") / "server_sl"
-    _federation(fmnist_root, run_dir, ServerSL(10, 1), rounds=2, server_epochs=2).run()
+    _federation(
+        fmnist_root, run_dir, ServerSL(Architecture(10, 1)), rounds=2, server_epochs=2
+    ).run()
     return run_dir
 
 
@@ -88,7 +91,9 @@ def test_a_warm_start_scores_its_source_before_its_first_round(
 ) -> None:
     """Every method's scored network is the source's before any round: its evaluation equals
     the source's last test/acc (FedMatch's theta = sigma + psi: to rounding of its split)."""
-    fed = _federation(fmnist_root, tmp_path / "warm", method_cls(10, 1), init_from=str(source))
+    fed = _federation(
+        fmnist_root, tmp_path / "warm", method_cls(Architecture(10, 1)), init_from=str(source)
+    )
     fed.prepare()
     try:
         assert fed.server.evaluate()["test/acc"] == _source_acc(source)
@@ -107,7 +112,7 @@ def test_each_method_seeds_its_other_networks(
 ) -> None:
     """The teacher, FedCon's target, FedSup's online network: the source's network too; an SSL
     method's projector keeps its initial draw; FedSEAL's thresholds are measured on it."""
-    state = load_warm_start(source, ServerSL(10, 1)).network
+    state = load_warm_start(source, ServerSL(Architecture(10, 1))).network
 
     def warm(method: FederatedMethod, name: str) -> FederatedMethod:
         fed = _federation(fmnist_root, tmp_path / name, method, init_from=str(source))
@@ -119,24 +124,24 @@ def test_each_method_seeds_its_other_networks(
         got = module.state_dict()
         return all(torch.equal(got[k], v) for k, v in state.items())
 
-    ts = warm(TSServerEMA(10, 1), "ts")
+    ts = warm(TSServerEMA(Architecture(10, 1)), "ts")
     assert isinstance(ts, TSServerEMA) and same(ts.teacher) and int(ts.teacher_steps) == 0
-    con = warm(FedCon(10, 1), "con")
+    con = warm(FedCon(Architecture(10, 1)), "con")
     assert isinstance(con, FedCon) and same(con.target) and same(con.network)
-    sup = warm(FedSup(10, 1), "sup")
+    sup = warm(FedSup(Architecture(10, 1)), "sup")
     assert isinstance(sup, FedSup) and same(sup.server_network) and same(sup.network)
     torch.manual_seed(0)
-    simclr = warm(FedAvgSimCLR(10, 1), "simclr")
-    fresh = FedAvgSimCLR(10, 1)
+    simclr = warm(FedAvgSimCLR(Architecture(10, 1)), "simclr")
+    fresh = FedAvgSimCLR(Architecture(10, 1))
     fresh_fed = _federation(fmnist_root, tmp_path / "fresh", fresh)
     fresh_fed.prepare()
     fresh_fed.close()
     assert simclr.network.projector is not None and fresh.network.projector is not None
     for key, value in fresh.network.projector.state_dict().items():  # the seed's own draw
         assert torch.equal(simclr.network.projector.state_dict()[key], value)
-    seal = warm(FedSEAL(10, 1), "seal")
+    seal = warm(FedSEAL(Architecture(10, 1)), "seal")
     assert isinstance(seal, FedSEAL) and (seal.thresholds < 1).any()  # measured, not the 1s
-    match = warm(FedMatch(10, 1), "match")
+    match = warm(FedMatch(Architecture(10, 1)), "match")
     assert isinstance(match, FedMatch) and (match.psi != 0).any()
 
 
@@ -185,7 +190,7 @@ def test_a_warm_run_resumes_without_reading_its_source_again(
     kw = {"init_from": str(copy), "rounds": 2}
 
     def method() -> FederatedMethod:
-        return FedAvgFixMatch(10, 1, loss=FixMatchLoss(tau=0.5))
+        return FedAvgFixMatch(Architecture(10, 1), loss=FixMatchLoss(tau=0.5))
 
     full = _federation(fmnist_root, tmp_path / "full", method(), **kw)
     full.run()
@@ -206,15 +211,17 @@ def test_a_warm_run_resumes_without_reading_its_source_again(
 class _Teacher(FederatedMethod):
     """A method holding a teacher it does not say how to warm-start."""
 
-    def __init__(self, num_classes: int, in_channels: int) -> None:
-        super().__init__(num_classes, in_channels)
+    def __init__(self, network: Architecture) -> None:
+        super().__init__(network)
         self.teacher = self._new_network()
 
 
 def test_a_method_that_cannot_take_a_warm_start_is_refused_by_name(
     fmnist_root: Path, source: Path, tmp_path: Path
 ) -> None:
-    fed = _federation(fmnist_root, tmp_path / "run", _Teacher(10, 1), init_from=str(source))
+    fed = _federation(
+        fmnist_root, tmp_path / "run", _Teacher(Architecture(10, 1)), init_from=str(source)
+    )
     with pytest.raises(ValueError, match=r"federation\.init_from: _Teacher holds .*teacher"):
         fed.prepare()
     assert not (tmp_path / "run").exists()
@@ -230,7 +237,9 @@ def test_a_network_of_another_class_count_is_refused_by_name(
         ckpt.method_state[key] = ckpt.method_state[key][:5].clone()
     other = tmp_path / "five" / "checkpoints" / "last.ckpt"
     ckpt.save(other)
-    fed = _federation(fmnist_root, tmp_path / "run", ServerSL(10, 1), init_from=str(other))
+    fed = _federation(
+        fmnist_root, tmp_path / "run", ServerSL(Architecture(10, 1)), init_from=str(other)
+    )
     with pytest.raises(ValueError, match=r"federation\.init_from: .* it has 5 classes, .* 10"):
         fed.prepare()
     assert not (tmp_path / "run").exists()
@@ -419,7 +428,7 @@ def test_a_warm_run_gives_the_same_weights_in_worker_processes(
             fed = _federation(
                 fmnist_root,
                 tmp_path / executor,
-                FedAvgFixMatch(10, 1, loss=FixMatchLoss(tau=0.5)),
+                FedAvgFixMatch(Architecture(10, 1), loss=FixMatchLoss(tau=0.5)),
                 init_from=str(source),
                 executor=executor,
                 pool=PoolSettings(workers=2, threads=1),

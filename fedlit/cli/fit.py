@@ -122,14 +122,14 @@ class FedlitCLI(LightningCLI):
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_class_arguments(FederationConfig, "federation")
         parser.link_arguments(
-            "data.num_classes", "model.init_args.num_classes", apply_on="instantiate"
+            "data.num_classes", "model.init_args.network.num_classes", apply_on="instantiate"
         )
         parser.link_arguments(
-            "data.in_channels", "model.init_args.in_channels", apply_on="instantiate"
+            "data.in_channels", "model.init_args.network.in_channels", apply_on="instantiate"
         )
         parser.link_arguments(
             "data.image_shape",
-            "model.init_args.image_size",
+            "model.init_args.network.image_size",
             compute_fn=image_side,
             apply_on="instantiate",
         )
@@ -213,7 +213,8 @@ class FedlitCLI(LightningCLI):
         (:func:`~fedlit.refusals.one_line`)."""
         self._wandb_into_run_dir()
         config = self.config[self.subcommand] if self.subcommand else self.config
-        given = {key: config.model.init_args.get(key) for key in LINKED_FROM_DATA}
+        network = config.model.init_args.get("network") or {}
+        given = {key: network.get(key) for key in LINKED_FROM_DATA}
         try:
             super().instantiate_classes()
         except ValueError as err:
@@ -360,7 +361,7 @@ def image_side(shape: tuple[int, int, int]) -> int:
 
 
 def linked_contradiction(given: dict[str, Any], data: FederatedDataModule) -> str | None:
-    """The refusal of a ``model.init_args`` setting that the data set's own value replaces
+    """The refusal of a ``model.init_args.network`` setting that the data set's own value replaces
     (``num_classes``, ``in_channels``, ``image_size``) given with another value, or None."""
     for key, (attribute, unit) in LINKED_FROM_DATA.items():
         value = given.get(key)
@@ -370,8 +371,8 @@ def linked_contradiction(given: dict[str, Any], data: FederatedDataModule) -> st
         own = image_side(own) if key == "image_size" else own
         if value != own:
             return (
-                f"model.init_args.{key}={value}: data.dataset={data.dataset!r} has {own} "
-                f"{unit}; model.init_args.{key} is set from the data, leave it out"
+                f"model.init_args.network.{key}={value}: data.dataset={data.dataset!r} has "
+                f"{own} {unit}; model.init_args.network.{key} is set from the data, leave it out"
             )
     return None
 

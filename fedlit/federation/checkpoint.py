@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from fedlit.run_layout import current_keys
+
 #: The method's whole state is ``method.state_dict()`` (networks, teachers, targets, buffers);
 #: ``client_states`` is the manifest of the client-state files in ``clients/`` beside the file
 #: (:mod:`fedlit.federation.store`).
@@ -152,12 +154,14 @@ class RunCheckpoint:
     @classmethod
     def load(cls, path: str | Path) -> RunCheckpoint:
         """Read the checkpoint at ``path`` (:func:`load_checkpoint`); a ValueError names the
-        path if it is not one or lacks a key."""
+        path if it is not one or lacks a key. Its settings are under their keys now
+        (:func:`~fedlit.run_layout.current_keys`: a run of an earlier fedlit resumes)."""
         ckpt = load_checkpoint(path)
         missing = [f.name for f in fields(cls) if f.name not in ckpt]
         if missing:
             raise ValueError(f"{path} is not a complete fedlit checkpoint (no {missing})")
-        return cls(**{f.name: ckpt[f.name] for f in fields(cls)})
+        values = {f.name: ckpt[f.name] for f in fields(cls)}
+        return cls(**values | {"hparams": current_keys(values["hparams"] or {})})
 
 
 def checkpoint_round(path: Path) -> int:

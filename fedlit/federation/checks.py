@@ -61,9 +61,10 @@ def check_fits(
                 "federation.final_eval needs the server's labeled set, which "
                 "data.labels_at='client' leaves empty"
             )
-    if (method.num_classes, method.in_channels) != (data.num_classes, data.in_channels):
+    network = method.network_settings
+    if (network.num_classes, network.in_channels) != (data.num_classes, data.in_channels):
         raise ValueError(
-            "model.num_classes / model.in_channels do not match data.dataset "
+            "model.network.num_classes / model.network.in_channels do not match data.dataset "
             f"{data.dataset!r} ({data.num_classes} classes, {data.in_channels} channels)"
         )
 

@@ -140,7 +140,7 @@ class Checkpointer:
         except (RuntimeError, ValueError) as err:  # another architecture (size mismatch)
             raise ValueError(
                 f"federation.resume: the checkpoint's network does not fit this model "
-                f"(model.backbone={self.method.backbone_name!r}): {first_line(err)}"
+                f"(model.network.backbone={self.method.backbone_name!r}): {first_line(err)}"
             ) from err
         assert config.resume is not None
         self.store.load_state_dict(ckpt.client_states, Path(config.resume).parent / CLIENT_DIR)

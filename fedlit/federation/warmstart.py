@@ -25,8 +25,7 @@ from fedlit.federation.checkpoint import RunCheckpoint
 from fedlit.federation.rundir import RunLock
 from fedlit.federation.seeding import INIT, derive_seed, seed_all
 from fedlit.methods.base import FederatedMethod
-from fedlit.methods.client_side import Architecture
-from fedlit.models import Classifier
+from fedlit.models import Architecture, Classifier
 from fedlit.run_layout import CHECKPOINT, LOCK_FILE, TEST_ACC
 
 KEY = "federation.init_from"
@@ -122,7 +121,7 @@ def template_network(method: FederatedMethod) -> Classifier:
     global generators' states restored after, so that reading a source draws nothing."""
     arch = method.architecture()
     with torch.random.fork_rng(devices=[]):
-        return Architecture(arch.backbone, arch.num_classes, arch.in_channels, arch.norm).build()
+        return Architecture(arch.num_classes, arch.in_channels, arch.backbone, arch.norm).build()
 
 
 def _check_fits(state: StateDict, template: Classifier, method: FederatedMethod) -> None:
@@ -134,7 +133,8 @@ def _check_fits(state: StateDict, template: Classifier, method: FederatedMethod)
     if missing or extra:
         raise ValueError(
             f"{KEY}: the source's network is another backbone than this run's "
-            f"(model.init_args.backbone={method.backbone_name!r}, norm={method.norm!r}): "
+            f"(model.init_args.network.backbone={method.backbone_name!r}, "
+            f"norm={method.network_settings.norm!r}): "
             f"{'it lacks ' + missing[0] if missing else 'it has ' + extra[0] + ' besides'}"
         )
     params = [name for name, _ in template.named_parameters()]
@@ -146,17 +146,17 @@ def _check_fits(state: StateDict, template: Classifier, method: FederatedMethod)
         if key in last_head:
             what = (
                 f"{got[0]} classes, this run's data has {tensor.shape[0]} "
-                f"(model.init_args.num_classes)"
+                f"(model.init_args.network.num_classes)"
             )
         elif key == params[0] and len(got) == len(tensor.shape) >= 2 and got[1] != tensor.shape[1]:
             what = (
                 f"{got[1]} input channels, this run's data has {tensor.shape[1]} "
-                f"(model.init_args.in_channels)"
+                f"(model.init_args.network.in_channels)"
             )
         else:
             what = (
-                f"{key} of shape {list(got)}, this run's is {list(tensor.shape)}: another "
-                f"backbone or input size (model.init_args.backbone={method.backbone_name!r})"
+                f"{key} of shape {list(got)}, this run's is {list(tensor.shape)}: another backbone "
+                f"or input size (model.init_args.network.backbone={method.backbone_name!r})"
             )
         raise ValueError(f"{KEY}: the source's network does not fit this run's: it has {what}")
 
@@ -198,8 +198,8 @@ def load_warm_start(init_from: str | Path, method: FederatedMethod) -> WarmStart
     template = template_network(method)
     saved = ckpt.hparams or {}
     for key, mine in (
-        ("model.init_args.backbone", method.backbone_name),
-        ("model.init_args.norm", method.norm),
+        ("model.init_args.network.backbone", method.backbone_name),
+        ("model.init_args.network.norm", method.network_settings.norm),
     ):
         if key in saved and saved[key] != mine:
             raise ValueError(

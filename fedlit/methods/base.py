@@ -10,6 +10,7 @@ logging and checkpoints; it never knows which method it runs.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from lightning import LightningModule
@@ -20,9 +21,9 @@ from fedlit.aggregation import Aggregated, Aggregator, WeightedMean
 from fedlit.aggregation.payloads import MODEL, Payload, StateDict
 from fedlit.data.datamodule import FederatedDataModule
 from fedlit.data.loaders import ImageBatches
-from fedlit.methods.client_side import Architecture, ClientSetup, ClientSide, ClientUpdate
+from fedlit.methods.client_side import ClientSetup, ClientSide, ClientUpdate
 from fedlit.methods.plan import SERVER_FIRST, RoundPlan
-from fedlit.models import Backbone, Classifier, check_input_fits, describe
+from fedlit.models import Architecture, Backbone, Classifier, check_input_fits, describe
 from fedlit.objectives import Objective, Optimization, SupervisedCE
 
 if TYPE_CHECKING:
@@ -66,28 +67,17 @@ def marks(method: type[FederatedMethod]) -> tuple[str, ...]:
 class FederatedMethod(LightningModule):
     """Base of all methods: the global network, its evaluation, and default FedAvg rules.
 
-    A method's ``__init__`` signature is its recipe schema (``model.init_args``): these five
-    arguments, then the method's own. Each hyperparameter has one home where it is validated:
-    the optimiser's in :class:`~fedlit.objectives.Optimization`, a client loss's in its
-    objective's dataclass (``loss``, e.g. :class:`~fedlit.objectives.FixMatchLoss`), the
-    method's own in the method.
+    A method's ``__init__`` signature is its recipe schema (``model.init_args``): these two
+    arguments, then the method's own. Each setting has one home where it is validated: the
+    network's in :class:`~fedlit.models.Architecture` (``network``), the optimiser's in
+    :class:`~fedlit.objectives.Optimization` (``optim``), a client loss's in its objective's
+    dataclass (``loss``, e.g. :class:`~fedlit.objectives.FixMatchLoss`), the method's own in
+    the method.
 
     Args:
-        num_classes: classes of the data set (linked from ``data.num_classes`` by the CLI).
-        in_channels: image channels (linked from ``data.in_channels``).
-        backbone: a name from :data:`fedlit.models.BACKBONES`, ``torchvision/<name>``,
-            ``timm/<name>``, a class's import path, or an ``nn.Module`` (in YAML:
-            ``class_path``/``init_args``), images -> features (:mod:`fedlit.models.any_backbone`).
-            A module starts the run with the weights it holds (copied; it is not changed).
-        norm: "bn", "gn" or "none"; None keeps the backbone's own. On a network fedlit does
-            not build itself, "gn" and "none" replace its BatchNorm2d layers.
+        network: the network's settings: backbone, norm, pretrained weights, and the data's
+            classes, channels and image side (linked from ``data`` by the CLI).
         optim: learning rates, optimiser and run-level schedule of server and clients.
-        image_size: the side of the data's images (linked from the data by the CLI); None:
-            unknown until the data are loaded. The backbone must take images of this size.
-        backbone_weights: pretrained weights of the backbone: a state-dict file of the
-            network as its source builds it, read with ``torch.load(weights_only=True)``, or
-            ``download`` (torchvision's ``DEFAULT`` / timm's pretrained weights; needs a
-            network). They are the initial global backbone's; clients receive them.
 
     Round-dependent values (learning rates, ramps, loss weights) reach the objectives through
     one hook, :meth:`on_round_start`, called before anything of a round is built.
@@ -107,31 +97,23 @@ class FederatedMethod(LightningModule):
     #: (announced and marked as the oracle is).
     centralized: ClassVar[bool] = False
 
-    def __init__(
-        self,
-        num_classes: int,
-        in_channels: int,
-        backbone: str | nn.Module = "small_cnn",
-        norm: str | None = None,
-        optim: Optimization = DEFAULT_OPTIMIZATION,
-        *,
-        image_size: int | None = None,
-        backbone_weights: str | None = None,
-    ) -> None:
+    def __init__(self, network: Architecture, optim: Optimization = DEFAULT_OPTIMIZATION) -> None:
         super().__init__()
-        self.num_classes, self.in_channels, self.image_size = num_classes, in_channels, image_size
-        # a module given as the backbone is a template each build copies: kept out of the
-        # method's submodules, so that it is in no state dict and no device move
-        object.__setattr__(self, "backbone_source", backbone)
-        self.backbone_source: str | nn.Module  # ``backbone`` as given
-        self.backbone_name, self.norm = describe(backbone), norm
-        self.backbone_weights = backbone_weights
+        #: The network's settings as given (a backbone given as a module is a template each
+        #: build copies: held here, it is in no state dict and no device move).
+        self.network_settings = network
+        self.backbone_name = describe(network.backbone)
         self.optim = optim
-        self.save_hyperparameters(ignore=["backbone"] if isinstance(backbone, nn.Module) else None)
+        if isinstance(network.backbone, nn.Module):  # hparams keep the module's description
+            self.save_hyperparameters(ignore=["network"])
+            self.hparams["network"] = replace(network, backbone=self.backbone_name)
+        else:
+            self.save_hyperparameters()
         self.network: Classifier = self._new_network()
-        if image_size is not None:  # a backbone that does not fit the data is refused now
+        if network.image_size is not None:  # a backbone that does not fit the data is refused
+            side = network.image_size
             check_input_fits(
-                self.network.backbone, (in_channels, image_size, image_size), self.backbone_name
+                self.network.backbone, (network.in_channels, side, side), self.backbone_name
             )
         #: How the uploads become the global network: FedAvg by n_k unless the method says.
         self.aggregator: Aggregator = WeightedMean()
@@ -146,15 +128,9 @@ class FederatedMethod(LightningModule):
 
     # --- the network ---------------------------------------------------------------------
     def architecture(self) -> Architecture:
-        """The network this method's server and its clients build."""
-        return Architecture(
-            self.backbone_source,
-            self.num_classes,
-            self.in_channels,
-            self.norm,
-            self.image_size,
-            self.backbone_weights,
-        )
+        """The network this method's server and its clients build: :attr:`network_settings`
+        (an SSL method adds its heads)."""
+        return self.network_settings
 
     def _new_network(self) -> Classifier:
         """A freshly initialised network of this method's architecture, its backbone holding

@@ -12,12 +12,12 @@ from typing import ClassVar
 
 import torch
 from lightning.pytorch.utilities import CombinedLoader
-from torch import nn
 
 from fedlit.data.datamodule import FederatedDataModule
 from fedlit.data.loaders import ImageBatches
 from fedlit.methods.base import DEFAULT_OPTIMIZATION, FederatedMethod
 from fedlit.methods.plan import CENTRALIZED, RoundPlan
+from fedlit.models import Architecture
 from fedlit.objectives import (
     UDA,
     ConsistencyLoss,
@@ -71,26 +71,13 @@ class CentralizedConsistency(FederatedMethod):
 
     def __init__(
         self,
-        num_classes: int,
-        in_channels: int,
-        backbone: str | nn.Module = "small_cnn",
-        norm: str | None = None,
+        network: Architecture,
         optim: Optimization = DEFAULT_OPTIMIZATION,
         *,
         loss: ConsistencyLoss,
         labeled_in_step: bool = False,
-        image_size: int | None = None,
-        backbone_weights: str | None = None,
     ) -> None:
-        super().__init__(
-            num_classes,
-            in_channels,
-            backbone,
-            norm,
-            optim,
-            image_size=image_size,
-            backbone_weights=backbone_weights,
-        )
+        super().__init__(network, optim)
         if not isinstance(labeled_in_step, bool):
             raise ValueError(f"model.labeled_in_step must be a bool, got {labeled_in_step!r}")
         self.loss = loss
@@ -136,28 +123,13 @@ class CentralizedFixMatch(CentralizedConsistency):
 
     def __init__(
         self,
-        num_classes: int,
-        in_channels: int,
-        backbone: str | nn.Module = "small_cnn",
-        norm: str | None = None,
+        network: Architecture,
         optim: Optimization = DEFAULT_OPTIMIZATION,
         loss: FixMatchLoss = FixMatchLoss(),
         *,
         labeled_in_step: bool = False,
-        image_size: int | None = None,
-        backbone_weights: str | None = None,
     ) -> None:
-        super().__init__(
-            num_classes,
-            in_channels,
-            backbone,
-            norm,
-            optim,
-            loss=loss,
-            labeled_in_step=labeled_in_step,
-            image_size=image_size,
-            backbone_weights=backbone_weights,
-        )
+        super().__init__(network, optim, loss=loss, labeled_in_step=labeled_in_step)
 
 
 class CentralizedUDA(CentralizedConsistency):
@@ -175,25 +147,10 @@ class CentralizedUDA(CentralizedConsistency):
 
     def __init__(
         self,
-        num_classes: int,
-        in_channels: int,
-        backbone: str | nn.Module = "small_cnn",
-        norm: str | None = None,
+        network: Architecture,
         optim: Optimization = DEFAULT_OPTIMIZATION,
         loss: UDALoss = UDALoss(),
         *,
         labeled_in_step: bool = False,
-        image_size: int | None = None,
-        backbone_weights: str | None = None,
     ) -> None:
-        super().__init__(
-            num_classes,
-            in_channels,
-            backbone,
-            norm,
-            optim,
-            loss=loss,
-            labeled_in_step=labeled_in_step,
-            image_size=image_size,
-            backbone_weights=backbone_weights,
-        )
+        super().__init__(network, optim, loss=loss, labeled_in_step=labeled_in_step)

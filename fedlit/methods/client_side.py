@@ -16,12 +16,12 @@ from typing import Any
 
 import torch
 from lightning.pytorch.utilities import CombinedLoader
-from torch import Tensor, nn
+from torch import Tensor
 
 from fedlit.aggregation.payloads import MODEL, Payload, StateDict, host_copy, state_part
 from fedlit.data.client import ClientData
 from fedlit.data.loaders import ImageBatches
-from fedlit.models import Classifier, build_classifier
+from fedlit.models import Architecture, Classifier
 from fedlit.objectives import Objective, Optimization
 from fedlit.objectives.base import KeptOptimizers
 
@@ -40,34 +40,6 @@ class ClientUpdate:
     def model(self) -> StateDict:
         """The upload's model part: the client's shared weights."""
         return state_part(self.upload, MODEL)
-
-
-@dataclass(frozen=True)
-class Architecture:
-    """The network a method builds, on the server and on its clients alike."""
-
-    #: a name of fedlit.models.BACKBONES, torchvision/<name>, timm/<name>, an import path, or
-    #: an nn.Module (copied at each build, with its weights)
-    backbone: str | nn.Module
-    num_classes: int
-    in_channels: int
-    norm: str | None  # "bn", "gn", "none"; None: the backbone's own
-    image_size: int | None = None  # the data's image side, where known
-    #: pretrained weights of the backbone: a file's path or "download"; only the server's
-    #: initial networks load them (a client's network receives its weights)
-    backbone_weights: str | None = None
-
-    def build(self, pretrained: bool = False) -> Classifier:
-        """A freshly initialised network (its initial weights drawn from torch's generator),
-        its backbone holding :attr:`backbone_weights` if ``pretrained``."""
-        return build_classifier(
-            self.backbone,
-            self.num_classes,
-            self.in_channels,
-            self.norm,
-            image_size=self.image_size,
-            weights=self.backbone_weights if pretrained else None,
-        )
 
 
 #: The seed every client network's initial weights are drawn from (:meth:`ClientSide.network`):

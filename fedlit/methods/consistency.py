@@ -5,11 +5,10 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from torch import nn
-
 from fedlit.methods.base import DEFAULT_OPTIMIZATION, FederatedMethod
 from fedlit.methods.client_side import ObjectiveClientSide
 from fedlit.methods.plan import SERVER_FIRST_AND_FINETUNE, RoundPlan
+from fedlit.models import Architecture
 from fedlit.objectives import ConsistencyLoss, Optimization, WeakStrongObjective
 
 
@@ -32,25 +31,12 @@ class FedAvgConsistency(FederatedMethod):
 
     def __init__(
         self,
-        num_classes: int,
-        in_channels: int,
-        backbone: str | nn.Module = "small_cnn",
-        norm: str | None = None,
+        network: Architecture,
         optim: Optimization = DEFAULT_OPTIMIZATION,
         *,
         loss: ConsistencyLoss,
-        image_size: int | None = None,
-        backbone_weights: str | None = None,
     ) -> None:
-        super().__init__(
-            num_classes,
-            in_channels,
-            backbone,
-            norm,
-            optim,
-            image_size=image_size,
-            backbone_weights=backbone_weights,
-        )
+        super().__init__(network, optim)
         self.loss = loss
 
     def round_plan(self) -> RoundPlan:

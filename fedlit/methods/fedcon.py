@@ -17,6 +17,7 @@ from fedlit.data.datamodule import FederatedDataModule
 from fedlit.data.loaders import ImageBatches
 from fedlit.methods.base import DEFAULT_OPTIMIZATION, FederatedMethod, Payload, seed_classifier
 from fedlit.methods.client_side import ClientSetup, ClientSide
+from fedlit.models import Architecture
 from fedlit.objectives import FedConClient, FedConServer, Objective, Optimization
 
 
@@ -55,31 +56,17 @@ class FedCon(FederatedMethod):
 
     def __init__(
         self,
-        num_classes: int,
-        in_channels: int,
-        backbone: str | nn.Module = "small_cnn",
-        norm: str | None = None,
+        network: Architecture,
         optim: Optimization = DEFAULT_OPTIMIZATION,
         ema_decay: float = 0.999,
         client_ema_decay: float = 0.999,
         server_unlabeled: bool = False,
         identity_projector: bool = False,
-        *,
-        image_size: int | None = None,
-        backbone_weights: str | None = None,
     ) -> None:
         for key, value in (("ema_decay", ema_decay), ("client_ema_decay", client_ema_decay)):
             if not 0 <= value <= 1:
                 raise ValueError(f"model.{key} must be in [0, 1], got {value}")
-        super().__init__(
-            num_classes,
-            in_channels,
-            backbone,
-            norm,
-            optim,
-            image_size=image_size,
-            backbone_weights=backbone_weights,
-        )
+        super().__init__(network, optim)
         self.ema_decay, self.client_ema_decay = ema_decay, client_ema_decay
         self.server_unlabeled, self.identity_projector = server_unlabeled, identity_projector
         self.aggregator = Mean()  # b_theta^G = 1/B sum_k b_theta^k (paper 001 III-B)
@@ -153,10 +140,7 @@ class FedConClientSide(ClientSide):
     """
 
     def __init__(
-        self,
-        setup: ClientSetup,
-        ema_decay: float,
-        identity_projector: bool = False,
+        self, setup: ClientSetup, ema_decay: float, identity_projector: bool = False
     ) -> None:
         super().__init__(setup, ("weak", "weak"))
         self.ema_decay, self.identity_projector = ema_decay, identity_projector

@@ -27,7 +27,7 @@ from fedlit.methods.base import (
     seed_classifier,
 )
 from fedlit.methods.client_side import ClientSetup, ClientSide, ClientUpdate
-from fedlit.models import Backbone, Classifier
+from fedlit.models import Architecture, Backbone, Classifier
 from fedlit.objectives import (
     FedMatchClient,
     FedMatchLoss,
@@ -256,10 +256,7 @@ class FedMatch(FederatedMethod):
 
     def __init__(
         self,
-        num_classes: int,
-        in_channels: int,
-        backbone: str | nn.Module = "small_cnn",
-        norm: str | None = None,
+        network: Architecture,
         optim: Optimization = DEFAULT_OPTIMIZATION,
         loss: FedMatchLoss = FedMatchLoss(),
         num_helpers: int = 2,
@@ -269,9 +266,6 @@ class FedMatch(FederatedMethod):
         l1_threshold: float = 1e-5,
         delta_threshold: float = 1e-5,
         server_augment: bool = False,
-        *,
-        image_size: int | None = None,
-        backbone_weights: str | None = None,
     ) -> None:
         if num_helpers < 0:
             raise ValueError(f"model.num_helpers must be >= 0, got {num_helpers}")
@@ -285,15 +279,7 @@ class FedMatch(FederatedMethod):
         ):
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"model.{key} must be finite and >= 0, got {value}")
-        super().__init__(
-            num_classes,
-            in_channels,
-            backbone,
-            norm,
-            optim,
-            image_size=image_size,
-            backbone_weights=backbone_weights,
-        )
+        super().__init__(network, optim)
         self.loss = loss
         self.num_helpers, self.helper_interval = num_helpers, helper_interval
         self.lambda_s, self.psi_factor = lambda_s, psi_factor

@@ -7,8 +7,6 @@ import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from torch import nn
-
 from fedlit.aggregation import Aggregated, GroupwiseWithServer, MeanWithServer
 from fedlit.aggregation.payloads import MODEL
 from fedlit.methods.base import (
@@ -19,6 +17,7 @@ from fedlit.methods.base import (
 )
 from fedlit.methods.client_side import ClientUpdate, ObjectiveClientSide
 from fedlit.methods.plan import RoundPlan, Step
+from fedlit.models import Architecture
 from fedlit.objectives import (
     FixMatch,
     FixMatchLoss,
@@ -57,7 +56,7 @@ class FedRGD(FederatedMethod):
       (:class:`PeerUploadWarning`); groups of three or more (``clients_per_round >=
       3 * num_groups``) or ``num_groups: 1`` avoid it.
 
-    Use ``norm: gn`` for the paper's GroupNorm and ``federation.local_steps`` for its
+    Use ``network.norm: gn`` for the paper's GroupNorm and ``federation.local_steps`` for its
     communication period T. Eq 9's warm-up + cosine learning-rate schedule over the whole run
     is the base class's run-level schedule (``lr_schedule: cosine`` with ``warmup``,
     ``cosine_c: 0.4375``, ``cosine_eps``). The driver logs the weight diversity of the
@@ -74,28 +73,14 @@ class FedRGD(FederatedMethod):
 
     def __init__(
         self,
-        num_classes: int,
-        in_channels: int,
-        backbone: str | nn.Module = "small_cnn",
-        norm: str | None = None,
+        network: Architecture,
         optim: Optimization = DEFAULT_OPTIMIZATION,
         loss: FixMatchLoss = FixMatchLoss(),
         self_training: bool = False,
         num_groups: int = 2,
-        *,
-        image_size: int | None = None,
-        backbone_weights: str | None = None,
     ) -> None:
         aggregator = MeanWithServer() if num_groups == 1 else GroupwiseWithServer(num_groups)
-        super().__init__(
-            num_classes,
-            in_channels,
-            backbone,
-            norm,
-            optim,
-            image_size=image_size,
-            backbone_weights=backbone_weights,
-        )
+        super().__init__(network, optim)
         self.loss, self.self_training = loss, self_training
         self.aggregator = aggregator
         self.group_models: list[StateDict] = []

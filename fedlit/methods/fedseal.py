@@ -6,7 +6,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from torch import nn
 
 from fedlit.aggregation import Mean
 from fedlit.aggregation.payloads import StateDict, tensor_part
@@ -17,6 +16,7 @@ from fedlit.evaluation import scored
 from fedlit.methods.base import DEFAULT_OPTIMIZATION, FederatedMethod, Payload, seed_classifier
 from fedlit.methods.client_side import ClientSetup, ClientSide
 from fedlit.methods.plan import RoundPlan, Step
+from fedlit.models import Architecture
 from fedlit.objectives import (
     FedSEALClient,
     FedSEALLoss,
@@ -62,29 +62,15 @@ class FedSEAL(FederatedMethod):
 
     def __init__(
         self,
-        num_classes: int,
-        in_channels: int,
-        backbone: str | nn.Module = "small_cnn",
-        norm: str | None = None,
+        network: Architecture,
         optim: Optimization = DEFAULT_OPTIMIZATION,
         loss: FedSEALLoss = FedSEALLoss(),
         bootstrap_epochs: int = 10,
         self_ensemble: bool = True,
-        *,
-        image_size: int | None = None,
-        backbone_weights: str | None = None,
     ) -> None:
         if bootstrap_epochs < 0:
             raise ValueError(f"model.bootstrap_epochs must be >= 0, got {bootstrap_epochs}")
-        super().__init__(
-            num_classes,
-            in_channels,
-            backbone,
-            norm,
-            optim,
-            image_size=image_size,
-            backbone_weights=backbone_weights,
-        )
+        super().__init__(network, optim)
         self.loss = loss
         self.use_self_ensemble = self_ensemble
         self.aggregator = Mean()  # w_bar^t, the plain mean (paper 002 4.1.1)
@@ -92,7 +78,7 @@ class FedSEAL(FederatedMethod):
         # Until the server has measured the model, no example passes the filter (tau = 1).
         self.thresholds: torch.Tensor
         first = 1.0 if loss.fixed_tau is None else loss.fixed_tau
-        self.register_buffer("thresholds", torch.full((self.num_classes,), first))
+        self.register_buffer("thresholds", torch.full((self.network_settings.num_classes,), first))
         self.sent_thresholds = self.thresholds.clone()  # those of the round's broadcast
 
     def round_plan(self) -> RoundPlan:
@@ -174,12 +160,7 @@ class FedSEALClientSide(ClientSide):
         The others: see :class:`~fedlit.methods.client_side.ClientSide`.
     """
 
-    def __init__(
-        self,
-        setup: ClientSetup,
-        loss: FedSEALLoss,
-        self_ensemble: bool,
-    ) -> None:
+    def __init__(self, setup: ClientSetup, loss: FedSEALLoss, self_ensemble: bool) -> None:
         super().__init__(setup, ("plain", "strong"))
         self.loss, self.use_self_ensemble = loss, self_ensemble
         self.lam = loss.weight(0.0)  # lambda_t, set each round by on_round_start

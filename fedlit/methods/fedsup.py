@@ -19,7 +19,7 @@ from fedlit.methods.base import (
 )
 from fedlit.methods.client_side import ClientSetup, ClientSide
 from fedlit.methods.ssl import FedAvgSSL
-from fedlit.models import Classifier, has_stages
+from fedlit.models import Architecture, Classifier, has_stages
 from fedlit.objectives import (
     FedSupClient,
     Objective,
@@ -55,34 +55,19 @@ class FedSup(FedAvgSSL):
 
     def __init__(
         self,
-        num_classes: int,
-        in_channels: int,
-        backbone: str | nn.Module = "small_cnn",
-        norm: str | None = None,
+        network: Architecture,
         optim: Optimization = DEFAULT_OPTIMIZATION,
         proj_dim: int | None = None,
         lambda_s: float = 1e-4,
         num_groups: int = 2,
-        *,
-        image_size: int | None = None,
-        backbone_weights: str | None = None,
     ) -> None:
         if not 0 < lambda_s <= 1:
             raise ValueError(f"model.lambda_s must be in (0, 1], got {lambda_s}")
         aggregator = GroupwiseWithServer(num_groups)  # paper 000 Algorithm 2
-        super().__init__(
-            num_classes,
-            in_channels,
-            backbone,
-            norm,
-            optim,
-            proj_dim,
-            image_size=image_size,
-            backbone_weights=backbone_weights,
-        )
+        super().__init__(network, optim, proj_dim)
         if not has_stages(self.network.backbone):
             raise ValueError(
-                f"model.backbone={self.backbone_name!r}: FedSup's client loss compares the "
+                f"model.network.backbone={self.backbone_name!r}: FedSup's client loss compares the "
                 "feature maps of every backbone stage (paper 000, 4.1.1), and this network does "
                 "not expose its stages; use one of fedlit's backbones, a torchvision ResNet "
                 "(torchvision/resnet18, ...) or a fedlit.models.Backbone subclass (its stages)"
@@ -139,11 +124,7 @@ class FedSupClientSide(ClientSide):
         The others: see :class:`~fedlit.methods.client_side.ClientSide`.
     """
 
-    def __init__(
-        self,
-        setup: ClientSetup,
-        lambda_s: float,
-    ) -> None:
+    def __init__(self, setup: ClientSetup, lambda_s: float) -> None:
         super().__init__(setup, ("strong", "plain"))
         self.lambda_s = lambda_s
         self.mse_weight = 1.0  # lambda_s^(t/T), set by on_round_start

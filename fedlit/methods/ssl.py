@@ -62,28 +62,14 @@ class FedAvgSSL(FederatedMethod):
 
     def __init__(
         self,
-        num_classes: int,
-        in_channels: int,
-        backbone: str | nn.Module = "small_cnn",
-        norm: str | None = None,
+        network: Architecture,
         optim: Optimization = DEFAULT_OPTIMIZATION,
         proj_dim: int | None = None,
-        *,
-        image_size: int | None = None,
-        backbone_weights: str | None = None,
     ) -> None:
         if proj_dim is not None and proj_dim < 1:
             raise ValueError(f"model.proj_dim must be positive, got {proj_dim}")
         self.proj_dim = proj_dim  # before the base class builds the network
-        super().__init__(
-            num_classes,
-            in_channels,
-            backbone,
-            norm,
-            optim,
-            image_size=image_size,
-            backbone_weights=backbone_weights,
-        )
+        super().__init__(network, optim)
 
     def round_plan(self) -> RoundPlan:
         return SERVER_FIRST_AND_FINETUNE
@@ -120,29 +106,14 @@ class FedAvgSimCLR(FedAvgSSL):
 
     def __init__(
         self,
-        num_classes: int,
-        in_channels: int,
-        backbone: str | nn.Module = "small_cnn",
-        norm: str | None = None,
+        network: Architecture,
         optim: Optimization = DEFAULT_OPTIMIZATION,
         proj_dim: int | None = None,
         temperature: float = 0.5,
-        *,
-        image_size: int | None = None,
-        backbone_weights: str | None = None,
     ) -> None:
         if not (math.isfinite(temperature) and temperature > 0):
             raise ValueError(f"model.temperature must be finite and > 0, got {temperature}")
-        super().__init__(
-            num_classes,
-            in_channels,
-            backbone,
-            norm,
-            optim,
-            proj_dim,
-            image_size=image_size,
-            backbone_weights=backbone_weights,
-        )
+        super().__init__(network, optim, proj_dim)
         self.temperature = temperature
 
     def ssl_settings(self) -> dict[str, Any]:
@@ -169,29 +140,14 @@ class FedAvgBYOL(FedAvgSSL):
 
     def __init__(
         self,
-        num_classes: int,
-        in_channels: int,
-        backbone: str | nn.Module = "small_cnn",
-        norm: str | None = None,
+        network: Architecture,
         optim: Optimization = DEFAULT_OPTIMIZATION,
         proj_dim: int | None = None,
         byol_momentum: float = 0.99,
-        *,
-        image_size: int | None = None,
-        backbone_weights: str | None = None,
     ) -> None:
         if not 0 <= byol_momentum <= 1:
             raise ValueError(f"model.byol_momentum must be in [0, 1], got {byol_momentum}")
-        super().__init__(
-            num_classes,
-            in_channels,
-            backbone,
-            norm,
-            optim,
-            proj_dim,
-            image_size=image_size,
-            backbone_weights=backbone_weights,
-        )
+        super().__init__(network, optim, proj_dim)
         self.byol_momentum = byol_momentum
 
     def ssl_settings(self) -> dict[str, Any]:

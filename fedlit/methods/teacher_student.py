@@ -8,7 +8,6 @@ from typing import Any, ClassVar
 
 import torch
 from lightning.pytorch.utilities import CombinedLoader
-from torch import nn
 
 from fedlit.aggregation import Aggregated, Mean, weighted_average
 from fedlit.aggregation.payloads import StateDict, host_copy, state_part
@@ -18,6 +17,7 @@ from fedlit.data.loaders import ImageBatches
 from fedlit.methods.base import DEFAULT_OPTIMIZATION, FederatedMethod, Payload, seed_classifier
 from fedlit.methods.client_side import ClientSetup, ClientSide, ClientUpdate
 from fedlit.methods.plan import SERVER_LAST, RoundPlan
+from fedlit.models import Architecture
 from fedlit.objectives import (
     Objective,
     Optimization,
@@ -62,30 +62,16 @@ class TeacherStudentEMA(FederatedMethod):
 
     def __init__(
         self,
-        num_classes: int,
-        in_channels: int,
-        backbone: str | nn.Module = "small_cnn",
-        norm: str | None = None,
+        network: Architecture,
         optim: Optimization = DEFAULT_OPTIMIZATION,
         loss: TeacherStudentLoss = TeacherStudentLoss(),
         ema_decay: float = 0.9,
         client_ema_decay: float = 0.99,
-        *,
-        image_size: int | None = None,
-        backbone_weights: str | None = None,
     ) -> None:
         for key, value in (("ema_decay", ema_decay), ("client_ema_decay", client_ema_decay)):
             if not 0 <= value <= 1:
                 raise ValueError(f"model.{key} must be in [0, 1], got {value}")
-        super().__init__(
-            num_classes,
-            in_channels,
-            backbone,
-            norm,
-            optim,
-            image_size=image_size,
-            backbone_weights=backbone_weights,
-        )
+        super().__init__(network, optim)
         self.loss = loss
         self.ema_decay, self.client_ema_decay = ema_decay, client_ema_decay
         self.aggregator = Mean()  # the plain mean, as in the algorithms
@@ -242,34 +228,17 @@ class FedSwitch(TeacherStudentEMA):
 
     def __init__(
         self,
-        num_classes: int,
-        in_channels: int,
-        backbone: str | nn.Module = "small_cnn",
-        norm: str | None = None,
+        network: Architecture,
         optim: Optimization = DEFAULT_OPTIMIZATION,
         loss: TeacherStudentLoss = TeacherStudentLoss(),
         ema_decay: float = 0.9,
         client_ema_decay: float = 0.99,
         beta: float = 0.0,
         switching: bool = True,
-        *,
-        image_size: int | None = None,
-        backbone_weights: str | None = None,
     ) -> None:
         if not (math.isfinite(beta) and beta >= 0):
             raise ValueError(f"model.beta must be finite and >= 0, got {beta}")
-        super().__init__(
-            num_classes,
-            in_channels,
-            backbone,
-            norm,
-            optim,
-            loss,
-            ema_decay,
-            client_ema_decay,
-            image_size=image_size,
-            backbone_weights=backbone_weights,
-        )
+        super().__init__(network, optim, loss, ema_decay, client_ema_decay)
         self.beta, self.switching = beta, switching
         # the last round-mean D_KL^T and D_KL^S (float64, as Python's floats), and whether each
         # has been measured yet

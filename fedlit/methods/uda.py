@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from torch import nn
-
 from fedlit.methods.base import DEFAULT_OPTIMIZATION
 from fedlit.methods.consistency import FedAvgConsistency
+from fedlit.models import Architecture
 from fedlit.objectives import UDA, Optimization, UDALoss
 
 
@@ -24,23 +23,8 @@ class FedAvgUDA(FedAvgConsistency):
 
     def __init__(
         self,
-        num_classes: int,
-        in_channels: int,
-        backbone: str | nn.Module = "small_cnn",
-        norm: str | None = None,
+        network: Architecture,
         optim: Optimization = DEFAULT_OPTIMIZATION,
         loss: UDALoss = UDALoss(),
-        *,
-        image_size: int | None = None,
-        backbone_weights: str | None = None,
     ) -> None:
-        super().__init__(
-            num_classes,
-            in_channels,
-            backbone,
-            norm,
-            optim,
-            loss=loss,
-            image_size=image_size,
-            backbone_weights=backbone_weights,
-        )
+        super().__init__(network, optim, loss=loss)

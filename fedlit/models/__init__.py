@@ -12,6 +12,7 @@ from fedlit.models.any_backbone import (
 from fedlit.models.backbones import NORMS, Backbone, make_norm
 from fedlit.models.classifier import (
     BACKBONES,
+    Architecture,
     Classifier,
     build_backbone,
     build_classifier,
@@ -27,6 +28,7 @@ __all__ = [
     "DOWNLOAD",
     "NORMS",
     "SSL_HEADS",
+    "Architecture",
     "Backbone",
     "Classifier",
     "FedConCIFARCNN",

@@ -1,7 +1,7 @@
 """Any network as a backbone: fedlit's own by name, a torchvision or timm model by name, a
 class by its import path, or an ``nn.Module`` instance.
 
-A backbone value (``model.backbone``) is resolved in this order:
+A backbone value (``model.network.backbone``) is resolved in this order:
 
 * a name of :data:`~fedlit.models.classifier.BACKBONES` (``small_cnn``, ``resnet18``, ...);
 * ``torchvision/<name>``: ``torchvision.models.get_model(name)``, its classifier (``fc``,
@@ -14,9 +14,9 @@ A backbone value (``model.backbone``) is resolved in this order:
 * an ``nn.Module`` instance (the Python API, or ``class_path``/``init_args`` in YAML, which
   jsonargparse builds): copied, with the weights it holds.
 
-Then, in this order: pretrained weights (``model.backbone_weights``: a local file, or
+Then, in this order: pretrained weights (``model.network.backbone_weights``: a local file, or
 ``download`` for torchvision's and timm's own) are loaded into the network as its source builds
-it; the first convolution is adapted to the data's channels; ``model.norm`` replaces its
+it; the first convolution is adapted to the data's channels; ``model.network.norm`` replaces its
 BatchNorm layers; and one forward of a zero batch finds the feature dimension.
 """
 
@@ -37,12 +37,12 @@ from fedlit.models.backbones import Backbone, check_norm, group_count
 TORCHVISION = "torchvision/"
 TIMM = "timm/"
 DOWNLOAD = "download"
-"""``model.backbone_weights: download``: torchvision's ``DEFAULT`` weights or timm's
+"""``model.network.backbone_weights: download``: torchvision's ``DEFAULT`` weights or timm's
 ``pretrained=True``, fetched from the internet (cached by torch hub / Hugging Face)."""
 
 PROBE_SIZE = 32
 """Side of the zero images a wrapped network's feature dimension is found with when the data's
-image size is not given (``model.image_size: null``)."""
+image size is not given (``model.network.image_size: null``)."""
 
 CLASSIFIER_ATTRIBUTES = ("fc", "classifier", "head", "heads")
 """The attributes holding a torchvision model's classifier (ResNet/RegNet: ``fc``; VGG,
@@ -134,8 +134,8 @@ def torchvision_model(name: str, download: bool) -> nn.Module:
     known = models.list_models(module=models)
     if name not in known:
         raise ValueError(
-            f"model.backbone={TORCHVISION + name!r}: torchvision has no classification model "
-            f"{name!r} (torchvision.models.list_models(): {', '.join(known[:6])}, ...)"
+            f"model.network.backbone={TORCHVISION + name!r}: torchvision has no classification "
+            f"model {name!r} (torchvision.models.list_models(): {', '.join(known[:6])}, ...)"
         )
     if not download:
         return models.get_model(name, weights=None)
@@ -143,7 +143,7 @@ def torchvision_model(name: str, download: bool) -> nn.Module:
         return models.get_model(name, weights="DEFAULT")
     except (OSError, RuntimeError, ValueError) as err:  # URLError is an OSError
         raise ValueError(
-            f"model.backbone_weights={DOWNLOAD!r}: torchvision could not download {name}'s "
+            f"model.network.backbone_weights={DOWNLOAD!r}: torchvision could not download {name}'s "
             f"weights (this needs a network): {first_line(err)}; put the file on this machine "
             "and give its path instead"
         ) from err
@@ -155,20 +155,20 @@ def timm_model(name: str, download: bool) -> nn.Module:
         import timm
     except ImportError as err:
         raise ValueError(
-            f"model.backbone={TIMM + name!r}: timm is not installed; install it with "
+            f"model.network.backbone={TIMM + name!r}: timm is not installed; install it with "
             'pip install "fedlit[timm]" (or pip install timm)'
         ) from err
     if not timm.is_model(name):
-        raise ValueError(f"model.backbone={TIMM + name!r}: timm has no model {name!r}")
+        raise ValueError(f"model.network.backbone={TIMM + name!r}: timm has no model {name!r}")
     try:
         return timm.create_model(name, pretrained=download, num_classes=0)
     except (OSError, RuntimeError) as err:
         if not download:
             raise
         raise ValueError(
-            f"model.backbone_weights={DOWNLOAD!r}: timm could not download {name}'s weights "
-            f"(this needs a network): {first_line(err)}; put the file on this machine and give "
-            "its path instead"
+            f"model.network.backbone_weights={DOWNLOAD!r}: timm could not download {name}'s "
+            f"weights (this needs a network): {first_line(err)}; put the file on this machine "
+            "and give its path instead"
         ) from err
 
 
@@ -178,9 +178,11 @@ def imported(path: str) -> Callable[..., Any]:
     try:
         found = getattr(importlib.import_module(module_name), attribute)
     except (ImportError, AttributeError, ValueError) as err:
-        raise ValueError(f"model.backbone={path!r}: cannot import it ({first_line(err)})") from err
+        raise ValueError(
+            f"model.network.backbone={path!r}: cannot import it ({first_line(err)})"
+        ) from err
     if not callable(found):
-        raise ValueError(f"model.backbone={path!r}: not a class or function")
+        raise ValueError(f"model.network.backbone={path!r}: not a class or function")
     return found
 
 
@@ -194,10 +196,12 @@ def called_with_what_it_takes(factory: Callable[..., Any], path: str, **offered:
     try:
         module = factory(**kwargs)
     except Exception as err:  # the user's code: any failure is the setting's
-        raise ValueError(f"model.backbone={path!r}: building it failed: {first_line(err)}") from err
+        raise ValueError(
+            f"model.network.backbone={path!r}: building it failed: {first_line(err)}"
+        ) from err
     if not isinstance(module, nn.Module):
         raise ValueError(
-            f"model.backbone={path!r}: it gives {type(module).__name__}, not an nn.Module"
+            f"model.network.backbone={path!r}: it gives {type(module).__name__}, not an nn.Module"
         )
     return module
 
@@ -205,17 +209,17 @@ def called_with_what_it_takes(factory: Callable[..., Any], path: str, **offered:
 # --- weights --------------------------------------------------------------------------------
 def read_weights(path: str) -> dict[str, Tensor]:
     """The state dict in file ``path``, read with ``torch.load(weights_only=True)``;
-    ValueError naming ``model.backbone_weights`` and the file where it cannot be."""
+    ValueError naming ``model.network.backbone_weights`` and the file where it cannot be."""
     file = Path(path).expanduser()
     if not file.is_file():
         what = "is a folder" if file.is_dir() else "does not exist"
-        raise ValueError(f"model.backbone_weights={path!r}: the file {what}")
+        raise ValueError(f"model.network.backbone_weights={path!r}: the file {what}")
     try:
         state = torch.load(file, map_location="cpu", weights_only=True)
     except Exception as err:  # unpickling: any failure means the file is not a state dict
         raise ValueError(
-            f"model.backbone_weights={path!r}: not a weights file torch.load(weights_only=True) "
-            f"reads ({first_line(err)})"
+            f"model.network.backbone_weights={path!r}: not a weights file "
+            f"torch.load(weights_only=True) reads ({first_line(err)})"
         ) from err
     if isinstance(state, Mapping) and isinstance(state.get("state_dict"), Mapping):
         state = state["state_dict"]  # a checkpoint that wraps its state dict
@@ -223,7 +227,8 @@ def read_weights(path: str) -> dict[str, Tensor]:
         isinstance(k, str) and isinstance(v, Tensor) for k, v in state.items()
     ):
         raise ValueError(
-            f"model.backbone_weights={path!r}: not a state dict (a mapping of names to tensors)"
+            f"model.network.backbone_weights={path!r}: not a state dict "
+            "(a mapping of names to tensors)"
         )
     return dict(state)
 
@@ -238,7 +243,9 @@ def load_weights(
     except RuntimeError as err:
         shapes = [s.strip() for s in str(err).splitlines() if "size mismatch" in s]
         why = shapes[0] if shapes else first_line(err)
-        raise ValueError(f"model.backbone_weights={path!r} does not fit {label}: {why}") from err
+        raise ValueError(
+            f"model.network.backbone_weights={path!r} does not fit {label}: {why}"
+        ) from err
     prefixes = tuple(p + "." for p in classifier)
     missing = [k for k in result.missing_keys if not k.startswith(prefixes)]
     unexpected = [k for k in result.unexpected_keys if not k.startswith(prefixes)]
@@ -249,7 +256,7 @@ def load_weights(
         if unexpected:
             parts.append(f"{len(unexpected)} keys it does not have (e.g. {unexpected[0]!r})")
         raise ValueError(
-            f"model.backbone_weights={path!r} does not fit {label}: " + " and ".join(parts)
+            f"model.network.backbone_weights={path!r} does not fit {label}: " + " and ".join(parts)
         )
 
 
@@ -306,14 +313,14 @@ def adapt_input_channels(model: nn.Module, in_channels: int) -> nn.Module:
 def swap_batchnorm(model: nn.Module, norm: str, label: str) -> nn.Module:
     """``model`` with every ``BatchNorm2d`` replaced, in place: ``gn`` by ``GroupNorm`` over
     the same channels (groups by :func:`~fedlit.models.backbones.group_count`, weight 1, bias
-    0), ``none`` by ``Identity``; ``bn`` keeps them. ValueError naming ``model.norm`` if the
+    0), ``none`` by ``Identity``; ``bn`` keeps them. ValueError naming ``model.network.norm`` if the
     model has none to replace."""
     check_norm(norm)
     found = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.BatchNorm2d)]
     if not found:
         raise ValueError(
-            f"model.norm={norm!r}: {label} has no BatchNorm2d layer to make {norm!r}; "
-            "model.norm: null keeps its own normalisation"
+            f"model.network.norm={norm!r}: {label} has no BatchNorm2d layer to make {norm!r}; "
+            "model.network.norm: null keeps its own normalisation"
         )
     if norm == "bn":
         return model
@@ -339,7 +346,7 @@ def torchvision_stages(model: nn.Module) -> tuple[str, ...] | None:
 def probe(body: nn.Module, shape: tuple[int, int, int], label: str) -> Tensor:
     """Features of one zero batch (2, C, H, W) of ``shape`` (C, H, W), the module in eval mode
     and without gradients (no random draw, no statistics updated); ValueError naming
-    ``model.backbone`` if the network cannot take it."""
+    ``model.network.backbone`` if the network cannot take it."""
     was_training = body.training
     body.eval()
     try:
@@ -348,7 +355,7 @@ def probe(body: nn.Module, shape: tuple[int, int, int], label: str) -> Tensor:
             return out if isinstance(body, Backbone) else flat_features(out)
     except Exception as err:  # any failure of a forward means the network does not fit
         raise ValueError(
-            f"model.backbone={label!r} does not fit the data's images ({_shape(shape)}): "
+            f"model.network.backbone={label!r} does not fit the data's images ({_shape(shape)}): "
             f"{first_line(err)}"
         ) from err
     finally:
@@ -360,12 +367,12 @@ def _shape(shape: tuple[int, int, int]) -> str:
 
 
 def check_input_fits(backbone: Backbone, shape: tuple[int, int, int], label: str) -> None:
-    """Raise ValueError naming ``model.backbone`` unless one forward of a zero batch of images
-    of ``shape`` (C, H, W) gives features (2, backbone.feature_dim)."""
+    """Raise ValueError naming ``model.network.backbone`` unless one forward of a zero batch of
+    images of ``shape`` (C, H, W) gives features (2, backbone.feature_dim)."""
     features = probe(backbone, shape, label)
     if tuple(features.shape) != (2, backbone.feature_dim):
         raise ValueError(
-            f"model.backbone={label!r} does not fit the data's images ({_shape(shape)}): "
+            f"model.network.backbone={label!r} does not fit the data's images ({_shape(shape)}): "
             f"it gives features of shape {tuple(features.shape)}, not (2, {backbone.feature_dim})"
         )
 
@@ -393,8 +400,8 @@ def source_network(
     if isinstance(backbone, nn.Module):
         if download:
             raise ValueError(
-                f"model.backbone_weights={DOWNLOAD!r}: only torchvision/ and timm/ backbones "
-                "download weights; give a file's path"
+                f"model.network.backbone_weights={DOWNLOAD!r}: only torchvision/ and timm/ "
+                "backbones download weights; give a file's path"
             )
         return copy.deepcopy(backbone), (), False
     if backbone.startswith(TORCHVISION):
@@ -406,7 +413,7 @@ def source_network(
         return model, (head,) if head else (), False
     if download:
         raise ValueError(
-            f"model.backbone_weights={DOWNLOAD!r}: only torchvision/ and timm/ backbones "
+            f"model.network.backbone_weights={DOWNLOAD!r}: only torchvision/ and timm/ backbones "
             "download weights; give a file's path"
         )
     factory = imported(backbone)

@@ -3,14 +3,14 @@
 from torch import Tensor, nn
 
 NORMS: tuple[str, ...] = ("bn", "gn", "none")
-"""Allowed values of ``model.norm``: BatchNorm, GroupNorm (paper 004), no normalisation."""
+"""Allowed values of ``model.network.norm``: BatchNorm, GroupNorm (paper 004), no normalisation."""
 
 
 def check_norm(norm: str) -> str:
-    """Return ``norm`` unchanged, or raise ``ValueError`` naming ``model.norm``."""
+    """Return ``norm`` unchanged, or raise ``ValueError`` naming ``model.network.norm``."""
     if norm not in NORMS:
         allowed = ", ".join(repr(n) for n in NORMS)
-        raise ValueError(f"model.norm: unknown norm {norm!r}; choose one of {allowed}")
+        raise ValueError(f"model.network.norm: unknown norm {norm!r}; choose one of {allowed}")
     return norm
 
 

@@ -1,6 +1,7 @@
 """``Classifier`` (backbone + MLP head), the backbone registry and ``build_classifier``."""
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
@@ -25,7 +26,7 @@ BACKBONES: dict[str, type[Backbone]] = {
     "resnet18": ResNet18,
     "resnet9": ResNet9,
 }
-"""fedlit's own values of ``model.backbone`` and the classes they build (beside them:
+"""fedlit's own values of ``model.network.backbone`` and the classes they build (beside them:
 ``torchvision/<name>``, ``timm/<name>``, an import path or a module, see
 :mod:`fedlit.models.any_backbone`)."""
 
@@ -113,8 +114,8 @@ def build_classifier(
     the side of the data's images, where known (a wrapped network's feature dimension is found
     by a forward at it; else at 32). ``weights``: a state-dict file of the backbone as its
     source builds it, or ``"download"`` (torchvision's and timm's own weights; needs a network).
-    Raises ``ValueError`` naming ``model.backbone``, ``model.norm`` or
-    ``model.backbone_weights``.
+    Raises ``ValueError`` naming ``model.network.backbone``, ``model.network.norm`` or
+    ``model.network.backbone_weights``.
 
     The network's 4-d weights are stored channels-last (NHWC), the layout the loaders give
     their images in: convolutions run about 1.3x faster on a CPU (oneDNN) and use the tensor
@@ -139,8 +140,8 @@ def build_backbone(
         cls = BACKBONES[backbone]
         if weights == DOWNLOAD:
             raise ValueError(
-                f"model.backbone_weights={DOWNLOAD!r}: only torchvision/ and timm/ backbones "
-                f"download weights; {backbone!r} takes a file's path"
+                f"model.network.backbone_weights={DOWNLOAD!r}: only torchvision/ and timm/ "
+                f"backbones download weights; {backbone!r} takes a file's path"
             )
         if norm is None:
             encoder = cls(in_channels=in_channels)
@@ -153,7 +154,49 @@ def build_backbone(
     if not external and "." not in str(backbone):
         allowed = ", ".join(repr(name) for name in BACKBONES)
         raise ValueError(
-            f"model.backbone: unknown backbone {backbone!r}; choose one of {allowed}, "
+            f"model.network.backbone: unknown backbone {backbone!r}; choose one of {allowed}, "
             f"{TORCHVISION}<name>, {TIMM}<name> or a class's import path (package.module.Class)"
         )
     return wrap_module(backbone, in_channels, norm, image_size, weights)
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """The network's settings (a recipe's ``model.init_args.network``): the one network a
+    method builds, on the server and on its clients alike.
+
+    Args:
+        num_classes: classes of the data set (linked from ``data.num_classes`` by the CLI).
+        in_channels: image channels (linked from ``data.in_channels``).
+        backbone: a name from :data:`BACKBONES`, ``torchvision/<name>``, ``timm/<name>``, a
+            class's import path, or an ``nn.Module`` (in YAML: ``class_path``/``init_args``),
+            images -> features (:mod:`fedlit.models.any_backbone`). A module starts the run
+            with the weights it holds (copied at each build; it is not changed).
+        norm: "bn", "gn" or "none"; None keeps the backbone's own. On a network fedlit does
+            not build itself, "gn" and "none" replace its BatchNorm2d layers.
+        image_size: the side of the data's images (linked from the data by the CLI); None:
+            unknown until the data are loaded. The backbone must take images of this size.
+        backbone_weights: pretrained weights of the backbone: a state-dict file of the
+            network as its source builds it, read with ``torch.load(weights_only=True)``, or
+            ``download`` (torchvision's ``DEFAULT`` / timm's pretrained weights; needs a
+            network). Only the server's initial networks load them; clients receive them.
+    """
+
+    num_classes: int
+    in_channels: int
+    backbone: str | nn.Module = "small_cnn"
+    norm: str | None = None
+    image_size: int | None = None
+    backbone_weights: str | None = None
+
+    def build(self, pretrained: bool = False) -> Classifier:
+        """A freshly initialised network (its initial weights drawn from torch's generator),
+        its backbone holding :attr:`backbone_weights` if ``pretrained``."""
+        return build_classifier(
+            self.backbone,
+            self.num_classes,
+            self.in_channels,
+            self.norm,
+            image_size=self.image_size,
+            weights=self.backbone_weights if pretrained else None,
+        )

@@ -18,7 +18,14 @@ from typing import Any
 import numpy as np
 import yaml
 
-from fedlit.run_layout import CONFIG_FILE, HPARAMS_FILE, METRICS_FILE, RUN_FILE, flat_config
+from fedlit.run_layout import (
+    CONFIG_FILE,
+    HPARAMS_FILE,
+    METRICS_FILE,
+    RUN_FILE,
+    current_keys,
+    flat_config,
+)
 
 DEFAULT_SETTING = "default"
 
@@ -101,7 +108,7 @@ def read_run_json(path: Path) -> dict[str, Any]:
 
 def _recorded_config(run_dir: Path, config: dict[str, Any]) -> dict[str, Any]:
     """The run's flat config: ``hparams.yaml`` (what its loggers received), else ``config``
-    flattened."""
+    flattened; moved settings under their keys now (:func:`~fedlit.run_layout.current_keys`)."""
     path = run_dir / HPARAMS_FILE
     if path.is_file():
         try:
@@ -109,8 +116,8 @@ def _recorded_config(run_dir: Path, config: dict[str, Any]) -> dict[str, Any]:
         except (OSError, yaml.YAMLError) as err:
             raise ValueError(f"{path}: unreadable YAML ({err})") from err
         if isinstance(data, dict):
-            return {str(k): v for k, v in data.items()}
-    return flat_config(config)
+            return current_keys({str(k): v for k, v in data.items()})
+    return current_keys(flat_config(config))
 
 
 def _parse_row(path: Path, line: int, row: dict[str | None, Any]) -> dict[str, float]:
