@@ -338,6 +338,30 @@ def test_console_script_reports_bad_input_without_traceback(tmp_path: Path) -> N
     assert "data.num_clients" in proc.stderr and "Traceback" not in proc.stderr
 
 
+def test_a_teacher_in_eval_mode_is_not_reported_to_the_user(
+    fmnist_root: Path, tmp_path: Path
+) -> None:
+    """TSServerEMA's clients hold their teacher in eval mode on purpose (from the worker's
+    second fit on); Lightning's "Found N module(s) in eval mode" warning is not shown."""
+    recipe = Path(__file__).parents[1] / "recipes" / "ts_server_ema.yaml"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fedlit",
+            "fit",
+            f"--config={recipe}",
+            *tiny(fmnist_root, tmp_path / "run", recipe),
+            "--federation.rounds=2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "eval mode" not in proc.stderr + proc.stdout
+
+
 def test_a_run_stopped_by_sigterm_exits_with_143(monkeypatch: pytest.MonkeyPatch) -> None:
     """Lightning stops on SIGTERM with a bare SystemExit (status 0); the console script says
     the run was terminated, so a scheduler or a shell script does not take it for done."""

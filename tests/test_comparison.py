@@ -370,12 +370,12 @@ def test_paper002_specs_run_one_protocol(spec: str, monkeypatch: pytest.MonkeyPa
             "data": {k: v for k, v in config["data"].items() if k != "partitioner"},
             "federation": config["federation"] | {"resume": None},
             "optim": init["optim"],
-            "backbone": init["backbone"],
+            "network": init["network"],
         }
         protocols.setdefault(run.setting, []).append(json.dumps(common, sort_keys=True))
     for setting, seen in protocols.items():
         assert len(seen) == len(methods) and len(set(seen)) == 1, setting
-    backbone = json.loads(protocols["iid"][0])["backbone"]
+    backbone = json.loads(protocols["iid"][0])["network"]["backbone"]
     assert backbone == ("resnet18" if spec == "paper002_fmnist.yaml" else "small_cnn")
 
 

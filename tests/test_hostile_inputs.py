@@ -679,10 +679,7 @@ def test_a_recipe_of_the_previous_schema_is_told_where_its_settings_went(
     """A recipe written before ``optim`` and ``loss`` grouped the method's settings."""
     old = work / "old.yaml"
     old.write_text(
-        "model:\n"
-        "  class_path: fedlit.methods.FedAvgFixMatch\n"
-        "  init_args:\n"
-        "    client_lr: 0.003\n"
+        "model:\n  class_path: fedlit.methods.FedAvgFixMatch\n  init_args:\n    client_lr: 0.003\n"
     )
     argv = ["fit", f"--config={old}", *tiny_overrides(fmnist_root)]
     argv.append(f"--trainer.default_root_dir={work / 'run'}")

@@ -37,6 +37,9 @@ for _name in ("lightning.pytorch.utilities.rank_zero", "lightning.pytorch.accele
 warnings.filterwarnings("ignore", message=r".*does not have many workers.*")
 warnings.filterwarnings("ignore", message=r".*barebones=True.*")
 warnings.filterwarnings("ignore", message=r".*LeafSpec.*")  # lightning internals, torch 2.14
+# A teacher or target network an objective holds stays in eval mode on purpose (it gives
+# predictions, it is not trained): Lightning's note at every fit would only alarm the user.
+warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode at the start")
 
 
 def _discover_callback_factories_once() -> None:
