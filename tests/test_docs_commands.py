@@ -143,3 +143,13 @@ def test_a_documented_command_parses(
     # parsed, nothing run or written
     assert not list(tmp_path.rglob("metrics.csv")), str(command)
     assert not (tmp_path / "partition.png").exists(), str(command)
+
+
+def test_the_readme_links_resolve() -> None:
+    """The README's links into the site name pages that exist (the site's own links are
+    checked by its strict build)."""
+    readme = (ROOT / "README.md").read_text()
+    targets = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", readme)
+    local = [t for t in targets if "://" not in t]
+    assert local
+    assert [t for t in local if not (ROOT / t).exists()] == []
