@@ -1,4 +1,5 @@
-"""The README's "Adding a method" example, as printed there, through the real CLI."""
+"""The "Adding a method" example of the documentation (docs/contributing.md), as printed
+there, through the real CLI."""
 
 from __future__ import annotations
 
@@ -15,19 +16,19 @@ from conftest import tiny_overrides
 
 from fedlit.cli import main
 
-README = Path(__file__).parents[1] / "README.md"
+PAGE = Path(__file__).parents[1] / "docs" / "contributing.md"
 MODULE = "readme_method"
 
 
 @pytest.fixture
 def readme_method() -> Iterator[types.ModuleType]:
     """The example's code block, importable as ``readme_method`` (so a recipe can name it)."""
-    section = README.read_text().split("### Adding a method", 1)[1].split("\n## ", 1)[0]
+    section = PAGE.read_text().split("\n## Adding a method", 1)[1].split("\n## ", 1)[0]
     (code,) = re.findall(r"```python\n(.*?)```", section, flags=re.S)
     module = types.ModuleType(MODULE)
     sys.modules[MODULE] = module
     try:
-        exec(compile(code, str(README), "exec"), module.__dict__)
+        exec(compile(code, str(PAGE), "exec"), module.__dict__)
         yield module
     finally:
         del sys.modules[MODULE]

@@ -1,4 +1,5 @@
-"""The README's W&B command writes the offline run into the run directory, not ./wandb."""
+"""The documented W&B command (docs/getting-started.md) writes the offline run into the run
+directory, not ./wandb."""
 
 from __future__ import annotations
 

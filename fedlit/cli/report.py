@@ -12,12 +12,8 @@ from fedlit.refusals import (
 from fedlit.run_layout import write_path_error
 
 
-def report_main(argv: Sequence[str]) -> None:
-    """``fedlit report RUN_OR_FOLDER... [--target 0.8] [--baseline M] [--last_k K] [--out DIR]
-    [--title T]``."""
-    from fedlit.comparison.report import write_report
-    from fedlit.reporting import find_runs, last_k_warning, summarize
-
+def report_parser() -> OneLineParser:
+    """``fedlit report``'s parser: its arguments, parsed without reading any run."""
     parser = OneLineParser(prog="fedlit report", description="Results table and plots of runs.")
     parser.add_argument("paths", nargs="+", type=str, help="run directories or folders of runs")
     parser.add_argument("--target", type=float | None, default=None)
@@ -25,6 +21,16 @@ def report_main(argv: Sequence[str]) -> None:
     parser.add_argument("--last_k", type=int, default=1, help="score: mean of the last K rounds")
     parser.add_argument("--out", type=str, default="report")
     parser.add_argument("--title", type=str, default="fedlit runs")
+    return parser
+
+
+def report_main(argv: Sequence[str]) -> None:
+    """``fedlit report RUN_OR_FOLDER... [--target 0.8] [--baseline M] [--last_k K] [--out DIR]
+    [--title T]``."""
+    from fedlit.comparison.report import write_report
+    from fedlit.reporting import find_runs, last_k_warning, summarize
+
+    parser = report_parser()
     cfg = parser.parse_args(list(argv))
     error = write_path_error(cfg.out, "--out", "folder")
     if error:

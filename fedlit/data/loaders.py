@@ -6,9 +6,10 @@ in order) and slices it: no per-image ``__getitem__``, no collation. The views a
 the whole batch by :mod:`fedlit.data.augment`:
 
 - iterated directly (a notebook, a manual loop), it yields the finished batch tuples on the CPU;
-- inside a Trainer (:meth:`ImageBatches.on_device`, which :class:`~fedlit.federation.
-  TrainerTemplate` applies), it yields :class:`RawBatch` objects that Lightning moves to the
-  training device as uint8, and the module's ``on_after_batch_transfer`` hook
+- inside a Trainer (:meth:`ImageBatches.on_device`, which
+  :class:`~fedlit.federation.TrainerTemplate` applies), it yields :class:`RawBatch` objects
+  that Lightning moves to the training device as uint8, and the module's
+  ``on_after_batch_transfer`` hook
   (:func:`expand_batches`) computes the views there, on the GPU when there is one.
 
 Either way a batch is ``(index?, view_1, ..., view_n, labels?)``: the index (B,) int64 with
