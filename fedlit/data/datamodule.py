@@ -13,29 +13,20 @@ from pathlib import Path
 
 import lightning as L
 import numpy as np
-import torch
 from torch.utils.data import Dataset
 
 from fedlit.data.client import ClientData
-from fedlit.data.datasets import (
-    SPECS,
-    DatasetSpec,
-    ImageSplit,
-    dataset_spec,
-    load_split,
-    load_unlabeled_split,
-)
+from fedlit.data.datasets import DatasetSpec, ImageSplit, load_split
 from fedlit.data.loaders import ImageBatches
-from fedlit.data.partition import IID, Partitioner, class_counts, non_iid_metric
-from fedlit.data.pool import ClientPool, deal_labeled, stream_chunks
+from fedlit.data.partition import IID, Partitioner
+from fedlit.data.pool import ClientPool, deal_labeled
 from fedlit.data.server import ServerData, load_test, split_by_class
-from fedlit.data.user_data import CLIENTS, USER_DATASETS, ReadImages, read_user_dataset
+from fedlit.data.sources import CLIENT_POOLS, make_source
+from fedlit.data.user_data import ReadImages
 
 SPLIT_TAG = 0x5EED  # keeps the split's random stream apart from the partition's
 
-
 LABELS_AT = ("server", "client")
-CLIENT_POOLS = ("train", "unlabeled", "folders")
 
 
 def _positive(name: str, value: int | None) -> None:
@@ -65,31 +56,22 @@ class FederatedDataModule(L.LightningDataModule):
     pool, as ``server_unlabeled``; only a method that asks for them reads them (FedCon's
     ``server_unlabeled``), through :meth:`server_unlabeled_dataloader`.
 
-    Client pool from an unlabeled split (``client_pool="unlabeled"``, the default for a data
-    set that has one: STL-10's 100,000 ``unlabeled`` images): the training split gives the
-    server's sets only (what is left of it is unused) and ``partitioner``, which must be
-    :class:`~fedlit.data.partition.IID`, deals the unlabeled split out at random. Those images
-    have no labels: reading the shards' labels (the FedAvg-SL oracle, ``hidden_labels``
-    diagnostics) raises ValueError naming ``data.client_pool``; ``class_counts`` has a single
-    column, the shard sizes, and ``non_iid_R`` is NaN.
+    Where the images come from is a :class:`~fedlit.data.sources.Source` (``dataset``,
+    ``path``, ``image_size``, ``test_dataset``): a built-in data set, or one of the user's own
+    (``folder``, ``client_folders`` or ``arrays`` with ``path``, or a torch Dataset with
+    ``test_dataset``), read when the data module is made so that its classes and channels are
+    known. It refuses the settings it cannot serve and offers the client pools
+    (``client_pool``): the training split, a data set's unlabeled split (STL-10's), the
+    clients' own folders; every source is then drawn from alike.
 
     Streaming non-IID (``stream_steps=S``): each unlabeled shard is cut, in shard order, into
     S near-equal consecutive chunks; on its n-th selection (``visit=n``) a client sees only
     chunk (n - 1) mod S, the newly streamed-in data. After S selections the stream starts
     over from the first chunk.
 
-    A data set of the user's own (:mod:`fedlit.data.user_data`: ``dataset`` ``folder``,
-    ``client_folders`` or ``arrays`` with ``path``, or a torch Dataset with ``test_dataset``)
-    is read when the data module is made, so that its classes and channels are known; it is
-    then drawn from like any other. Clients as folders (``client_folders``): the server's sets
-    come from ``labeled/`` (``labeled_per_class`` and ``labeled_fraction`` both None: all of
-    it, less the validation and server-unlabeled images), each client's shard is its own
-    folder under ``clients/`` (``client_pool="folders"``; no partitioner, ``num_clients`` the
-    number of folders) and has no labels, as an unlabeled split's.
-
     Args:
         dataset: a name from :data:`fedlit.data.datasets.SPECS`, one of
-            :data:`~fedlit.data.user_data.USER_DATASETS` (read from ``path``), or a torch
+            :data:`~fedlit.data.sources.USER_DATASETS` (read from ``path``), or a torch
             Dataset of the training split (``class_path``/``init_args`` in a recipe).
         root: where data sets are stored (and downloaded to).
         num_clients: K, the number of clients.
@@ -152,11 +134,7 @@ class FederatedDataModule(L.LightningDataModule):
         hflip: bool | None = None,
     ) -> None:
         super().__init__()
-        own = not isinstance(dataset, str) or dataset in USER_DATASETS
-        folders = dataset == "client_folders"
-        if isinstance(dataset, str) and not own:
-            self.spec: DatasetSpec = dataset_spec(dataset)
-            _only_for_own_data(path=path, image_size=image_size, test_dataset=test_dataset)
+        self.source = make_source(dataset, path, image_size, test_dataset)
         _positive("data.num_clients", num_clients)
         _positive("data.examples_per_client", examples_per_client)
         _positive("data.batch_size", batch_size)
@@ -165,7 +143,7 @@ class FederatedDataModule(L.LightningDataModule):
         _positive("data.test_subset", test_subset)
         _positive("data.image_size", image_size)
         if (labeled_per_class is None) == (labeled_fraction is None) and not (
-            folders and labeled_per_class is None
+            self.source.whole_labeled_split and labeled_per_class is None
         ):
             raise ValueError(
                 "set exactly one of data.labeled_per_class and data.labeled_fraction "
@@ -183,20 +161,15 @@ class FederatedDataModule(L.LightningDataModule):
             raise ValueError(
                 f"data.server_unlabeled_fraction must be in [0, 1), got {server_unlabeled_fraction}"
             )
-        if folders:
-            _check_client_folders(labels_at, partitioner, examples_per_client)
-        self._user: ReadImages | None = None
-        if own:  # read now: its classes and channels are the model's
-            self.spec, self._user = read_user_dataset(dataset, path, image_size, test_dataset)
+        self.source.refuse(labels_at, partitioner, examples_per_client)
+        self.spec: DatasetSpec = self.source.spec  # the user's files are read now
         if hflip is not None:
             self.spec = replace(self.spec, hflip=hflip)
-        self.client_pool = self._check_client_pool(client_pool, partitioner)
-        if self.client_pool == "folders" and num_clients != len(self.user_data.client_names):
+        if client_pool is not None and client_pool not in CLIENT_POOLS:
             raise ValueError(
-                f"data.num_clients={num_clients}, but {Path(str(path)) / CLIENTS} holds "
-                f"{len(self.user_data.client_names)} client folders: set "
-                f"data.num_clients={len(self.user_data.client_names)}"
+                f"data.client_pool must be one of {CLIENT_POOLS} or null, got {client_pool!r}"
             )
+        self.client_pool = self.source.client_pool(client_pool, partitioner, num_clients)
         self.dataset = self.spec.name
         self.path, self.image_size, self.hflip = path, image_size, hflip
         self.root = Path(root)
@@ -223,7 +196,7 @@ class FederatedDataModule(L.LightningDataModule):
     def is_users_own(self) -> bool:
         """Whether the data set is the user's own (a folder, client folders, arrays, a
         Dataset), not one of the registry's."""
-        return self._user is not None
+        return self.source.users_own
 
     @property
     def num_classes(self) -> int:
@@ -242,130 +215,29 @@ class FederatedDataModule(L.LightningDataModule):
         return self.spec.channels
 
     @property
+    def image_shape(self) -> tuple[int, int, int]:
+        """(C, H, W) of the images the networks take (the model's ``image_size`` is H)."""
+        return (self.spec.channels, self.spec.size, self.spec.size)
+
+    @property
     def user_data(self) -> ReadImages:
         """The user's data set, as read (RuntimeError for a built-in data set)."""
-        if self._user is None:
-            raise RuntimeError(f"{self.dataset} is not a data set of the user's own")
-        return self._user
+        return self.source.user_data
 
     @property
     def clients_without_labels(self) -> tuple[str, str] | None:
         """Where the clients' images have no labels: (the setting that makes it so, why and
         what to do instead); None where they have labels."""
-        if self.client_pool == "unlabeled":
-            return (
-                "data.client_pool='unlabeled'",
-                f"{self.dataset}'s unlabeled split has none; use data.client_pool='train'",
-            )
-        if self.client_pool == "folders":
-            return (
-                "data.dataset='client_folders'",
-                "the clients' folders (data.path/clients) hold images without labels; use "
-                "data.dataset='folder', whose clients' images keep their labels",
-            )
-        return None
+        return self.source.clients_without_labels(self.client_pool)
 
     def save_statistics(self) -> None:
         """Cache a user's data set's statistics beside its files (where it has such a
         cache); the driver calls it once a run's checks have passed."""
-        if self._user is not None:
-            self._user.save_statistics()
-
-    @property
-    def image_shape(self) -> tuple[int, int, int]:
-        """(C, H, W) of the images the networks take (the model's ``image_size`` is H)."""
-        return (self.spec.channels, self.spec.size, self.spec.size)
-
-    def _check_client_pool(self, client_pool: str | None, partitioner: Partitioner | None) -> str:
-        """``client_pool`` resolved (None: the data set's unlabeled split if it has one, its
-        clients' folders if it has those); ValueError naming the key if the data set or the
-        partitioner cannot serve it."""
-        if client_pool is not None and client_pool not in CLIENT_POOLS:
-            raise ValueError(
-                f"data.client_pool must be one of {CLIENT_POOLS} or null, got {client_pool!r}"
-            )
-        if self._user is not None and self._user.client_names:
-            if client_pool not in (None, "folders"):
-                raise ValueError(
-                    f"data.client_pool={client_pool!r}: data.dataset='client_folders' takes "
-                    "the clients' images from their folders (data.path/clients); leave "
-                    "data.client_pool unset"
-                )
-            return "folders"
-        if client_pool == "folders":
-            raise ValueError(
-                "data.client_pool='folders' is the clients' own folders of "
-                f"data.dataset='client_folders', not of {self.spec.name!r}"
-            )
-        split = self.spec.unlabeled_split
-        if client_pool == "unlabeled" and split is None:
-            having = sorted(s.name for s in SPECS.values() if s.unlabeled_split is not None)
-            raise ValueError(
-                f"data.client_pool='unlabeled': data.dataset={self.spec.name!r} has no "
-                f"unlabeled split (data sets with one: {having})"
-            )
-        pool = client_pool or ("train" if split is None else "unlabeled")
-        if pool == "unlabeled" and partitioner is not None and type(partitioner) is not IID:
-            raise ValueError(
-                f"data.partitioner={partitioner!r} divides the client pool by its labels, but "
-                f"data.client_pool='unlabeled' draws it from {self.spec.name}'s {split!r} split, "
-                "which has none: use fedlit.data.partition.IID (a random split there) or "
-                "data.client_pool='train'"
-            )
-        return pool
-
-    def _load_unlabeled_pool(self) -> ImageSplit:
-        """The data set's unlabeled split, whose labels raise naming ``data.client_pool``."""
-        pool = load_unlabeled_split(self.spec.name, self.root, download=self.download)
-        why = (
-            f"data.client_pool='unlabeled': the clients' images come from {self.dataset}'s "
-            f"{self.spec.unlabeled_split!r} split, which has no labels, so there are none for "
-            "the FedAvg-SL oracle or label-based diagnostics (hidden_labels); set "
-            "data.client_pool='train' to draw the clients' images from the labeled training split"
-        )
-        return ImageSplit(pool.images, None, why)
+        self.source.save_statistics()
 
     # --- loading and splitting ------------------------------------------------------------
-    def _client_folders(self) -> tuple[ImageSplit, list[np.ndarray]]:
-        """The clients' folders' images as one pool without labels, and each client's
-        positions in it."""
-        images = self.user_data.clients
-        why = (
-            "data.dataset='client_folders': the clients' images (data.path/clients/<client>) "
-            "have no labels, so there are none for the FedAvg-SL oracle or label-based "
-            "diagnostics (hidden_labels)"
-        )
-        bounds = np.cumsum([0, *(len(c) for c in images)])
-        parts = [np.arange(a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
-        return ImageSplit(torch.cat(images), None, why), parts
-
     def prepare_data(self) -> None:
-        load_split(self.spec, self.root, train=True, download=self.download)
-        load_split(self.spec, self.root, train=False, download=self.download)
-        if self.client_pool == "unlabeled":
-            load_unlabeled_split(self.spec.name, self.root, download=self.download)
-
-    def _partition(
-        self,
-        pool_labels: np.ndarray,
-        pool_classes: int,
-        pool_size: int,
-        where: str,
-        rng: np.random.Generator,
-    ) -> list[np.ndarray]:
-        """The partitioner's division of a pool of ``pool_size`` examples among the clients;
-        ValueError naming the keys when ``examples_per_client`` asks for more than it holds."""
-        if self.examples_per_client is not None:
-            need = self.num_clients * self.examples_per_client
-            if need > pool_size:
-                raise ValueError(
-                    f"data.examples_per_client={self.examples_per_client} x data.num_clients="
-                    f"{self.num_clients} = {need} exceeds the {pool_size} unlabeled examples "
-                    f"{where}"
-                )
-        return self.partitioner(
-            pool_labels, self.num_clients, pool_classes, rng, self.examples_per_client
-        )
+        self.source.prepare(self.root, self.download, self.client_pool)
 
     def setup_federation(self, seed: int) -> None:
         """Load the data and draw the server split and the client partition from ``seed``.
@@ -379,7 +251,7 @@ class FederatedDataModule(L.LightningDataModule):
         test = load_test(self.spec, self.root, self.download, self.test_subset, self.num_classes)
         labels = train.labels.numpy()
         rng = np.random.default_rng([seed, SPLIT_TAG])
-        labeled_idx, val_idx, unlabeled_idx, pool_idx = split_by_class(
+        labeled, val, unlabeled, rest = split_by_class(
             labels,
             rng,
             self.dataset,
@@ -390,38 +262,31 @@ class FederatedDataModule(L.LightningDataModule):
             self.server_unlabeled_fraction,
             self.spec.classes,
         )
-        pool, pool_labels, pool_classes = train, labels[pool_idx], self.num_classes
-        where = "left after the server's split"
-        if self.client_pool == "unlabeled":  # no labels: IID over one class, a random split
-            pool = self._load_unlabeled_pool()
-            pool_idx = np.arange(len(pool))
-            pool_labels, pool_classes = np.zeros(len(pool), dtype=np.int64), 1
-            where = f"of {self.dataset}'s {self.spec.unlabeled_split!r} split (data.client_pool)"
-        if self.client_pool == "folders":  # the shards are the clients' folders
-            pool, parts = self._client_folders()
-            pool_idx = np.arange(len(pool))
-            pool_labels, pool_classes = np.zeros(len(pool), dtype=np.int64), 1
-        else:
-            parts = self._partition(pool_labels, pool_classes, len(pool_idx), where, rng)
-        shards = [pool.take(pool_idx[p]) for p in parts]
-        empty = [k for k, c in enumerate(shards) if len(c) == 0]
-        if empty:
-            raise ValueError(f"data.partitioner left clients {empty} without data")
-        chunks = stream_chunks(shards, self.stream_steps)
-        if self.labels_at == "client":
+        images = self.source.pool_images(self.client_pool, train, rest, self.root, self.download)
+        parts = images.divide(self.partitioner, self.num_clients, self.examples_per_client, rng)
+        pool = ClientPool.draw(
+            images,
+            parts,
+            self.stream_steps,
+            self.spec,
+            self.batch_size,
+            self.client_batch_size,
+            self.eval_batch_size,
+        )
+        server_labeled = train.take(labeled)
+        if self.labels_at == "client":  # after the partition, which does not depend on it
             key = (
                 f"data.labeled_per_class={self.labeled_per_class}"
                 if self.labeled_per_class is not None
                 else f"data.labeled_fraction={self.labeled_fraction}"
             )
-            dealt = deal_labeled(labeled_idx, labels, rng, self.num_classes, self.num_clients, key)
-            client_labeled, server_labeled = [train.take(i) for i in dealt], train.take(slice(0))
-        else:
-            client_labeled, server_labeled = [], train.take(labeled_idx)
+            dealt = deal_labeled(labeled, labels, rng, self.num_classes, self.num_clients, key)
+            pool = replace(pool, labeled=[train.take(i) for i in dealt])
+            server_labeled = train.take(slice(0))
         self._server_data = ServerData(
             labeled=server_labeled,
-            val=train.take(val_idx),
-            unlabeled=train.take(unlabeled_idx),
+            val=train.take(val),
+            unlabeled=train.take(unlabeled),
             test=test,
             spec=self.spec,
             labels_at=self.labels_at,
@@ -429,23 +294,7 @@ class FederatedDataModule(L.LightningDataModule):
             client_batch_size=self.client_batch_size,
             eval_batch_size=self.eval_batch_size,
         )
-        self._pool = ClientPool(
-            shards=shards,
-            labeled=client_labeled,
-            chunks=chunks,
-            stream_steps=self.stream_steps,
-            # an unlabeled pool: one column, the shard sizes (the classes are unknown), no R
-            class_counts=class_counts(pool_labels, parts, pool_classes),
-            non_iid_R=(
-                non_iid_metric(pool_labels, parts, pool_classes)
-                if pool.has_labels
-                else float("nan")
-            ),
-            spec=self.spec,
-            batch_size=self.batch_size,
-            client_batch_size=self.client_batch_size,
-            eval_batch_size=self.eval_batch_size,
-        )
+        self._pool = pool
         self.seed = seed
 
     # --- the two halves, once drawn --------------------------------------------------------
@@ -526,17 +375,12 @@ class FederatedDataModule(L.LightningDataModule):
         """One line naming the data set and its partition (the partitioner with its
         parameters), with its R where the clients' images have labels to measure it with, and
         saying so where they have none."""
-        if self.client_pool == "folders":
-            return f"{self.dataset}: the clients' own folders (no labels: R not measured)"
-        if self.client_pool == "unlabeled":
-            return f"{self.dataset}, IID over its unlabeled split (no labels: R not measured)"
-        return f"{self.dataset}, {self.partitioner!r}: R = {self.non_iid_R:.3f}"
+        unmeasured = self.source.unmeasured_title(self.client_pool)
+        return unmeasured or f"{self.dataset}, {self.partitioner!r}: R = {self.non_iid_R:.3f}"
 
     def client_names(self) -> list[str]:
         """Each client's name: its folder's for clients as folders, else ``client <k>``."""
-        if self.client_pool == "folders":
-            return list(self.user_data.client_names)
-        return [f"client {k}" for k in range(self.num_clients)]
+        return self.source.client_names(self.num_clients)
 
     def partition_summary(self) -> dict[str, float]:
         """Numbers that describe the partition, for logging once per run."""
@@ -551,36 +395,3 @@ class FederatedDataModule(L.LightningDataModule):
             "data/client_labeled": float(sum(len(c) for c in self.pool.labeled)),
             "data/stream_steps": float(self.stream_steps or 0),
         }
-
-
-def _only_for_own_data(**values: object) -> None:
-    """Refuse, naming the key, a setting that only a data set of the user's own reads."""
-    for key, value in values.items():
-        if value is not None:
-            raise ValueError(
-                f"data.{key}={value!r} is read only for a data set of your own (data.dataset "
-                f"one of {USER_DATASETS} or a torch Dataset), not for a built-in data set"
-            )
-
-
-def _check_client_folders(
-    labels_at: str, partitioner: Partitioner | None, examples_per_client: int | None
-) -> None:
-    """Refuse, naming the key, what clients as folders cannot do: their shards are their
-    folders (no partitioner but the default IID, which is not used; no
-    ``examples_per_client``) and have no labels (no labels-at-client)."""
-    if labels_at == "client":
-        raise ValueError(
-            "data.labels_at='client': data.dataset='client_folders' holds its labels at the "
-            "server (data.path/labeled) and none at the clients; use data.labels_at='server'"
-        )
-    if partitioner is not None and type(partitioner) is not IID:  # IID: the default, unused
-        raise ValueError(
-            f"data.partitioner={partitioner!r}: with data.dataset='client_folders' the "
-            "clients' shards are their folders (data.path/clients); leave data.partitioner unset"
-        )
-    if examples_per_client is not None:
-        raise ValueError(
-            f"data.examples_per_client={examples_per_client}: with data.dataset="
-            "'client_folders' each client holds its whole folder; leave it unset"
-        )
