@@ -1,7 +1,8 @@
 """The federated data module: the recipe's ``data`` settings, the server's data and the client pool.
 
-:class:`FederatedDataModule` checks the settings, loads the data set and draws, from the run's
-seed, the server's sets (:class:`~fedlit.data.server.ServerData`) and the clients' shards
+:class:`FederatedDataModule` checks the settings, reads the data set's source
+(:mod:`fedlit.data.sources`) and draws from it, with the run's seed (:mod:`fedlit.data.draw`),
+the server's sets (:class:`~fedlit.data.server.ServerData`) and the clients' shards
 (:class:`~fedlit.data.pool.ClientPool`), then serves the loaders of both.
 """
 
@@ -16,58 +17,31 @@ import numpy as np
 from torch.utils.data import Dataset
 
 from fedlit.data.client import ClientData
-from fedlit.data.datasets import DatasetSpec, ImageSplit, load_split
+from fedlit.data.datasets import DatasetSpec, ImageSplit
+from fedlit.data.draw import check_settings, draw
 from fedlit.data.loaders import ImageBatches
 from fedlit.data.partition import IID, Partitioner
-from fedlit.data.pool import ClientPool, deal_labeled
-from fedlit.data.server import ServerData, load_test, split_by_class
+from fedlit.data.pool import ClientPool
+from fedlit.data.server import ServerData
 from fedlit.data.sources import CLIENT_POOLS, make_source
 from fedlit.data.user_data import ReadImages
-
-SPLIT_TAG = 0x5EED  # keeps the split's random stream apart from the partition's
-
-LABELS_AT = ("server", "client")
-
-
-def _positive(name: str, value: int | None) -> None:
-    if value is not None and value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value}")
 
 
 class FederatedDataModule(L.LightningDataModule):
     """A labeled set (and validation set) plus unlabeled client shards of one data set.
 
-    It holds the settings (its arguments are the recipe's ``data`` group) and, once
-    :meth:`setup_federation` has drawn them, the server's data (:attr:`server_data`) and the
-    client pool (:attr:`pool`), whose loaders it serves. The training split is divided, by
-    seed, into a class-balanced labeled set (``labeled_per_class`` per class, or
-    ``labeled_fraction`` of each class), an optional class-balanced validation set
-    (``val_per_class``, always at the server), and a client pool that ``partitioner`` divides
-    among ``num_clients`` clients (``examples_per_client`` each, or the whole pool). Client
-    loaders yield images only; the pool's labels are kept aside for diagnostics and for the
-    FedAvg-SL oracle, which is marked as such.
-
-    The labeled set is the server's (``labels_at="server"``) or, labels-at-client, is dealt
-    out to the clients class by class (``labels_at="client"``): ``server`` is then empty and
-    ``pool.labeled[k]`` holds client k's labeled examples, on top of its unlabeled shard.
-
-    Server-held unlabeled images (``server_unlabeled_fraction``, paper 001 section IV-E's beta):
-    that fraction of each class is set aside, after the validation set and before the client
-    pool, as ``server_unlabeled``; only a method that asks for them reads them (FedCon's
-    ``server_unlabeled``), through :meth:`server_unlabeled_dataloader`.
-
-    Where the images come from is a :class:`~fedlit.data.sources.Source` (``dataset``,
-    ``path``, ``image_size``, ``test_dataset``): a built-in data set, or one of the user's own
-    (``folder``, ``client_folders`` or ``arrays`` with ``path``, or a torch Dataset with
-    ``test_dataset``), read when the data module is made so that its classes and channels are
-    known. It refuses the settings it cannot serve and offers the client pools
-    (``client_pool``): the training split, a data set's unlabeled split (STL-10's), the
-    clients' own folders; every source is then drawn from alike.
-
-    Streaming non-IID (``stream_steps=S``): each unlabeled shard is cut, in shard order, into
-    S near-equal consecutive chunks; on its n-th selection (``visit=n``) a client sees only
-    chunk (n - 1) mod S, the newly streamed-in data. After S selections the stream starts
-    over from the first chunk.
+    It holds the settings (its arguments are the recipe's ``data`` group), the data set's
+    :class:`~fedlit.data.sources.Source` (``dataset``, ``path``, ``image_size``,
+    ``test_dataset``: a built-in data set or one of the user's own, read when the data module
+    is made so that its classes and channels are known) and, once :meth:`setup_federation` has
+    drawn them, the server's data (:attr:`server_data`) and the client pool (:attr:`pool`),
+    whose loaders it serves. The training split is divided, by seed, into a class-balanced
+    labeled set (``labeled_per_class`` per class, or ``labeled_fraction`` of each class), an
+    optional class-balanced validation set (``val_per_class``, always at the server), and the
+    rest; the source's client pool (by default that rest) is divided by ``partitioner`` among
+    ``num_clients`` clients (``examples_per_client`` each, or the whole pool). Client loaders
+    yield images only; the pool's labels are kept aside for diagnostics and for the FedAvg-SL
+    oracle, which is marked as such.
 
     Args:
         dataset: a name from :data:`fedlit.data.datasets.SPECS`, one of
@@ -89,12 +63,16 @@ class FederatedDataModule(L.LightningDataModule):
         test_subset: evaluate on this many test images (a fixed, class-balanced draw) instead
             of the whole test split; for quick experiments and tests.
         download: download data sets that are not under ``root``.
-        stream_steps: S, the number of chunks each client's shard is streamed in (None: every
-            visit sees the whole shard).
+        stream_steps: S, the number of chunks each client's shard is streamed in, one a visit
+            (:class:`~fedlit.data.pool.ClientPool`; None: every visit sees the whole shard).
         labels_at: ``"server"`` (the labeled set stays at the server) or ``"client"``
-            (labels-at-client: the labeled set is split among the clients, class by class).
+            (labels-at-client: the labeled set is dealt out to the clients, class by class;
+            :attr:`server` is then empty and ``pool.labeled[k]`` is client k's).
         server_unlabeled_fraction: the fraction of each class the server also holds without
-            labels, in [0, 1) (0: none).
+            labels, in [0, 1) (0: none; paper 001 section IV-E's beta): set aside after the
+            validation set, before the client pool, as :attr:`server_unlabeled`, read only
+            by a method that asks for them (FedCon) through
+            :meth:`server_unlabeled_dataloader`.
         client_pool: where the clients' images come from: ``"train"`` (the training split,
             after the server's sets) or ``"unlabeled"`` (the data set's unlabeled split, see
             :attr:`DatasetSpec.unlabeled_split`); None: ``"unlabeled"`` if the data set has
@@ -135,42 +113,6 @@ class FederatedDataModule(L.LightningDataModule):
     ) -> None:
         super().__init__()
         self.source = make_source(dataset, path, image_size, test_dataset)
-        _positive("data.num_clients", num_clients)
-        _positive("data.examples_per_client", examples_per_client)
-        _positive("data.batch_size", batch_size)
-        _positive("data.client_batch_size", client_batch_size)
-        _positive("data.eval_batch_size", eval_batch_size)
-        _positive("data.test_subset", test_subset)
-        _positive("data.image_size", image_size)
-        if (labeled_per_class is None) == (labeled_fraction is None) and not (
-            self.source.whole_labeled_split and labeled_per_class is None
-        ):
-            raise ValueError(
-                "set exactly one of data.labeled_per_class and data.labeled_fraction "
-                f"(got {labeled_per_class} and {labeled_fraction})"
-            )
-        _positive("data.labeled_per_class", labeled_per_class)
-        if labeled_fraction is not None and not 0 < labeled_fraction < 1:
-            raise ValueError(f"data.labeled_fraction must be in (0, 1), got {labeled_fraction}")
-        if val_per_class < 0:
-            raise ValueError(f"data.val_per_class must be >= 0, got {val_per_class}")
-        _positive("data.stream_steps", stream_steps)
-        if labels_at not in LABELS_AT:
-            raise ValueError(f"data.labels_at must be one of {LABELS_AT}, got {labels_at!r}")
-        if not 0 <= server_unlabeled_fraction < 1:  # False for NaN too
-            raise ValueError(
-                f"data.server_unlabeled_fraction must be in [0, 1), got {server_unlabeled_fraction}"
-            )
-        self.source.refuse(labels_at, partitioner, examples_per_client)
-        self.spec: DatasetSpec = self.source.spec  # the user's files are read now
-        if hflip is not None:
-            self.spec = replace(self.spec, hflip=hflip)
-        if client_pool is not None and client_pool not in CLIENT_POOLS:
-            raise ValueError(
-                f"data.client_pool must be one of {CLIENT_POOLS} or null, got {client_pool!r}"
-            )
-        self.client_pool = self.source.client_pool(client_pool, partitioner, num_clients)
-        self.dataset = self.spec.name
         self.path, self.image_size, self.hflip = path, image_size, hflip
         self.root = Path(root)
         self.num_clients = num_clients
@@ -187,6 +129,17 @@ class FederatedDataModule(L.LightningDataModule):
         self.stream_steps = stream_steps
         self.labels_at = labels_at
         self.server_unlabeled_fraction = server_unlabeled_fraction
+        check_settings(self)
+        self.source.refuse(labels_at, partitioner, examples_per_client)
+        self.spec: DatasetSpec = self.source.spec  # the user's files are read now
+        if hflip is not None:
+            self.spec = replace(self.spec, hflip=hflip)
+        self.dataset = self.spec.name
+        if client_pool is not None and client_pool not in CLIENT_POOLS:
+            raise ValueError(
+                f"data.client_pool must be one of {CLIENT_POOLS} or null, got {client_pool!r}"
+            )
+        self.client_pool = self.source.client_pool(client_pool, partitioner, num_clients)
         self.seed: int | None = None
         self._server_data: ServerData | None = None
         self._pool: ClientPool | None = None
@@ -240,61 +193,10 @@ class FederatedDataModule(L.LightningDataModule):
         self.source.prepare(self.root, self.download, self.client_pool)
 
     def setup_federation(self, seed: int) -> None:
-        """Load the data and draw the server split and the client partition from ``seed``.
-
-        One random stream, in this order: the server's split, the partition, then
-        (labels-at-client) the dealing of the labeled set, so that the client pool does not
-        depend on ``labels_at``. Raises ValueError, naming the key, when the split or
-        partition cannot be made.
-        """
-        train = load_split(self.spec, self.root, train=True, download=self.download)
-        test = load_test(self.spec, self.root, self.download, self.test_subset, self.num_classes)
-        labels = train.labels.numpy()
-        rng = np.random.default_rng([seed, SPLIT_TAG])
-        labeled, val, unlabeled, rest = split_by_class(
-            labels,
-            rng,
-            self.dataset,
-            self.num_classes,
-            self.labeled_per_class,
-            self.labeled_fraction,
-            self.val_per_class,
-            self.server_unlabeled_fraction,
-            self.spec.classes,
-        )
-        images = self.source.pool_images(self.client_pool, train, rest, self.root, self.download)
-        parts = images.divide(self.partitioner, self.num_clients, self.examples_per_client, rng)
-        pool = ClientPool.draw(
-            images,
-            parts,
-            self.stream_steps,
-            self.spec,
-            self.batch_size,
-            self.client_batch_size,
-            self.eval_batch_size,
-        )
-        server_labeled = train.take(labeled)
-        if self.labels_at == "client":  # after the partition, which does not depend on it
-            key = (
-                f"data.labeled_per_class={self.labeled_per_class}"
-                if self.labeled_per_class is not None
-                else f"data.labeled_fraction={self.labeled_fraction}"
-            )
-            dealt = deal_labeled(labeled, labels, rng, self.num_classes, self.num_clients, key)
-            pool = replace(pool, labeled=[train.take(i) for i in dealt])
-            server_labeled = train.take(slice(0))
-        self._server_data = ServerData(
-            labeled=server_labeled,
-            val=train.take(val),
-            unlabeled=train.take(unlabeled),
-            test=test,
-            spec=self.spec,
-            labels_at=self.labels_at,
-            batch_size=self.batch_size,
-            client_batch_size=self.client_batch_size,
-            eval_batch_size=self.eval_batch_size,
-        )
-        self._pool = pool
+        """Load the data and draw the server's sets and the client pool from ``seed``
+        (:func:`~fedlit.data.draw.draw`); ValueError, naming the key, when they cannot be
+        drawn."""
+        self._server_data, self._pool = draw(self, seed)
         self.seed = seed
 
     # --- the two halves, once drawn --------------------------------------------------------
