@@ -45,7 +45,7 @@ class FederatedDataModule(L.LightningDataModule):
 
     Args:
         dataset: a name from :data:`fedlit.data.datasets.SPECS`, one of
-            :data:`~fedlit.data.sources.USER_DATASETS` (read from ``path``), or a torch
+            :data:`~fedlit.data.sources.FILES` (read from ``path``), or a torch
             Dataset of the training split (``class_path``/``init_args`` in a recipe).
         root: where data sets are stored (and downloaded to).
         num_clients: K, the number of clients.

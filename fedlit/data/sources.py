@@ -9,7 +9,7 @@ knows its data set's spec (classes, channels, size, class names, statistics, and
 its train and test splits), whether it is the user's own, which settings it refuses, and which
 client pools (``data.client_pool``) it offers and the images each is drawn from. The data module
 draws the server's sets and the clients' shards from every source alike: a new kind of data set
-is one class here and its entry in :func:`make_source`.
+is one class here (a kind of the user's files: with its entry in :data:`FILES`).
 """
 
 from __future__ import annotations
@@ -180,7 +180,7 @@ class BuiltIn(Source):
             if value is not None:
                 raise ValueError(
                     f"data.{key}={value!r} is read only for a data set of your own (data.dataset "
-                    f"one of {USER_DATASETS} or a torch Dataset), not for a built-in data set"
+                    f"one of {tuple(FILES)} or a torch Dataset), not for a built-in data set"
                 )
 
     @property
@@ -355,12 +355,12 @@ class TorchDatasets(UsersOwn):
         return read_torch_datasets(self.train, self.test, self.image_size)
 
     def __getstate__(self) -> dict[str, Any]:
+        """The source without the user's Datasets (their images are read)."""
         return {**self.__dict__, "train": None, "test": None}
 
 
 #: The kinds of the user's files, by their ``data.dataset`` names (read from ``data.path``).
 FILES: dict[str, type[Files]] = {kind.kind: kind for kind in (Folder, ClientFolders, Arrays)}
-USER_DATASETS = tuple(FILES)
 
 
 def make_source(

@@ -1,10 +1,11 @@
 """Data sets from the user's own files: image folders, clients as folders, arrays, torch Datasets.
 
-Each is read once, when the data module is made (so that its classes and channels are known
-before the model is built), into what every data set is: uint8 images (N, C, H, W) and int64
-labels (N,), described by a :class:`~fedlit.data.datasets.DatasetSpec` whose ``loader`` hands
-back the splits read (:class:`ReadImages`). So every partitioner, labels-at-client, streaming
-and every executor work on them as on the built-in data sets.
+Each is read once, by its source (:mod:`fedlit.data.sources`) when the data module is made (so
+that its classes and channels are known before the model is built), into what every data set
+is: uint8 images (N, C, H, W) and int64 labels (N,), described by a
+:class:`~fedlit.data.datasets.DatasetSpec` whose ``loader`` hands back the splits read
+(:class:`ReadImages`). So every partitioner, labels-at-client, streaming and every executor
+work on them as on the built-in data sets.
 
 - ``folder`` (``data.path``): ``train/<class>/*`` and ``test/<class>/*``, torchvision's
   ``ImageFolder`` layout: the classes are ``train``'s folder names, sorted (``test`` may lack
