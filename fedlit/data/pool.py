@@ -2,8 +2,9 @@
 
 A data set's source gives the images the shards are taken from (:class:`PoolImages`), which
 the partitioner (:mod:`fedlit.data.partition`) divides among the clients; labels-at-client, the
-data module deals the labeled set out (:func:`deal_labeled`). :class:`ClientPool` holds the
-result and gives each client its :class:`~fedlit.data.client.ClientData` for one visit.
+draw (:mod:`fedlit.data.draw`) deals the labeled set out (:func:`deal_labeled`).
+:class:`ClientPool` holds the result and gives each client its
+:class:`~fedlit.data.client.ClientData` for one visit.
 """
 
 from __future__ import annotations
