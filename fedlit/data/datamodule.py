@@ -1,7 +1,8 @@
 """The federated data module: the recipe's ``data`` settings, the server's data and the client pool.
 
-:class:`FederatedDataModule` checks the settings, loads the data set and draws, from the run's
-seed, the server's sets (:class:`~fedlit.data.server.ServerData`) and the clients' shards
+:class:`FederatedDataModule` checks the settings, reads the data set's source
+(:mod:`fedlit.data.sources`) and draws from it, with the run's seed (:mod:`fedlit.data.draw`),
+the server's sets (:class:`~fedlit.data.server.ServerData`) and the clients' shards
 (:class:`~fedlit.data.pool.ClientPool`), then serves the loaders of both.
 """
 
@@ -13,83 +14,38 @@ from pathlib import Path
 
 import lightning as L
 import numpy as np
-import torch
 from torch.utils.data import Dataset
 
 from fedlit.data.client import ClientData
-from fedlit.data.datasets import (
-    SPECS,
-    DatasetSpec,
-    ImageSplit,
-    dataset_spec,
-    load_split,
-    load_unlabeled_split,
-)
+from fedlit.data.datasets import DatasetSpec, ImageSplit
+from fedlit.data.draw import check_settings, draw
 from fedlit.data.loaders import ImageBatches
-from fedlit.data.partition import IID, Partitioner, class_counts, non_iid_metric
-from fedlit.data.pool import ClientPool, deal_labeled, stream_chunks
-from fedlit.data.server import ServerData, load_test, split_by_class
-from fedlit.data.user_data import CLIENTS, USER_DATASETS, ReadImages, read_user_dataset
-
-SPLIT_TAG = 0x5EED  # keeps the split's random stream apart from the partition's
-
-
-LABELS_AT = ("server", "client")
-CLIENT_POOLS = ("train", "unlabeled", "folders")
-
-
-def _positive(name: str, value: int | None) -> None:
-    if value is not None and value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value}")
+from fedlit.data.partition import IID, Partitioner
+from fedlit.data.pool import ClientPool
+from fedlit.data.server import ServerData
+from fedlit.data.sources import CLIENT_POOLS, make_source
+from fedlit.data.user_data import ReadImages
 
 
 class FederatedDataModule(L.LightningDataModule):
     """A labeled set (and validation set) plus unlabeled client shards of one data set.
 
-    It holds the settings (its arguments are the recipe's ``data`` group) and, once
-    :meth:`setup_federation` has drawn them, the server's data (:attr:`server_data`) and the
-    client pool (:attr:`pool`), whose loaders it serves. The training split is divided, by
-    seed, into a class-balanced labeled set (``labeled_per_class`` per class, or
-    ``labeled_fraction`` of each class), an optional class-balanced validation set
-    (``val_per_class``, always at the server), and a client pool that ``partitioner`` divides
-    among ``num_clients`` clients (``examples_per_client`` each, or the whole pool). Client
-    loaders yield images only; the pool's labels are kept aside for diagnostics and for the
-    FedAvg-SL oracle, which is marked as such.
-
-    The labeled set is the server's (``labels_at="server"``) or, labels-at-client, is dealt
-    out to the clients class by class (``labels_at="client"``): ``server`` is then empty and
-    ``pool.labeled[k]`` holds client k's labeled examples, on top of its unlabeled shard.
-
-    Server-held unlabeled images (``server_unlabeled_fraction``, paper 001 section IV-E's beta):
-    that fraction of each class is set aside, after the validation set and before the client
-    pool, as ``server_unlabeled``; only a method that asks for them reads them (FedCon's
-    ``server_unlabeled``), through :meth:`server_unlabeled_dataloader`.
-
-    Client pool from an unlabeled split (``client_pool="unlabeled"``, the default for a data
-    set that has one: STL-10's 100,000 ``unlabeled`` images): the training split gives the
-    server's sets only (what is left of it is unused) and ``partitioner``, which must be
-    :class:`~fedlit.data.partition.IID`, deals the unlabeled split out at random. Those images
-    have no labels: reading the shards' labels (the FedAvg-SL oracle, ``hidden_labels``
-    diagnostics) raises ValueError naming ``data.client_pool``; ``class_counts`` has a single
-    column, the shard sizes, and ``non_iid_R`` is NaN.
-
-    Streaming non-IID (``stream_steps=S``): each unlabeled shard is cut, in shard order, into
-    S near-equal consecutive chunks; on its n-th selection (``visit=n``) a client sees only
-    chunk (n - 1) mod S, the newly streamed-in data. After S selections the stream starts
-    over from the first chunk.
-
-    A data set of the user's own (:mod:`fedlit.data.user_data`: ``dataset`` ``folder``,
-    ``client_folders`` or ``arrays`` with ``path``, or a torch Dataset with ``test_dataset``)
-    is read when the data module is made, so that its classes and channels are known; it is
-    then drawn from like any other. Clients as folders (``client_folders``): the server's sets
-    come from ``labeled/`` (``labeled_per_class`` and ``labeled_fraction`` both None: all of
-    it, less the validation and server-unlabeled images), each client's shard is its own
-    folder under ``clients/`` (``client_pool="folders"``; no partitioner, ``num_clients`` the
-    number of folders) and has no labels, as an unlabeled split's.
+    It holds the settings (its arguments are the recipe's ``data`` group), the data set's
+    :class:`~fedlit.data.sources.Source` (``dataset``, ``path``, ``image_size``,
+    ``test_dataset``: a built-in data set or one of the user's own, read when the data module
+    is made so that its classes and channels are known) and, once :meth:`setup_federation` has
+    drawn them, the server's data (:attr:`server_data`) and the client pool (:attr:`pool`),
+    whose loaders it serves. The training split is divided, by seed, into a class-balanced
+    labeled set (``labeled_per_class`` per class, or ``labeled_fraction`` of each class), an
+    optional class-balanced validation set (``val_per_class``, always at the server), and the
+    rest; the source's client pool (by default that rest) is divided by ``partitioner`` among
+    ``num_clients`` clients (``examples_per_client`` each, or the whole pool). Client loaders
+    yield images only; the pool's labels are kept aside for diagnostics and for the FedAvg-SL
+    oracle, which is marked as such.
 
     Args:
         dataset: a name from :data:`fedlit.data.datasets.SPECS`, one of
-            :data:`~fedlit.data.user_data.USER_DATASETS` (read from ``path``), or a torch
+            :data:`~fedlit.data.sources.FILES` (read from ``path``), or a torch
             Dataset of the training split (``class_path``/``init_args`` in a recipe).
         root: where data sets are stored (and downloaded to).
         num_clients: K, the number of clients.
@@ -107,12 +63,16 @@ class FederatedDataModule(L.LightningDataModule):
         test_subset: evaluate on this many test images (a fixed, class-balanced draw) instead
             of the whole test split; for quick experiments and tests.
         download: download data sets that are not under ``root``.
-        stream_steps: S, the number of chunks each client's shard is streamed in (None: every
-            visit sees the whole shard).
+        stream_steps: S, the number of chunks each client's shard is streamed in, one a visit
+            (:class:`~fedlit.data.pool.ClientPool`; None: every visit sees the whole shard).
         labels_at: ``"server"`` (the labeled set stays at the server) or ``"client"``
-            (labels-at-client: the labeled set is split among the clients, class by class).
+            (labels-at-client: the labeled set is dealt out to the clients, class by class;
+            :attr:`server` is then empty and ``pool.labeled[k]`` is client k's).
         server_unlabeled_fraction: the fraction of each class the server also holds without
-            labels, in [0, 1) (0: none).
+            labels, in [0, 1) (0: none; paper 001 section IV-E's beta): set aside after the
+            validation set, before the client pool, as :attr:`server_unlabeled`, read only
+            by a method that asks for them (FedCon) through
+            :meth:`server_unlabeled_dataloader`.
         client_pool: where the clients' images come from: ``"train"`` (the training split,
             after the server's sets) or ``"unlabeled"`` (the data set's unlabeled split, see
             :attr:`DatasetSpec.unlabeled_split`); None: ``"unlabeled"`` if the data set has
@@ -152,52 +112,7 @@ class FederatedDataModule(L.LightningDataModule):
         hflip: bool | None = None,
     ) -> None:
         super().__init__()
-        own = not isinstance(dataset, str) or dataset in USER_DATASETS
-        folders = dataset == "client_folders"
-        if isinstance(dataset, str) and not own:
-            self.spec: DatasetSpec = dataset_spec(dataset)
-            _only_for_own_data(path=path, image_size=image_size, test_dataset=test_dataset)
-        _positive("data.num_clients", num_clients)
-        _positive("data.examples_per_client", examples_per_client)
-        _positive("data.batch_size", batch_size)
-        _positive("data.client_batch_size", client_batch_size)
-        _positive("data.eval_batch_size", eval_batch_size)
-        _positive("data.test_subset", test_subset)
-        _positive("data.image_size", image_size)
-        if (labeled_per_class is None) == (labeled_fraction is None) and not (
-            folders and labeled_per_class is None
-        ):
-            raise ValueError(
-                "set exactly one of data.labeled_per_class and data.labeled_fraction "
-                f"(got {labeled_per_class} and {labeled_fraction})"
-            )
-        _positive("data.labeled_per_class", labeled_per_class)
-        if labeled_fraction is not None and not 0 < labeled_fraction < 1:
-            raise ValueError(f"data.labeled_fraction must be in (0, 1), got {labeled_fraction}")
-        if val_per_class < 0:
-            raise ValueError(f"data.val_per_class must be >= 0, got {val_per_class}")
-        _positive("data.stream_steps", stream_steps)
-        if labels_at not in LABELS_AT:
-            raise ValueError(f"data.labels_at must be one of {LABELS_AT}, got {labels_at!r}")
-        if not 0 <= server_unlabeled_fraction < 1:  # False for NaN too
-            raise ValueError(
-                f"data.server_unlabeled_fraction must be in [0, 1), got {server_unlabeled_fraction}"
-            )
-        if folders:
-            _check_client_folders(labels_at, partitioner, examples_per_client)
-        self._user: ReadImages | None = None
-        if own:  # read now: its classes and channels are the model's
-            self.spec, self._user = read_user_dataset(dataset, path, image_size, test_dataset)
-        if hflip is not None:
-            self.spec = replace(self.spec, hflip=hflip)
-        self.client_pool = self._check_client_pool(client_pool, partitioner)
-        if self.client_pool == "folders" and num_clients != len(self.user_data.client_names):
-            raise ValueError(
-                f"data.num_clients={num_clients}, but {Path(str(path)) / CLIENTS} holds "
-                f"{len(self.user_data.client_names)} client folders: set "
-                f"data.num_clients={len(self.user_data.client_names)}"
-            )
-        self.dataset = self.spec.name
+        self.source = make_source(dataset, path, image_size, test_dataset)
         self.path, self.image_size, self.hflip = path, image_size, hflip
         self.root = Path(root)
         self.num_clients = num_clients
@@ -214,6 +129,17 @@ class FederatedDataModule(L.LightningDataModule):
         self.stream_steps = stream_steps
         self.labels_at = labels_at
         self.server_unlabeled_fraction = server_unlabeled_fraction
+        check_settings(self)
+        self.source.refuse(labels_at, partitioner, examples_per_client)
+        self.spec: DatasetSpec = self.source.spec  # the user's files are read now
+        if hflip is not None:
+            self.spec = replace(self.spec, hflip=hflip)
+        self.dataset = self.spec.name
+        if client_pool is not None and client_pool not in CLIENT_POOLS:
+            raise ValueError(
+                f"data.client_pool must be one of {CLIENT_POOLS} or null, got {client_pool!r}"
+            )
+        self.client_pool = self.source.client_pool(client_pool, partitioner, num_clients)
         self.seed: int | None = None
         self._server_data: ServerData | None = None
         self._pool: ClientPool | None = None
@@ -223,7 +149,7 @@ class FederatedDataModule(L.LightningDataModule):
     def is_users_own(self) -> bool:
         """Whether the data set is the user's own (a folder, client folders, arrays, a
         Dataset), not one of the registry's."""
-        return self._user is not None
+        return self.source.users_own
 
     @property
     def num_classes(self) -> int:
@@ -242,210 +168,35 @@ class FederatedDataModule(L.LightningDataModule):
         return self.spec.channels
 
     @property
+    def image_shape(self) -> tuple[int, int, int]:
+        """(C, H, W) of the images the networks take (the model's ``image_size`` is H)."""
+        return (self.spec.channels, self.spec.size, self.spec.size)
+
+    @property
     def user_data(self) -> ReadImages:
         """The user's data set, as read (RuntimeError for a built-in data set)."""
-        if self._user is None:
-            raise RuntimeError(f"{self.dataset} is not a data set of the user's own")
-        return self._user
+        return self.source.user_data
 
     @property
     def clients_without_labels(self) -> tuple[str, str] | None:
         """Where the clients' images have no labels: (the setting that makes it so, why and
         what to do instead); None where they have labels."""
-        if self.client_pool == "unlabeled":
-            return (
-                "data.client_pool='unlabeled'",
-                f"{self.dataset}'s unlabeled split has none; use data.client_pool='train'",
-            )
-        if self.client_pool == "folders":
-            return (
-                "data.dataset='client_folders'",
-                "the clients' folders (data.path/clients) hold images without labels; use "
-                "data.dataset='folder', whose clients' images keep their labels",
-            )
-        return None
+        return self.source.clients_without_labels(self.client_pool)
 
     def save_statistics(self) -> None:
         """Cache a user's data set's statistics beside its files (where it has such a
         cache); the driver calls it once a run's checks have passed."""
-        if self._user is not None:
-            self._user.save_statistics()
-
-    @property
-    def image_shape(self) -> tuple[int, int, int]:
-        """(C, H, W) of the images the networks take (the model's ``image_size`` is H)."""
-        return (self.spec.channels, self.spec.size, self.spec.size)
-
-    def _check_client_pool(self, client_pool: str | None, partitioner: Partitioner | None) -> str:
-        """``client_pool`` resolved (None: the data set's unlabeled split if it has one, its
-        clients' folders if it has those); ValueError naming the key if the data set or the
-        partitioner cannot serve it."""
-        if client_pool is not None and client_pool not in CLIENT_POOLS:
-            raise ValueError(
-                f"data.client_pool must be one of {CLIENT_POOLS} or null, got {client_pool!r}"
-            )
-        if self._user is not None and self._user.client_names:
-            if client_pool not in (None, "folders"):
-                raise ValueError(
-                    f"data.client_pool={client_pool!r}: data.dataset='client_folders' takes "
-                    "the clients' images from their folders (data.path/clients); leave "
-                    "data.client_pool unset"
-                )
-            return "folders"
-        if client_pool == "folders":
-            raise ValueError(
-                "data.client_pool='folders' is the clients' own folders of "
-                f"data.dataset='client_folders', not of {self.spec.name!r}"
-            )
-        split = self.spec.unlabeled_split
-        if client_pool == "unlabeled" and split is None:
-            having = sorted(s.name for s in SPECS.values() if s.unlabeled_split is not None)
-            raise ValueError(
-                f"data.client_pool='unlabeled': data.dataset={self.spec.name!r} has no "
-                f"unlabeled split (data sets with one: {having})"
-            )
-        pool = client_pool or ("train" if split is None else "unlabeled")
-        if pool == "unlabeled" and partitioner is not None and type(partitioner) is not IID:
-            raise ValueError(
-                f"data.partitioner={partitioner!r} divides the client pool by its labels, but "
-                f"data.client_pool='unlabeled' draws it from {self.spec.name}'s {split!r} split, "
-                "which has none: use fedlit.data.partition.IID (a random split there) or "
-                "data.client_pool='train'"
-            )
-        return pool
-
-    def _load_unlabeled_pool(self) -> ImageSplit:
-        """The data set's unlabeled split, whose labels raise naming ``data.client_pool``."""
-        pool = load_unlabeled_split(self.spec.name, self.root, download=self.download)
-        why = (
-            f"data.client_pool='unlabeled': the clients' images come from {self.dataset}'s "
-            f"{self.spec.unlabeled_split!r} split, which has no labels, so there are none for "
-            "the FedAvg-SL oracle or label-based diagnostics (hidden_labels); set "
-            "data.client_pool='train' to draw the clients' images from the labeled training split"
-        )
-        return ImageSplit(pool.images, None, why)
+        self.source.save_statistics()
 
     # --- loading and splitting ------------------------------------------------------------
-    def _client_folders(self) -> tuple[ImageSplit, list[np.ndarray]]:
-        """The clients' folders' images as one pool without labels, and each client's
-        positions in it."""
-        images = self.user_data.clients
-        why = (
-            "data.dataset='client_folders': the clients' images (data.path/clients/<client>) "
-            "have no labels, so there are none for the FedAvg-SL oracle or label-based "
-            "diagnostics (hidden_labels)"
-        )
-        bounds = np.cumsum([0, *(len(c) for c in images)])
-        parts = [np.arange(a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
-        return ImageSplit(torch.cat(images), None, why), parts
-
     def prepare_data(self) -> None:
-        load_split(self.spec, self.root, train=True, download=self.download)
-        load_split(self.spec, self.root, train=False, download=self.download)
-        if self.client_pool == "unlabeled":
-            load_unlabeled_split(self.spec.name, self.root, download=self.download)
-
-    def _partition(
-        self,
-        pool_labels: np.ndarray,
-        pool_classes: int,
-        pool_size: int,
-        where: str,
-        rng: np.random.Generator,
-    ) -> list[np.ndarray]:
-        """The partitioner's division of a pool of ``pool_size`` examples among the clients;
-        ValueError naming the keys when ``examples_per_client`` asks for more than it holds."""
-        if self.examples_per_client is not None:
-            need = self.num_clients * self.examples_per_client
-            if need > pool_size:
-                raise ValueError(
-                    f"data.examples_per_client={self.examples_per_client} x data.num_clients="
-                    f"{self.num_clients} = {need} exceeds the {pool_size} unlabeled examples "
-                    f"{where}"
-                )
-        return self.partitioner(
-            pool_labels, self.num_clients, pool_classes, rng, self.examples_per_client
-        )
+        self.source.prepare(self.root, self.download, self.client_pool)
 
     def setup_federation(self, seed: int) -> None:
-        """Load the data and draw the server split and the client partition from ``seed``.
-
-        One random stream, in this order: the server's split, the partition, then
-        (labels-at-client) the dealing of the labeled set, so that the client pool does not
-        depend on ``labels_at``. Raises ValueError, naming the key, when the split or
-        partition cannot be made.
-        """
-        train = load_split(self.spec, self.root, train=True, download=self.download)
-        test = load_test(self.spec, self.root, self.download, self.test_subset, self.num_classes)
-        labels = train.labels.numpy()
-        rng = np.random.default_rng([seed, SPLIT_TAG])
-        labeled_idx, val_idx, unlabeled_idx, pool_idx = split_by_class(
-            labels,
-            rng,
-            self.dataset,
-            self.num_classes,
-            self.labeled_per_class,
-            self.labeled_fraction,
-            self.val_per_class,
-            self.server_unlabeled_fraction,
-            self.spec.classes,
-        )
-        pool, pool_labels, pool_classes = train, labels[pool_idx], self.num_classes
-        where = "left after the server's split"
-        if self.client_pool == "unlabeled":  # no labels: IID over one class, a random split
-            pool = self._load_unlabeled_pool()
-            pool_idx = np.arange(len(pool))
-            pool_labels, pool_classes = np.zeros(len(pool), dtype=np.int64), 1
-            where = f"of {self.dataset}'s {self.spec.unlabeled_split!r} split (data.client_pool)"
-        if self.client_pool == "folders":  # the shards are the clients' folders
-            pool, parts = self._client_folders()
-            pool_idx = np.arange(len(pool))
-            pool_labels, pool_classes = np.zeros(len(pool), dtype=np.int64), 1
-        else:
-            parts = self._partition(pool_labels, pool_classes, len(pool_idx), where, rng)
-        shards = [pool.take(pool_idx[p]) for p in parts]
-        empty = [k for k, c in enumerate(shards) if len(c) == 0]
-        if empty:
-            raise ValueError(f"data.partitioner left clients {empty} without data")
-        chunks = stream_chunks(shards, self.stream_steps)
-        if self.labels_at == "client":
-            key = (
-                f"data.labeled_per_class={self.labeled_per_class}"
-                if self.labeled_per_class is not None
-                else f"data.labeled_fraction={self.labeled_fraction}"
-            )
-            dealt = deal_labeled(labeled_idx, labels, rng, self.num_classes, self.num_clients, key)
-            client_labeled, server_labeled = [train.take(i) for i in dealt], train.take(slice(0))
-        else:
-            client_labeled, server_labeled = [], train.take(labeled_idx)
-        self._server_data = ServerData(
-            labeled=server_labeled,
-            val=train.take(val_idx),
-            unlabeled=train.take(unlabeled_idx),
-            test=test,
-            spec=self.spec,
-            labels_at=self.labels_at,
-            batch_size=self.batch_size,
-            client_batch_size=self.client_batch_size,
-            eval_batch_size=self.eval_batch_size,
-        )
-        self._pool = ClientPool(
-            shards=shards,
-            labeled=client_labeled,
-            chunks=chunks,
-            stream_steps=self.stream_steps,
-            # an unlabeled pool: one column, the shard sizes (the classes are unknown), no R
-            class_counts=class_counts(pool_labels, parts, pool_classes),
-            non_iid_R=(
-                non_iid_metric(pool_labels, parts, pool_classes)
-                if pool.has_labels
-                else float("nan")
-            ),
-            spec=self.spec,
-            batch_size=self.batch_size,
-            client_batch_size=self.client_batch_size,
-            eval_batch_size=self.eval_batch_size,
-        )
+        """Load the data and draw the server's sets and the client pool from ``seed``
+        (:func:`~fedlit.data.draw.draw`); ValueError, naming the key, when they cannot be
+        drawn."""
+        self._server_data, self._pool = draw(self, seed)
         self.seed = seed
 
     # --- the two halves, once drawn --------------------------------------------------------
@@ -526,17 +277,12 @@ class FederatedDataModule(L.LightningDataModule):
         """One line naming the data set and its partition (the partitioner with its
         parameters), with its R where the clients' images have labels to measure it with, and
         saying so where they have none."""
-        if self.client_pool == "folders":
-            return f"{self.dataset}: the clients' own folders (no labels: R not measured)"
-        if self.client_pool == "unlabeled":
-            return f"{self.dataset}, IID over its unlabeled split (no labels: R not measured)"
-        return f"{self.dataset}, {self.partitioner!r}: R = {self.non_iid_R:.3f}"
+        unmeasured = self.source.unmeasured_title(self.client_pool)
+        return unmeasured or f"{self.dataset}, {self.partitioner!r}: R = {self.non_iid_R:.3f}"
 
     def client_names(self) -> list[str]:
         """Each client's name: its folder's for clients as folders, else ``client <k>``."""
-        if self.client_pool == "folders":
-            return list(self.user_data.client_names)
-        return [f"client {k}" for k in range(self.num_clients)]
+        return self.source.client_names(self.num_clients)
 
     def partition_summary(self) -> dict[str, float]:
         """Numbers that describe the partition, for logging once per run."""
@@ -551,36 +297,3 @@ class FederatedDataModule(L.LightningDataModule):
             "data/client_labeled": float(sum(len(c) for c in self.pool.labeled)),
             "data/stream_steps": float(self.stream_steps or 0),
         }
-
-
-def _only_for_own_data(**values: object) -> None:
-    """Refuse, naming the key, a setting that only a data set of the user's own reads."""
-    for key, value in values.items():
-        if value is not None:
-            raise ValueError(
-                f"data.{key}={value!r} is read only for a data set of your own (data.dataset "
-                f"one of {USER_DATASETS} or a torch Dataset), not for a built-in data set"
-            )
-
-
-def _check_client_folders(
-    labels_at: str, partitioner: Partitioner | None, examples_per_client: int | None
-) -> None:
-    """Refuse, naming the key, what clients as folders cannot do: their shards are their
-    folders (no partitioner but the default IID, which is not used; no
-    ``examples_per_client``) and have no labels (no labels-at-client)."""
-    if labels_at == "client":
-        raise ValueError(
-            "data.labels_at='client': data.dataset='client_folders' holds its labels at the "
-            "server (data.path/labeled) and none at the clients; use data.labels_at='server'"
-        )
-    if partitioner is not None and type(partitioner) is not IID:  # IID: the default, unused
-        raise ValueError(
-            f"data.partitioner={partitioner!r}: with data.dataset='client_folders' the "
-            "clients' shards are their folders (data.path/clients); leave data.partitioner unset"
-        )
-    if examples_per_client is not None:
-        raise ValueError(
-            f"data.examples_per_client={examples_per_client}: with data.dataset="
-            "'client_folders' each client holds its whole folder; leave it unset"
-        )

@@ -354,16 +354,19 @@ def _first_use(root: Path, name: str, writes: bool) -> Iterator[None]:
             lock.release()
 
 
-def load_unlabeled_split(name: str, root: str | Path, download: bool = True) -> ImageSplit:
-    """Load data set ``name``'s split of unlabeled images (its spec's ``unlabeled_split``,
-    STL-10's 100,000 ``unlabeled`` images) under ``root``: an :class:`ImageSplit` without
-    labels (torchvision's -1s are dropped). ValueError if the data set has no such split."""
-    spec = dataset_spec(name)
+def load_unlabeled_split(
+    name: str | DatasetSpec, root: str | Path, download: bool = True
+) -> ImageSplit:
+    """Load data set ``name``'s (or a spec's) split of unlabeled images (its spec's
+    ``unlabeled_split``, STL-10's 100,000 ``unlabeled`` images) under ``root``: an
+    :class:`ImageSplit` without labels (torchvision's -1s are dropped). ValueError if the data
+    set has no such split."""
+    spec = name if isinstance(name, DatasetSpec) else dataset_spec(name)
     if spec.unlabeled_split is None:
-        raise ValueError(f"data.dataset: {name!r} has no unlabeled split")
+        raise ValueError(f"data.dataset: {spec.name!r} has no unlabeled split")
     images, _ = spec.loader(Path(root), spec.unlabeled_split, download)
     _check_shape(spec, images)
-    return ImageSplit(images, None, f"{name}'s {spec.unlabeled_split!r} split has no labels")
+    return ImageSplit(images, None, f"{spec.name}'s {spec.unlabeled_split!r} split has no labels")
 
 
 def _check_shape(spec: DatasetSpec, images: Tensor) -> None:

@@ -1,8 +1,10 @@
 """The client pool: every client's shard (and labeled examples), and what a client sees.
 
-The data module draws the partition (:mod:`fedlit.data.partition`) and, labels-at-client, deals
-the labeled set out (:func:`deal_labeled`); :class:`ClientPool` holds the result and gives each
-client its :class:`~fedlit.data.client.ClientData` for one visit.
+A data set's source gives the images the shards are taken from (:class:`PoolImages`), which
+the partitioner (:mod:`fedlit.data.partition`) divides among the clients; labels-at-client, the
+draw (:mod:`fedlit.data.draw`) deals the labeled set out (:func:`deal_labeled`).
+:class:`ClientPool` holds the result and gives each client its
+:class:`~fedlit.data.client.ClientData` for one visit.
 """
 
 from __future__ import annotations
@@ -13,6 +15,46 @@ import numpy as np
 
 from fedlit.data.client import ClientData
 from fedlit.data.datasets import DatasetSpec, ImageSplit
+from fedlit.data.partition import Partitioner, class_counts, non_iid_metric
+
+
+@dataclass(frozen=True)
+class PoolImages:
+    """The images the clients' shards are taken from: ``split``'s examples at ``index``.
+
+    The partitioner divides them by ``labels`` (one per entry of ``index``; zeros where the
+    images have none) into ``num_classes`` columns, unless ``shards`` has divided them already
+    (each client's positions in ``index``); ``where`` names them in a message about their size.
+    """
+
+    split: ImageSplit
+    index: np.ndarray
+    labels: np.ndarray
+    num_classes: int
+    where: str = ""
+    shards: list[np.ndarray] | None = None
+
+    def divide(
+        self,
+        partitioner: Partitioner,
+        num_clients: int,
+        examples_per_client: int | None,
+        rng: np.random.Generator,
+    ) -> list[np.ndarray]:
+        """Each client's positions in :attr:`index`: :attr:`shards`, or the partitioner's
+        division; ValueError naming the keys when ``examples_per_client`` asks for more than
+        the pool holds."""
+        if self.shards is not None:
+            return self.shards
+        if examples_per_client is not None:
+            need = num_clients * examples_per_client
+            if need > len(self.index):
+                raise ValueError(
+                    f"data.examples_per_client={examples_per_client} x data.num_clients="
+                    f"{num_clients} = {need} exceeds the {len(self.index)} unlabeled examples "
+                    f"{self.where}"
+                )
+        return partitioner(self.labels, num_clients, self.num_classes, rng, examples_per_client)
 
 
 def stream_chunks(
@@ -92,6 +134,42 @@ class ClientPool:
     batch_size: int
     client_batch_size: int
     eval_batch_size: int
+
+    @classmethod
+    def draw(
+        cls,
+        images: PoolImages,
+        parts: list[np.ndarray],
+        stream_steps: int | None,
+        spec: DatasetSpec,
+        batch_size: int,
+        client_batch_size: int,
+        eval_batch_size: int,
+    ) -> ClientPool:
+        """The pool whose shard k is ``images`` at ``parts[k]``, without labeled examples;
+        ValueError naming the key when a shard is empty or too small to stream."""
+        shards = [images.split.take(images.index[p]) for p in parts]
+        empty = [k for k, c in enumerate(shards) if len(c) == 0]
+        if empty:
+            raise ValueError(f"data.partitioner left clients {empty} without data")
+        chunks = stream_chunks(shards, stream_steps)
+        return cls(
+            shards=shards,
+            labeled=[],
+            chunks=chunks,
+            stream_steps=stream_steps,
+            # an unlabeled pool: one column, the shard sizes (the classes are unknown), no R
+            class_counts=class_counts(images.labels, parts, images.num_classes),
+            non_iid_R=(
+                non_iid_metric(images.labels, parts, images.num_classes)
+                if images.split.has_labels
+                else float("nan")
+            ),
+            spec=spec,
+            batch_size=batch_size,
+            client_batch_size=client_batch_size,
+            eval_batch_size=eval_batch_size,
+        )
 
     def __len__(self) -> int:
         """K, the number of clients."""

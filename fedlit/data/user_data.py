@@ -1,10 +1,11 @@
 """Data sets from the user's own files: image folders, clients as folders, arrays, torch Datasets.
 
-Each is read once, when the data module is made (so that its classes and channels are known
-before the model is built), into what every data set is: uint8 images (N, C, H, W) and int64
-labels (N,), described by a :class:`~fedlit.data.datasets.DatasetSpec` whose ``loader`` hands
-back the splits read (:class:`ReadImages`). So every partitioner, labels-at-client, streaming
-and every executor work on them as on the built-in data sets.
+Each is read once, by its source (:mod:`fedlit.data.sources`) when the data module is made (so
+that its classes and channels are known before the model is built), into what every data set
+is: uint8 images (N, C, H, W) and int64 labels (N,), described by a
+:class:`~fedlit.data.datasets.DatasetSpec` whose ``loader`` hands back the splits read
+(:class:`ReadImages`). So every partitioner, labels-at-client, streaming and every executor
+work on them as on the built-in data sets.
 
 - ``folder`` (``data.path``): ``train/<class>/*`` and ``test/<class>/*``, torchvision's
   ``ImageFolder`` layout: the classes are ``train``'s folder names, sorted (``test`` may lack
@@ -63,8 +64,6 @@ from torchvision.transforms.v2 import functional as F
 from fedlit.data.datasets import DatasetSpec, Images
 from fedlit.run_layout import created_mode
 
-#: The ``data.dataset`` names of data sets read from the user's files (``data.path``).
-USER_DATASETS = ("folder", "client_folders", "arrays")
 #: The file endings read as images (others, and hidden files, are left alone).
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".gif", ".webp")
 #: The statistics cache's name inside a folder data set.
@@ -647,28 +646,3 @@ def read_torch_datasets(
     read = ReadImages(splits, None)
     spec = _spec(type(train).__name__, read, classes, channels, size, True, num_classes)
     return spec, read
-
-
-def read_user_dataset(
-    dataset: Any, path: str | None, image_size: int | None, test_dataset: Any
-) -> tuple[DatasetSpec, ReadImages]:
-    """The spec and the splits of a user's data set: ``dataset`` one of
-    :data:`USER_DATASETS` (read from ``path``) or a torch Dataset (``test_dataset`` its test
-    split). ValueError naming the key or the file."""
-    if isinstance(dataset, str):
-        if path is None:
-            raise ValueError(
-                f"data.path: data.dataset={dataset!r} reads its images from data.path; set it"
-            )
-        if test_dataset is not None:
-            raise ValueError(
-                f"data.test_dataset is for a torch Dataset in data.dataset, not "
-                f"data.dataset={dataset!r}"
-            )
-        where = Path(path).expanduser()
-        if dataset == "arrays":
-            return read_arrays(where, image_size)
-        return read_folders(dataset, where, image_size)
-    if path is not None:
-        raise ValueError(f"data.path={path!r}: a torch Dataset in data.dataset reads no path")
-    return read_torch_datasets(dataset, test_dataset, image_size)

@@ -1,0 +1,145 @@
+"""The draw: the server's sets and the client pool, from a data set's source and a seed.
+
+:func:`check_settings` refuses, naming the key, a recipe's ``data`` settings that no draw can
+follow; :func:`draw` makes one from a :class:`Settings` (the data module's) and a seed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from fedlit.data.datasets import DatasetSpec, load_split
+from fedlit.data.partition import Partitioner
+from fedlit.data.pool import ClientPool, deal_labeled
+from fedlit.data.server import ServerData, load_test, split_by_class
+from fedlit.data.sources import Source
+
+SPLIT_TAG = 0x5EED  # keeps the split's random stream apart from the partition's
+LABELS_AT = ("server", "client")
+
+
+class Settings(Protocol):
+    """The settings a draw follows: the recipe's ``data`` keys of the same names (the data
+    module's attributes), the data set's source and spec, and the client pool resolved."""
+
+    source: Source
+    spec: DatasetSpec
+    client_pool: str
+    root: Path
+    download: bool
+    test_subset: int | None
+    image_size: int | None
+    num_clients: int
+    examples_per_client: int | None
+    labeled_per_class: int | None
+    labeled_fraction: float | None
+    val_per_class: int
+    partitioner: Partitioner
+    stream_steps: int | None
+    labels_at: str
+    server_unlabeled_fraction: float
+    batch_size: int
+    client_batch_size: int
+    eval_batch_size: int
+
+
+def _positive(name: str, value: int | None) -> None:
+    if value is not None and value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value}")
+
+
+def check_settings(data: Settings) -> None:
+    """Raise ValueError, naming the key, for a setting of ``data`` out of its range (its
+    source and spec aside: they are checked and read after it)."""
+    _positive("data.num_clients", data.num_clients)
+    _positive("data.examples_per_client", data.examples_per_client)
+    _positive("data.batch_size", data.batch_size)
+    _positive("data.client_batch_size", data.client_batch_size)
+    _positive("data.eval_batch_size", data.eval_batch_size)
+    _positive("data.test_subset", data.test_subset)
+    _positive("data.image_size", data.image_size)
+    per_class, fraction = data.labeled_per_class, data.labeled_fraction
+    if (per_class is None) == (fraction is None) and not (
+        data.source.whole_labeled_split and per_class is None
+    ):
+        raise ValueError(
+            "set exactly one of data.labeled_per_class and data.labeled_fraction "
+            f"(got {per_class} and {fraction})"
+        )
+    _positive("data.labeled_per_class", per_class)
+    if fraction is not None and not 0 < fraction < 1:
+        raise ValueError(f"data.labeled_fraction must be in (0, 1), got {fraction}")
+    if data.val_per_class < 0:
+        raise ValueError(f"data.val_per_class must be >= 0, got {data.val_per_class}")
+    _positive("data.stream_steps", data.stream_steps)
+    if data.labels_at not in LABELS_AT:
+        raise ValueError(f"data.labels_at must be one of {LABELS_AT}, got {data.labels_at!r}")
+    if not 0 <= data.server_unlabeled_fraction < 1:  # False for NaN too
+        raise ValueError(
+            "data.server_unlabeled_fraction must be in [0, 1), got "
+            f"{data.server_unlabeled_fraction}"
+        )
+
+
+def draw(data: Settings, seed: int) -> tuple[ServerData, ClientPool]:
+    """Load the data and draw, from ``seed``, the server's sets and the client pool.
+
+    One random stream, in this order: the server's split, the partition of the source's
+    client pool, then (labels-at-client) the dealing of the labeled set, so that the client
+    pool does not depend on ``labels_at``. Raises ValueError, naming the key, when the split
+    or partition cannot be made.
+    """
+    spec = data.spec
+    train = load_split(spec, data.root, train=True, download=data.download)
+    test = load_test(spec, data.root, data.download, data.test_subset, spec.num_classes)
+    labels = train.labels.numpy()
+    rng = np.random.default_rng([seed, SPLIT_TAG])
+    labeled, val, unlabeled, rest = split_by_class(
+        labels,
+        rng,
+        spec.name,
+        spec.num_classes,
+        data.labeled_per_class,
+        data.labeled_fraction,
+        data.val_per_class,
+        data.server_unlabeled_fraction,
+        spec.classes,
+    )
+    images = data.source.pool_images(data.client_pool, train, rest, data.root, data.download)
+    parts = images.divide(data.partitioner, data.num_clients, data.examples_per_client, rng)
+    pool = ClientPool.draw(
+        images,
+        parts,
+        data.stream_steps,
+        spec,
+        data.batch_size,
+        data.client_batch_size,
+        data.eval_batch_size,
+    )
+    if data.labels_at == "client":
+        key = (
+            f"data.labeled_per_class={data.labeled_per_class}"
+            if data.labeled_per_class is not None
+            else f"data.labeled_fraction={data.labeled_fraction}"
+        )
+        dealt = deal_labeled(labeled, labels, rng, spec.num_classes, data.num_clients, key)
+        pool = replace(pool, labeled=[train.take(i) for i in dealt])
+        server_labeled = train.take(slice(0))
+    else:
+        server_labeled = train.take(labeled)
+    server = ServerData(
+        labeled=server_labeled,
+        val=train.take(val),
+        unlabeled=train.take(unlabeled),
+        test=test,
+        spec=spec,
+        labels_at=data.labels_at,
+        batch_size=data.batch_size,
+        client_batch_size=data.client_batch_size,
+        eval_batch_size=data.eval_batch_size,
+    )
+    return server, pool
