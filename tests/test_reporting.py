@@ -390,15 +390,15 @@ def test_final_evaluations_over_seeds(tmp_path: Path) -> None:
     assert math.isnan(rows["ServerSL"].finetune_mean)
     text = to_markdown(list(rows.values()), baseline="ServerSL")
     header = (
-        "| method | seeds | final test/acc | vs ServerSL (paired, 95% CI) "
+        "| method | seeds | rounds | final test/acc | vs ServerSL (paired, 95% CI) "
         "| test/acc at best val/acc | rounds to target | MB communicated "
         "| finetune (final eval) | linear (final eval) |"
     )
     assert header in text.splitlines()
     assert (
-        "| FedSup | 2 | 60.00 ± 0.00 | +5.00 | - | - | 0.00 | 72.00 ± 2.83 | 63.00 ± 4.24 |"
+        "| FedSup | 2 | 2 | 60.00 ± 0.00 | +5.00 | - | - | 0.00 | 72.00 ± 2.83 | 63.00 ± 4.24 |"
     ) in text
-    assert "| ServerSL | 1 | 55.00 | baseline | - | - | 0.00 | - | - |" in text  # no val/acc
+    assert "| ServerSL | 1 | 2 | 55.00 | baseline | - | - | 0.00 | - | - |" in text  # no val/acc
 
 
 def test_to_markdown(sweep: Path) -> None:
@@ -408,7 +408,7 @@ def test_to_markdown(sweep: Path) -> None:
     lines = text.splitlines()
     assert [line for line in lines if line.startswith("###")] == ["### iid", "### noniid"]
     header = (
-        "| method | seeds | final test/acc | test/acc at best val/acc | rounds to 80% "
+        "| method | seeds | rounds | final test/acc | test/acc at best val/acc | rounds to 80% "
         "| MB communicated | paper |"
     )
     assert lines.count(header) == 2
@@ -416,14 +416,14 @@ def test_to_markdown(sweep: Path) -> None:
     assert len(table_rows) == 4
     iid_rows = table_rows[:2]  # sorted by final mean, descending: FedSEAL 85.00 > FedAvg 67.50
     assert iid_rows[0] == (
-        f"| FedSEAL | 2 | 85.00 ± {100 * 0.1 / math.sqrt(2):.2f} | 65.00 ± 7.07 | 2.5 (2/2) "
+        f"| FedSEAL | 2 | 4 | 85.00 ± {100 * 0.1 / math.sqrt(2):.2f} | 65.00 ± 7.07 | 2.5 (2/2) "
         "| 0.01 | 84.28 |"
     )
-    assert iid_rows[1].startswith("| FedAvg | 2 | 67.50 ± 3.54 | 47.50 ± 10.61 | 3.0 (1/2) |")
+    assert iid_rows[1].startswith("| FedAvg | 2 | 4 | 67.50 ± 3.54 | 47.50 ± 10.61 | 3.0 (1/2) |")
     assert iid_rows[1].endswith("|  |")  # no published number for FedAvg
     noniid_rows = table_rows[2:]
-    assert noniid_rows[0].startswith("| FedSEAL | 1 | 70.00 | 30.00 | - (0/1) |")
-    assert noniid_rows[1].startswith("| FedAvg | 1 (1 unfinished) | 40.00 |")
+    assert noniid_rows[0].startswith("| FedSEAL | 1 | 4 | 70.00 | 30.00 | - (0/1) |")
+    assert noniid_rows[1].startswith("| FedAvg | 1 (1 unfinished) | 2 | 40.00 |")
     plain = to_markdown(rows)
     assert "paper" not in plain
     assert "| 2.5 (2/2) |" not in plain and "| - |" in plain
@@ -439,7 +439,8 @@ def test_write_csv(sweep: Path, tmp_path: Path) -> None:
     assert len(records) == len(rows) == 4
     by_key = {(r["setting"], r["method"]): r for r in records}
     seal = by_key[("iid", "FedSEAL")]
-    assert seal["seeds"] == "0 1"
+    assert seal["seeds"] == "0 1" and seal["rounds"] == "4 4"
+    assert by_key[("noniid", "FedAvg")]["rounds"] == "2"  # unfinished: 2 of 4 rounds
     assert float(seal["final_mean"]) == pytest.approx(85.0)  # percent, as `published`
     assert float(seal["selected_std"]) == pytest.approx(100 * 0.1 / math.sqrt(2))
     assert float(seal["bytes_total"]) == pytest.approx(6000.0)
@@ -545,12 +546,15 @@ def test_summary_names_what_the_intervals_separate(tmp_path: Path) -> None:
     assert "Above" not in to_markdown(rows)  # no baseline, no summary
 
 
-def _flat_run(run_dir: Path, seed: int, accs: Sequence[float], **changes: object) -> Path:
+def _flat_run(
+    run_dir: Path, seed: int, accs: Sequence[float], method: str = "FedAvg", **changes: object
+) -> Path:
     """A run with an hparams.yaml (the flat config the driver logs), as ``fedlit fit`` writes."""
-    write_run(run_dir, synthetic_rows("FedAvg", accs), class_path="fedlit.methods.FedAvg")
+    write_run(run_dir, synthetic_rows(method, accs), class_path=f"fedlit.methods.{method}")
     hparams: dict[str, object] = {
         "seed_everything": seed,
-        "model.class_path": "fedlit.methods.FedAvg",
+        "model.class_path": f"fedlit.methods.{method}",
+        "data.dataset": "fashion_mnist",
         "data.partitioner.class_path": "fedlit.data.partition.IID",
         "federation.rounds": ROUNDS,
         "trainer.default_root_dir": str(run_dir),
@@ -564,11 +568,82 @@ def _flat_run(run_dir: Path, seed: int, accs: Sequence[float], **changes: object
     return run_dir
 
 
-def test_report_refuses_runs_of_different_settings_as_seeds(tmp_path: Path) -> None:
-    """An IID run and a Dirichlet run of one method are not two seeds of one setting: the
-    table refuses them, naming every differing key and each run's value; runs differing only
-    in the seed, the run directory, the loggers and the data root are seeds."""
-    iid = _flat_run(tmp_path / "try1", 1, [0.5, 0.6, 0.7, 0.8])
+def _report(*paths: Path, out: Path, baseline: str | None = None) -> list[dict[str, str]]:
+    """``fedlit report`` of ``paths`` in a process of its own; the rows of its results.csv."""
+    argv = [sys.executable, "-m", "fedlit.cli", "report", *map(str, paths), "--out", str(out)]
+    done = subprocess.run(
+        argv + ([f"--baseline={baseline}"] if baseline else []), capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    with (out / "results.csv").open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+#: A data set's keys in a flat config: its name and the classes it links into the network.
+FMNIST = {"data.dataset": "fashion_mnist", "model.init_args.network.num_classes": 10}
+FOLDER = {"data.dataset": "folder", "model.init_args.network.num_classes": 5}
+
+
+def test_runs_of_two_data_sets_are_two_rows_with_their_own_means(tmp_path: Path) -> None:
+    """Runs of one method on two data sets are two rows, each the mean over its own seeds and
+    labelled by the keys they differ in, shortly, each in a table of its own."""
+    runs = [
+        _flat_run(tmp_path / "fm0", 0, [0.5, 0.6, 0.7, 0.8], **FMNIST),
+        _flat_run(tmp_path / "fm1", 1, [0.5, 0.6, 0.7, 0.9], **FMNIST),
+        _flat_run(tmp_path / "folder0", 0, [0.2, 0.3, 0.4, 0.4], **FOLDER),
+        _flat_run(tmp_path / "folder1", 1, [0.2, 0.3, 0.4, 0.6], **FOLDER),
+    ]
+    rows = {row.setting: row for row in summarize(find_runs(runs))}
+    fmnist = "default [data.dataset=fashion_mnist, network.num_classes=10]"
+    folder = "default [data.dataset=folder, network.num_classes=5]"
+    assert list(rows) == [fmnist, folder]
+    assert rows[fmnist].seeds == (0, 1) and rows[fmnist].final_mean == pytest.approx(0.85)
+    assert rows[folder].seeds == (0, 1) and rows[folder].final_mean == pytest.approx(0.5)
+    assert rows[folder].final_std == pytest.approx(np.std([0.4, 0.6], ddof=1))
+    headings = [line for line in to_markdown(list(rows.values())).splitlines() if "###" in line]
+    assert sorted(headings) == [f"### {fmnist}", f"### {folder}"]
+
+    records = _report(tmp_path, out=tmp_path / "report")
+    assert {(r["setting"], r["seeds"]) for r in records} == {(fmnist, "0 1"), (folder, "0 1")}
+    assert (tmp_path / "report" / "results.md").read_text().count("### default [") == 2
+
+
+def test_the_baseline_pairs_with_its_runs_of_the_same_data_set(tmp_path: Path) -> None:
+    """A row's paired difference is against the baseline's runs of its own data set; where
+    the baseline did not run that data set, the row is not paired. A baseline that ran one
+    data set is labelled with it, in that data set's table."""
+    for seed, (fm, fo) in enumerate([(0.80, 0.50), (0.90, 0.60)]):
+        _flat_run(tmp_path / f"a_fm{seed}", seed, [fm], **FMNIST)
+        _flat_run(tmp_path / f"a_folder{seed}", seed, [fo], **FOLDER)
+        base = [fm - 0.1 * (seed + 1)]  # 0.1 and 0.2 below FedAvg's
+        _flat_run(tmp_path / f"b_fm{seed}", seed, base, method="FedSEAL", **FMNIST)
+    rows = {(r.setting, r.method): r for r in summarize(find_runs([tmp_path]), baseline="FedSEAL")}
+    fmnist = "default [data.dataset=fashion_mnist, network.num_classes=10]"
+    folder = "default [data.dataset=folder, network.num_classes=5]"
+    assert set(rows) == {(fmnist, "FedAvg"), (folder, "FedAvg"), (fmnist, "FedSEAL")}
+    paired = rows[(fmnist, "FedAvg")]
+    assert paired.delta_seeds == 2 and paired.delta_mean == pytest.approx((0.1 + 0.2) / 2)
+    alone = rows[(folder, "FedAvg")]
+    assert alone.delta_seeds == 0 and math.isnan(alone.delta_mean)
+    assert alone.final_mean == pytest.approx(0.55)
+
+
+def test_runs_that_agree_but_for_placement_are_seeds_of_one_row(tmp_path: Path) -> None:
+    """Runs differing only in the seed, the run directory, the loggers and the data root are
+    seeds of one row, labelled by the setting alone, as before."""
+    one = _flat_run(tmp_path / "try1", 1, [0.5, 0.6, 0.7, 0.8])
+    two = _flat_run(
+        tmp_path / "try2", 2, [0.6, 0.7, 0.8, 0.9], **{"trainer.logger": True, "data.root": "x"}
+    )
+    (row,) = summarize(find_runs([one, two]))
+    assert row.setting == "default" and row.seeds == (1, 2)
+    assert row.final_mean == pytest.approx(0.85)
+
+
+def test_a_partitioner_and_a_rate_apart_are_rows_named_by_both(tmp_path: Path) -> None:
+    """An IID run and a Dirichlet run of one method at another client_lr are two rows; the
+    label names the partitioner by its class and both keys, shortly."""
+    iid = _flat_run(tmp_path / "iid", 0, [0.5, 0.6, 0.7, 0.8])
     noniid = _flat_run(
         tmp_path / "noniid",
         0,
@@ -579,31 +654,44 @@ def test_report_refuses_runs_of_different_settings_as_seeds(tmp_path: Path) -> N
             "model.init_args.optim.client_lr": 0.01,
         },
     )
-    assert load_run(noniid).config["data.partitioner.init_args.alpha"] == 0.1
-    with pytest.raises(ValueError) as err:
-        summarize(find_runs([iid, noniid]))
-    message = str(err.value)
-    assert "differ in more than the seed" in message
-    assert "(data.partitioner.class_path, model.init_args.optim.client_lr)" in message
-    assert f"'fedlit.data.partition.IID' in {iid}" in message
-    assert f"'fedlit.data.partition.Dirichlet' in {noniid}" in message
-    assert "trainer.default_root_dir" not in message and "seed_everything" not in message
+    rows = {row.setting: row for row in summarize(find_runs([iid, noniid]))}
+    assert set(rows) == {
+        "default [data.partitioner=IID, optim.client_lr=0.03]",
+        "default [data.partitioner=Dirichlet, optim.client_lr=0.01]",
+    }
+    noniid_row = rows["default [data.partitioner=Dirichlet, optim.client_lr=0.01]"]
+    assert noniid_row.seeds == (0,) and noniid_row.final_mean == pytest.approx(0.5)
 
-    seed2 = _flat_run(
-        tmp_path / "try2", 2, [0.6, 0.7, 0.8, 0.9], **{"trainer.logger": True, "data.root": "x"}
-    )
-    (row,) = summarize(find_runs([iid, seed2]))
-    assert row.seeds == (1, 2) and row.final_mean == pytest.approx(0.85)
 
+def test_rows_give_the_rounds_their_runs_ran(tmp_path: Path) -> None:
+    """A row's rounds are each run's last logged round; the table gives one number, or the
+    lowest and highest where its runs differ; the CSV each run's."""
+    done = _flat_run(tmp_path / "done", 0, [0.5, 0.6, 0.7, 0.8])
+    cut = _flat_run(tmp_path / "cut", 1, [0.5, 0.7])  # stopped after 2 of 4 rounds
+    other = _flat_run(tmp_path / "other", 0, [0.5, 0.6, 0.7, 0.8], method="FedSEAL")
+    rows = {row.method: row for row in summarize(find_runs([done, cut, other]))}
+    assert rows["FedAvg"].rounds == (4, 2) and rows["FedSEAL"].rounds == (4,)
+    text = to_markdown(list(rows.values()))
+    assert "| method | seeds | rounds | final test/acc |" in text
+    assert "| FedAvg | 2 (1 unfinished) | 2-4 | 75.00 ± 7.07 |" in text
+    assert "| FedSEAL | 1 | 4 | 80.00 |" in text
+    records = _report(done, cut, other, out=tmp_path / "report")
+    assert {r["method"]: r["rounds"] for r in records} == {"FedAvg": "4 2", "FedSEAL": "4"}
+
+
+def test_two_runs_of_one_seed_and_config_are_refused_naming_both(tmp_path: Path) -> None:
+    """Two runs of one method, seed and config (apart from placement) would count the seed
+    twice: refused naming both directories, before anything is written."""
+    first = _flat_run(tmp_path / "first", 0, [0.5, 0.6, 0.7, 0.8])
+    again = _flat_run(tmp_path / "again", 0, [0.5, 0.6, 0.7, 0.9], **{"trainer.logger": True})
+    with pytest.raises(ValueError, match="counted twice") as err:
+        summarize(find_runs([first, again]))
+    assert str(first) in str(err.value) and str(again) in str(err.value)
     out = tmp_path / "report"
-    done = subprocess.run(
-        [sys.executable, "-m", "fedlit.cli", "report", str(iid), str(noniid), "--out", str(out)],
-        capture_output=True,
-        text=True,
-    )
-    assert done.returncode == 2
-    assert "data.partitioner.class_path" in done.stderr and "Traceback" not in done.stderr
-    assert not out.exists()  # refused before anything is written
+    argv = [sys.executable, "-m", "fedlit.cli", "report", str(first), str(again), "--out", str(out)]
+    done = subprocess.run(argv, capture_output=True, text=True)
+    assert done.returncode == 2 and "counted twice" in done.stderr
+    assert "Traceback" not in done.stderr and not out.exists()
 
 
 def test_partition_heat_map_is_anchored_at_zero_with_class_names(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ from fedlit.reporting import (
     plot_curves,
     plot_diagnostics,
     plot_partition,
+    split_settings,
     summarize,
     to_markdown,
     write_csv,
@@ -64,8 +65,9 @@ def write_report(
     stem, prefix = (name, f"{name}_") if name is not None else ("results", "")
     rows = summarize(runs, target=target, baseline=baseline, last_k=last_k)
     written: dict[str, Path] = {"csv": write_csv(rows, out / f"{stem}.csv", published)}
-    written["curves"] = plot_curves(runs, out / f"{prefix}curves.png")
-    diagnostics = plot_diagnostics(runs, out / f"{prefix}diagnostics.png")
+    by_row = split_settings(runs)  # the plots group runs as the tables do
+    written["curves"] = plot_curves(by_row, out / f"{prefix}curves.png")
+    diagnostics = plot_diagnostics(by_row, out / f"{prefix}diagnostics.png")
     if diagnostics is not None:
         written["diagnostics"] = diagnostics
     for setting, counts in (partitions or {}).items():

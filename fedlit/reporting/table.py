@@ -1,11 +1,13 @@
-"""Result tables: runs grouped by (setting, method) into mean ± std over seeds."""
+"""Result tables: runs grouped by (setting, method) and config into mean ± std over seeds."""
 
 from __future__ import annotations
 
+import ast
 import csv
 import math
+import re
 from collections.abc import Mapping, Sequence
-from dataclasses import astuple, dataclass, fields
+from dataclasses import astuple, dataclass, fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -20,8 +22,10 @@ class ResultRow:
     """One method in one setting, aggregated over its seeds.
 
     Attributes:
-        method, setting: the group.
+        method, setting: the group: the method, and the setting with the values that tell
+            its config group apart where the setting's runs differ (:func:`config_groups`).
         seeds: the runs' seeds, in run order.
+        rounds: the rounds each run ran (its last logged round), in run order.
         final_mean, final_std: the metric at each run's last logged value (the last round for a
             finished run); std is the sample std (ddof=1), NaN with one seed.
         selected_mean, selected_std: each run's metric at the round its validation accuracy
@@ -35,8 +39,8 @@ class ResultRow:
         finished: how many of the runs are finished.
         delta_mean, delta_std: the paired difference from the baseline method: per seed, this
             run's score (the mean of its last ``last_k`` logged values) minus the baseline's run
-            of the same setting and seed (the same labeled set and partition); mean and sample
-            std over those seeds; NaN without a baseline.
+            of the same setting, config group and seed (the same labeled set and partition);
+            mean and sample std over those seeds; NaN without a baseline.
         delta_seeds: how many seeds the difference is over (0 without a baseline).
         delta_ci95: the half-width of the difference's two-sided 95% confidence interval,
             t_{0.975, n-1} * std / sqrt(n) over the n paired seeds (NaN for n < 2).
@@ -52,6 +56,7 @@ class ResultRow:
     method: str
     setting: str
     seeds: tuple[int, ...]
+    rounds: tuple[int, ...]
     final_mean: float
     final_std: float
     selected_mean: float
@@ -157,9 +162,11 @@ def _summarize_group(
     metric: str,
     baseline: Mapping[int, float] | None = None,
     last_k: int = 1,
+    setting: str | None = None,
 ) -> ResultRow:
-    """One ResultRow from the runs of one (setting, method); ``baseline``: seed -> the baseline
-    method's score in the same setting."""
+    """One ResultRow from the runs of one row (:func:`summarize`); ``baseline``: seed -> the
+    baseline method's score in the same setting; ``setting``: the row's label (None: the
+    runs' setting)."""
     finals, scores, selected, hits, deltas = [], [], [], [], []
     for run in runs:
         finals.append(_final(run, metric))
@@ -182,8 +189,9 @@ def _summarize_group(
     return ResultRow(
         method=runs[0].method,
         marks=runs[0].marks,
-        setting=runs[0].setting,
+        setting=runs[0].setting if setting is None else setting,
         seeds=tuple(run.seed for run in runs),
+        rounds=tuple(run.last_round for run in runs),
         final_mean=final_mean,
         final_std=final_std,
         selected_mean=selected_mean,
@@ -221,21 +229,130 @@ def setting_differences(runs: Sequence[RunRecord]) -> dict[str, list[tuple[objec
     return out
 
 
-def _check_one_setting(method: str, setting: str, runs: Sequence[RunRecord]) -> None:
-    """ValueError naming every key in which the runs of one (setting, method) differ, with
-    each run's value, if they are not seeds of one setting."""
-    differ = setting_differences(runs)
-    if not differ:
-        return
-    shown = "; ".join(
-        f"{key}: " + ", ".join(f"{value!r} in {run_dir}" for value, run_dir in values)
-        for key, values in differ.items()
+#: A class path as a value: its class's name is what a label writes.
+_CLASS_PATH = re.compile(r"(?:[A-Za-z_]\w*\.)+([A-Z]\w*)")
+
+
+def _short_key(key: str) -> str:
+    """A flat-config key as a row's label writes it: without ``model.init_args.`` (the
+    method's own arguments), the other ``init_args`` parts and a last ``.class_path``
+    (``model.init_args.network.backbone`` -> ``network.backbone``)."""
+    return (
+        key.removeprefix("model.init_args.").replace(".init_args.", ".").removesuffix(".class_path")
     )
-    raise ValueError(
-        f"the runs of {method} in setting {setting!r} differ in more than the seed, so they "
-        f"are not seeds of one setting ({', '.join(differ)}): {shown}. Report them "
-        "separately, or run them as settings of a comparison (fedlit compare)"
-    )
+
+
+def _short_value(value: str) -> str:
+    """A value (its ``repr``) as a row's label writes it: a class path as its class's name,
+    a string without quotes."""
+    try:
+        plain = ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        return value
+    if isinstance(plain, str):
+        match = _CLASS_PATH.fullmatch(plain)
+        return match.group(1) if match else plain
+    return str(plain)
+
+
+@dataclass(frozen=True)
+class ConfigGroup:
+    """Where a run's row is: its setting, and its values of the keys that split the setting.
+
+    Attributes:
+        label: the row's setting as tables write it: the setting, then the run's values of
+            the keys that split it, shortly (``iid [data.dataset=folder,
+            network.backbone=resnet18]``); the setting alone where its runs agree.
+        values: (key, the ``repr`` of the run's value) for each key that splits its setting
+            and that the run has, or that the runs of its method that have it agree on.
+    """
+
+    label: str
+    values: tuple[tuple[str, str], ...]
+
+
+def _splitting_values(runs: Sequence[RunRecord]) -> dict[int, tuple[tuple[str, str], ...]]:
+    """id(run) -> its (key, ``repr`` of value) pairs for the keys that split the setting of
+    ``runs`` (one setting's runs): those in which the runs of some method differ. A run that
+    lacks such a key takes the value its method's runs that have it agree on, if they do."""
+    by_method: dict[str, list[RunRecord]] = {}
+    for run in runs:
+        by_method.setdefault(run.method, []).append(run)
+    keys = sorted({key for group in by_method.values() for key in setting_differences(group)})
+    values: dict[int, tuple[tuple[str, str], ...]] = {}
+    for group in by_method.values():
+        agreed = {}
+        for key in keys:
+            seen = {repr(run.config[key]) for run in group if key in run.config}
+            if len(seen) == 1:
+                agreed[key] = seen.pop()
+        for run in group:
+            values[id(run)] = tuple(
+                (key, repr(run.config[key]) if key in run.config else agreed[key])
+                for key in keys
+                if key in run.config or key in agreed
+            )
+    return values
+
+
+def _label(setting: str, pairs: Sequence[tuple[str, str]], short: Mapping[str, str] | None) -> str:
+    """A row's setting as tables write it: ``setting [key=value, ...]``, the keys as
+    ``short`` names them and the values shortly (:func:`_short_value`), or with ``short``
+    None the full keys and values; the setting alone without pairs."""
+    if not pairs:
+        return setting
+    shown = [
+        f"{key}={value}" if short is None else f"{short[key]}={_short_value(value)}"
+        for key, value in pairs
+    ]
+    return f"{setting} [{', '.join(shown)}]"
+
+
+def config_groups(runs: Sequence[RunRecord]) -> list[ConfigGroup]:
+    """Each run's ConfigGroup, in the order of ``runs``: the runs of one (setting, method)
+    whose flat configs differ in more than the seed (:func:`setting_differences`) are not
+    seeds of one row. The keys that split a setting are those in which the runs of some
+    method of it differ; every run of the setting is labelled by its values of them, so that
+    the rows of one data set or network share a table. A run that lacks such a key takes
+    the value the other runs of its method agree on, if they do.
+
+    A label writes keys without ``model.init_args.`` (:func:`_short_key`), class paths as
+    their class's name and strings without quotes, or, where that would make two rows of a
+    method one, the full keys and values (``repr``)."""
+    by_setting: dict[str, list[RunRecord]] = {}
+    for run in runs:
+        by_setting.setdefault(run.setting, []).append(run)
+    out: dict[int, ConfigGroup] = {}
+    for setting, setting_runs in by_setting.items():
+        values = _splitting_values(setting_runs)
+        keys = {key for pairs in values.values() for key, _ in pairs}
+        short = {key: _short_key(key) for key in keys}
+        rows: dict[str, set[tuple[tuple[str, str], ...]]] = {}
+        for run in setting_runs:
+            rows.setdefault(run.method, set()).add(values[id(run)])
+        # the short form, unless two keys or two rows of a method would read as one
+        full = len(set(short.values())) < len(keys) or any(
+            len({_label(setting, pairs, short) for pairs in method_rows}) < len(method_rows)
+            for method_rows in rows.values()
+        )
+        for run in setting_runs:
+            pairs = values[id(run)]
+            out[id(run)] = ConfigGroup(_label(setting, pairs, None if full else short), pairs)
+    return [out[id(run)] for run in runs]
+
+
+def split_settings(runs: Sequence[RunRecord]) -> list[RunRecord]:
+    """The runs, each with its row's label (:func:`config_groups`) as its setting: what the
+    plots group by, as the tables do."""
+    return [
+        replace(run, setting=group.label)
+        for run, group in zip(runs, config_groups(runs), strict=True)
+    ]
+
+
+def _matches(row: Mapping[str, str], other: Mapping[str, str]) -> bool:
+    """Whether two runs' splitting values agree on every key both have."""
+    return all(other[key] == value for key, value in row.items() if key in other)
 
 
 def summarize(
@@ -245,60 +362,65 @@ def summarize(
     baseline: str | None = None,
     last_k: int = 1,
 ) -> list[ResultRow]:
-    """One ResultRow per (setting, method), in first-appearance order of ``runs``.
+    """One ResultRow per (setting, method) and config group, in first-appearance order of
+    ``runs``.
+
+    Runs of one (setting, method) are pooled as seeds where their flat configs agree in
+    everything but the seed and what is no setting
+    (:data:`~fedlit.run_layout.NOT_SETTING_KEYS`); runs that differ (another data set,
+    network, ...) are rows of their own, whose setting is labelled by the values they differ
+    in (:func:`config_groups`).
 
     A run's score is the mean of its last ``last_k`` logged values of ``metric`` (its final
     value for 1): less of one round's noise than the last value alone.
 
     ``target`` is in the metric's units (a fraction for test/acc). A run that never logs the
     metric counts as a seed but not towards the means. ``baseline`` names the method every
-    row is compared with, seed by seed (``delta_*``). Raises ValueError naming both run
-    directories if two runs share (setting, method, seed), as they would be counted twice
-    (and the keys their flat configs differ in, where they do: two settings of one method),
-    naming every key in which the runs of one (setting, method) differ other than the seed
-    (their flat configs: :func:`setting_differences`), as their mean ± std would mix settings,
+    row is compared with, seed by seed (``delta_*``): a row's run against the baseline's run
+    of the same setting and seed whose splitting values agree with the row's on every key
+    both have (a seed where none or several do is not paired). Raises ValueError naming both
+    run directories if two runs of one row share a seed, as they would be counted twice,
     and naming ``baseline`` if no run is of that method.
     """
-    groups: dict[tuple[str, str], list[RunRecord]] = {}
-    seen: dict[tuple[str, str, int], RunRecord] = {}
-    for run in runs:
-        ident = (run.setting, run.method, run.seed)
+    rows: dict[tuple[str, str, str], list[RunRecord]] = {}
+    where: dict[tuple[str, str, str], dict[str, str]] = {}
+    seen: dict[tuple[str, str, str, int], RunRecord] = {}
+    for run, group in zip(runs, config_groups(runs), strict=True):
+        key = (run.setting, run.method, group.label)
+        ident = (*key, run.seed)
         if ident in seen:
-            first = seen[ident]
-            differ = setting_differences([first, run])
-            if differ:  # two settings of one method, not told apart by run.json
-                shown = "; ".join(
-                    f"{key}={values[0][0]!r} in {first.run_dir}, {values[1][0]!r} in {run.run_dir}"
-                    for key, values in differ.items()
-                )
-                raise ValueError(
-                    f"runs {first.run_dir} and {run.run_dir} (both method={run.method!r}, "
-                    f"seed={run.seed}) differ in {', '.join(differ)}: {shown}. Report them "
-                    "separately, or run them as settings of a comparison (fedlit compare)"
-                )
             raise ValueError(
-                f"runs {first.run_dir} and {run.run_dir} are both "
-                f"setting={run.setting!r}, method={run.method!r}, seed={run.seed}"
+                f"runs {seen[ident].run_dir} and {run.run_dir} are both "
+                f"setting={run.setting!r}, method={run.method!r}, seed={run.seed}, and their "
+                "configs agree: the seed would be counted twice"
             )
         seen[ident] = run
-        groups.setdefault((run.setting, run.method), []).append(run)
-    for (setting, method), group in groups.items():
-        _check_one_setting(method, setting, group)
+        rows.setdefault(key, []).append(run)
+        where[key] = dict(group.values)
     if isinstance(last_k, bool) or not isinstance(last_k, int) or last_k < 1:
         raise ValueError(f"last_k must be a positive integer, got {last_k!r}")
-    if baseline is not None and baseline not in {method for _, method in groups}:
-        methods = sorted({method for _, method in groups})
+    if baseline is not None and baseline not in {method for _, method, _ in rows}:
+        methods = sorted({method for _, method, _ in rows})
         raise ValueError(f"baseline: no run of method {baseline!r} (methods: {methods})")
 
-    def reference(setting: str) -> dict[int, float] | None:
+    def reference(setting: str, values: Mapping[str, str]) -> dict[int, float] | None:
+        """Seed -> the score of the baseline's one run that pairs with a row's of that seed."""
         if baseline is None:
             return None
-        runs = groups.get((setting, baseline), [])
-        return {run.seed: score(run, metric, last_k) for run in runs}
+        by_seed: dict[int, list[RunRecord]] = {}
+        for key, group in rows.items():
+            if key[:2] == (setting, baseline) and _matches(values, where[key]):
+                for run in group:
+                    by_seed.setdefault(run.seed, []).append(run)
+        return {
+            seed: score(found[0], metric, last_k)
+            for seed, found in by_seed.items()
+            if len(found) == 1
+        }
 
     return [
-        _summarize_group(group, target, metric, reference(setting), last_k)
-        for (setting, _), group in groups.items()
+        _summarize_group(group, target, metric, reference(key[0], where[key]), last_k, key[2])
+        for key, group in rows.items()
     ]
 
 
@@ -322,10 +444,10 @@ def write_csv(
     path: str | Path,
     published: Mapping[str, Mapping[str, float]] | None = None,
 ) -> Path:
-    """Write the rows as CSV, one column per ResultRow field (seeds space-separated), plus
-    ``published`` when given (blank where absent). The accuracy fields (means, stds, paired
-    differences and their intervals, scores, final evaluations) are in percent, as in the
-    tables, the plots and ``published``; bytes in bytes."""
+    """Write the rows as CSV, one column per ResultRow field (seeds and rounds
+    space-separated), plus ``published`` when given (blank where absent). The accuracy fields
+    (means, stds, paired differences and their intervals, scores, final evaluations) are in
+    percent, as in the tables, the plots and ``published``; bytes in bytes."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     header = [f.name for f in fields(ResultRow)]
@@ -340,6 +462,7 @@ def write_csv(
                 for name, value in zip(header, astuple(row), strict=False)
             ]
             cells[header.index("seeds")] = " ".join(str(s) for s in row.seeds)
+            cells[header.index("rounds")] = " ".join(str(r) for r in row.rounds)
             cells[header.index("marks")] = " ".join(row.marks)
             if published is not None:
                 paper = _published(published, row)
@@ -435,6 +558,14 @@ def _n_seeds(n: int) -> str:
     return f"{n} seed" + ("s" if n != 1 else "")
 
 
+def _rounds_ran(row: ResultRow) -> str:
+    """The rounds the row's runs ran: ``20``, or ``12-20`` where they differ."""
+    if not row.rounds:
+        return "-"
+    low, high = min(row.rounds), max(row.rounds)
+    return f"{low}" if low == high else f"{low}-{high}"
+
+
 def _seeds(row: ResultRow) -> str:
     """The number of seeds, noting unfinished runs."""
     unfinished = len(row.seeds) - row.finished
@@ -449,7 +580,8 @@ def to_markdown(
 ) -> str:
     """Markdown tables, one per setting (``### <setting>``, settings in first-appearance
     order), rows sorted by score (the mean of the last ``last_k`` values) descending;
-    accuracies in percent, MB = 10^6 bytes.
+    the rounds the runs ran (``12-20`` where they differ); accuracies in percent, MB = 10^6
+    bytes.
     ``target`` (a fraction) only labels the rounds-to-target column; pass the one given to
     summarize, and the same ``baseline`` for its column of paired differences (points, with
     their 95% interval, ``*`` where it excludes 0). A
@@ -458,7 +590,7 @@ def to_markdown(
     ``summary``."""
     target_label = f"rounds to {100 * target:g}%" if target is not None else "rounds to target"
     last_k = rows[0].last_k if rows else 1
-    header = ["method", "seeds", "final test/acc"]
+    header = ["method", "seeds", "rounds", "final test/acc"]
     if last_k > 1:
         header.append(f"mean of last {last_k}")
     if baseline is not None:
@@ -488,7 +620,7 @@ def to_markdown(
         ]
         for row in ordered:
             name = f"{row.method} ({', '.join(row.marks)})" if row.marks else row.method
-            cells = [name, _seeds(row), _pct(row.final_mean, row.final_std)]
+            cells = [name, _seeds(row), _rounds_ran(row), _pct(row.final_mean, row.final_std)]
             if last_k > 1:
                 cells.append(_pct(row.score_mean, row.score_std))
             if baseline is not None:
