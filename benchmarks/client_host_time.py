@@ -32,6 +32,7 @@ from fedlit.federation import Federation, FederationConfig, TrainerTemplate
 from fedlit.federation.client import ClientRunner
 from fedlit.federation.seeding import derive_seed, seed_all
 from fedlit.methods import FedAvgFixMatch, FedAvgSL, FederatedMethod
+from fedlit.models import Architecture
 from fedlit.objectives import Optimization
 
 METHODS: dict[str, type[FederatedMethod]] = {"fixmatch": FedAvgFixMatch, "sl": FedAvgSL}
@@ -55,7 +56,7 @@ def main() -> None:
         client_batch_size=args.batch,
     )
     method = METHODS[args.method](
-        num_classes=10, in_channels=1, backbone=args.backbone, optim=Optimization(client_lr=0.003)
+        Architecture(10, 1, backbone=args.backbone), optim=Optimization(client_lr=0.003)
     )
     # the plain loop runs on the CPU in fp32: so does the engine here, whatever the CPU's default
     template = TrainerTemplate(accelerator="cpu", precision="32-true")

@@ -40,6 +40,7 @@ from fedlit.federation import Federation, FederationConfig, PoolSettings, Traine
 from fedlit.federation.seeding import FINETUNE, SERVER, derive_seed, seed_all
 from fedlit.methods import FedAvgFixMatch, FedAvgSL, FederatedMethod
 from fedlit.methods.plan import Step
+from fedlit.models import Architecture
 from fedlit.objectives import Objective, Optimization
 
 METHODS: dict[str, type[FederatedMethod]] = {"fixmatch": FedAvgFixMatch, "sl": FedAvgSL}
@@ -97,10 +98,7 @@ def federation(
         root=args.root, num_clients=args.clients, examples_per_client=args.examples
     )
     method = METHODS[name](
-        num_classes=10,
-        in_channels=1,
-        backbone=args.backbone,
-        optim=Optimization(client_lr=0.003),
+        Architecture(10, 1, backbone=args.backbone), optim=Optimization(client_lr=0.003)
     )
     config = FederationConfig(
         rounds=10_000,
