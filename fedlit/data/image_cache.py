@@ -137,7 +137,9 @@ def decode_files(
     for name, files in splits.items():
         shape = (len(files), 3, size, size)
         wide[name] = (
-            np.lib.format.open_memmap(folder / f".{name}-rgb.npy", mode="w+", shape=shape)
+            np.lib.format.open_memmap(
+                folder / f".{name}-rgb.npy", mode="w+", dtype=np.uint8, shape=shape
+            )
             if folder is not None
             else np.empty(shape, dtype=np.uint8)
         )
@@ -183,7 +185,7 @@ def _narrowed(wide: np.ndarray, channels: int, folder: Path | None, name: str) -
     if isinstance(wide, np.memmap):
         wide.flush()
     shape = (len(wide), channels, *wide.shape[2:])
-    out = np.lib.format.open_memmap(folder / f"{name}.npy", mode="w+", shape=shape)
+    out = np.lib.format.open_memmap(folder / f"{name}.npy", mode="w+", dtype=np.uint8, shape=shape)
     for start in range(0, len(wide), 4096):
         out[start : start + 4096] = wide[start : start + 4096, :channels]
     out.flush()
