@@ -23,7 +23,9 @@ work on them as on the built-in data sets.
   (C, H, W) or (H, W), uint8 or float in [0, 1]; the classes are its ``classes`` if it has
   them, else ``max(label) + 1``.
 
-Images are decoded by torchvision (:func:`torchvision.io.decode_image`: PNG, JPEG, GIF, WebP).
+Image files are decoded once into a cache under ``data.root`` and read from it after
+(:mod:`fedlit.data.image_cache`), by torchvision (:func:`torchvision.io.decode_image`: PNG,
+JPEG, GIF, WebP).
 Grey or RGB is detected: the data set is RGB (3 channels) if any image is in colour, its grey
 images then repeated to three channels; else grey (1 channel). An alpha channel is dropped,
 16-bit images are scaled to 8 bits. With ``data.image_size=S`` every image is resized so that
