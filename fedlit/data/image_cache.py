@@ -125,13 +125,14 @@ def decode_files(
     every = [(name, n, p) for name, files in splits.items() for n, p in enumerate(files)]
     first = every[0][2]
     size = image_size if image_size is not None else _first_size(first)
-    free = available_memory()
-    if folder is None and free is not None and len(every) * 3 * size * size > free:
+    needed = len(every) * 3 * size * size
+    free = available_memory() if folder is None else shutil.disk_usage(folder).free
+    if free is not None and needed > free:
+        room = "of memory free here" if folder is None else f"free on disk at {folder.parent}"
         raise ValueError(
             f"data.image_size={size}: the {len(every)} images at {size}x{size} take "
-            f"{len(every) * 3 * size * size / 2**30:.1f} GiB as uint8, more than the "
-            f"{free / 2**30:.1f} GiB of memory free here; set a smaller data.image_size "
-            "(or a writable data.root, where they are cached and mapped)"
+            f"{needed / 2**30:.1f} GiB as uint8, more than the {free / 2**30:.1f} GiB "
+            f"{room}; set a smaller data.image_size"
         )
     wide: dict[str, np.ndarray] = {}
     for name, files in splits.items():
