@@ -35,12 +35,13 @@ from filelock import FileLock
 from torch import Tensor
 from torchvision import datasets as tvd
 
+from fedlit.data.mapped import Pixels
 from fedlit.run_layout import created_mode
 
 DEBIAN_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
 
 
-Images = tuple[Tensor, Tensor]
+Images = tuple[Pixels, Tensor]
 Loader = Callable[[Path, str, bool], Images]
 
 
@@ -71,18 +72,20 @@ DIGITS = tuple(str(d) for d in range(10))
 
 @dataclass(frozen=True, init=False)
 class ImageSplit:
-    """One split of a data set: ``images`` (N, C, H, W) uint8 and ``labels`` (N,) int64.
+    """One split of a data set: ``images`` (N, C, H, W) uint8 (a tensor, or a split of the
+    user's cached images too large for its cap: :class:`~fedlit.data.mapped.MappedImages`) and
+    ``labels`` (N,) int64.
 
     A split without labels (``labels=None``: STL-10's unlabeled split, where torchvision gives
     -1) keeps ``no_labels``, a message saying why; reading its :attr:`labels` raises ValueError
     with it, so that no oracle, diagnostic or partitioner works from labels that do not exist.
     """
 
-    images: Tensor
+    images: Pixels
     _labels: Tensor | None
     no_labels: str = field(default="", compare=False)
 
-    def __init__(self, images: Tensor, labels: Tensor | None, no_labels: str = "") -> None:
+    def __init__(self, images: Pixels, labels: Tensor | None, no_labels: str = "") -> None:
         if labels is not None and len(labels) != len(images):
             raise ValueError(f"{len(images)} images but {len(labels)} labels")
         object.__setattr__(self, "images", images)
@@ -110,7 +113,9 @@ class ImageSplit:
         return ImageSplit(self.images[index], labels, self.no_labels)
 
 
-def _torchvision(root: Path, name: str, download: bool, make: Callable[[], object]) -> Images:
+def _torchvision(
+    root: Path, name: str, download: bool, make: Callable[[], object]
+) -> tuple[Tensor, Tensor]:
     """``make()``'s torchvision data set (built under ``name``'s first-use lock, as it may
     download) as uint8 images (N, C, H, W) and int64 labels."""
     with _first_use(root, name, download):
@@ -369,7 +374,7 @@ def load_unlabeled_split(
     return ImageSplit(images, None, f"{spec.name}'s {spec.unlabeled_split!r} split has no labels")
 
 
-def _check_shape(spec: DatasetSpec, images: Tensor) -> None:
+def _check_shape(spec: DatasetSpec, images: Pixels) -> None:
     if images.shape[1:] != (spec.channels, spec.size, spec.size):
         raise RuntimeError(f"{spec.name}: unexpected image shape {tuple(images.shape[1:])}")
 

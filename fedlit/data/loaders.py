@@ -29,6 +29,7 @@ from torch import Tensor
 
 from fedlit.data.augment import VIEWS, BatchView, batch_view
 from fedlit.data.datasets import DatasetSpec
+from fedlit.data.mapped import MappedImages, Pixels, as_tensor
 
 
 class RawBatch:
@@ -168,8 +169,12 @@ def staged(tensor: Tensor, device: torch.device) -> Tensor:
 class ImageBatches:
     """Batches of ``views`` of uint8 ``images`` (N, C, H, W), by index draws.
 
+    A split of mapped images (:class:`~fedlit.data.mapped.MappedImages`, too large for its
+    cap) is never staged: each batch's rows are read from the file on the CPU, drawn as a
+    tensor's would be there, and Lightning moves the batch to the training device.
+
     Args:
-        images: the split's images, uint8.
+        images: the split's images, uint8 (a tensor or mapped).
         spec: their data set (sizes and statistics for the views).
         views: the views of each image a batch holds, in order (:data:`VIEWS`).
         batch_size: images per batch.
@@ -185,7 +190,7 @@ class ImageBatches:
 
     def __init__(
         self,
-        images: Tensor,
+        images: Pixels,
         spec: DatasetSpec,
         views: Sequence[str],
         batch_size: int,
@@ -219,10 +224,11 @@ class ImageBatches:
         """A copy that yields :class:`RawBatch` objects, to be expanded after the transfer to
         the training device (:func:`expand_batches`). With ``device``, the split's tensors are
         staged there (:func:`staged`: copied once, while the split lives) and the batches are
-        drawn there by index, so Lightning's transfer moves nothing."""
+        drawn there by index, so Lightning's transfer moves nothing; mapped images stay
+        where they are."""
         deferred = copy.copy(self)
         deferred.deferred = True
-        if device is not None:
+        if device is not None and not isinstance(self.images, MappedImages):
             deferred.images = staged(self.images, device)
             deferred.labels = None if self.labels is None else staged(self.labels, device)
         return deferred
@@ -233,7 +239,7 @@ class ImageBatches:
         for k in range(len(self)):
             idx = order[k * b : (k + 1) * b]
             raw = RawBatch(
-                self.images[idx],
+                as_tensor(self.images[idx]),
                 self.views,
                 self.spec,
                 index=idx if self.with_index else None,

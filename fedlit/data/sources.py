@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
-import torch
 from torch.utils.data import Dataset
 
 from fedlit.data.datasets import (
@@ -211,12 +210,20 @@ class UsersOwn(Source):
 
 class Files(UsersOwn):
     """A data set of the user's files at ``data.path`` (``data.dataset`` its :attr:`kind`),
-    its images fitted to ``data.image_size``."""
+    its images fitted to ``data.image_size``; image files are decoded once into the cache
+    under ``cache_root`` (``<data.root>/fedlit-cache``, see :mod:`fedlit.data.image_cache`;
+    None: into memory, every time)."""
 
     kind: ClassVar[str]
 
-    def __init__(self, path: str | None, image_size: int | None, test_dataset: object) -> None:
-        self.path, self.image_size = path, image_size
+    def __init__(
+        self,
+        path: str | None,
+        image_size: int | None,
+        test_dataset: object,
+        cache_root: Path | None = None,
+    ) -> None:
+        self.path, self.image_size, self.cache_root = path, image_size, cache_root
         self.test_dataset_given = test_dataset is not None
 
     def read(self) -> tuple[DatasetSpec, ReadImages]:
@@ -242,7 +249,7 @@ class Folder(Files):
     kind = "folder"
 
     def read_files(self, path: Path) -> tuple[DatasetSpec, ReadImages]:
-        return read_folders(self.kind, path, self.image_size)
+        return read_folders(self.kind, path, self.image_size, self.cache_root)
 
 
 class ClientFolders(Folder):
@@ -301,15 +308,15 @@ class ClientFolders(Folder):
         self, pool: str, train: ImageSplit, rest: np.ndarray, root: Path, download: bool
     ) -> PoolImages:
         """The clients' folders' images as one pool without labels, divided by folder."""
-        images = self.user_data.clients
+        read = self.user_data
         why = (
             "data.dataset='client_folders': the clients' images (data.path/clients/<client>) "
             "have no labels, so there are none for the FedAvg-SL oracle or label-based "
             "diagnostics (hidden_labels)"
         )
-        bounds = np.cumsum([0, *(len(c) for c in images)])
+        bounds = np.cumsum([0, *read.client_sizes])
         parts = [np.arange(a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
-        return _unlabeled(ImageSplit(torch.cat(images), None, why), "", parts)
+        return _unlabeled(ImageSplit(read.client_images, None, why), "", parts)
 
     def clients_without_labels(self, pool: str) -> tuple[str, str] | None:
         return (
@@ -364,13 +371,18 @@ FILES: dict[str, type[Files]] = {kind.kind: kind for kind in (Folder, ClientFold
 
 
 def make_source(
-    dataset: str | Dataset, path: str | None, image_size: int | None, test_dataset: Dataset | None
+    dataset: str | Dataset,
+    path: str | None,
+    image_size: int | None,
+    test_dataset: Dataset | None,
+    cache_root: Path | None = None,
 ) -> Source:
-    """The source ``data.dataset`` names: one of :data:`FILES`, a torch Dataset (``test_dataset``
-    its test split) or a name from :data:`SPECS` (ValueError naming the key for another
-    name, or for a setting only the user's data sets read). Nothing is read yet."""
+    """The source ``data.dataset`` names: one of :data:`FILES` (its images cached under
+    ``cache_root``), a torch Dataset (``test_dataset`` its test split) or a name from
+    :data:`SPECS` (ValueError naming the key for another name, or for a setting only the
+    user's data sets read). Nothing is read yet."""
     if not isinstance(dataset, str):
         return TorchDatasets(dataset, test_dataset, path, image_size)
     if dataset in FILES:
-        return FILES[dataset](path, image_size, test_dataset)
+        return FILES[dataset](path, image_size, test_dataset, cache_root)
     return BuiltIn(dataset, path=path, image_size=image_size, test_dataset=test_dataset)

@@ -23,7 +23,9 @@ work on them as on the built-in data sets.
   (C, H, W) or (H, W), uint8 or float in [0, 1]; the classes are its ``classes`` if it has
   them, else ``max(label) + 1``.
 
-Images are decoded by torchvision (:func:`torchvision.io.decode_image`: PNG, JPEG, GIF, WebP).
+Image files are decoded once into a cache under ``data.root`` and read from it after
+(:mod:`fedlit.data.image_cache`), by torchvision (:func:`torchvision.io.decode_image`: PNG,
+JPEG, GIF, WebP).
 Grey or RGB is detected: the data set is RGB (3 channels) if any image is in colour, its grey
 images then repeated to three channels; else grey (1 channel). An alpha channel is dropped,
 16-bit images are scaled to 8 bits. With ``data.image_size=S`` every image is resized so that
@@ -49,7 +51,7 @@ import math
 import os
 import pickle
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -62,6 +64,7 @@ from torchvision.io import ImageReadMode, decode_image
 from torchvision.transforms.v2 import functional as F
 
 from fedlit.data.datasets import DatasetSpec, Images
+from fedlit.data.mapped import Pixels, as_tensor
 from fedlit.run_layout import created_mode
 
 #: The file endings read as images (others, and hidden files, are left alone).
@@ -202,16 +205,18 @@ def uniform_images(
 Statistics = tuple[tuple[float, ...], tuple[float, ...]]  # (mean, std), one float a channel
 
 
-def channel_statistics(images: Tensor, chunk: int = 4096) -> Statistics:
+def channel_statistics(images: Pixels, *more: Pixels, chunk: int = 4096) -> Statistics:
     """The per-channel mean and standard deviation (sample, as torch's ``std``) of uint8
-    ``images`` (N, C, H, W) as pixel values in [0, 1]: ``(mean, std)``, each C floats."""
+    ``images`` (N, C, H, W) (and of ``more`` of the same size, taken with them) as pixel
+    values in [0, 1]: ``(mean, std)``, each C floats; read a chunk at a time."""
     total = torch.zeros(images.shape[1], dtype=torch.float64)
     squares = torch.zeros_like(total)
-    for start in range(0, len(images), chunk):
-        x = images[start : start + chunk].to(torch.float64) / 255
-        total += x.sum(dim=(0, 2, 3))
-        squares += (x * x).sum(dim=(0, 2, 3))
-    n = images.shape[0] * images.shape[2] * images.shape[3]
+    for part in (images, *more):
+        for start in range(0, len(part), chunk):
+            x = as_tensor(part[start : start + chunk]).to(torch.float64) / 255
+            total += x.sum(dim=(0, 2, 3))
+            squares += (x * x).sum(dim=(0, 2, 3))
+    n = sum(len(part) for part in (images, *more)) * images.shape[2] * images.shape[3]
     mean = total / n
     var = (squares - n * mean * mean) / max(n - 1, 1)
     std = var.clamp_min(0).sqrt()
@@ -281,15 +286,16 @@ class ReadImages:
 
     def __init__(
         self,
-        splits: dict[str, Images],
-        clients: list[Tensor] | None,
+        splits: Mapping[str, Images],
+        clients: Pixels | None = None,
         client_names: Sequence[str] = (),
+        client_sizes: Sequence[int] = (),
         cache: StatisticsCache | None = None,
         statistics: Statistics | None = None,
     ) -> None:
-        self._splits: dict[str, Images] | None = splits
+        self._splits: Mapping[str, Images] | None = splits
         self._clients = clients
-        self.client_names = tuple(client_names)
+        self.client_names, self.client_sizes = tuple(client_names), tuple(client_sizes)
         self.cache, self.statistics = cache, statistics
 
     def __call__(self, root: Path, split: str, download: bool) -> Images:
@@ -301,11 +307,18 @@ class ReadImages:
         return self._splits[split]
 
     @property
-    def clients(self) -> list[Tensor]:
-        """Each client's images (N_k, C, H, W), in the order of their folders' names."""
+    def client_images(self) -> Pixels:
+        """Every client's images, one client after the other (:attr:`client_sizes` each),
+        in the order of their folders' names."""
         if self._clients is None:
             raise RuntimeError("this data set has no clients' folders")
         return self._clients
+
+    @property
+    def clients(self) -> list[Pixels]:
+        """Each client's images (N_k, C, H, W), in the order of their folders' names."""
+        bounds = np.cumsum([0, *self.client_sizes])
+        return [self.client_images[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
     def save_statistics(self) -> None:
         """Write the statistics to the cache beside the data, where there is one."""
@@ -352,16 +365,19 @@ def class_folders(split_dir: Path, classes: Sequence[str] | None) -> list[tuple[
     return out
 
 
-def _read_files(files: Sequence[Path]) -> list[LooseImage]:
-    return [LooseImage(read_image(p), str(p)) for p in files]
-
-
 def _labels_of(folders: list[tuple[int, list[Path]]]) -> Tensor:
     return torch.tensor([label for label, files in folders for _ in files], dtype=torch.int64)
 
 
-def read_folders(kind: str, root: Path, image_size: int | None) -> tuple[DatasetSpec, ReadImages]:
-    """A ``folder`` or ``client_folders`` data set under ``root`` (see the module's layouts)."""
+def read_folders(
+    kind: str, root: Path, image_size: int | None, cache_root: Path | None = None
+) -> tuple[DatasetSpec, ReadImages]:
+    """A ``folder`` or ``client_folders`` data set under ``root`` (see the module's layouts),
+    its images decoded once into the cache under ``cache_root``
+    (:class:`~fedlit.data.image_cache.ImageCache`, read from it after) or, None (or a cache
+    that cannot be written), into memory."""
+    from fedlit.data.image_cache import ImageCache, decode_files
+
     if not root.is_dir():
         raise ValueError(f"data.path: {root} is not a folder (data.dataset={kind!r})")
     train_name, test_name = FOLDER_SPLITS[kind]
@@ -369,20 +385,34 @@ def read_folders(kind: str, root: Path, image_size: int | None) -> tuple[Dataset
     classes = tuple(folder.name for folder in sub_folders(root / train_name))
     test = class_folders(root / test_name, classes)
     clients = client_folders(root / CLIENTS) if kind == "client_folders" else []
-    loose = {
-        "train": _read_files([p for _, files in train for p in files]),
-        "test": _read_files([p for _, files in test for p in files]),
-        **{f"{CLIENTS}/{name}": _read_files(files) for name, files in clients},
+    files = {
+        "train": [p for _, files in train for p in files],
+        "test": [p for _, files in test for p in files],
+        **({CLIENTS: [p for _, files in clients for p in files]} if clients else {}),
     }
-    images, channels, size = uniform_images(loose, image_size)
-    splits = {
-        "train": (images["train"], _labels_of(train)),
-        "test": (images["test"], _labels_of(test)),
-    }
-    client_images = [images[f"{CLIENTS}/{name}"] for name, _ in clients] or None
-    every_file = [p for _, files in [*train, *test, *clients] for p in files]
-    cache = StatisticsCache(root / STATS_FILE, fingerprint(every_file, root, image_size))
-    read = ReadImages(splits, client_images, [name for name, _ in clients], cache)
+    labels = {"train": _labels_of(train), "test": _labels_of(test)}
+    every_file = [p for split in files.values() for p in split]
+    key = fingerprint(every_file, root, image_size)
+    cached = None
+    if cache_root is not None:
+        cache = ImageCache.of(cache_root, kind, root, key)
+        extra = {"clients": [[name, len(files)] for name, files in clients]}
+        cached = cache.read() or cache.write(files, labels, image_size, extra)
+    if cached is not None:
+        images = cached.images
+        channels, size = int(cached.meta["channels"]), int(cached.meta["size"])
+    else:
+        decoded = decode_files(files, image_size)
+        images = {split: torch.from_numpy(array) for split, array in decoded.arrays.items()}
+        channels, size = decoded.channels, decoded.size
+    splits = {"train": (images["train"], labels["train"]), "test": (images["test"], labels["test"])}
+    read = ReadImages(
+        splits,
+        images.get(CLIENTS),
+        [name for name, _ in clients],
+        [len(files) for _, files in clients],
+        StatisticsCache(root / STATS_FILE, key),
+    )
     spec = _spec(kind, read, classes, channels, size, hflip=True)
     return spec, read
 
@@ -415,8 +445,8 @@ def _spec(
     statistics = read.cache.read() if read.cache is not None else None
     if statistics is None or len(statistics[0]) != channels:
         train = read(Path(), "train", False)[0]
-        fitting = torch.cat([train, *read.clients]) if read.client_names else train
-        statistics = channel_statistics(fitting)
+        clients = [read.client_images] if read.client_names else []
+        statistics = channel_statistics(train, *clients)
     read.statistics = statistics
     mean, std = statistics
     return DatasetSpec(
@@ -544,7 +574,7 @@ def read_arrays(path: Path, image_size: int | None) -> tuple[DatasetSpec, ReadIm
     splits = {split: (images[split], labels[split]) for split in ("train", "test")}
     cache_file = path.with_name(f"{path.name}.fedlit-stats.json")
     read = ReadImages(
-        splits, None, (), StatisticsCache(cache_file, fingerprint([path], path.parent, image_size))
+        splits, cache=StatisticsCache(cache_file, fingerprint([path], path.parent, image_size))
     )
     spec = _spec("arrays", read, classes, channels, size, hflip=True, num_classes=num_classes)
     return spec, read

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-import torch
 from lightning.pytorch.utilities import CombinedLoader
 
 from fedlit.data.datamodule import FederatedDataModule
 from fedlit.data.loaders import ImageBatches
+from fedlit.data.mapped import joined
 from fedlit.methods.base import DEFAULT_OPTIMIZATION, FederatedMethod
 from fedlit.methods.plan import CENTRALIZED, RoundPlan
 from fedlit.models import Architecture
@@ -33,7 +33,7 @@ from fedlit.objectives import (
 def pooled_loader(data: FederatedDataModule, views: tuple[str, ...]) -> ImageBatches:
     """Every client's whole shard, concatenated in client order, as shuffled batches of
     ``views`` of ``data.client_batch_size`` images (no labels)."""
-    images = torch.cat([shard.images for shard in data.clients])
+    images = joined([shard.images for shard in data.clients])
     return ImageBatches(images, data.spec, views, data.client_batch_size, shuffle=True)
 
 

@@ -1,0 +1,336 @@
+"""The user's image files decoded once, in parallel, into a cache at ``data.image_size``.
+
+Decoding (:func:`decode_files`) reads each image and fits it to the data set's size on its own,
+on a pool of threads (torchvision's decoders and torch's resize release the GIL; one a core,
+or ``FEDLIT_DECODE_WORKERS``), with a progress bar, straight into one uint8 array per split:
+no image is held at its own size longer than it takes to fit it.
+
+The cache (:class:`ImageCache`) lives under ``data.root``, in ``<data.root>/fedlit-cache/``,
+beside the data sets fedlit downloads there: the place a recipe already names for data fedlit
+writes, shared by the runs that name it, and one folder to delete to clear it (the user's
+data folder stays untouched). A data set's cache is a folder named by its kind, its path and a
+digest of its files (their names, sizes and modification times: a changed, added or removed
+file is a new cache) and of the image size, holding per split ``<split>.npy`` (uint8
+images, N, C, S, S), ``<split>-labels.npy`` and ``meta.json``. It is written under a temporary
+name of its own, while holding ``<cache>/.<name>.lock``, and renamed into place whole: a run
+that finds it being written waits for it, a leftover temporary folder (a run killed while
+writing) is never read and is removed by the next writer. A second run with the same files
+and size reads the cache and decodes nothing.
+
+A split that fits its cap (:func:`stage_limit`: ``FEDLIT_STAGE_LIMIT_BYTES``, else half of
+the memory free) is read into memory; a larger one is memory-mapped
+(:class:`~fedlit.data.mapped.MappedImages`), its batches read from the file as they are drawn.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from filelock import FileLock
+from tqdm.auto import tqdm
+
+from fedlit.data.mapped import MappedImages, Pixels
+from fedlit.data.user_data import available_memory, fit_size, read_image
+from fedlit.run_layout import created_mode
+
+#: The cache's folder under ``data.root``.
+CACHE_FOLDER = "fedlit-cache"
+CACHE_VERSION = 1
+#: Bytes a split of the user's cached images may take in memory; a larger one is mapped.
+STAGE_LIMIT_ENV = "FEDLIT_STAGE_LIMIT_BYTES"
+#: The threads that decode images (default: one per core this process may use).
+WORKERS_ENV = "FEDLIT_DECODE_WORKERS"
+CHUNK = 32  # images a task decodes
+
+
+def _positive_env(name: str) -> int | None:
+    """The positive integer in environment variable ``name``, None where unset; ValueError
+    naming it otherwise."""
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"{name}={text!r}: give a positive integer")
+    return value
+
+
+def decode_workers() -> int:
+    """The threads decoding images: ``FEDLIT_DECODE_WORKERS``, else the cores this process
+    may use."""
+    given = _positive_env(WORKERS_ENV)
+    if given is not None:
+        return given
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def stage_limit() -> int | None:
+    """Bytes a cached split may take in memory (``FEDLIT_STAGE_LIMIT_BYTES``, else half of
+    the memory free now); None: no limit known."""
+    given = _positive_env(STAGE_LIMIT_ENV)
+    if given is not None:
+        return given
+    free = available_memory()
+    return None if free is None else free // 2
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """Images decoded and fitted: per split, a uint8 array (N, C, S, S); C and S."""
+
+    arrays: dict[str, np.ndarray]
+    channels: int
+    size: int
+
+
+def _first_size(path: Path) -> int:
+    """The side of the square image ``path``: the size every image must have without
+    ``data.image_size`` (ValueError naming the key when it is not square)."""
+    image = read_image(path)
+    h, w = image.shape[-2:]
+    if h != w:
+        raise ValueError(
+            f"data.image_size is needed: the images are {h}x{w}, not square "
+            f"({path}); set data.image_size to resize and centre-crop them"
+        )
+    return int(h)
+
+
+def decode_files(
+    splits: Mapping[str, Sequence[Path]], image_size: int | None, folder: Path | None = None
+) -> Decoded:
+    """Every split's image files decoded and fitted to ``image_size`` (None: the size they
+    all share, square), each on its own, on :func:`decode_workers` threads, into ``folder``
+    (``<split>.npy`` files) or memory. RGB if any image is in colour, else grey. ValueError
+    naming the file (or ``data.image_size``) for an unreadable image or, without
+    ``image_size``, one of another size."""
+    every = [(name, n, p) for name, files in splits.items() for n, p in enumerate(files)]
+    first = every[0][2]
+    size = image_size if image_size is not None else _first_size(first)
+    needed = len(every) * 3 * size * size
+    free = available_memory() if folder is None else shutil.disk_usage(folder).free
+    if free is not None and needed > free:
+        room = "of memory free here" if folder is None else f"free on disk at {folder.parent}"
+        raise ValueError(
+            f"data.image_size={size}: the {len(every)} images at {size}x{size} take "
+            f"{needed / 2**30:.1f} GiB as uint8, more than the {free / 2**30:.1f} GiB "
+            f"{room}; set a smaller data.image_size"
+        )
+    wide: dict[str, np.ndarray] = {}
+    for name, files in splits.items():
+        shape = (len(files), 3, size, size)
+        wide[name] = (
+            np.lib.format.open_memmap(
+                folder / f".{name}-rgb.npy", mode="w+", dtype=np.uint8, shape=shape
+            )
+            if folder is not None
+            else np.empty(shape, dtype=np.uint8)
+        )
+
+    def decode(chunk: list[tuple[str, int, Path]]) -> tuple[bool, int]:
+        colour = False
+        for name, n, path in chunk:
+            image = read_image(path)
+            if image_size is None and tuple(image.shape[-2:]) != (size, size):
+                raise ValueError(
+                    f"data.image_size is needed: the images' sizes differ ({first} is "
+                    f"{size}x{size}, {path} is {image.shape[-2]}x{image.shape[-1]}); set "
+                    "data.image_size"
+                )
+            image = fit_size(image, size)
+            colour |= image.shape[0] == 3
+            wide[name][n] = image.expand(3, -1, -1).numpy()
+        return colour, len(chunk)
+
+    chunks = [every[k : k + CHUNK] for k in range(0, len(every), CHUNK)]
+    workers = min(decode_workers(), len(chunks))
+    colour = False
+    with _torch_threads(1 if workers > 1 else torch.get_num_threads()):
+        bar = tqdm(total=len(every), desc="decoding images", unit="img", disable=None)
+        with bar, ThreadPoolExecutor(workers) as pool:
+            try:
+                for chunk_colour, done in pool.map(decode, chunks):
+                    colour |= chunk_colour
+                    bar.update(done)
+            except BaseException:
+                pool.shutdown(cancel_futures=True)
+                raise
+    channels = 3 if colour else 1
+    arrays = {name: _narrowed(array, channels, folder, name) for name, array in wide.items()}
+    return Decoded(arrays, channels, size)
+
+
+def _narrowed(wide: np.ndarray, channels: int, folder: Path | None, name: str) -> np.ndarray:
+    """``wide`` (N, 3, S, S) as ``channels`` channels (grey: the first), written to
+    ``folder/<name>.npy`` where given (a chunk at a time) and the wide file removed."""
+    if folder is None:
+        return wide if channels == 3 else np.ascontiguousarray(wide[:, :1])
+    if isinstance(wide, np.memmap):
+        wide.flush()
+    shape = (len(wide), channels, *wide.shape[2:])
+    out = np.lib.format.open_memmap(folder / f"{name}.npy", mode="w+", dtype=np.uint8, shape=shape)
+    for start in range(0, len(wide), 4096):
+        out[start : start + 4096] = wide[start : start + 4096, :channels]
+    out.flush()
+    del wide
+    (folder / f".{name}-rgb.npy").unlink()
+    return out
+
+
+@contextlib.contextmanager
+def _torch_threads(count: int) -> Iterator[None]:
+    """torch's intra-op threads set to ``count`` for a while (the decoding threads, one a
+    core, each resize on one)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def cache_key(kind: str, path: Path, fingerprint: str) -> str:
+    """The digest that names a data set's cache: its kind, its resolved path and its files'
+    :func:`~fedlit.data.user_data.fingerprint` (the image size in it)."""
+    text = f"fedlit image cache v{CACHE_VERSION}\n{kind}\n{path.resolve()}\n{fingerprint}\n"
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class CachedImages:
+    """A data set read from its cache: per split, its images (in memory, or mapped where
+    larger than :func:`stage_limit`) and labels (None: a split without them); the cache's
+    ``meta`` (channels, size, the splits' sizes, and what its writer added)."""
+
+    images: dict[str, Pixels]
+    labels: dict[str, torch.Tensor | None]
+    meta: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ImageCache:
+    """The cache of one version of a data set: ``root``/``name``, named by its kind, the
+    data's path and :func:`cache_key`."""
+
+    root: Path
+    name: str
+    key: str
+
+    @classmethod
+    def of(cls, root: Path, kind: str, path: Path, fingerprint: str) -> ImageCache:
+        """The cache under ``root`` (``<data.root>/fedlit-cache``) of the data set of ``kind``
+        at ``path`` whose files have ``fingerprint``."""
+        key = cache_key(kind, path, fingerprint)
+        where = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:10]
+        return cls(root, f"{kind}-{path.name}-{where}-{key[:16]}", key)
+
+    @property
+    def folder(self) -> Path:
+        return self.root / self.name
+
+    def _meta(self) -> dict[str, Any] | None:
+        try:
+            meta = json.loads((self.folder / "meta.json").read_text())
+        except (OSError, ValueError):
+            return None
+        ok = isinstance(meta, dict) and meta.get("key") == self.key
+        return meta if ok and meta.get("version") == CACHE_VERSION else None
+
+    def read(self) -> CachedImages | None:
+        """The cached data set, or None where there is none whole (or it cannot be read)."""
+        meta = self._meta()
+        if meta is None:
+            return None
+        limit = stage_limit()
+        images: dict[str, Pixels] = {}
+        labels: dict[str, torch.Tensor | None] = {}
+        try:
+            for split in meta["splits"]:
+                mapped = MappedImages(self.folder / f"{split}.npy")
+                if limit is not None and mapped.nbytes > limit:
+                    images[split] = mapped
+                else:
+                    images[split] = torch.from_numpy(np.load(self.folder / f"{split}.npy"))
+                at = self.folder / f"{split}-labels.npy"
+                labels[split] = torch.from_numpy(np.load(at)).long() if at.is_file() else None
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        return CachedImages(images, labels, meta)
+
+    def write(
+        self,
+        splits: Mapping[str, Sequence[Path]],
+        labels: Mapping[str, torch.Tensor],
+        image_size: int | None,
+        extra: dict[str, Any],
+    ) -> CachedImages | None:
+        """Decode ``splits``' files (:func:`decode_files`) into the cache, with their
+        ``labels`` (a split may have none) and ``extra`` in its meta, and read it; a cache
+        another run finished meanwhile is read as it is. None where the cache folder cannot
+        be written (the caller decodes into memory)."""
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            lock = FileLock(self.root / f".{self.name}.lock")
+            lock.acquire()
+        except OSError:
+            return None
+        try:
+            if self._meta() is None:
+                self._build(splits, labels, image_size, extra)
+        except OSError:
+            return None
+        finally:
+            lock.release()
+        return self.read()
+
+    def _build(
+        self,
+        splits: Mapping[str, Sequence[Path]],
+        labels: Mapping[str, torch.Tensor],
+        image_size: int | None,
+        extra: dict[str, Any],
+    ) -> None:
+        """Write the cache under a temporary name and rename it into place (the lock held)."""
+        for stale in self.root.glob(f".{self.name}.tmp-*"):  # a writer that was killed
+            shutil.rmtree(stale, ignore_errors=True)
+        shutil.rmtree(self.folder, ignore_errors=True)  # a damaged one
+        tmp = Path(tempfile.mkdtemp(prefix=f".{self.name}.tmp-", dir=self.root))
+        try:
+            decoded = decode_files(splits, image_size, tmp)
+            for split, y in labels.items():
+                np.save(tmp / f"{split}-labels.npy", y.numpy().astype(np.int64))
+            meta = {
+                "version": CACHE_VERSION,
+                "key": self.key,
+                "channels": decoded.channels,
+                "size": decoded.size,
+                "splits": {split: len(files) for split, files in splits.items()},
+                **extra,
+            }
+            (tmp / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+            mode = created_mode()
+            for file in tmp.iterdir():
+                os.chmod(file, mode)
+            os.chmod(tmp, mode | (mode & 0o444) >> 2)  # a folder: searchable where readable
+            os.rename(tmp, self.folder)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise

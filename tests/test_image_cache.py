@@ -1,0 +1,235 @@
+"""The cache of the user's decoded images (:mod:`fedlit.data.image_cache`), on real JPEG and
+PNG files written here: written once under ``<data.root>/fedlit-cache`` and read after without
+decoding, a new one for a changed, added or removed file, never read half-written, the same
+tensors as decoding into memory; and a split over its cap, memory-mapped, trains to the
+weights the in-memory split does."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torchvision.io import encode_jpeg, write_file, write_png
+
+from fedlit.cli import main
+from fedlit.data import FederatedDataModule
+from fedlit.data import user_data as user_data_module
+from fedlit.data.image_cache import CACHE_FOLDER, STAGE_LIMIT_ENV, ImageCache
+from fedlit.data.mapped import MappedImages, as_tensor
+from fedlit.data.user_data import fingerprint, image_files, read_folders
+from fedlit.federation.checkpoint import load_checkpoint
+
+EXAMPLES = Path(__file__).parents[1] / "recipes" / "examples"
+SIZE = 16
+
+
+def photo(seed: int, height: int, width: int) -> torch.Tensor:
+    """An RGB image (3, H, W) uint8 with structure a resize keeps (smooth gradients, noise)."""
+    g = torch.Generator().manual_seed(seed)
+    y = torch.linspace(0, 1, height)[:, None]
+    x = torch.linspace(0, 1, width)[None, :]
+    noise = torch.rand(3, height, width, generator=g) * 55
+    base = torch.stack(torch.broadcast_tensors(y * x, 1 - y, x)) * 200 + noise
+    return base.to(torch.uint8)
+
+
+def photo_folder(root: Path, per_class: int = 6, test: int = 2) -> Path:
+    """A ``folder`` data set of JPEGs (and one PNG per class) of several sizes, 3 classes."""
+    for split, count in (("train", per_class), ("test", test)):
+        for c in range(3):
+            folder = root / split / f"class{c}"
+            folder.mkdir(parents=True)
+            for n in range(count):
+                image = photo(100 * c + n + (0 if split == "train" else 50), 40 + 4 * n, 56)
+                if n == 0:
+                    write_png(image, str(folder / f"{n:03d}.png"))
+                else:
+                    write_file(str(folder / f"{n:03d}.jpg"), encode_jpeg(image, quality=90))
+    return root
+
+
+def made(root: Path, data_root: Path, **kwargs: object) -> FederatedDataModule:
+    return FederatedDataModule(
+        "folder",
+        root=str(data_root),
+        path=str(root),
+        image_size=SIZE,
+        labeled_per_class=2,
+        num_clients=2,
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+def caches(data_root: Path) -> list[Path]:
+    return sorted(p for p in (data_root / CACHE_FOLDER).iterdir() if p.is_dir())
+
+
+def splits(data: FederatedDataModule) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    out = {}
+    for split in ("train", "test"):
+        images, labels = data.spec.loader(Path(), split, False)
+        out[split] = (as_tensor(images), labels)
+    return out
+
+
+def no_decoding(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Any image decoded from now on fails the test."""
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("an image was decoded")
+
+    monkeypatch.setattr(user_data_module, "decode_image", refuse)
+
+
+def test_decoded_once_then_read_from_the_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first data module decodes into one cache folder under data.root (the data folder
+    gets no file but the statistics'), holding the tensors decoding into memory gives; a
+    second one reads it and decodes nothing."""
+    root, data_root = photo_folder(tmp_path / "photos"), tmp_path / "data"
+    before = sorted(root.rglob("*"))
+    first = made(root, data_root)
+    assert sorted(root.rglob("*")) == before
+    [folder] = caches(data_root)
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "meta.json", "test-labels.npy", "test.npy", "train-labels.npy", "train.npy",
+    ]  # fmt: skip
+    assert np.load(folder / "train.npy", mmap_mode="r").shape == (18, 3, SIZE, SIZE)
+    in_memory = read_folders("folder", root, SIZE)[1]
+    for split, (images, labels) in splits(first).items():
+        expected, expected_labels = in_memory(Path(), split, False)
+        assert torch.equal(images, as_tensor(expected)) and torch.equal(labels, expected_labels)
+    assert first.in_channels == 3 and first.spec.size == SIZE
+
+    no_decoding(monkeypatch)
+    second = made(root, data_root)
+    assert caches(data_root) == [folder]
+    for split, (images, labels) in splits(second).items():
+        assert torch.equal(images, splits(first)[split][0])
+        assert torch.equal(labels, splits(first)[split][1])
+    assert second.spec == first.spec
+
+
+def test_a_changed_added_or_removed_file_is_a_new_cache(tmp_path: Path) -> None:
+    """Each change to the files gives a cache of its own, holding the files as they are."""
+    root, data_root = photo_folder(tmp_path / "photos"), tmp_path / "data"
+    made(root, data_root)
+    target = root / "train" / "class1" / "002.jpg"
+    write_file(str(target), encode_jpeg(torch.zeros(3, 40, 40, dtype=torch.uint8)))
+    os.utime(target, ns=(time.time_ns(), time.time_ns() + 10**9))
+    changed = splits(made(root, data_root))["train"][0]
+    assert len(caches(data_root)) == 2
+    assert changed[6 + 2].eq(0).all()  # class 1's third image, now black
+    write_png(torch.full((3, 20, 20), 255, dtype=torch.uint8), str(root / "train/class2/x.png"))
+    assert len(splits(made(root, data_root))["train"][0]) == 19
+    (root / "train" / "class0" / "001.jpg").unlink()
+    (root / "train" / "class2" / "x.png").unlink()
+    assert len(splits(made(root, data_root))["train"][0]) == 17
+    assert len(caches(data_root)) == 4
+
+
+def test_a_half_written_cache_is_never_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writer's leftover temporary folder is not read (and is removed by the next writer);
+    a cache folder without its meta is written again; images decoded every time."""
+    root, data_root = photo_folder(tmp_path / "photos"), tmp_path / "data"
+    expected = splits(FederatedDataModule(
+        "folder", root=str(tmp_path / "other"), path=str(root), image_size=SIZE,
+        labeled_per_class=2, num_clients=2,
+    ))  # fmt: skip
+    files = image_files(root / "train") + image_files(root / "test")
+    cache = ImageCache.of(data_root / CACHE_FOLDER, "folder", root, fingerprint(files, root, SIZE))
+    leftover = cache.root / f".{cache.name}.tmp-killed"
+    leftover.mkdir(parents=True)
+    np.save(leftover / "train.npy", np.zeros((18, 3, SIZE, SIZE), dtype=np.uint8))
+    cache.folder.mkdir()
+    np.save(cache.folder / "train.npy", np.zeros((18, 3, SIZE, SIZE), dtype=np.uint8))
+    data = made(root, data_root)
+    assert not leftover.exists() and (cache.folder / "meta.json").is_file()
+    for split, (images, labels) in splits(data).items():
+        assert torch.equal(images, expected[split][0]) and torch.equal(labels, expected[split][1])
+
+
+CONCURRENT = """
+import hashlib, sys
+from fedlit.data import FederatedDataModule
+data = FederatedDataModule("folder", root=sys.argv[1], path=sys.argv[2], image_size=16,
+                           labeled_per_class=2, num_clients=2)
+images = data.spec.loader(None, "train", False)[0]
+print(hashlib.sha256(images.numpy().tobytes()).hexdigest())
+"""
+
+
+def test_runs_side_by_side_write_one_cache(tmp_path: Path) -> None:
+    """Two processes making the data module at once: one writes the cache, the other waits
+    for it (or finds it), and both hold the same images."""
+    root, data_root = photo_folder(tmp_path / "photos", per_class=20), tmp_path / "data"
+    runs = [
+        subprocess.Popen(
+            [sys.executable, "-c", CONCURRENT, str(data_root), str(root)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    digests = {run.communicate(timeout=300)[0].strip() for run in runs}
+    assert all(run.returncode == 0 for run in runs)
+    assert len(digests) == 1
+    assert len(caches(data_root)) == 1
+    assert not [p for p in (data_root / CACHE_FOLDER).iterdir() if ".tmp-" in p.name]
+
+
+def test_a_split_over_its_cap_is_mapped_and_trains_to_the_same_weights(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """FEDLIT_STAGE_LIMIT_BYTES a third of the training split: the splits are memory-mapped,
+    batches read from the file, and one round of FedAvg-FixMatch ends at the weights of the
+    run whose splits are in memory, bit for bit on CPU."""
+    root = photo_folder(tmp_path / "photos", per_class=40, test=10)
+    data_root = tmp_path / "data"
+
+    def run(name: str) -> dict[str, torch.Tensor]:
+        main(
+            [
+                "fit",
+                f"--config={EXAMPLES / 'image_folder.yaml'}",
+                f"--data.path={root}",
+                f"--data.root={data_root}",
+                f"--data.image_size={SIZE}",
+                "--data.num_clients=2",
+                "--data.client_batch_size=16",
+                "--data.labeled_per_class=5",
+                "--data.val_per_class=2",
+                "--federation.rounds=1",
+                "--federation.clients_per_round=2",
+                "--federation.server_epochs=1",
+                f"--trainer.default_root_dir={tmp_path / name}",
+            ]
+        )
+        capsys.readouterr()
+        return load_checkpoint(tmp_path / name / "checkpoints" / "last.ckpt")["method_state"]
+
+    staged = run("staged")
+    train_bytes = 120 * 3 * SIZE * SIZE
+    monkeypatch.setenv(STAGE_LIMIT_ENV, str(train_bytes // 3))
+    data = made(root, data_root)
+    assert isinstance(data.spec.loader(Path(), "train", False)[0], MappedImages)
+    data.setup_federation(0)
+    assert isinstance(data.clients[0].images, MappedImages)
+    assert isinstance(data.server.images, MappedImages)
+    reads = []
+    read = MappedImages.read
+    monkeypatch.setattr(MappedImages, "read", lambda self: reads.append(len(self)) or read(self))
+    mapped = run("mapped")
+    assert reads  # batches were read from the file
+    assert staged.keys() == mapped.keys()
+    for key, value in staged.items():
+        assert torch.equal(value, mapped[key]), key
