@@ -19,7 +19,6 @@ from torch.utils.data import Dataset
 from fedlit.data.client import ClientData
 from fedlit.data.datasets import DatasetSpec, ImageSplit
 from fedlit.data.draw import check_settings, draw
-from fedlit.data.image_cache import CACHE_FOLDER
 from fedlit.data.loaders import ImageBatches
 from fedlit.data.partition import IID, Partitioner
 from fedlit.data.pool import ClientPool
@@ -48,9 +47,8 @@ class FederatedDataModule(L.LightningDataModule):
         dataset: a name from :data:`fedlit.data.datasets.SPECS`, one of
             :data:`~fedlit.data.sources.FILES` (read from ``path``), or a torch
             Dataset of the training split (``class_path``/``init_args`` in a recipe).
-        root: where data sets are stored (and downloaded to), and the user's image files
-            decoded at ``image_size`` are cached (``<root>/fedlit-cache``,
-            :mod:`fedlit.data.image_cache`).
+        root: where data sets are stored (and downloaded to), and the user's images cached
+            decoded (``<root>/fedlit-cache``, :mod:`fedlit.data.image_cache`).
         num_clients: K, the number of clients.
         examples_per_client: unlabeled examples per client; None divides the whole pool.
         labeled_per_class: labeled server examples per class.
@@ -115,9 +113,7 @@ class FederatedDataModule(L.LightningDataModule):
         hflip: bool | None = None,
     ) -> None:
         super().__init__()
-        self.source = make_source(
-            dataset, path, image_size, test_dataset, Path(root) / CACHE_FOLDER
-        )
+        self.source = make_source(dataset, path, image_size, test_dataset, Path(root))
         self.path, self.image_size, self.hflip = path, image_size, hflip
         self.root = Path(root)
         self.num_clients = num_clients

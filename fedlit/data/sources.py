@@ -30,6 +30,7 @@ from fedlit.data.datasets import (
     load_split,
     load_unlabeled_split,
 )
+from fedlit.data.image_cache import CACHE_FOLDER
 from fedlit.data.partition import IID, Partitioner
 from fedlit.data.pool import PoolImages
 from fedlit.data.user_data import (
@@ -375,14 +376,15 @@ def make_source(
     path: str | None,
     image_size: int | None,
     test_dataset: Dataset | None,
-    cache_root: Path | None = None,
+    root: Path | None = None,
 ) -> Source:
     """The source ``data.dataset`` names: one of :data:`FILES` (its images cached under
-    ``cache_root``), a torch Dataset (``test_dataset`` its test split) or a name from
-    :data:`SPECS` (ValueError naming the key for another name, or for a setting only the
-    user's data sets read). Nothing is read yet."""
+    ``<root>/fedlit-cache``, ``root`` being ``data.root``), a torch Dataset (``test_dataset``
+    its test split) or a name from :data:`SPECS` (ValueError naming the key for another name,
+    or for a setting only the user's data sets read). Nothing is read yet."""
     if not isinstance(dataset, str):
         return TorchDatasets(dataset, test_dataset, path, image_size)
     if dataset in FILES:
+        cache_root = None if root is None else root / CACHE_FOLDER
         return FILES[dataset](path, image_size, test_dataset, cache_root)
     return BuiltIn(dataset, path=path, image_size=image_size, test_dataset=test_dataset)
