@@ -233,3 +233,35 @@ def test_a_split_over_its_cap_is_mapped_and_trains_to_the_same_weights(
     assert staged.keys() == mapped.keys()
     for key, value in staged.items():
         assert torch.equal(value, mapped[key]), key
+
+
+def test_client_folders_refuse_a_recipes_sizes_at_once_before_decoding(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A recipe written for a built-in data set (``examples_per_client``, ten clients) used on
+    three client folders: both settings refused in one sentence giving the values that fit,
+    from a listing of the folders: no image decoded, nothing written under ``data.root``."""
+    root = tmp_path / "mine"
+    for split in ("labeled", "test"):
+        for c in range(3):
+            folder = root / split / f"class{c}"
+            folder.mkdir(parents=True)
+            write_png(photo(c, SIZE, SIZE), str(folder / "0.png"))
+    for name in ("ada", "bo", "cy"):
+        (root / "clients" / name).mkdir(parents=True)
+        write_png(photo(7, SIZE, SIZE), str(root / "clients" / name / "0.png"))
+    no_decoding(monkeypatch)
+    data_root = tmp_path / "data"
+    with pytest.raises(ValueError) as refused:
+        FederatedDataModule(
+            "client_folders",
+            root=str(data_root),
+            path=str(root),
+            num_clients=10,
+            examples_per_client=1200,
+            labeled_per_class=None,
+        )
+    message = str(refused.value)
+    assert message.startswith("data.examples_per_client=1200 and data.num_clients=10:"), message
+    assert message.endswith("give --data.examples_per_client=null --data.num_clients=3"), message
+    assert not data_root.exists()

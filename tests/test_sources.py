@@ -65,7 +65,11 @@ class Sites(sources.Files):
         return DatasetSpec("sites", 10, 1, 28, (0.5,), (0.25,), False, read), read
 
     def refuse(
-        self, labels_at: str, partitioner: Partitioner | None, examples_per_client: int | None
+        self,
+        labels_at: str,
+        partitioner: Partitioner | None,
+        examples_per_client: int | None,
+        num_clients: int,
     ) -> None:
         if partitioner is not None and type(partitioner) is not IID:
             raise ValueError(f"data.partitioner={partitioner!r}: the sites are the clients")

@@ -131,7 +131,7 @@ class FederatedDataModule(L.LightningDataModule):
         self.labels_at = labels_at
         self.server_unlabeled_fraction = server_unlabeled_fraction
         check_settings(self)
-        self.source.refuse(labels_at, partitioner, examples_per_client)
+        self.source.refuse(labels_at, partitioner, examples_per_client, num_clients)
         self.spec: DatasetSpec = self.source.spec  # the user's files are read now
         if hflip is not None:
             self.spec = replace(self.spec, hflip=hflip)

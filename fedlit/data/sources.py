@@ -36,6 +36,7 @@ from fedlit.data.pool import PoolImages
 from fedlit.data.user_data import (
     CLIENTS,
     ReadImages,
+    client_folders,
     read_arrays,
     read_folders,
     read_torch_datasets,
@@ -80,10 +81,14 @@ class Source(ABC):
             self.user_data.save_statistics()
 
     def refuse(  # noqa: B027 (most sources refuse none of these)
-        self, labels_at: str, partitioner: Partitioner | None, examples_per_client: int | None
+        self,
+        labels_at: str,
+        partitioner: Partitioner | None,
+        examples_per_client: int | None,
+        num_clients: int,
     ) -> None:
         """Raise ValueError, naming the key, for a setting this data set cannot serve (called
-        before the user's files are read)."""
+        before the user's images are read: what it checks needs no pixels)."""
 
     def client_pool(
         self, asked: str | None, partitioner: Partitioner | None, num_clients: int
@@ -267,10 +272,17 @@ class ClientFolders(Folder):
     whole_labeled_split = True
 
     def refuse(
-        self, labels_at: str, partitioner: Partitioner | None, examples_per_client: int | None
+        self,
+        labels_at: str,
+        partitioner: Partitioner | None,
+        examples_per_client: int | None,
+        num_clients: int,
     ) -> None:
-        """The shards are the folders (no partitioner but the default IID, which is not used;
-        no ``examples_per_client``) and have no labels (no labels-at-client)."""
+        """The shards are the folders (no partitioner but the default IID, which is not used)
+        and have no labels (no labels-at-client); the folders decide the clients' number and
+        sizes: ``num_clients`` and ``examples_per_client`` that do not fit them (a recipe
+        written for a built-in data set sets both) are refused in one sentence that gives the
+        values that fit, from a listing of the folders (no image is read)."""
         if labels_at == "client":
             raise ValueError(
                 "data.labels_at='client': data.dataset='client_folders' holds its labels at the "
@@ -282,10 +294,20 @@ class ClientFolders(Folder):
                 "clients' shards are their folders (data.path/clients); leave data.partitioner "
                 "unset"
             )
+        clients = Path(str(self.path)) / CLIENTS
+        folders = len(client_folders(clients)) if self.path is not None else num_clients
+        given, fits = [], []
         if examples_per_client is not None:
+            given.append(f"data.examples_per_client={examples_per_client}")
+            fits.append("--data.examples_per_client=null")
+        if num_clients != folders:
+            given.append(f"data.num_clients={num_clients}")
+            fits.append(f"--data.num_clients={folders}")
+        if given:
             raise ValueError(
-                f"data.examples_per_client={examples_per_client}: with data.dataset="
-                "'client_folders' each client holds its whole folder; leave it unset"
+                f"{' and '.join(given)}: with data.dataset='client_folders' the clients are the "
+                f"{folders} client folders of {clients}, each holding its whole folder; give "
+                + " ".join(fits)
             )
 
     def client_pool(
@@ -297,13 +319,7 @@ class ClientFolders(Folder):
                 "the clients' images from their folders (data.path/clients); leave "
                 "data.client_pool unset"
             )
-        folders = len(self.user_data.client_names)
-        if num_clients != folders:
-            raise ValueError(
-                f"data.num_clients={num_clients}, but {Path(str(self.path)) / CLIENTS} holds "
-                f"{folders} client folders: set data.num_clients={folders}"
-            )
-        return "folders"
+        return "folders"  # data.num_clients: checked by refuse
 
     def pool_images(
         self, pool: str, train: ImageSplit, rest: np.ndarray, root: Path, download: bool
