@@ -20,9 +20,9 @@ from torchvision.io import encode_jpeg, write_file, write_png
 from fedlit.cli import main
 from fedlit.data import FederatedDataModule
 from fedlit.data import user_data as user_data_module
-from fedlit.data.image_cache import CACHE_FOLDER, STAGE_LIMIT_ENV, ImageCache
+from fedlit.data.image_cache import CACHE_FOLDER, STAGE_LIMIT_ENV, ImageCache, read_folders
 from fedlit.data.mapped import MappedImages, as_tensor
-from fedlit.data.user_data import fingerprint, image_files, read_folders
+from fedlit.data.user_data import fingerprint, image_files
 from fedlit.federation.checkpoint import load_checkpoint
 
 EXAMPLES = Path(__file__).parents[1] / "recipes" / "examples"

@@ -39,10 +39,26 @@ from typing import Any
 import numpy as np
 import torch
 from filelock import FileLock
+from torch import Tensor
 from tqdm.auto import tqdm
 
+from fedlit.data.datasets import DatasetSpec
 from fedlit.data.mapped import MappedImages, Pixels
-from fedlit.data.user_data import available_memory, fit_size, read_image
+from fedlit.data.user_data import (
+    CLIENTS,
+    FOLDER_SPLITS,
+    STATS_FILE,
+    ReadImages,
+    StatisticsCache,
+    available_memory,
+    class_folders,
+    client_folders,
+    fingerprint,
+    fit_size,
+    read_image,
+    sub_folders,
+    user_spec,
+)
 from fedlit.run_layout import created_mode
 
 #: The cache's folder under ``data.root``.
@@ -334,3 +350,53 @@ class ImageCache:
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
+
+
+def _labels_of(folders: list[tuple[int, list[Path]]]) -> Tensor:
+    return torch.tensor([label for label, files in folders for _ in files], dtype=torch.int64)
+
+
+def read_folders(
+    kind: str, root: Path, image_size: int | None, cache_root: Path | None = None
+) -> tuple[DatasetSpec, ReadImages]:
+    """A ``folder`` or ``client_folders`` data set under ``root`` (see the module's layouts),
+    its images decoded once into the cache under ``cache_root``
+    (:class:`~fedlit.data.image_cache.ImageCache`, read from it after) or, None (or a cache
+    that cannot be written), into memory."""
+    if not root.is_dir():
+        raise ValueError(f"data.path: {root} is not a folder (data.dataset={kind!r})")
+    train_name, test_name = FOLDER_SPLITS[kind]
+    train = class_folders(root / train_name, None)
+    classes = tuple(folder.name for folder in sub_folders(root / train_name))
+    test = class_folders(root / test_name, classes)
+    clients = client_folders(root / CLIENTS) if kind == "client_folders" else []
+    files = {
+        "train": [p for _, files in train for p in files],
+        "test": [p for _, files in test for p in files],
+        **({CLIENTS: [p for _, files in clients for p in files]} if clients else {}),
+    }
+    labels = {"train": _labels_of(train), "test": _labels_of(test)}
+    every_file = [p for split in files.values() for p in split]
+    key = fingerprint(every_file, root, image_size)
+    cached = None
+    if cache_root is not None:
+        cache = ImageCache.of(cache_root, kind, root, key)
+        extra = {"clients": [[name, len(files)] for name, files in clients]}
+        cached = cache.read() or cache.write(files, labels, image_size, extra)
+    if cached is not None:
+        images = cached.images
+        channels, size = int(cached.meta["channels"]), int(cached.meta["size"])
+    else:
+        decoded = decode_files(files, image_size)
+        images = {split: torch.from_numpy(array) for split, array in decoded.arrays.items()}
+        channels, size = decoded.channels, decoded.size
+    splits = {"train": (images["train"], labels["train"]), "test": (images["test"], labels["test"])}
+    read = ReadImages(
+        splits,
+        images.get(CLIENTS),
+        [name for name, _ in clients],
+        [len(files) for _, files in clients],
+        StatisticsCache(root / STATS_FILE, key),
+    )
+    spec = user_spec(kind, read, classes, channels, size, hflip=True)
+    return spec, read

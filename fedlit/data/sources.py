@@ -30,7 +30,7 @@ from fedlit.data.datasets import (
     load_split,
     load_unlabeled_split,
 )
-from fedlit.data.image_cache import CACHE_FOLDER
+from fedlit.data.image_cache import CACHE_FOLDER, read_folders
 from fedlit.data.partition import IID, Partitioner
 from fedlit.data.pool import PoolImages
 from fedlit.data.user_data import (
@@ -38,7 +38,6 @@ from fedlit.data.user_data import (
     ReadImages,
     client_folders,
     read_arrays,
-    read_folders,
     read_torch_datasets,
 )
 

@@ -365,58 +365,6 @@ def class_folders(split_dir: Path, classes: Sequence[str] | None) -> list[tuple[
     return out
 
 
-def _labels_of(folders: list[tuple[int, list[Path]]]) -> Tensor:
-    return torch.tensor([label for label, files in folders for _ in files], dtype=torch.int64)
-
-
-def read_folders(
-    kind: str, root: Path, image_size: int | None, cache_root: Path | None = None
-) -> tuple[DatasetSpec, ReadImages]:
-    """A ``folder`` or ``client_folders`` data set under ``root`` (see the module's layouts),
-    its images decoded once into the cache under ``cache_root``
-    (:class:`~fedlit.data.image_cache.ImageCache`, read from it after) or, None (or a cache
-    that cannot be written), into memory."""
-    from fedlit.data.image_cache import ImageCache, decode_files
-
-    if not root.is_dir():
-        raise ValueError(f"data.path: {root} is not a folder (data.dataset={kind!r})")
-    train_name, test_name = FOLDER_SPLITS[kind]
-    train = class_folders(root / train_name, None)
-    classes = tuple(folder.name for folder in sub_folders(root / train_name))
-    test = class_folders(root / test_name, classes)
-    clients = client_folders(root / CLIENTS) if kind == "client_folders" else []
-    files = {
-        "train": [p for _, files in train for p in files],
-        "test": [p for _, files in test for p in files],
-        **({CLIENTS: [p for _, files in clients for p in files]} if clients else {}),
-    }
-    labels = {"train": _labels_of(train), "test": _labels_of(test)}
-    every_file = [p for split in files.values() for p in split]
-    key = fingerprint(every_file, root, image_size)
-    cached = None
-    if cache_root is not None:
-        cache = ImageCache.of(cache_root, kind, root, key)
-        extra = {"clients": [[name, len(files)] for name, files in clients]}
-        cached = cache.read() or cache.write(files, labels, image_size, extra)
-    if cached is not None:
-        images = cached.images
-        channels, size = int(cached.meta["channels"]), int(cached.meta["size"])
-    else:
-        decoded = decode_files(files, image_size)
-        images = {split: torch.from_numpy(array) for split, array in decoded.arrays.items()}
-        channels, size = decoded.channels, decoded.size
-    splits = {"train": (images["train"], labels["train"]), "test": (images["test"], labels["test"])}
-    read = ReadImages(
-        splits,
-        images.get(CLIENTS),
-        [name for name, _ in clients],
-        [len(files) for _, files in clients],
-        StatisticsCache(root / STATS_FILE, key),
-    )
-    spec = _spec(kind, read, classes, channels, size, hflip=True)
-    return spec, read
-
-
 def client_folders(clients_dir: Path) -> list[tuple[str, list[Path]]]:
     """The clients' folders under ``clients_dir`` as (name, image files), sorted by name;
     ValueError naming the folder when it is missing, holds none, or a client's is empty."""
@@ -431,7 +379,7 @@ def client_folders(clients_dir: Path) -> list[tuple[str, list[Path]]]:
     return clients
 
 
-def _spec(
+def user_spec(
     name: str,
     read: ReadImages,
     classes: Sequence[str] | None,
@@ -576,7 +524,7 @@ def read_arrays(path: Path, image_size: int | None) -> tuple[DatasetSpec, ReadIm
     read = ReadImages(
         splits, cache=StatisticsCache(cache_file, fingerprint([path], path.parent, image_size))
     )
-    spec = _spec("arrays", read, classes, channels, size, hflip=True, num_classes=num_classes)
+    spec = user_spec("arrays", read, classes, channels, size, hflip=True, num_classes=num_classes)
     return spec, read
 
 
@@ -674,5 +622,5 @@ def read_torch_datasets(
     )
     splits = {split: (images[split], labels[split]) for split in ("train", "test")}
     read = ReadImages(splits, None)
-    spec = _spec(type(train).__name__, read, classes, channels, size, True, num_classes)
+    spec = user_spec(type(train).__name__, read, classes, channels, size, True, num_classes)
     return spec, read
