@@ -40,7 +40,7 @@ import numpy as np
 import torch
 from filelock import FileLock
 from torch import Tensor
-from tqdm.auto import tqdm
+from tqdm import tqdm  # text, also in notebooks (no widget: no ipywidgets needed)
 
 from fedlit.data.datasets import DatasetSpec
 from fedlit.data.mapped import MappedImages, Pixels
