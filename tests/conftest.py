@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from fedlit.data.datasets import DEBIAN_FASHION_MNIST, stage_debian_fashion_mnist
-from fedlit.federation.pool import available_cores
+from fedlit.data.user_data import available_cores
 from fedlit.federation.trainers import CPU_BF16_ENV
 
 # The tests run in fp32 on every CPU (the default is bf16 on a CPU that computes it natively):

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import tiny_overrides
 from torchvision.io import encode_jpeg, write_file, write_png
 
 from fedlit.cli import main
@@ -202,15 +203,8 @@ def test_a_split_over_its_cap_is_mapped_and_trains_to_the_same_weights(
                 "fit",
                 f"--config={EXAMPLES / 'image_folder.yaml'}",
                 f"--data.path={root}",
-                f"--data.root={data_root}",
                 f"--data.image_size={SIZE}",
-                "--data.num_clients=2",
-                "--data.client_batch_size=16",
-                "--data.labeled_per_class=5",
-                "--data.val_per_class=2",
-                "--federation.rounds=1",
-                "--federation.clients_per_round=2",
-                "--federation.server_epochs=1",
+                *tiny_overrides(data_root, test_subset=30),  # the folder's 30 test images
                 f"--trainer.default_root_dir={tmp_path / name}",
             ]
         )
@@ -218,7 +212,7 @@ def test_a_split_over_its_cap_is_mapped_and_trains_to_the_same_weights(
         return load_checkpoint(tmp_path / name / "checkpoints" / "last.ckpt")["method_state"]
 
     staged = run("staged")
-    train_bytes = 120 * 3 * SIZE * SIZE
+    train_bytes = as_tensor(made(root, data_root).spec.loader(Path(), "train", False)[0]).nbytes
     monkeypatch.setenv(STAGE_LIMIT_ENV, str(train_bytes // 3))
     data = made(root, data_root)
     assert isinstance(data.spec.loader(Path(), "train", False)[0], MappedImages)

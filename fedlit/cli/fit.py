@@ -19,12 +19,12 @@ from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 from fedlit.cli.common import CONFIG_MODE, config_file_error, json_line
 from fedlit.cli.test import TEST_HELP, run_test
 from fedlit.data.datamodule import FederatedDataModule
+from fedlit.data.user_data import available_cores
 from fedlit.federation import Federation, FederationConfig, TrainerTemplate, load_checkpoint
 from fedlit.federation.checkpoint import WRITE_FAILED, WriteFailed, write_error
 from fedlit.federation.config import DEFAULT_POOL, DEFAULT_RAY
 from fedlit.federation.console import warn
 from fedlit.federation.faults import ROUND_FAILED, RoundFailed
-from fedlit.federation.pool import available_cores
 from fedlit.federation.rundir import free_config_name
 from fedlit.federation.trainers import stop_on_sigterm
 from fedlit.methods import FederatedMethod

@@ -50,6 +50,7 @@ from fedlit.data.user_data import (
     STATS_FILE,
     ReadImages,
     StatisticsCache,
+    available_cores,
     available_memory,
     class_folders,
     client_folders,
@@ -90,12 +91,7 @@ def decode_workers() -> int:
     """The threads decoding images: ``FEDLIT_DECODE_WORKERS``, else the cores this process
     may use."""
     given = _positive_env(WORKERS_ENV)
-    if given is not None:
-        return given
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not Linux
-        return max(1, os.cpu_count() or 1)
+    return given if given is not None else available_cores()
 
 
 def stage_limit() -> int | None:

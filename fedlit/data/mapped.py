@@ -26,9 +26,12 @@ class MappedImages:
     ndim = 4
     device = torch.device("cpu")
 
-    def __init__(self, path: Path, index: np.ndarray | None = None) -> None:
+    def __init__(
+        self, path: Path, index: np.ndarray | None = None, array: np.ndarray | None = None
+    ) -> None:
+        """``array``: the file already mapped (a view of it shares the mapping)."""
         self.path, self.index = Path(path), index
-        self.array = np.load(self.path, mmap_mode="r")
+        self.array = np.load(self.path, mmap_mode="r") if array is None else array
         if self.array.dtype != np.uint8 or self.array.ndim != 4:
             raise ValueError(f"{path}: not uint8 images (N, C, H, W)")
 
@@ -50,7 +53,8 @@ class MappedImages:
         if isinstance(index, Tensor):
             index = index.cpu().numpy()
         rows = np.arange(len(self.array)) if self.index is None else self.index
-        return MappedImages(self.path, np.asarray(rows[index], dtype=np.int64).reshape(-1))
+        picked = np.asarray(rows[index], dtype=np.int64).reshape(-1)
+        return MappedImages(self.path, picked, self.array)  # every batch: no new mapping
 
     def read(self) -> Tensor:
         """The images as a tensor (read from the file, or the page cache, now)."""

@@ -159,6 +159,14 @@ def available_memory() -> int | None:
     return None
 
 
+def available_cores() -> int:
+    """The CPU cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
 def uniform_images(
     splits: dict[str, list[LooseImage]], image_size: int | None
 ) -> tuple[dict[str, Tensor], int, int]:

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from fedlit.data.user_data import available_cores
 from fedlit.federation.children import exit_with_parent
 from fedlit.federation.faults import WorkerDied
 from fedlit.federation.trainers import TERMINATED
@@ -84,14 +85,6 @@ class PoolSettings:
 
 def _positive(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
-
-
-def available_cores() -> int:
-    """The CPU cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 # --- in the worker processes ------------------------------------------------------------------
