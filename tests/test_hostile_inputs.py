@@ -952,7 +952,8 @@ USER_DATA = [
     ),
     ("fedavg_sl", "", CLIENTS, "data.dataset='client_folders'", "FedAvgSL is an oracle"),
     ("server_sl", "", [*CLIENTS, "--data.labels_at=client"], "data.labels_at", "client_folders"),
-    ("server_sl", "", [*CLIENTS, "--data.num_clients=3"], "data.num_clients=3", "2 client"),
+    ("server_sl", "", [*CLIENTS, "--data.labeled_per_class=9999"], "class 0", "of client_folders"),
+    ("server_sl", "", [*IMAGES, "--data.examples_per_client=9999"], "9999 x", "exceeds the"),
     ("server_sl", "", [*CLIENTS, "--data.partitioner=RandomProportions"], "partitioner", "folders"),
     (
         "server_sl",

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -23,8 +24,12 @@ from fedlit.data import FederatedDataModule
 from fedlit.data import user_data as user_data_module
 from fedlit.data.image_cache import CACHE_FOLDER, STAGE_LIMIT_ENV, ImageCache, read_folders
 from fedlit.data.mapped import MappedImages, as_tensor
-from fedlit.data.user_data import fingerprint, image_files
+from fedlit.data.sources import Clients, make_source
+from fedlit.data.user_data import fingerprint, image_files, list_folders
+from fedlit.federation.callbacks import Announce
 from fedlit.federation.checkpoint import load_checkpoint
+from fedlit.methods import ServerSL
+from fedlit.models import Architecture
 
 EXAMPLES = Path(__file__).parents[1] / "recipes" / "examples"
 SIZE = 16
@@ -103,7 +108,7 @@ def test_decoded_once_then_read_from_the_cache(
         "meta.json", "test-labels.npy", "test.npy", "train-labels.npy", "train.npy",
     ]  # fmt: skip
     assert np.load(folder / "train.npy", mmap_mode="r").shape == (18, 3, SIZE, SIZE)
-    in_memory = read_folders("folder", root, SIZE)[1]
+    in_memory = read_folders(list_folders("folder", root), SIZE)[1]
     for split, (images, labels) in splits(first).items():
         expected, expected_labels = in_memory(Path(), split, False)
         assert torch.equal(images, as_tensor(expected)) and torch.equal(labels, expected_labels)
@@ -229,12 +234,13 @@ def test_a_split_over_its_cap_is_mapped_and_trains_to_the_same_weights(
         assert torch.equal(value, mapped[key]), key
 
 
-def test_client_folders_refuse_a_recipes_sizes_at_once_before_decoding(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_client_folders_take_their_own_sizes_from_a_listing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A recipe written for a built-in data set (``examples_per_client``, ten clients) used on
-    three client folders: both settings refused in one sentence giving the values that fit,
-    from a listing of the folders: no image decoded, nothing written under ``data.root``."""
+    three client folders: the clients are the folders, each holding its whole folder, found
+    from a listing (no image decoded), and one line at the run's start says which given
+    settings were not used; none where they are left unset."""
     root = tmp_path / "mine"
     for split in ("labeled", "test"):
         for c in range(3):
@@ -244,18 +250,54 @@ def test_client_folders_refuse_a_recipes_sizes_at_once_before_decoding(
     for name in ("ada", "bo", "cy"):
         (root / "clients" / name).mkdir(parents=True)
         write_png(photo(7, SIZE, SIZE), str(root / "clients" / name / "0.png"))
+    source = make_source("client_folders", str(root), None, None, tmp_path / "data")
+    no_decoding(monkeypatch)
+    clients = source.clients(10, 1200)
+    assert (clients.count, clients.examples_per_client) == (3, None)
+    assert clients.note == (
+        "data.num_clients=10 and data.examples_per_client=1200 not used: with "
+        "data.dataset='client_folders' the clients are the 3 client folders of "
+        f"{root / 'clients'}, each holding its whole folder"
+    )
+    assert source.clients(None, None) == Clients(3, None) and source.clients(3, None).note is None
+    assert not (tmp_path / "data").exists()
+    monkeypatch.undo()
+    data = FederatedDataModule(
+        "client_folders",
+        root=str(tmp_path / "data"),
+        path=str(root),
+        num_clients=10,
+        examples_per_client=1200,
+        labeled_per_class=None,
+    )
+    assert (data.num_clients, data.examples_per_client, data.notes) == (3, None, (clients.note,))
+    view = SimpleNamespace(data=data, method=ServerSL(Architecture(3, 3)))
+    Announce().on_run_start(view)  # type: ignore[arg-type]
+    assert capsys.readouterr().err.count(f"note: {clients.note}") == 1
+
+
+def test_a_folders_sizes_are_refused_before_decoding(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A labeled set larger than a class, or clients larger than the pool, are refused from a
+    listing of the folder, naming the key and the class: no image decoded, nothing written
+    under ``data.root``."""
+    root = tmp_path / "mine"
+    for split, count in (("train", 6), ("test", 1)):
+        for c in range(2):
+            folder = root / split / f"cat{c}"
+            folder.mkdir(parents=True)
+            for n in range(count):
+                write_png(photo(c + n, SIZE, SIZE), str(folder / f"{n}.png"))
     no_decoding(monkeypatch)
     data_root = tmp_path / "data"
-    with pytest.raises(ValueError) as refused:
+    given = {"root": str(data_root), "path": str(root), "image_size": SIZE}
+    too_many = r"labeled_per_class=7 .*class 0 \('cat0'\) of folder has \(6\)"
+    with pytest.raises(ValueError, match=too_many):
+        FederatedDataModule("folder", **given, labeled_per_class=7)
+    too_large = r"examples_per_client=3 x data.num_clients=3 = 9 exceeds the 8 "
+    with pytest.raises(ValueError, match=too_large):
         FederatedDataModule(
-            "client_folders",
-            root=str(data_root),
-            path=str(root),
-            num_clients=10,
-            examples_per_client=1200,
-            labeled_per_class=None,
+            "folder", **given, labeled_per_class=2, num_clients=3, examples_per_client=3
         )
-    message = str(refused.value)
-    assert message.startswith("data.examples_per_client=1200 and data.num_clients=10:"), message
-    assert message.endswith("give --data.examples_per_client=null --data.num_clients=3"), message
     assert not data_root.exists()

@@ -64,21 +64,16 @@ class Sites(sources.Files):
         read = ReadImages({"train": as_images(train), "test": as_images(test)}, None)
         return DatasetSpec("sites", 10, 1, 28, (0.5,), (0.25,), False, read), read
 
-    def refuse(
-        self,
-        labels_at: str,
-        partitioner: Partitioner | None,
-        examples_per_client: int | None,
-        num_clients: int,
-    ) -> None:
+    def clients(self, num_clients: int | None, examples_per_client: int | None) -> sources.Clients:
+        if num_clients not in (None, len(SITES)):
+            raise ValueError(f"data.num_clients={num_clients}: there are {len(SITES)} sites")
+        return sources.Clients(len(SITES), None)
+
+    def refuse(self, labels_at: str, partitioner: Partitioner | None) -> None:
         if partitioner is not None and type(partitioner) is not IID:
             raise ValueError(f"data.partitioner={partitioner!r}: the sites are the clients")
 
-    def client_pool(
-        self, asked: str | None, partitioner: Partitioner | None, num_clients: int
-    ) -> str:
-        if num_clients != len(SITES):
-            raise ValueError(f"data.num_clients={num_clients}: there are {len(SITES)} sites")
+    def client_pool(self, asked: str | None, partitioner: Partitioner | None) -> str:
         return "train"
 
     def pool_images(
@@ -105,7 +100,7 @@ def test_a_new_kind_of_data_set_is_one_class(
         FederatedDataModule("sites", path=path, num_clients=3, partitioner=Dirichlet(alpha=1.0))
     with pytest.raises(ValueError, match=r"data\.num_clients=4"):
         FederatedDataModule("sites", path=path, num_clients=4)
-    data = FederatedDataModule("sites", path=path, num_clients=3, labeled_per_class=1)
+    data = FederatedDataModule("sites", path=path, labeled_per_class=1)  # 3 clients
     assert data.is_users_own and (data.dataset, data.image_shape) == ("sites", (1, 28, 28))
     data.setup_federation(0)
     assert len(data.server) == 10 and data.client_names() == list(SITES)

@@ -15,6 +15,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+import yaml
 from conftest import stop_in_round
 from torch.utils.data import TensorDataset
 from torchvision.io import write_png
@@ -112,13 +113,13 @@ def test_an_image_folder_learns_through_the_cli(
     after = snapshot(root)
     assert set(after) - set(before) == {root / STATS_FILE} and before.items() <= after.items()
     saved = json.loads((root / STATS_FILE).read_text())
-    data = FederatedDataModule("folder", path=str(root))
+    data = FederatedDataModule("folder", path=str(root), labeled_per_class=20)
     assert (data.spec.mean, data.spec.std) == (tuple(saved["mean"]), tuple(saved["std"]))
     assert (data.in_channels, data.spec.size, data.num_classes) == (1, 28, 10)
     assert data.class_names == tuple(f"c{k}" for k in range(10))
     for hflip, lines in ((None, 1), (False, 0), (True, 0)):  # said only for the default
         view = SimpleNamespace(
-            data=FederatedDataModule("folder", path=str(root), hflip=hflip),
+            data=FederatedDataModule("folder", path=str(root), labeled_per_class=20, hflip=hflip),
             method=ServerSL(Architecture(10, 1)),
         )
         Announce().on_run_start(view)  # type: ignore[arg-type]
@@ -137,7 +138,6 @@ def test_clients_as_folders_learn_through_the_cli(
             "fit",
             f"--config={EXAMPLES / 'client_folders.yaml'}",
             f"--data.path={root}",
-            "--data.num_clients=3",
             "--data.client_batch_size=32",
             "--federation.rounds=1",
             "--federation.clients_per_round=3",
@@ -152,9 +152,11 @@ def test_clients_as_folders_learn_through_the_cli(
     assert float(row0["partition/min_client_size"]) == min(CLIENT_SIZES)
     assert float(row0["partition/max_client_size"]) == max(CLIENT_SIZES)
     assert float(row0["data/server_labeled"]) == 200 - 5 * 10  # all of labeled/ less val
+    recorded = yaml.safe_load((run / "hparams.yaml").read_text())  # the folders' number
+    assert (recorded["data.num_clients"], recorded["data.examples_per_client"]) == (3, None)
 
     data = FederatedDataModule(
-        "client_folders", path=str(root), num_clients=3, labeled_per_class=None, val_per_class=5
+        "client_folders", path=str(root), labeled_per_class=None, val_per_class=5
     )
     data.setup_federation(0)
     assert [len(c) for c in data.clients] == list(CLIENT_SIZES)
@@ -440,6 +442,5 @@ def test_a_class_too_small_for_the_split_is_named_by_its_folder(tmp_path: Path) 
     """A message about one class of the user's folder names it by its folder, beside its
     number."""
     images = image_folder(tmp_path / "images", train=100, test=20)  # 10 images a class
-    data = FederatedDataModule(dataset="folder", path=str(images), labeled_per_class=30)
     with pytest.raises(ValueError, match=r"labeled_per_class=30 .*class 0 \('c0'\) of folder"):
-        data.setup_federation(0)
+        FederatedDataModule(dataset="folder", path=str(images), labeled_per_class=30)

@@ -230,9 +230,14 @@ class FedlitCLI(LightningCLI):
     # --- helpers -------------------------------------------------------------------------------
     def flat_config(self) -> dict[str, Any]:
         """The subcommand's config as ``hparams.yaml`` holds it (dotted keys), without the
-        ``--config`` files' names."""
+        ``--config`` files' names, with the clients' number and size the data set decided
+        (``data.num_clients`` left unset, or client folders): what a resume compares."""
         flat = flat_config(self.config[self.subcommand].clone().as_dict())
         flat.pop("config", None)
+        data = getattr(self, "datamodule", None)
+        if isinstance(data, FederatedDataModule):
+            flat["data.num_clients"] = data.num_clients
+            flat["data.examples_per_client"] = data.examples_per_client
         return flat
 
     # --- subcommands -------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from torch.utils.data import Dataset
 
 from fedlit.data.client import ClientData
 from fedlit.data.datasets import DatasetSpec, ImageSplit
-from fedlit.data.draw import check_settings, draw
+from fedlit.data.draw import check_settings, check_sizes, draw
 from fedlit.data.loaders import ImageBatches
 from fedlit.data.partition import IID, Partitioner
 from fedlit.data.pool import ClientPool
@@ -49,8 +49,12 @@ class FederatedDataModule(L.LightningDataModule):
             Dataset of the training split (``class_path``/``init_args`` in a recipe).
         root: where data sets are stored (and downloaded to), and the user's images cached
             decoded (``<root>/fedlit-cache``, :mod:`fedlit.data.image_cache`).
-        num_clients: K, the number of clients.
+        num_clients: K, the number of clients (None: the data set's own, the number of client
+            folders for ``client_folders``; 10 for the others).
         examples_per_client: unlabeled examples per client; None divides the whole pool.
+            ``client_folders`` decides both: each client holds its whole folder, and values
+            given otherwise (a recipe written for a built-in data set) are not used, which
+            the run says in a line at its start.
         labeled_per_class: labeled server examples per class.
         labeled_fraction: alternatively, the fraction of each class that is labeled.
         val_per_class: server validation examples per class (0: none).
@@ -92,7 +96,7 @@ class FederatedDataModule(L.LightningDataModule):
         self,
         dataset: str | Dataset = "fashion_mnist",
         root: str = "data",
-        num_clients: int = 10,
+        num_clients: int | None = None,
         examples_per_client: int | None = None,
         labeled_per_class: int | None = 50,
         labeled_fraction: float | None = None,
@@ -116,8 +120,10 @@ class FederatedDataModule(L.LightningDataModule):
         self.source = make_source(dataset, path, image_size, test_dataset, Path(root))
         self.path, self.image_size, self.hflip = path, image_size, hflip
         self.root = Path(root)
-        self.num_clients = num_clients
-        self.examples_per_client = examples_per_client
+        clients = self.source.clients(num_clients, examples_per_client)
+        self.num_clients, self.examples_per_client = clients.count, clients.examples_per_client
+        #: Lines the run says at its start about settings the data set decides.
+        self.notes: tuple[str, ...] = () if clients.note is None else (clients.note,)
         self.labeled_per_class = labeled_per_class
         self.labeled_fraction = labeled_fraction
         self.val_per_class = val_per_class
@@ -131,16 +137,19 @@ class FederatedDataModule(L.LightningDataModule):
         self.labels_at = labels_at
         self.server_unlabeled_fraction = server_unlabeled_fraction
         check_settings(self)
-        self.source.refuse(labels_at, partitioner, examples_per_client, num_clients)
-        self.spec: DatasetSpec = self.source.spec  # the user's files are read now
-        if hflip is not None:
-            self.spec = replace(self.spec, hflip=hflip)
-        self.dataset = self.spec.name
+        self.source.refuse(labels_at, partitioner)
         if client_pool is not None and client_pool not in CLIENT_POOLS:
             raise ValueError(
                 f"data.client_pool must be one of {CLIENT_POOLS} or null, got {client_pool!r}"
             )
-        self.client_pool = self.source.client_pool(client_pool, partitioner, num_clients)
+        self.client_pool = self.source.client_pool(client_pool, partitioner)
+        listed = self.source.listed_labels()
+        if listed is not None:  # the sizes the labels decide, before any image is read
+            check_sizes(self, self.source.name, *listed)
+        self.spec: DatasetSpec = self.source.spec  # the user's files are read now
+        if hflip is not None:
+            self.spec = replace(self.spec, hflip=hflip)
+        self.dataset = self.spec.name
         self.seed: int | None = None
         self._server_data: ServerData | None = None
         self._pool: ClientPool | None = None

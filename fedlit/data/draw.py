@@ -6,6 +6,7 @@ follow; :func:`draw` makes one from a :class:`Settings` (the data module's) and 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Protocol
@@ -14,7 +15,7 @@ import numpy as np
 
 from fedlit.data.datasets import DatasetSpec, load_split
 from fedlit.data.partition import Partitioner
-from fedlit.data.pool import ClientPool, deal_labeled
+from fedlit.data.pool import ClientPool, check_pool_size, deal_labeled
 from fedlit.data.server import ServerData, load_test, split_by_class
 from fedlit.data.sources import Source
 
@@ -83,6 +84,28 @@ def check_settings(data: Settings) -> None:
             "data.server_unlabeled_fraction must be in [0, 1), got "
             f"{data.server_unlabeled_fraction}"
         )
+
+
+def check_sizes(data: Settings, name: str, labels: np.ndarray, classes: Sequence[str]) -> None:
+    """The draw's refusals that a data set's labels decide, made from ``labels`` (the
+    training split's, ``classes`` their names) before any image is read: a class too small
+    for the server's sets, and a client pool (``data.client_pool`` ``train``, what the
+    server's sets leave) smaller than ``data.examples_per_client`` for every client. The
+    split's sizes depend on the class counts alone, not on the seed."""
+    *_, rest = split_by_class(
+        labels,
+        np.random.default_rng(0),
+        name,
+        len(classes),
+        data.labeled_per_class,
+        data.labeled_fraction,
+        data.val_per_class,
+        data.server_unlabeled_fraction,
+        classes,
+    )
+    if data.client_pool == "train":
+        where = "left after the server's split"
+        check_pool_size(len(rest), data.num_clients, data.examples_per_client, where)
 
 
 def draw(data: Settings, seed: int) -> tuple[ServerData, ClientPool]:

@@ -46,18 +46,15 @@ from fedlit.data.datasets import DatasetSpec
 from fedlit.data.mapped import MappedImages, Pixels
 from fedlit.data.user_data import (
     CLIENTS,
-    FOLDER_SPLITS,
     STATS_FILE,
+    FolderListing,
     ReadImages,
     StatisticsCache,
     available_cores,
     available_memory,
-    class_folders,
-    client_folders,
     fingerprint,
     fit_size,
     read_image,
-    sub_folders,
     user_spec,
 )
 from fedlit.run_layout import created_mode
@@ -353,25 +350,19 @@ def _labels_of(folders: list[tuple[int, list[Path]]]) -> Tensor:
 
 
 def read_folders(
-    kind: str, root: Path, image_size: int | None, cache_root: Path | None = None
+    listing: FolderListing, image_size: int | None, cache_root: Path | None = None
 ) -> tuple[DatasetSpec, ReadImages]:
-    """A ``folder`` or ``client_folders`` data set under ``root`` (see the module's layouts),
-    its images decoded once into the cache under ``cache_root``
+    """A ``folder`` or ``client_folders`` data set, as ``listing`` lists its files, its
+    images decoded once into the cache under ``cache_root``
     (:class:`~fedlit.data.image_cache.ImageCache`, read from it after) or, None (or a cache
     that cannot be written), into memory."""
-    if not root.is_dir():
-        raise ValueError(f"data.path: {root} is not a folder (data.dataset={kind!r})")
-    train_name, test_name = FOLDER_SPLITS[kind]
-    train = class_folders(root / train_name, None)
-    classes = tuple(folder.name for folder in sub_folders(root / train_name))
-    test = class_folders(root / test_name, classes)
-    clients = client_folders(root / CLIENTS) if kind == "client_folders" else []
+    kind, root, clients = listing.kind, listing.root, listing.clients
     files = {
-        "train": [p for _, files in train for p in files],
-        "test": [p for _, files in test for p in files],
+        "train": [p for _, files in listing.train for p in files],
+        "test": [p for _, files in listing.test for p in files],
         **({CLIENTS: [p for _, files in clients for p in files]} if clients else {}),
     }
-    labels = {"train": _labels_of(train), "test": _labels_of(test)}
+    labels = {"train": _labels_of(listing.train), "test": _labels_of(listing.test)}
     every_file = [p for split in files.values() for p in split]
     key = fingerprint(every_file, root, image_size)
     cached = None
@@ -394,5 +385,5 @@ def read_folders(
         [len(files) for _, files in clients],
         StatisticsCache(root / STATS_FILE, key),
     )
-    spec = user_spec(kind, read, classes, channels, size, hflip=True)
+    spec = user_spec(kind, read, listing.classes, channels, size, hflip=True)
     return spec, read

@@ -46,15 +46,21 @@ class PoolImages:
         the pool holds."""
         if self.shards is not None:
             return self.shards
-        if examples_per_client is not None:
-            need = num_clients * examples_per_client
-            if need > len(self.index):
-                raise ValueError(
-                    f"data.examples_per_client={examples_per_client} x data.num_clients="
-                    f"{num_clients} = {need} exceeds the {len(self.index)} unlabeled examples "
-                    f"{self.where}"
-                )
+        check_pool_size(len(self.index), num_clients, examples_per_client, self.where)
         return partitioner(self.labels, num_clients, self.num_classes, rng, examples_per_client)
+
+
+def check_pool_size(
+    size: int, num_clients: int, examples_per_client: int | None, where: str
+) -> None:
+    """ValueError naming the keys when ``examples_per_client`` for each of ``num_clients``
+    asks for more than a pool of ``size`` examples (``where``: which pool) holds."""
+    if examples_per_client is not None and num_clients * examples_per_client > size:
+        raise ValueError(
+            f"data.examples_per_client={examples_per_client} x data.num_clients="
+            f"{num_clients} = {num_clients * examples_per_client} exceeds the {size} "
+            f"unlabeled examples {where}"
+        )
 
 
 def stream_chunks(

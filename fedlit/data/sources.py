@@ -15,6 +15,7 @@ is one class here (a kind of the user's files: with its entry in :data:`FILES`).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Any, ClassVar
@@ -35,14 +36,28 @@ from fedlit.data.partition import IID, Partitioner
 from fedlit.data.pool import PoolImages
 from fedlit.data.user_data import (
     CLIENTS,
+    FolderListing,
     ReadImages,
-    client_folders,
+    list_folders,
     read_arrays,
     read_torch_datasets,
 )
 
 #: Every ``data.client_pool`` there is; each source offers some of them.
 CLIENT_POOLS = ("train", "unlabeled", "folders")
+#: ``data.num_clients`` left unset, where the data set does not decide it.
+DEFAULT_CLIENTS = 10
+
+
+@dataclass(frozen=True)
+class Clients:
+    """The clients a data set is divided into: ``data.num_clients`` and
+    ``data.examples_per_client`` as the run uses them, and ``note``, a line saying which given
+    values the data set decides instead (None: it took them as given)."""
+
+    count: int
+    examples_per_client: int | None
+    note: str | None = None
 
 
 class Source(ABC):
@@ -70,6 +85,16 @@ class Source(ABC):
         """The data set's spec: its facts and the loader of its train and test splits."""
 
     @property
+    def name(self) -> str:
+        """The data set's name (its spec's)."""
+        return self.spec.name
+
+    @property
+    def unlabeled_split(self) -> str | None:
+        """The data set's unlabeled split, if it has one (its spec's)."""
+        return self.spec.unlabeled_split
+
+    @property
     def user_data(self) -> ReadImages:
         """The user's data set, as read (RuntimeError for a built-in data set)."""
         raise RuntimeError(f"{self.spec.name} is not a data set of the user's own")
@@ -79,39 +104,42 @@ class Source(ABC):
         if self.users_own:
             self.user_data.save_statistics()
 
-    def refuse(  # noqa: B027 (most sources refuse none of these)
-        self,
-        labels_at: str,
-        partitioner: Partitioner | None,
-        examples_per_client: int | None,
-        num_clients: int,
-    ) -> None:
-        """Raise ValueError, naming the key, for a setting this data set cannot serve (called
-        before the user's images are read: what it checks needs no pixels)."""
+    def clients(self, num_clients: int | None, examples_per_client: int | None) -> Clients:
+        """The clients of ``data.num_clients`` (None: :data:`DEFAULT_CLIENTS`) and
+        ``data.examples_per_client`` (called before the user's images are read)."""
+        return Clients(DEFAULT_CLIENTS if num_clients is None else num_clients, examples_per_client)
 
-    def client_pool(
-        self, asked: str | None, partitioner: Partitioner | None, num_clients: int
-    ) -> str:
+    def refuse(self, labels_at: str, partitioner: Partitioner | None) -> None:  # noqa: B027
+        """Raise ValueError, naming the key, for a setting this data set cannot serve (called
+        before the user's images are read: what it checks needs no pixels). Most sources
+        refuse neither."""
+
+    def listed_labels(self) -> tuple[np.ndarray, tuple[str, ...]] | None:
+        """The training split's labels and class names, where a listing of the data set's
+        files gives them before any image is read (the user's folders); else None."""
+        return None
+
+    def client_pool(self, asked: str | None, partitioner: Partitioner | None) -> str:
         """``data.client_pool`` resolved (``asked``, one of :data:`CLIENT_POOLS` or None: the
         unlabeled split if there is one, else ``train``); ValueError naming the key if this
         data set or the partitioner cannot serve it."""
         if asked == "folders":
             raise ValueError(
                 "data.client_pool='folders' is the clients' own folders of "
-                f"data.dataset='client_folders', not of {self.spec.name!r}"
+                f"data.dataset='client_folders', not of {self.name!r}"
             )
-        split = self.spec.unlabeled_split
+        split = self.unlabeled_split
         if asked == "unlabeled" and split is None:
             having = sorted(s.name for s in SPECS.values() if s.unlabeled_split is not None)
             raise ValueError(
-                f"data.client_pool='unlabeled': data.dataset={self.spec.name!r} has no "
+                f"data.client_pool='unlabeled': data.dataset={self.name!r} has no "
                 f"unlabeled split (data sets with one: {having})"
             )
         pool = asked or ("train" if split is None else "unlabeled")
         if pool == "unlabeled" and partitioner is not None and type(partitioner) is not IID:
             raise ValueError(
                 f"data.partitioner={partitioner!r} divides the client pool by its labels, but "
-                f"data.client_pool='unlabeled' draws it from {self.spec.name}'s {split!r} split, "
+                f"data.client_pool='unlabeled' draws it from {self.name}'s {split!r} split, "
                 "which has none: use fedlit.data.partition.IID (a random split there) or "
                 "data.client_pool='train'"
             )
@@ -231,7 +259,9 @@ class Files(UsersOwn):
         self.path, self.image_size, self.cache_root = path, image_size, cache_root
         self.test_dataset_given = test_dataset is not None
 
-    def read(self) -> tuple[DatasetSpec, ReadImages]:
+    def folder(self) -> Path:
+        """``data.path``, expanded; ValueError naming the key where it is unset, or where a
+        test Dataset is given beside it."""
         if self.path is None:
             raise ValueError(
                 f"data.path: data.dataset={self.kind!r} reads its images from data.path; set it"
@@ -241,7 +271,18 @@ class Files(UsersOwn):
                 f"data.test_dataset is for a torch Dataset in data.dataset, not "
                 f"data.dataset={self.kind!r}"
             )
-        return self.read_files(Path(self.path).expanduser())
+        return Path(self.path).expanduser()
+
+    def read(self) -> tuple[DatasetSpec, ReadImages]:
+        return self.read_files(self.folder())
+
+    @property
+    def name(self) -> str:
+        return self.kind
+
+    @property
+    def unlabeled_split(self) -> str | None:
+        return None
 
     @abstractmethod
     def read_files(self, path: Path) -> tuple[DatasetSpec, ReadImages]:
@@ -253,8 +294,20 @@ class Folder(Files):
 
     kind = "folder"
 
+    @cached_property
+    def listing(self) -> FolderListing:
+        """The data set's files, listed (no image is read)."""
+        return list_folders(self.kind, self.folder())
+
+    def listed_labels(self) -> tuple[np.ndarray, tuple[str, ...]] | None:
+        return self.listing.train_labels, self.listing.classes
+
     def read_files(self, path: Path) -> tuple[DatasetSpec, ReadImages]:
-        return read_folders(self.kind, path, self.image_size, self.cache_root)
+        return read_folders(self.listing, self.image_size, self.cache_root)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The source without its listing (a worker's copy holds the images read)."""
+        return {key: value for key, value in self.__dict__.items() if key != "listing"}
 
 
 class ClientFolders(Folder):
@@ -270,18 +323,29 @@ class ClientFolders(Folder):
     kind = "client_folders"
     whole_labeled_split = True
 
-    def refuse(
-        self,
-        labels_at: str,
-        partitioner: Partitioner | None,
-        examples_per_client: int | None,
-        num_clients: int,
-    ) -> None:
+    def clients(self, num_clients: int | None, examples_per_client: int | None) -> Clients:
+        """The clients are the folders of ``data.path/clients``, each holding its whole folder
+        (from a listing: no image is read): ``data.num_clients`` and
+        ``data.examples_per_client`` given otherwise (a recipe written for a built-in data set
+        sets both) give way, and the note says so."""
+        folders = len(self.listing.clients)
+        given = []
+        if num_clients is not None and num_clients != folders:
+            given.append(f"data.num_clients={num_clients}")
+        if examples_per_client is not None:
+            given.append(f"data.examples_per_client={examples_per_client}")
+        note = (
+            f"{' and '.join(given)} not used: with data.dataset='client_folders' the clients "
+            f"are the {folders} client folders of {self.listing.root / CLIENTS}, each holding "
+            "its whole folder"
+            if given
+            else None
+        )
+        return Clients(folders, None, note)
+
+    def refuse(self, labels_at: str, partitioner: Partitioner | None) -> None:
         """The shards are the folders (no partitioner but the default IID, which is not used)
-        and have no labels (no labels-at-client); the folders decide the clients' number and
-        sizes: ``num_clients`` and ``examples_per_client`` that do not fit them (a recipe
-        written for a built-in data set sets both) are refused in one sentence that gives the
-        values that fit, from a listing of the folders (no image is read)."""
+        and have no labels (no labels-at-client)."""
         if labels_at == "client":
             raise ValueError(
                 "data.labels_at='client': data.dataset='client_folders' holds its labels at the "
@@ -293,32 +357,15 @@ class ClientFolders(Folder):
                 "clients' shards are their folders (data.path/clients); leave data.partitioner "
                 "unset"
             )
-        clients = Path(str(self.path)) / CLIENTS
-        folders = len(client_folders(clients)) if self.path is not None else num_clients
-        given, fits = [], []
-        if examples_per_client is not None:
-            given.append(f"data.examples_per_client={examples_per_client}")
-            fits.append("--data.examples_per_client=null")
-        if num_clients != folders:
-            given.append(f"data.num_clients={num_clients}")
-            fits.append(f"--data.num_clients={folders}")
-        if given:
-            raise ValueError(
-                f"{' and '.join(given)}: with data.dataset='client_folders' the clients are the "
-                f"{folders} client folders of {clients}, each holding its whole folder; give "
-                + " ".join(fits)
-            )
 
-    def client_pool(
-        self, asked: str | None, partitioner: Partitioner | None, num_clients: int
-    ) -> str:
+    def client_pool(self, asked: str | None, partitioner: Partitioner | None) -> str:
         if asked not in (None, "folders"):
             raise ValueError(
                 f"data.client_pool={asked!r}: data.dataset='client_folders' takes "
                 "the clients' images from their folders (data.path/clients); leave "
                 "data.client_pool unset"
             )
-        return "folders"  # data.num_clients: checked by refuse
+        return "folders"
 
     def pool_images(
         self, pool: str, train: ImageSplit, rest: np.ndarray, root: Path, download: bool

@@ -387,6 +387,47 @@ def client_folders(clients_dir: Path) -> list[tuple[str, list[Path]]]:
     return clients
 
 
+@dataclass(frozen=True)
+class FolderListing:
+    """A ``folder`` or ``client_folders`` data set's files, listed (no image is read): what
+    the checks that need no pixels read (the classes and their sizes, the clients' folders)
+    and what is decoded after.
+
+    Attributes:
+        kind: ``folder`` or ``client_folders``.
+        root: the data set's folder (``data.path``).
+        train: the labeled training split's class folders, (label, image files).
+        classes: the class names, the training split's folder names, sorted.
+        test: the test split's class folders, (label, image files).
+        clients: the clients' folders (``client_folders``), (name, image files).
+    """
+
+    kind: str
+    root: Path
+    train: list[tuple[int, list[Path]]]
+    classes: tuple[str, ...]
+    test: list[tuple[int, list[Path]]]
+    clients: list[tuple[str, list[Path]]]
+
+    @property
+    def train_labels(self) -> np.ndarray:
+        """The training split's labels (N,), int64, in the order its images are read."""
+        return np.array([label for label, files in self.train for _ in files], dtype=np.int64)
+
+
+def list_folders(kind: str, root: Path) -> FolderListing:
+    """The files of the ``kind`` data set at ``root`` (see the module's layouts), listed;
+    ValueError naming the folder when one is missing or empty."""
+    if not root.is_dir():
+        raise ValueError(f"data.path: {root} is not a folder (data.dataset={kind!r})")
+    train_name, test_name = FOLDER_SPLITS[kind]
+    train = class_folders(root / train_name, None)
+    classes = tuple(folder.name for folder in sub_folders(root / train_name))
+    test = class_folders(root / test_name, classes)
+    clients = client_folders(root / CLIENTS) if kind == "client_folders" else []
+    return FolderListing(kind, root, train, classes, test, clients)
+
+
 def user_spec(
     name: str,
     read: ReadImages,

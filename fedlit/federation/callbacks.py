@@ -159,11 +159,14 @@ class Callbacks:
 
 class Announce(Callback):
     """Say what the method is when it is not an ordinary federated semi-supervised method (an
-    oracle, the centralized reference, not private), that the user's own images are flipped
-    where ``data.hflip`` is left to its default, and each client left out of its round."""
+    oracle, the centralized reference, not private), the settings the data set decides
+    (:attr:`FederatedDataModule.notes`), that the user's own images are flipped where
+    ``data.hflip`` is left to its default, and each client left out of its round."""
 
     def on_run_start(self, run: RunView) -> None:
         data = run.data
+        for line in data.notes:
+            note(line)
         if data.is_users_own and data.hflip is None and data.spec.hflip:
             note(
                 "data.hflip: the weak view flips your images left to right (the default for "
