@@ -6,7 +6,9 @@ weights the in-memory split does."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -17,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import tiny_overrides
+from filelock import FileLock
 from torchvision.io import encode_jpeg, write_file, write_png
 
 from fedlit.cli import main
@@ -61,14 +64,12 @@ def photo_folder(root: Path, per_class: int = 6, test: int = 2) -> Path:
 
 
 def made(root: Path, data_root: Path, **kwargs: object) -> FederatedDataModule:
+    settings: dict[str, object] = {"image_size": SIZE, "labeled_per_class": 2, "num_clients": 2}
     return FederatedDataModule(
         "folder",
         root=str(data_root),
         path=str(root),
-        image_size=SIZE,
-        labeled_per_class=2,
-        num_clients=2,
-        **kwargs,  # type: ignore[arg-type]
+        **settings | kwargs,  # type: ignore[arg-type]
     )
 
 
@@ -124,21 +125,44 @@ def test_decoded_once_then_read_from_the_cache(
 
 
 def test_a_changed_added_or_removed_file_is_a_new_cache(tmp_path: Path) -> None:
-    """Each change to the files gives a cache of its own, holding the files as they are."""
+    """Each change to the files gives a cache of its own, holding the files as they are, which
+    replaces the one before; a cache of the same files at another size stays."""
     root, data_root = photo_folder(tmp_path / "photos"), tmp_path / "data"
     made(root, data_root)
+    other_size = made(root, data_root, image_size=SIZE // 2).spec.size
+    assert other_size == SIZE // 2 and len(caches(data_root)) == 2
     target = root / "train" / "class1" / "002.jpg"
     write_file(str(target), encode_jpeg(torch.zeros(3, 40, 40, dtype=torch.uint8)))
     os.utime(target, ns=(time.time_ns(), time.time_ns() + 10**9))
+    before = set(caches(data_root))
     changed = splits(made(root, data_root))["train"][0]
-    assert len(caches(data_root)) == 2
+    assert len(caches(data_root)) == 2 and len(set(caches(data_root)) - before) == 1
     assert changed[6 + 2].eq(0).all()  # class 1's third image, now black
     write_png(torch.full((3, 20, 20), 255, dtype=torch.uint8), str(root / "train/class2/x.png"))
     assert len(splits(made(root, data_root))["train"][0]) == 19
     (root / "train" / "class0" / "001.jpg").unlink()
     (root / "train" / "class2" / "x.png").unlink()
     assert len(splits(made(root, data_root))["train"][0]) == 17
-    assert len(caches(data_root)) == 4
+    kept = [json.loads((c / "meta.json").read_text())["image_size"] for c in caches(data_root)]
+    assert sorted(kept) == [SIZE // 2, SIZE]
+
+
+def test_the_cache_of_a_folder_that_is_gone_is_removed_unless_held(tmp_path: Path) -> None:
+    """Writing a cache removes those of data sets whose folders are gone (and their locks),
+    but not one another run holds; other data sets' caches stay."""
+    data_root = tmp_path / "data"
+    gone, held, kept = (photo_folder(tmp_path / name) for name in ("gone", "held", "kept"))
+    for root in (gone, held, kept):
+        made(root, data_root)
+    by_name = {c.name.split("-")[1]: c for c in caches(data_root)}
+    shutil.rmtree(gone)
+    shutil.rmtree(held)
+    lock = FileLock(data_root / CACHE_FOLDER / f".{by_name['held'].name}.lock")
+    with lock:
+        made(photo_folder(tmp_path / "new"), data_root)
+    names = {c.name.split("-")[1] for c in caches(data_root)}
+    assert names == {"held", "kept", "new"}
+    assert not (data_root / CACHE_FOLDER / f".{by_name['gone'].name}.lock").exists()
 
 
 def test_a_half_written_cache_is_never_read(

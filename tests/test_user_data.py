@@ -11,13 +11,14 @@ import math
 import pickle
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
 import yaml
 from conftest import stop_in_round
-from torch.utils.data import TensorDataset
+from torch.utils.data import Dataset, TensorDataset
 from torchvision.io import write_png
 
 from fedlit.cli import main
@@ -291,6 +292,58 @@ def test_grey_and_rgb_are_detected_and_sizes_fitted(tmp_path: Path) -> None:
     assert train[last_of_c3, 0].eq(200).all() and train[last_of_c3, 1:].eq(0).all()
     grey = train[0]
     assert torch.equal(grey[0], grey[1]) and torch.equal(grey[1], grey[2])
+    made_rgb = "50 of your data set's images are grey and the others in colour: the data set is RGB"
+    assert len(data.notes) == 1 and data.notes[0].startswith(made_rgb)  # 40 + 10 grey, 1 RGB
+    again = FederatedDataModule("folder", path=str(root), labeled_per_class=1, image_size=16)
+    assert again.notes == data.notes  # read from the cache, said the same
+    (root / "train/c3/zz_rgb.png").unlink()
+    assert FederatedDataModule("folder", path=str(root), labeled_per_class=1).notes == ()
+
+
+class PILDataset(Dataset):
+    """``(image, label)`` items of PIL images, as torchvision's data sets give them."""
+
+    def __init__(self, images: list[Any], labels: list[int]) -> None:
+        self.images, self.labels = images, labels
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, n: int) -> tuple[Any, int]:
+        return self.images[n], self.labels[n]
+
+
+def test_a_datasets_grey_images_stay_grey_or_are_said_to_be_made_rgb() -> None:
+    """A Dataset's grey PIL images (grey modes, and a palette of greys) stay grey; among
+    colour ones they are made RGB, and a line says how many."""
+    from PIL import Image
+
+    x, y = synthetic_images(60, 0, 10, 1, 28)
+    grey = [Image.fromarray(image[0].numpy(), mode="L") for image in x]
+    palette = [image.convert("P") for image in grey]  # an adaptive palette of greys
+    assert {image.mode for image in palette} == {"P"}
+    labels = y.tolist()
+    for images in (grey, palette):
+        data = FederatedDataModule(
+            PILDataset(images, labels),  # type: ignore[arg-type]
+            test_dataset=PILDataset(images[:20], labels[:20]),  # type: ignore[arg-type]
+            num_clients=2,
+            labeled_per_class=1,
+        )
+        assert data.in_channels == 1 and data.notes == ()
+    mixed = [*grey[:-1], grey[-1].convert("RGB").point(lambda v: 255 - v)]
+    mixed[-1] = Image.merge("RGB", (mixed[-1].getchannel(0), grey[0], grey[1]))  # in colour
+    data = FederatedDataModule(
+        PILDataset(mixed, labels),  # type: ignore[arg-type]
+        test_dataset=PILDataset(grey[:20], labels[:20]),  # type: ignore[arg-type]
+        num_clients=2,
+        labeled_per_class=1,
+    )
+    assert data.in_channels == 3
+    assert data.notes == (
+        "79 of your data set's images are grey and the others in colour: the data set is "
+        "RGB, so those were made RGB (their grey repeated to three channels)",
+    )
 
 
 def test_a_torch_dataset_instance_passes_straight_in(tmp_path: Path) -> None:

@@ -147,6 +147,8 @@ class FederatedDataModule(L.LightningDataModule):
         if listed is not None:  # the sizes the labels decide, before any image is read
             check_sizes(self, self.source.name, *listed)
         self.spec: DatasetSpec = self.source.spec  # the user's files are read now
+        if self.source.users_own and self.user_data.colour_note is not None:
+            self.notes += (self.user_data.colour_note,)
         if hflip is not None:
             self.spec = replace(self.spec, hflip=hflip)
         self.dataset = self.spec.name

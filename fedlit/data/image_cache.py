@@ -15,7 +15,9 @@ images, N, C, S, S), ``<split>-labels.npy`` and ``meta.json``. It is written und
 name of its own, while holding ``<cache>/.<name>.lock``, and renamed into place whole: a run
 that finds it being written waits for it, a leftover temporary folder (a run killed while
 writing) is never read and is removed by the next writer. A second run with the same files
-and size reads the cache and decodes nothing.
+and size reads the cache and decodes nothing. A cache written replaces those it makes stale:
+the same data's at the same size (its files since changed) and those of data whose folder is
+gone are removed, unless another run holds them.
 
 A split that fits its cap (:func:`stage_limit`: ``FEDLIT_STAGE_LIMIT_BYTES``, else half of
 the memory free) is read into memory; a larger one is memory-mapped
@@ -38,7 +40,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from filelock import FileLock
+from filelock import FileLock, Timeout
 from torch import Tensor
 from tqdm import tqdm  # text, also in notebooks (no widget: no ipywidgets needed)
 
@@ -103,11 +105,13 @@ def stage_limit() -> int | None:
 
 @dataclass(frozen=True)
 class Decoded:
-    """Images decoded and fitted: per split, a uint8 array (N, C, S, S); C and S."""
+    """Images decoded and fitted: per split, a uint8 array (N, C, S, S); C and S; how many
+    grey images were made RGB (C 3: the other images are in colour)."""
 
     arrays: dict[str, np.ndarray]
     channels: int
     size: int
+    made_rgb: int = 0
 
 
 def _first_size(path: Path) -> int:
@@ -154,8 +158,8 @@ def decode_files(
             else np.empty(shape, dtype=np.uint8)
         )
 
-    def decode(chunk: list[tuple[str, int, Path]]) -> tuple[bool, int]:
-        colour = False
+    def decode(chunk: list[tuple[str, int, Path]]) -> tuple[int, int]:
+        grey = 0
         for name, n, path in chunk:
             image = read_image(path)
             if image_size is None and tuple(image.shape[-2:]) != (size, size):
@@ -165,26 +169,26 @@ def decode_files(
                     "data.image_size"
                 )
             image = fit_size(image, size)
-            colour |= image.shape[0] == 3
+            grey += image.shape[0] == 1
             wide[name][n] = image.expand(3, -1, -1).numpy()
-        return colour, len(chunk)
+        return grey, len(chunk)
 
     chunks = [every[k : k + CHUNK] for k in range(0, len(every), CHUNK)]
     workers = min(decode_workers(), len(chunks))
-    colour = False
+    grey = 0
     with _torch_threads(1 if workers > 1 else torch.get_num_threads()):
         bar = tqdm(total=len(every), desc="decoding images", unit="img", disable=None)
         with bar, ThreadPoolExecutor(workers) as pool:
             try:
-                for chunk_colour, done in pool.map(decode, chunks):
-                    colour |= chunk_colour
+                for chunk_grey, done in pool.map(decode, chunks):
+                    grey += chunk_grey
                     bar.update(done)
             except BaseException:
                 pool.shutdown(cancel_futures=True)
                 raise
-    channels = 3 if colour else 1
+    channels = 1 if grey == len(every) else 3
     arrays = {name: _narrowed(array, channels, folder, name) for name, array in wide.items()}
-    return Decoded(arrays, channels, size)
+    return Decoded(arrays, channels, size, grey if channels == 3 else 0)
 
 
 def _narrowed(wide: np.ndarray, channels: int, folder: Path | None, name: str) -> np.ndarray:
@@ -237,19 +241,21 @@ class CachedImages:
 @dataclass(frozen=True)
 class ImageCache:
     """The cache of one version of a data set: ``root``/``name``, named by its kind, the
-    data's path and :func:`cache_key`."""
+    data's path and :func:`cache_key`; ``source``, the data's path resolved."""
 
     root: Path
     name: str
     key: str
+    source: Path
 
     @classmethod
     def of(cls, root: Path, kind: str, path: Path, fingerprint: str) -> ImageCache:
         """The cache under ``root`` (``<data.root>/fedlit-cache``) of the data set of ``kind``
         at ``path`` whose files have ``fingerprint``."""
         key = cache_key(kind, path, fingerprint)
-        where = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:10]
-        return cls(root, f"{kind}-{path.name}-{where}-{key[:16]}", key)
+        source = path.resolve()
+        where = hashlib.sha256(str(source).encode()).hexdigest()[:10]
+        return cls(root, f"{kind}-{path.name}-{where}-{key[:16]}", key, source)
 
     @property
     def folder(self) -> Path:
@@ -304,11 +310,38 @@ class ImageCache:
         try:
             if self._meta() is None:
                 self._build(splits, labels, image_size, extra)
+                self._prune(image_size)
         except OSError:
             return None
         finally:
             lock.release()
         return self.read()
+
+    def _prune(self, image_size: int | None) -> None:
+        """Remove the caches this one replaces: of the same data at the same ``image_size``
+        (its files since changed, added or removed), and of data whose folder is gone. A
+        cache another run holds (its lock taken) is left."""
+        for folder in self.root.iterdir():
+            if folder.name.startswith(".") or folder == self.folder or not folder.is_dir():
+                continue
+            try:
+                meta = json.loads((folder / "meta.json").read_text())
+                source = Path(meta["source"])
+                same = source == self.source and meta.get("image_size") == image_size
+            except (OSError, ValueError, KeyError, TypeError):
+                continue  # not a cache this version wrote: left as it is
+            if not (same or not source.exists()):
+                continue
+            lock = FileLock(self.root / f".{folder.name}.lock")
+            try:
+                lock.acquire(timeout=0)
+            except (Timeout, OSError):
+                continue
+            try:
+                shutil.rmtree(folder, ignore_errors=True)
+            finally:
+                lock.release()
+            Path(lock.lock_file).unlink(missing_ok=True)
 
     def _build(
         self,
@@ -331,6 +364,9 @@ class ImageCache:
                 "key": self.key,
                 "channels": decoded.channels,
                 "size": decoded.size,
+                "made_rgb": decoded.made_rgb,
+                "source": str(self.source),
+                "image_size": image_size,
                 "splits": {split: len(files) for split, files in splits.items()},
                 **extra,
             }
@@ -373,10 +409,11 @@ def read_folders(
     if cached is not None:
         images = cached.images
         channels, size = int(cached.meta["channels"]), int(cached.meta["size"])
+        made_rgb = int(cached.meta.get("made_rgb", 0))
     else:
         decoded = decode_files(files, image_size)
         images = {split: torch.from_numpy(array) for split, array in decoded.arrays.items()}
-        channels, size = decoded.channels, decoded.size
+        channels, size, made_rgb = decoded.channels, decoded.size, decoded.made_rgb
     splits = {"train": (images["train"], labels["train"]), "test": (images["test"], labels["test"])}
     read = ReadImages(
         splits,
@@ -384,6 +421,7 @@ def read_folders(
         [name for name, _ in clients],
         [len(files) for _, files in clients],
         StatisticsCache(root / STATS_FILE, key),
+        made_rgb=made_rgb,
     )
     spec = user_spec(kind, read, listing.classes, channels, size, hflip=True)
     return spec, read

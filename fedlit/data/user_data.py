@@ -27,7 +27,9 @@ Image files are decoded once into a cache under ``data.root`` and read from it a
 (:mod:`fedlit.data.image_cache`), by torchvision (:func:`torchvision.io.decode_image`: PNG,
 JPEG, GIF, WebP).
 Grey or RGB is detected: the data set is RGB (3 channels) if any image is in colour, its grey
-images then repeated to three channels; else grey (1 channel). An alpha channel is dropped,
+images then repeated to three channels (the run says how many in a line at its start:
+:attr:`ReadImages.colour_note`); else grey (1 channel). A PIL image is grey in a grey mode, or
+in a palette mode whose colours are all grey. An alpha channel is dropped,
 16-bit images are scaled to 8 bits. With ``data.image_size=S`` every image is resized so that
 its shorter side is S (antialiased), then centre-cropped to S x S; without it, all images must
 be one square size.
@@ -169,13 +171,15 @@ def available_cores() -> int:
 
 def uniform_images(
     splits: dict[str, list[LooseImage]], image_size: int | None
-) -> tuple[dict[str, Tensor], int, int]:
+) -> tuple[dict[str, Tensor], int, int, int]:
     """Every split's images as one uint8 tensor (N, C, H, W): all of one size (``image_size``,
     or the size they all share) and one colour (RGB if any image is, else grey). Returns the
-    tensors, the channels and the size; a ValueError naming ``data.image_size`` (and two
-    files) when the images' sizes differ, or are not square, and no ``image_size`` is set."""
+    tensors, the channels, the size and how many grey images were made RGB; a ValueError
+    naming ``data.image_size`` (and two files) when the images' sizes differ, or are not
+    square, and no ``image_size`` is set."""
     items = [item for split in splits.values() for item in split]
-    channels = 3 if any(item.image.shape[0] == 3 for item in items) else 1
+    grey = sum(item.image.shape[0] == 1 for item in items)
+    channels = 1 if grey == len(items) else 3
     if image_size is None:
         first = items[0]
         shape = tuple(first.image.shape[-2:])
@@ -207,7 +211,8 @@ def uniform_images(
             out[n] = image.expand(channels, -1, -1)
         return out
 
-    return {name: stacked(split) for name, split in splits.items()}, channels, image_size
+    made_rgb = grey if channels == 3 else 0
+    return {name: stacked(split) for name, split in splits.items()}, channels, image_size, made_rgb
 
 
 Statistics = tuple[tuple[float, ...], tuple[float, ...]]  # (mean, std), one float a channel
@@ -300,11 +305,24 @@ class ReadImages:
         client_sizes: Sequence[int] = (),
         cache: StatisticsCache | None = None,
         statistics: Statistics | None = None,
+        made_rgb: int = 0,
     ) -> None:
         self._splits: Mapping[str, Images] | None = splits
         self._clients = clients
         self.client_names, self.client_sizes = tuple(client_names), tuple(client_sizes)
         self.cache, self.statistics = cache, statistics
+        #: How many grey images were made RGB (the data set is RGB: other images are colour).
+        self.made_rgb = made_rgb
+
+    @property
+    def colour_note(self) -> str | None:
+        """The line a run says where grey images were made RGB, or None."""
+        if not self.made_rgb:
+            return None
+        return (
+            f"{self.made_rgb} of your data set's images are grey and the others in colour: "
+            "the data set is RGB, so those were made RGB (their grey repeated to three channels)"
+        )
 
     def __call__(self, root: Path, split: str, download: bool) -> Images:
         if self._splits is None:
@@ -567,24 +585,27 @@ def read_arrays(path: Path, image_size: int | None) -> tuple[DatasetSpec, ReadIm
     _check_labels(
         labels, num_classes, {s: f"data.path: {path}: y_{s}" for s in labels}, classes is not None
     )
-    images, channels, size = uniform_images(loose, image_size)
+    images, channels, size, made_rgb = uniform_images(loose, image_size)
     splits = {split: (images[split], labels[split]) for split in ("train", "test")}
     cache_file = path.with_name(f"{path.name}.fedlit-stats.json")
-    read = ReadImages(
-        splits, cache=StatisticsCache(cache_file, fingerprint([path], path.parent, image_size))
-    )
+    stats = StatisticsCache(cache_file, fingerprint([path], path.parent, image_size))
+    read = ReadImages(splits, cache=stats, made_rgb=made_rgb)
     spec = user_spec("arrays", read, classes, channels, size, hflip=True, num_classes=num_classes)
     return spec, read
 
 
 def dataset_image(item: Any, where: str) -> Tensor:
-    """A Dataset's image as uint8 (C, H, W), C 1 or 3: a PIL image (grey modes as grey, the
-    others as RGB) or a tensor (C, H, W) or (H, W), uint8 or float in [0, 1]."""
+    """A Dataset's image as uint8 (C, H, W), C 1 or 3: a PIL image (grey modes as grey, a
+    palette image whose colours are all grey as grey, the others as RGB) or a tensor (C, H, W)
+    or (H, W), uint8 or float in [0, 1]."""
     from PIL import Image
 
     if isinstance(item, Image.Image):
         grey = item.mode in ("1", "L", "LA", "I", "I;16", "F")
+        palette = item.mode in ("P", "PA")
         item = F.pil_to_tensor(item.convert("L" if grey else "RGB"))
+        if palette and bool((item == item[:1]).all()):
+            item = item[:1]  # a palette of greys: grey
     if not isinstance(item, Tensor):
         raise ValueError(
             f"{where}: the image is a {type(item).__name__}, not a tensor or a PIL image"
@@ -666,10 +687,10 @@ def read_torch_datasets(
     labels = {"train": train_labels, "test": test_labels}
     where = {"train": "data.dataset", "test": "data.test_dataset"}
     _check_labels(labels, num_classes, where, classes is not None)
-    images, channels, size = uniform_images(
+    images, channels, size, made_rgb = uniform_images(
         {"train": train_images, "test": test_images}, image_size
     )
     splits = {split: (images[split], labels[split]) for split in ("train", "test")}
-    read = ReadImages(splits, None)
+    read = ReadImages(splits, None, made_rgb=made_rgb)
     spec = user_spec(type(train).__name__, read, classes, channels, size, True, num_classes)
     return spec, read
