@@ -9,6 +9,7 @@ import csv
 import json
 import math
 import pickle
+import weakref
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -311,6 +312,41 @@ class PILDataset(Dataset):
 
     def __getitem__(self, n: int) -> tuple[Any, int]:
         return self.images[n], self.labels[n]
+
+
+class LargeImages(Dataset):
+    """Colour images of 3x64x64 that count how many of those handed out are still alive
+    when the next is asked for."""
+
+    def __init__(self, count: int) -> None:
+        self.count, self.handed = count, []  # type: list[weakref.ref[torch.Tensor]]
+        self.most_alive = 0
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, n: int) -> tuple[torch.Tensor, int]:
+        alive = sum(ref() is not None for ref in self.handed)
+        self.most_alive = max(self.most_alive, alive)
+        image = torch.full((3, 64, 64), n, dtype=torch.uint8)
+        self.handed.append(weakref.ref(image))
+        return image, n % 2
+
+
+def test_a_datasets_images_are_fitted_as_they_are_read() -> None:
+    """A Dataset's images are fitted to data.image_size one at a time: no more than the one
+    being fitted (and the one just handed out) is alive at its own size."""
+    train, test = LargeImages(40), LargeImages(10)
+    data = FederatedDataModule(
+        train,  # type: ignore[arg-type]
+        test_dataset=test,  # type: ignore[arg-type]
+        image_size=8,
+        num_clients=2,
+        labeled_per_class=1,
+    )
+    assert data.image_shape == (3, 8, 8) and train.most_alive <= 2 and test.most_alive <= 2
+    images, labels = data.spec.loader(Path(), "train", False)
+    assert images[:, 0, 0, 0].tolist() == list(range(40)) and labels.tolist() == [0, 1] * 20
 
 
 def test_a_datasets_grey_images_stay_grey_or_are_said_to_be_made_rgb() -> None:

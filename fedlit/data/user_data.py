@@ -53,10 +53,10 @@ import math
 import os
 import pickle
 import tempfile
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -64,6 +64,7 @@ from torch import Tensor
 from torch.utils.data import Dataset
 from torchvision.io import ImageReadMode, decode_image
 from torchvision.transforms.v2 import functional as F
+from tqdm import tqdm  # text, also in notebooks (no widget: no ipywidgets needed)
 
 from fedlit.data.datasets import DatasetSpec, Images
 from fedlit.data.mapped import Pixels, as_tensor
@@ -169,50 +170,71 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
-def uniform_images(
-    splits: dict[str, list[LooseImage]], image_size: int | None
-) -> tuple[dict[str, Tensor], int, int, int]:
-    """Every split's images as one uint8 tensor (N, C, H, W): all of one size (``image_size``,
-    or the size they all share) and one colour (RGB if any image is, else grey). Returns the
-    tensors, the channels, the size and how many grey images were made RGB; a ValueError
-    naming ``data.image_size`` (and two files) when the images' sizes differ, or are not
-    square, and no ``image_size`` is set."""
-    items = [item for split in splits.values() for item in split]
-    grey = sum(item.image.shape[0] == 1 for item in items)
-    channels = 1 if grey == len(items) else 3
-    if image_size is None:
-        first = items[0]
-        shape = tuple(first.image.shape[-2:])
-        other = next((i for i in items if tuple(i.image.shape[-2:]) != shape), None)
-        if other is not None:
-            raise ValueError(
-                f"data.image_size is needed: the images' sizes differ ({first.source} is "
-                f"{shape[0]}x{shape[1]}, {other.source} is "
-                f"{other.image.shape[-2]}x{other.image.shape[-1]}); set data.image_size"
-            )
-        if shape[0] != shape[1]:
-            raise ValueError(
-                f"data.image_size is needed: the images are {shape[0]}x{shape[1]}, not square "
-                f"({first.source}); set data.image_size to resize and centre-crop them"
-            )
-        image_size = shape[0]
-    needed, free = len(items) * channels * image_size * image_size, available_memory()
+class SizedImages(Protocol):
+    """Images at their own sizes, as many as its length, read as they are iterated."""
+
+    def __len__(self) -> int: ...
+
+    def __iter__(self) -> Iterator[LooseImage]: ...
+
+
+def _memory_check(count: int, channels: int, size: int) -> None:
+    needed, free = count * channels * size * size, available_memory()
     if free is not None and needed > free:
         raise ValueError(
-            f"data.image_size={image_size}: the {len(items)} images at {image_size}x"
-            f"{image_size} take {needed / 2**30:.1f} GiB as uint8, more than the "
-            f"{free / 2**30:.1f} GiB of memory free here; set a smaller data.image_size"
+            f"data.image_size={size}: the {count} images at {size}x{size} take "
+            f"{needed / 2**30:.1f} GiB as uint8, more than the {free / 2**30:.1f} GiB of "
+            "memory free here; set a smaller data.image_size"
         )
 
-    def stacked(split: list[LooseImage]) -> Tensor:
-        out = torch.empty(len(split), channels, image_size, image_size, dtype=torch.uint8)
-        for n, item in enumerate(split):
-            image = fit_size(item.image, image_size)
-            out[n] = image.expand(channels, -1, -1)
-        return out
 
-    made_rgb = grey if channels == 3 else 0
-    return {name: stacked(split) for name, split in splits.items()}, channels, image_size, made_rgb
+def uniform_images(
+    splits: Mapping[str, SizedImages], image_size: int | None
+) -> tuple[dict[str, Tensor], int, int, int]:
+    """Every split's images as one uint8 tensor (N, C, H, W): all of one size (``image_size``,
+    or the size they all share) and one colour (RGB if any image is, else grey). Each image is
+    fitted as it is read (no other is held at its own size), with a progress bar. Returns the
+    tensors, the channels, the size and how many grey images were made RGB; a ValueError
+    naming ``data.image_size`` (and two images) when the images' sizes differ, or are not
+    square, and no ``image_size`` is set, or when they would not fit in memory."""
+    total = sum(len(split) for split in splits.values())
+    size, first = image_size, ""
+    out: dict[str, Tensor] = {}
+    channels, grey = 1, 0
+    with tqdm(total=total, desc="reading images", unit="img", disable=None) as bar:
+        for name, split in splits.items():
+            for n, item in enumerate(split):
+                shape = tuple(item.image.shape[-2:])
+                if size is None:
+                    if shape[0] != shape[1]:
+                        raise ValueError(
+                            f"data.image_size is needed: the images are {shape[0]}x{shape[1]}, "
+                            f"not square ({item.source}); set data.image_size to resize and "
+                            "centre-crop them"
+                        )
+                    size, first = shape[0], item.source
+                elif image_size is None and shape != (size, size):
+                    raise ValueError(
+                        f"data.image_size is needed: the images' sizes differ ({first} is "
+                        f"{size}x{size}, {item.source} is {shape[0]}x{shape[1]}); set "
+                        "data.image_size"
+                    )
+                if not out:
+                    _memory_check(total, channels, size)
+                if name not in out:
+                    out[name] = torch.empty(len(split), channels, size, size, dtype=torch.uint8)
+                if item.image.shape[0] == 3 and channels == 1:  # the first in colour: RGB
+                    _memory_check(total, 3, size)
+                    channels = 3
+                    out = {key: images.expand(-1, 3, -1, -1).clone() for key, images in out.items()}
+                grey += item.image.shape[0] == 1
+                out[name][n] = fit_size(item.image, size).expand(channels, -1, -1)
+                bar.update(1)
+    if size is None:
+        raise ValueError("the data set holds no images")
+    for name in splits:
+        out.setdefault(name, torch.empty(0, channels, size, size, dtype=torch.uint8))
+    return out, channels, size, grey if channels == 3 else 0
 
 
 Statistics = tuple[tuple[float, ...], tuple[float, ...]]  # (mean, std), one float a channel
@@ -637,37 +659,54 @@ class UserCodeFailed(Exception):
     traceback the CLI prints after the message."""
 
 
-def read_dataset(dataset: Any, key: str) -> tuple[list[LooseImage], Tensor]:
-    """A torch Dataset's ``(image, label)`` items, read in index order; ValueError naming
-    ``key`` (and the item) when it is not one or an item is not an image with a label."""
-    if not isinstance(dataset, Dataset) or not hasattr(dataset, "__len__"):
-        raise ValueError(f"{key}: {type(dataset).__name__} is not a torch Dataset with a length")
-    images, labels = [], []
-    name = type(dataset).__name__
-    try:
-        count = len(dataset)
-    except Exception as err:
-        raise UserCodeFailed(f"{key}: {name}.__len__ raised {type(err).__name__}") from err
-    for n in range(count):
-        where = f"{key}[{n}]"
+class DatasetItems:
+    """A torch Dataset's ``(image, label)`` items, read in index order as they are iterated:
+    each image once, as a :class:`LooseImage` (none kept here), its label gathered into
+    :attr:`labels`. ValueError naming ``key`` (and the item) when it is not a Dataset with a
+    length, is empty, or an item is not an image with a label; :class:`UserCodeFailed` when
+    its own code raises."""
+
+    def __init__(self, dataset: Any, key: str) -> None:
+        if not isinstance(dataset, Dataset) or not hasattr(dataset, "__len__"):
+            raise ValueError(
+                f"{key}: {type(dataset).__name__} is not a torch Dataset with a length"
+            )
+        self.dataset, self.key, self.name = dataset, key, type(dataset).__name__
         try:
-            item = dataset[n]
+            self.count = len(dataset)
         except Exception as err:
-            raise UserCodeFailed(
-                f"{where}: {name}.__getitem__({n}) raised {type(err).__name__}"
-            ) from err
-        if not isinstance(item, (tuple, list)) or len(item) < 2:
-            raise ValueError(f"{where}: an item is (image, label), got {type(item).__name__}")
-        label = item[1]
-        if isinstance(label, Tensor):
-            label = label.item() if label.numel() == 1 else None
-        if isinstance(label, bool) or not isinstance(label, (int, np.integer)):
-            raise ValueError(f"{where}: the label must be an integer, got {item[1]!r}")
-        images.append(LooseImage(dataset_image(item[0], where), where))
-        labels.append(int(label))
-    if not images:
-        raise ValueError(f"{key}: the data set is empty")
-    return images, torch.tensor(labels, dtype=torch.int64)
+            raise UserCodeFailed(f"{key}: {self.name}.__len__ raised {type(err).__name__}") from err
+        if self.count == 0:
+            raise ValueError(f"{key}: the data set is empty")
+        self._labels: list[int] = []
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __iter__(self) -> Iterator[LooseImage]:
+        self._labels = []
+        for n in range(self.count):
+            where = f"{self.key}[{n}]"
+            try:
+                item = self.dataset[n]
+            except Exception as err:
+                raise UserCodeFailed(
+                    f"{where}: {self.name}.__getitem__({n}) raised {type(err).__name__}"
+                ) from err
+            if not isinstance(item, (tuple, list)) or len(item) < 2:
+                raise ValueError(f"{where}: an item is (image, label), got {type(item).__name__}")
+            label = item[1]
+            if isinstance(label, Tensor):
+                label = label.item() if label.numel() == 1 else None
+            if isinstance(label, bool) or not isinstance(label, (int, np.integer)):
+                raise ValueError(f"{where}: the label must be an integer, got {item[1]!r}")
+            self._labels.append(int(label))
+            yield LooseImage(dataset_image(item[0], where), where)
+
+    @property
+    def labels(self) -> Tensor:
+        """The labels of the items read (all of them, once iterated), int64 (N,)."""
+        return torch.tensor(self._labels, dtype=torch.int64)
 
 
 def read_torch_datasets(
@@ -679,17 +718,17 @@ def read_torch_datasets(
             f"data.test_dataset: data.dataset is a {type(train).__name__}; give its test split "
             "as data.test_dataset (a torch Dataset as well)"
         )
-    train_images, train_labels = read_dataset(train, "data.dataset")
-    test_images, test_labels = read_dataset(test, "data.test_dataset")
+    items = {
+        "train": DatasetItems(train, "data.dataset"),
+        "test": DatasetItems(test, "data.test_dataset"),
+    }
+    images, channels, size, made_rgb = uniform_images(items, image_size)
+    labels = {split: items[split].labels for split in ("train", "test")}
     names = getattr(train, "classes", None)
     classes = [str(c) for c in names] if isinstance(names, (list, tuple)) and names else None
-    num_classes = len(classes) if classes is not None else int(train_labels.max()) + 1
-    labels = {"train": train_labels, "test": test_labels}
+    num_classes = len(classes) if classes is not None else int(labels["train"].max()) + 1
     where = {"train": "data.dataset", "test": "data.test_dataset"}
     _check_labels(labels, num_classes, where, classes is not None)
-    images, channels, size, made_rgb = uniform_images(
-        {"train": train_images, "test": test_images}, image_size
-    )
     splits = {split: (images[split], labels[split]) for split in ("train", "test")}
     read = ReadImages(splits, None, made_rgb=made_rgb)
     spec = user_spec(type(train).__name__, read, classes, channels, size, True, num_classes)
