@@ -59,7 +59,8 @@ def check_pool_size(
         raise ValueError(
             f"data.examples_per_client={examples_per_client} x data.num_clients="
             f"{num_clients} = {num_clients * examples_per_client} exceeds the {size} "
-            f"unlabeled examples {where}"
+            f"unlabeled examples {where}; set data.examples_per_client=null to divide them "
+            f"all (about {size // num_clients} a client)"
         )
 
 
