@@ -220,7 +220,6 @@ def test_clients_as_folders_hold_determinism_and_resume(
         "fit",
         f"--config={EXAMPLES / 'client_folders.yaml'}",
         f"--data.path={root}",
-        "--data.num_clients=3",
         "--data.image_size=null",
         "--data.val_per_class=2",
         "--data.client_batch_size=16",
@@ -434,19 +433,22 @@ def test_fedlit_partition_on_clients_as_folders_and_an_image_folder(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """``fedlit partition``: clients as folders show their folders' sizes under their names
-    and say that no R is measured; an image folder is divided by the recipe's partitioner
-    (named with its parameters), its R measured."""
+    and say that no R is measured (and that a given data.num_clients is not used); an image
+    folder is divided by the recipe's partitioner (named with its parameters), its R
+    measured."""
     clients = client_folders(tmp_path / "clients", labeled=100, test=20)
     main(
         [
             "partition",
             f"--config={EXAMPLES / 'client_folders.yaml'}",
             f"--data.path={clients}",
-            "--data.num_clients=3",
+            "--data.num_clients=10",
             f"--out={tmp_path / 'clients.png'}",
         ]
     )
-    shown = final_line(capsys)
+    said = capsys.readouterr()
+    assert "note: data.num_clients=10 not used: with data.dataset='client_folders'" in said.err
+    shown = json.loads(said.out.strip().splitlines()[-1])
     assert shown["title"] == "client_folders: the clients' own folders (no labels: R not measured)"
     names = ("alice", "bob", "carol")  # the folders' names, in their order
     assert shown["class_counts"] == {name: [n] for name, n in zip(names, CLIENT_SIZES, strict=True)}

@@ -28,6 +28,7 @@ class PartitionCLI(FedlitCLI):
 def partition_main(argv: Sequence[str]) -> None:
     """``fedlit partition --config recipe.yaml [overrides] [--out partition.png]``: the
     recipe's partition (for its ``seed_everything``), plotted and summarised, no training."""
+    from fedlit.federation.console import note
     from fedlit.reporting import plot_partition
 
     cli = PartitionCLI(args=list(argv), run=False)
@@ -36,6 +37,8 @@ def partition_main(argv: Sequence[str]) -> None:
     if error:
         cli.parser.error(error)
     data = cli.datamodule
+    for line in data.notes:
+        note(line)
     try:
         data.setup_federation(int(cli.config["seed_everything"]))
     except ValueError as err:
