@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import csv
 import math
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ import torch
 from fedlit.aggregation import state_bytes
 from fedlit.data import ClientData, FederatedDataModule, visit_number
 from fedlit.data.datasets import SPECS, ImageSplit
+from fedlit.evaluation import batchnorm
 from fedlit.evaluation.batchnorm import recalibrated
 from fedlit.federation import Federation, FederationConfig, load_checkpoint, load_client_states
 from fedlit.methods import (
@@ -206,6 +208,54 @@ def test_fedseal_logs_the_thresholds_it_sends(fmnist_root: Path, tmp_path: Path)
         logged = torch.tensor([float(row[f"fedseal/tau_{m}"]) for m in range(10)])
         torch.testing.assert_close(logged, tau)
     assert not torch.equal(sent[0], sent[1])  # measured again after round 1's server step
+
+
+def test_fedseal_scores_its_network_after_one_batchnorm_pass_a_round(
+    fmnist_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server's measure re-estimates w^t's BatchNorm statistics on its clean images, and
+    the evaluation that follows scores w^t as it is: one pass a round (the bootstrap's too)
+    where every scoring re-estimating gave two, with every metric and weight bit for bit the
+    same (server images over several eval batches, a short last one)."""
+    passes: list[int] = []  # the round of each pass
+    update_bn = torch.optim.swa_utils.update_bn
+
+    def runs(force: bool) -> tuple[list[dict[str, str]], dict[str, torch.Tensor], Counter[int]]:
+        passes.clear()
+        with monkeypatch.context() as patch:
+            if force:  # every scoring re-estimates the statistics, as before FedSEAL kept them
+                patch.setattr(batchnorm.Estimate, "holds", lambda *args: False)
+            fed = _fed(
+                fmnist_root,
+                tmp_path / f"run{force}",
+                FedSEAL,
+                data_kw={"eval_batch_size": 128},  # 500 server images: 4 batches
+                optim_kw={"server_lr": 0.03},
+                method_kw={"bootstrap_epochs": 1},
+                rounds=2,
+            )
+
+            def counted(*args: object, **kwargs: object) -> None:
+                passes.append(fed.method.round_idx)
+                update_bn(*args, **kwargs)  # type: ignore[arg-type]
+
+            patch.setattr(torch.optim.swa_utils, "update_bn", counted)
+            fed.run()
+        rows = [
+            {k: v for k, v in row.items() if not k.startswith("time/")}
+            for row in _rows(tmp_path / f"run{force}")
+        ]
+        return rows, fed.method.state_dict(), Counter(passes)
+
+    rows, state, counts = runs(force=False)
+    forced_rows, forced_state, forced_counts = runs(force=True)
+    assert forced_counts == {0: 2, 1: 2, 2: 2}  # measure and evaluation, each re-estimating
+    assert counts == {0: 1, 1: 1, 2: 1}  # measure alone
+    assert "test/acc" in rows[-1] and "bootstrap_test/acc" in rows[0]
+    assert rows == forced_rows
+    assert state.keys() == forced_state.keys()
+    for key, value in state.items():
+        assert torch.equal(value, forced_state[key]), key
 
 
 def test_fedseal_ablations_fixed_tau_and_no_negative_learning(

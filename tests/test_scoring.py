@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from fedlit.data import FederatedDataModule
-from fedlit.evaluation import scored
+from fedlit.evaluation import batchnorm, recalibrate, recalibrated, scored
 from fedlit.federation import TrainerTemplate
 from fedlit.methods import ServerSL
 from fedlit.models import Architecture, build_classifier
@@ -88,6 +88,60 @@ def test_scored_statistics_do_not_depend_on_the_batch_size_while_one_batch_holds
         running[size] = torch.cat([v.flatten() for k, v in state.items() if "running" in k])
     assert torch.equal(running[1000], running[500])
     assert (running[100] - running[1000]).abs().max() > 1e-3
+
+
+def test_a_network_that_keeps_its_statistics_is_scored_without_a_second_pass(
+    data: FederatedDataModule, fmnist_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """recalibrate gives the network the statistics scored gives a copy; scored then copies it
+    without a pass, bit for bit what a pass gives, while the images (the server data and its
+    eval batch size), the device and every weight and statistic are those of that pass; and
+    re-estimates as soon as one of them is not."""
+    torch.manual_seed(0)
+    network = build_classifier("small_cnn", 10, 1)
+    reference = recalibrated(network, data.server_plain_dataloader())
+    passes = []
+    update_bn = torch.optim.swa_utils.update_bn
+
+    def counted(*args: object, **kwargs: object) -> None:
+        passes.append(1)
+        update_bn(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(torch.optim.swa_utils, "update_bn", counted)
+    recalibrate(network, data)
+    assert len(passes) == 1
+    _assert_same_state(network, reference)  # the network holds the scored copy's statistics
+    copy = scored(network, data, torch.device("cpu"))
+    assert len(passes) == 1 and copy is not network and not copy.training
+    _assert_same_state(copy, reference)
+    estimate = batchnorm._ESTIMATES[network]
+    assert estimate.holds(network, data.server_data, None)
+    assert not estimate.holds(network, data.server_data, torch.device("meta"))  # another device
+    smaller = FederatedDataModule(
+        root=str(fmnist_root), num_clients=2, examples_per_client=64, eval_batch_size=100
+    )
+    smaller.setup_federation(seed=0)  # the same 500 images in batches of 100
+    scored(network, smaller)
+    assert len(passes) == 2
+    weight = next(network.parameters())
+    kept = weight.detach().clone()
+    with torch.no_grad():  # a weight changes: the statistics are re-estimated for it
+        weight.add_(1e-3)
+    changed = scored(network, data).state_dict()
+    assert len(passes) == 3
+    assert any(
+        not torch.equal(v, changed[k]) for k, v in reference.state_dict().items() if "running" in k
+    )
+    with torch.no_grad():  # changed back: the network is again the one the pass left
+        weight.copy_(kept)
+    _assert_same_state(scored(network, data), reference)
+    assert len(passes) == 3
+
+
+def _assert_same_state(a: nn.Module, b: nn.Module) -> None:
+    theirs = b.state_dict()
+    for key, value in a.state_dict().items():
+        assert torch.equal(value, theirs[key]), key
 
 
 def test_run_level_schedule_values_at_known_steps(data: FederatedDataModule) -> None:

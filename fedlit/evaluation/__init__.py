@@ -1,6 +1,6 @@
 """Evaluation: the test-set evaluator and the finetune / linear protocols for encoders."""
 
-from fedlit.evaluation.batchnorm import recalibrated, scored
+from fedlit.evaluation.batchnorm import recalibrate, recalibrated, scored
 from fedlit.evaluation.evaluator import Evaluator
 from fedlit.evaluation.protocols import PROTOCOLS, LinearProbe, evaluate_encoder
 
@@ -9,6 +9,7 @@ __all__ = [
     "Evaluator",
     "LinearProbe",
     "evaluate_encoder",
+    "recalibrate",
     "recalibrated",
     "scored",
 ]

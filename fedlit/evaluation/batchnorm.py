@@ -5,18 +5,25 @@ so after a step at a high learning rate they lag behind them, and a network is s
 statistics of weights it no longer has. Every scored network (``test/acc``, FedSEAL's thresholds,
 the finetune protocol) is therefore a copy whose running statistics are re-estimated on the
 server's clean (un-augmented) labeled images, the same way for every method.
+
+A network that keeps its re-estimated statistics (FedSEAL's w^t, :func:`recalibrate`) is not
+re-estimated again when it is scored while nothing has changed: a second pass over the same
+images on the same device gives the same statistics, bit for bit (:class:`Estimate`).
 """
 
 from __future__ import annotations
 
 import copy
+import weakref
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from fedlit.data.datamodule import FederatedDataModule
+from fedlit.data.server import ServerData
 
 
 def has_batchnorm(network: nn.Module) -> bool:
@@ -59,7 +66,76 @@ def scored(
     STL-10 paper recipes) get the mean of the batches' statistics, which depends on the batch
     size (:func:`recalibrated`); ``network`` itself where the server holds no images (labels at
     the clients). ``device``: where the pass runs (the training device: a ResNet-18's pass
-    over 500 images takes about 3 s on this project's 2-core CPU)."""
+    over 500 images takes about 3 s on this project's 2-core CPU). No pass where ``network``
+    holds the statistics it would give (:func:`recalibrate`, :class:`Estimate`): a copy of
+    it, bit for bit what the pass would have made."""
     if data.labels_at != "server" or len(data.server) == 0:
         return network
+    estimate = _ESTIMATES.get(network)
+    if estimate is not None and estimate.holds(network, data.server_data, device):
+        return copy.deepcopy(network).eval()  # what a second pass would give: no pass
     return recalibrated(network, data.server_plain_dataloader(), device)
+
+
+def recalibrate(
+    network: nn.Module, data: FederatedDataModule, device: torch.device | None = None
+) -> None:
+    """Give ``network`` itself the statistics :func:`scored` gives its copy (a network that
+    keeps them: FedSEAL's w^t), and remember that it holds them (:class:`Estimate`):
+    :func:`scored` then copies ``network`` instead of re-estimating the statistics again,
+    while its state is the one this left and the images and the device are the same."""
+    rescored = scored(network, data, device)
+    if rescored is network:  # no BatchNorm, or no images at the server
+        return
+    network.load_state_dict(rescored.state_dict())
+    _ESTIMATES[network] = Estimate(
+        weakref.ref(data.server_data), _pass_device(network, device), rescored.state_dict()
+    )
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """What :func:`recalibrate` left in a network: statistics re-estimated on ``server``'s
+    clean labeled images (in its batches of ``eval_batch_size``) on ``device``, and the whole
+    state the network then had (its weights and those statistics).
+
+    A pass re-estimates the statistics from the weights and the images alone (torch's
+    ``update_bn`` resets them first), and on one device the same inputs give the same result
+    bit for bit; so while the network's state is still ``state`` (anything that trains,
+    averages or loads weights into it since changes it), a pass over the same images on the
+    same device would give the statistics it holds. A pass on another device (a GPU's
+    evaluation after a pass on the CPU) may differ in the last bits and is not skipped."""
+
+    server: weakref.ref[ServerData]
+    device: torch.device
+    state: dict[str, Tensor]
+
+    def holds(self, network: nn.Module, server: ServerData, device: torch.device | None) -> bool:
+        """Whether a pass over ``server``'s images on ``device`` (None: the network's own)
+        would give ``network`` the statistics it holds."""
+        if self.server() is not server or self.device != _pass_device(network, device):
+            return False
+        state = network.state_dict()
+        return state.keys() == self.state.keys() and all(
+            _same(value, self.state[key]) for key, value in state.items()
+        )
+
+
+#: Each network that :func:`recalibrate` gave its statistics, while it lives.
+_ESTIMATES: weakref.WeakKeyDictionary[nn.Module, Estimate] = weakref.WeakKeyDictionary()
+
+
+def _pass_device(network: nn.Module, device: torch.device | None) -> torch.device:
+    """Where :func:`recalibrated` runs its pass: ``device``, or the network's own; a GPU
+    without its index is the current one."""
+    where = next(network.parameters()).device if device is None else torch.device(device)
+    if where.type == "cuda" and where.index is None:
+        where = torch.device("cuda", torch.cuda.current_device())
+    return where
+
+
+def _same(a: Tensor, b: Tensor) -> bool:
+    """``a`` and ``b`` hold the same values, bit for bit, of one dtype and one layout (a
+    channels-last network's convolutions may round otherwise) on one device."""
+    alike = (a.device, a.dtype, a.shape, a.stride()) == (b.device, b.dtype, b.shape, b.stride())
+    return alike and torch.equal(a, b)

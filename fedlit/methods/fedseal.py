@@ -12,7 +12,7 @@ from fedlit.aggregation.payloads import StateDict, tensor_part
 from fedlit.data.client import ClientData
 from fedlit.data.datamodule import FederatedDataModule
 from fedlit.data.loaders import ImageBatches
-from fedlit.evaluation import scored
+from fedlit.evaluation import recalibrate
 from fedlit.methods.base import DEFAULT_OPTIMIZATION, FederatedMethod, Payload, seed_classifier
 from fedlit.methods.client_side import ClientSetup, ClientSide
 from fedlit.methods.plan import RoundPlan, Step
@@ -111,10 +111,11 @@ class FedSEAL(FederatedMethod):
 
     def measure(self, data: FederatedDataModule) -> None:
         """The model as it is scored (BatchNorm statistics re-estimated), and tau^t measured on
-        it (eq 5; see :meth:`server_step_done`)."""
-        network = scored(self.network, data)
-        if network is not self.network:
-            self.network.load_state_dict(network.state_dict())
+        it (eq 5; see :meth:`server_step_done`). The evaluation that follows scores this
+        network without re-estimating its statistics again where the pass would give the
+        same ones: same images, same device, nothing changed since
+        (:func:`~fedlit.evaluation.recalibrate`)."""
+        recalibrate(self.network, data)
         if self.loss.fixed_tau is not None:
             self.thresholds = torch.full_like(self.thresholds, self.loss.fixed_tau)
             return
