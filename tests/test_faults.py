@@ -104,7 +104,9 @@ class NonFiniteGlobal(FedAvgFixMatch):
             self._poison()
         return result
 
-    def server_step_done(self, objective: Objective, data: FederatedDataModule) -> None:
+    def server_step_done(
+        self, objective: Objective, data: FederatedDataModule, device: torch.device | None = None
+    ) -> None:
         if self.stage == "server" and self.round_idx == self.bad_round:
             self._poison()
 

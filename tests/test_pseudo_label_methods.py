@@ -401,7 +401,12 @@ def test_fedrgd_clients_start_from_the_model_the_server_started_from(
             received.append(sent)  # what the client receives
             return sent
 
-        def server_step_done(self, objective: Objective, data: FederatedDataModule) -> None:
+        def server_step_done(
+            self,
+            objective: Objective,
+            data: FederatedDataModule,
+            device: torch.device | None = None,
+        ) -> None:
             trained.append({k: v.clone() for k, v in self.network.state_dict().items()})
 
     fed = _fed(fmnist_root, tmp_path / "run", Recording, method_kw={"num_groups": 1})

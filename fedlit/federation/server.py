@@ -59,7 +59,7 @@ class Server:
         seed_all(derive_seed(self.seed, round_idx, FINETUNE if stage == "finetune" else SERVER))
         loader = self.method.server_loader(self.data)
         self.trainer.fit(objective, loader, epochs or self.config.server_epochs)
-        self.method.server_step_done(objective, self.data)
+        self.method.server_step_done(objective, self.data, self.trainer.device())
         self.check_finite(round_idx, f"the {stage} step")
         return {f"{stage}/{k}": v for k, v in objective.epoch_metrics().items()}
 

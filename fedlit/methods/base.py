@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, ClassVar
 
+import torch
 from lightning import LightningModule
 from lightning.pytorch.utilities import CombinedLoader
 from torch import Tensor, nn
@@ -177,9 +178,12 @@ class FederatedMethod(LightningModule):
         """The objective the server trains ``self.network`` with (in place); None: no step."""
         return SupervisedCE(self.network, **self._server_kwargs())
 
-    def server_step_done(self, objective: Objective, data: FederatedDataModule) -> None:
+    def server_step_done(
+        self, objective: Objective, data: FederatedDataModule, device: torch.device | None = None
+    ) -> None:
         """Called after the server's objective has trained (e.g. to keep a step count, or to
-        measure the new model on the server's validation set)."""
+        measure the new model on the server's validation set); ``device``: the training
+        device, where work outside a Trainer runs (None: the network's own)."""
 
     def server_loader(self, data: FederatedDataModule) -> ImageBatches | CombinedLoader:
         """The server step's loader (FedCon with unlabeled images at the server: a labeled

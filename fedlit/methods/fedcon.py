@@ -116,7 +116,9 @@ class FedCon(FederatedMethod):
             **self._server_kwargs(),
         )
 
-    def server_step_done(self, objective: Objective, data: FederatedDataModule) -> None:
+    def server_step_done(
+        self, objective: Objective, data: FederatedDataModule, device: torch.device | None = None
+    ) -> None:
         assert isinstance(objective, FedConServer)
         self.server_steps.fill_(objective.steps_done)
 

@@ -365,7 +365,9 @@ class FedMatch(FederatedMethod):
     def server_loader(self, data: FederatedDataModule) -> ImageBatches:
         return data.server_dataloader(("weak",) if self.server_augment else ("plain",))
 
-    def server_step_done(self, objective: Objective, data: FederatedDataModule) -> None:
+    def server_step_done(
+        self, objective: Objective, data: FederatedDataModule, device: torch.device | None = None
+    ) -> None:
         """The trained sigma and the BatchNorm statistics back into ``self.network``."""
         sigma = decomposed_parameters(objective.network)
         buffers = dict(objective.network.named_buffers())

@@ -101,25 +101,28 @@ class FedSEAL(FederatedMethod):
             )
 
     # --- server -------------------------------------------------------------------------
-    def server_step_done(self, objective: Objective, data: FederatedDataModule) -> None:
+    def server_step_done(
+        self, objective: Objective, data: FederatedDataModule, device: torch.device | None = None
+    ) -> None:
         """w^t becomes the model as it is scored (its BatchNorm statistics re-estimated on the
         clean labeled images), so the model the clients receive, the one eq 5 measures and
         the one ``test/acc`` scores are one w^t; then tau^t from its predictions on the
         validation set (eq 5), clipped to [0, 1] (4.1.2: tau_m in [0, 1]), or
-        ``loss.fixed_tau`` for every class."""
-        self.measure(data)
+        ``loss.fixed_tau`` for every class; both on ``device``, the training device."""
+        self.measure(data, device)
 
-    def measure(self, data: FederatedDataModule) -> None:
+    def measure(self, data: FederatedDataModule, device: torch.device | None = None) -> None:
         """The model as it is scored (BatchNorm statistics re-estimated), and tau^t measured on
-        it (eq 5; see :meth:`server_step_done`). The evaluation that follows scores this
-        network without re-estimating its statistics again where the pass would give the
-        same ones: same images, same device, nothing changed since
+        it (eq 5; see :meth:`server_step_done`), both on ``device`` (None: the network's own;
+        the training device, as the evaluation's pass). The evaluation that follows scores
+        this network without re-estimating its statistics again where the pass would give
+        the same ones: same images, same device, nothing changed since
         (:func:`~fedlit.evaluation.recalibrate`)."""
-        recalibrate(self.network, data)
+        recalibrate(self.network, data, device)
         if self.loss.fixed_tau is not None:
             self.thresholds = torch.full_like(self.thresholds, self.loss.fixed_tau)
             return
-        probs, labels = predict_probabilities(self.network, data.val_dataloader())
+        probs, labels = predict_probabilities(self.network, data.val_dataloader(), device)
         self.thresholds = class_thresholds(probs, labels).clamp(0.0, 1.0)  # type: ignore[arg-type]
 
     def warm_start(self, network: StateDict, data: FederatedDataModule) -> None:

@@ -3,6 +3,7 @@ positive and complementary-negative sets, the complementary loss and the client 
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -19,10 +20,14 @@ from fedlit.objectives.schedules import gaussian_rampup
 
 @torch.no_grad()
 def predict_probabilities(
-    network: nn.Module, loader: Iterable[tuple[Tensor, ...]]
+    network: nn.Module, loader: Iterable[tuple[Tensor, ...]], device: torch.device | None = None
 ) -> tuple[Tensor, Tensor | None]:
-    """Softmax outputs of ``network`` in eval mode, on its own device, over batches ``(x,)``
-    or ``(x, y)``: (probs (N, M) on the CPU, labels (N,) or None). The mode is restored."""
+    """Softmax outputs of ``network`` in eval mode over batches ``(x,)`` or ``(x, y)``: (probs
+    (N, M) on the CPU, labels (N,) or None). The mode is restored. ``device``: where they are
+    computed (None: the network's own; another: by a copy of the network there)."""
+    home = next(network.parameters()).device
+    if device is not None and torch.device(device) != home:
+        network = copy.deepcopy(network).to(device)
     was_training = network.training
     network.eval()
     device = next(network.parameters()).device
