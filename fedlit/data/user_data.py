@@ -216,14 +216,16 @@ Statistics = tuple[tuple[float, ...], tuple[float, ...]]  # (mean, std), one flo
 def channel_statistics(images: Pixels, *more: Pixels, chunk: int = 4096) -> Statistics:
     """The per-channel mean and standard deviation (sample, as torch's ``std``) of uint8
     ``images`` (N, C, H, W) (and of ``more`` of the same size, taken with them) as pixel
-    values in [0, 1]: ``(mean, std)``, each C floats; read a chunk at a time."""
+    values in [0, 1]: ``(mean, std)``, each C floats; read a chunk at a time, into one float64
+    copy of it (scaled and squared in place, dropped before the next one is made)."""
     total = torch.zeros(images.shape[1], dtype=torch.float64)
     squares = torch.zeros_like(total)
     for part in (images, *more):
         for start in range(0, len(part), chunk):
-            x = as_tensor(part[start : start + chunk]).to(torch.float64) / 255
+            x = as_tensor(part[start : start + chunk]).to(torch.float64, copy=True).div_(255)
             total += x.sum(dim=(0, 2, 3))
-            squares += (x * x).sum(dim=(0, 2, 3))
+            squares += x.mul_(x).sum(dim=(0, 2, 3))
+            del x  # before the next chunk's copy is made
     n = sum(len(part) for part in (images, *more)) * images.shape[2] * images.shape[3]
     mean = total / n
     var = (squares - n * mean * mean) / max(n - 1, 1)
