@@ -192,11 +192,15 @@ def decode_files(
 
 def _narrowed(wide: np.ndarray, channels: int, folder: Path | None, name: str) -> np.ndarray:
     """``wide`` (N, 3, S, S) as ``channels`` channels (grey: the first), written to
-    ``folder/<name>.npy`` where given (a chunk at a time) and the wide file removed."""
+    ``folder/<name>.npy`` where given: RGB, the wide file renamed; grey, its first channel
+    copied a chunk at a time and the wide file removed."""
     if folder is None:
         return wide if channels == 3 else np.ascontiguousarray(wide[:, :1])
     if isinstance(wide, np.memmap):
         wide.flush()
+    if channels == 3:  # the wide file is the split's file already
+        os.rename(folder / f".{name}-rgb.npy", folder / f"{name}.npy")
+        return wide
     shape = (len(wide), channels, *wide.shape[2:])
     out = np.lib.format.open_memmap(folder / f"{name}.npy", mode="w+", dtype=np.uint8, shape=shape)
     for start in range(0, len(wide), 4096):
