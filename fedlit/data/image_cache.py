@@ -20,6 +20,9 @@ and size reads the cache and decodes nothing.
 A split that fits its cap (:func:`stage_limit`: ``FEDLIT_STAGE_LIMIT_BYTES``, else half of
 the memory free) is read into memory; a larger one is memory-mapped
 (:class:`~fedlit.data.mapped.MappedImages`), its batches read from the file as they are drawn.
+A split read from the cache is handed over to the draw rather than kept
+(:class:`~fedlit.data.user_data.ReadImages`): the clients' shards and the server's sets drawn
+from it are the only copy of its images a run holds (a later draw reads the cache again).
 """
 
 from __future__ import annotations
@@ -280,16 +283,34 @@ class ImageCache:
         labels: dict[str, torch.Tensor | None] = {}
         try:
             for split in meta["splits"]:
-                mapped = MappedImages(self.folder / f"{split}.npy")
-                if limit is not None and mapped.nbytes > limit:
-                    images[split] = mapped
-                else:
-                    images[split] = torch.from_numpy(np.load(self.folder / f"{split}.npy"))
+                images[split] = self._images(split, limit)
                 at = self.folder / f"{split}-labels.npy"
                 labels[split] = torch.from_numpy(np.load(at)).long() if at.is_file() else None
         except (OSError, ValueError, KeyError, TypeError):
             return None
         return CachedImages(images, labels, meta)
+
+    def _images(self, split: str, limit: int | None) -> Pixels:
+        """Split ``split``'s images: read into memory, or mapped where over ``limit``."""
+        mapped = MappedImages(self.folder / f"{split}.npy")
+        if limit is not None and mapped.nbytes > limit:
+            return mapped
+        return torch.from_numpy(np.load(self.folder / f"{split}.npy"))
+
+    def read_again(self, split: str) -> Pixels:
+        """Split ``split``'s images read again (a data set read from the cache hands its
+        splits over to the draw, :class:`~fedlit.data.user_data.ReadImages`); RuntimeError
+        naming the cache where it is no longer whole."""
+        why = "it is gone or another version"
+        if self._meta() is not None:
+            try:
+                return self._images(split, stage_limit())
+            except (OSError, ValueError) as err:
+                why = str(err)
+        raise RuntimeError(
+            f"the image cache {self.folder} cannot be read again ({why}): it was removed or "
+            "changed while the data module used it; make the data module again"
+        )
 
     def write(
         self,
@@ -378,11 +399,13 @@ def read_folders(
     labels = {"train": _labels_of(train), "test": _labels_of(test)}
     every_file = [p for split in files.values() for p in split]
     key = fingerprint(every_file, root, image_size)
-    cached = None
+    cached, reread = None, None
     if cache_root is not None:
         cache = ImageCache.of(cache_root, kind, root, key)
         extra = {"clients": [[name, len(files)] for name, files in clients]}
         cached = cache.read() or cache.write(files, labels, image_size, extra)
+        if cached is not None:  # read again where handed over (see ReadImages)
+            reread = cache.read_again
     if cached is not None:
         images = cached.images
         channels, size = int(cached.meta["channels"]), int(cached.meta["size"])
@@ -397,6 +420,7 @@ def read_folders(
         [name for name, _ in clients],
         [len(files) for _, files in clients],
         StatisticsCache(root / STATS_FILE, key),
+        reread=reread,
     )
     spec = user_spec(kind, read, classes, channels, size, hflip=True)
     return spec, read
