@@ -6,12 +6,14 @@ weights the in-memory split does."""
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import shutil
 import subprocess
 import sys
 import time
+import weakref
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -325,3 +327,70 @@ def test_a_folders_sizes_are_refused_before_decoding(
             "folder", **given, labeled_per_class=2, num_clients=3, examples_per_client=3
         )
     assert not data_root.exists()
+
+
+def test_the_draw_holds_the_only_copy_of_the_splits_read_from_the_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A data set read from the cache hands its splits over to the draw: once drawn, the
+    split read is freed (the clients' shards and the server's sets are the run's only copy of
+    its images); a second draw reads the cache again, without decoding, and is the draw a
+    fresh data module makes. A cache gone meanwhile is named."""
+    root, data_root = photo_folder(tmp_path / "photos"), tmp_path / "data"
+    made(root, data_root)  # writes the cache: the data module below reads it
+    data = made(root, data_root)
+    read = data.user_data
+    train = weakref.ref(read.images("train"))
+    data.setup_federation(0)
+    gc.collect()
+    assert train() is None
+    no_decoding(monkeypatch)
+    for seed in (0, 1):
+        data.setup_federation(seed)
+        fresh = made(root, data_root)
+        fresh.setup_federation(seed)
+        for ours, theirs in zip([data.server, data.test, *data.clients], [
+            fresh.server, fresh.test, *fresh.clients
+        ], strict=True):  # fmt: skip
+            assert torch.equal(ours.images, theirs.images)
+            assert torch.equal(ours.labels, theirs.labels)
+    [folder] = caches(data_root)
+    shutil.rmtree(folder)
+    with pytest.raises(RuntimeError, match=f"the image cache {folder} cannot be read again"):
+        data.setup_federation(0)
+
+
+def test_clients_folders_read_from_the_cache_are_handed_over_too(tmp_path: Path) -> None:
+    """Clients as folders: the clients' images read from the cache go to the draw, whose
+    shards are their only copy; read again, they are the same."""
+    root = tmp_path / "mine"
+    for split in ("labeled", "test"):
+        for c in range(3):
+            folder = root / split / f"class{c}"
+            folder.mkdir(parents=True)
+            for n in range(3):
+                write_png(photo(10 * c + n, SIZE, SIZE), str(folder / f"{n}.png"))
+    for k, name in enumerate(("ada", "bo")):
+        (root / "clients" / name).mkdir(parents=True)
+        for n in range(2 + k):
+            write_png(photo(50 + 10 * k + n, SIZE, SIZE), str(root / "clients" / name / f"{n}.png"))
+
+    def client_data() -> FederatedDataModule:
+        data = FederatedDataModule(
+            "client_folders",
+            root=str(tmp_path / "data"),
+            path=str(root),
+            num_clients=2,
+            labeled_per_class=None,
+        )
+        data.setup_federation(0)
+        return data
+
+    client_data()  # writes the cache
+    data = client_data()
+    assert data.user_data._clients is None  # handed over to the shards
+    before = [shard.images for shard in data.clients]
+    assert [len(images) for images in data.user_data.clients] == [2, 3]
+    data.setup_federation(0)
+    for images, again in zip(before, data.clients, strict=True):
+        assert torch.equal(images, again.images)

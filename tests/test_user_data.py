@@ -278,6 +278,30 @@ def test_a_changed_folder_is_recomputed(tmp_path: Path) -> None:
     assert json.loads((root / STATS_FILE).read_text())["fingerprint"] != cached["fingerprint"]
 
 
+def test_statistics_are_the_formulas_bit_for_bit_and_leave_the_images_alone() -> None:
+    """channel_statistics scales and squares its float64 copy of a chunk in place (one copy
+    of a chunk's size at a time, not three): the same numbers, bit for bit, as the formulas
+    written out of place, chunk by chunk over two sets of images; the images are untouched."""
+    g = torch.Generator().manual_seed(0)
+    images = torch.randint(0, 256, (70, 3, 9, 9), generator=g, dtype=torch.uint8)
+    more = torch.randint(0, 256, (20, 3, 9, 9), generator=g, dtype=torch.uint8)
+    kept = images.clone(), more.clone()
+    for chunk in (16, 4096):
+        total = torch.zeros(3, dtype=torch.float64)
+        squares = torch.zeros_like(total)
+        for part in (images, more):
+            for start in range(0, len(part), chunk):
+                x = part[start : start + chunk].to(torch.float64) / 255
+                total += x.sum(dim=(0, 2, 3))
+                squares += (x * x).sum(dim=(0, 2, 3))
+        n = 90 * 9 * 9
+        mean = total / n
+        std = ((squares - n * mean * mean) / (n - 1)).clamp_min(0).sqrt()
+        expected = (tuple(mean.tolist()), tuple(std.tolist()))
+        assert channel_statistics(images, more, chunk=chunk) == expected
+    assert torch.equal(images, kept[0]) and torch.equal(more, kept[1])
+
+
 def test_grey_and_rgb_are_detected_and_sizes_fitted(tmp_path: Path) -> None:
     """A folder with one RGB image among grey ones is RGB (the grey ones repeated to three
     channels); data.image_size resizes (shorter side) and centre-crops every image."""

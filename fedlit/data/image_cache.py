@@ -17,11 +17,14 @@ that finds it being written waits for it, a leftover temporary folder (a run kil
 writing) is never read and is removed by the next writer. A second run with the same files
 and size reads the cache and decodes nothing. A cache written replaces those it makes stale:
 the same data's at the same size (its files since changed) and those of data whose folder is
-gone are removed, unless another run holds them.
+gone are removed, unless another run is writing them.
 
 A split that fits its cap (:func:`stage_limit`: ``FEDLIT_STAGE_LIMIT_BYTES``, else half of
 the memory free) is read into memory; a larger one is memory-mapped
 (:class:`~fedlit.data.mapped.MappedImages`), its batches read from the file as they are drawn.
+A split read from the cache is handed over to the draw rather than kept
+(:class:`~fedlit.data.user_data.ReadImages`): the clients' shards and the server's sets drawn
+from it are the only copy of its images a run holds (a later draw reads the cache again).
 """
 
 from __future__ import annotations
@@ -193,11 +196,15 @@ def decode_files(
 
 def _narrowed(wide: np.ndarray, channels: int, folder: Path | None, name: str) -> np.ndarray:
     """``wide`` (N, 3, S, S) as ``channels`` channels (grey: the first), written to
-    ``folder/<name>.npy`` where given (a chunk at a time) and the wide file removed."""
+    ``folder/<name>.npy`` where given: RGB, the wide file renamed; grey, its first channel
+    copied a chunk at a time and the wide file removed."""
     if folder is None:
         return wide if channels == 3 else np.ascontiguousarray(wide[:, :1])
     if isinstance(wide, np.memmap):
         wide.flush()
+    if channels == 3:  # the wide file is the split's file already
+        os.rename(folder / f".{name}-rgb.npy", folder / f"{name}.npy")
+        return wide
     shape = (len(wide), channels, *wide.shape[2:])
     out = np.lib.format.open_memmap(folder / f"{name}.npy", mode="w+", dtype=np.uint8, shape=shape)
     for start in range(0, len(wide), 4096):
@@ -279,16 +286,34 @@ class ImageCache:
         labels: dict[str, torch.Tensor | None] = {}
         try:
             for split in meta["splits"]:
-                mapped = MappedImages(self.folder / f"{split}.npy")
-                if limit is not None and mapped.nbytes > limit:
-                    images[split] = mapped
-                else:
-                    images[split] = torch.from_numpy(np.load(self.folder / f"{split}.npy"))
+                images[split] = self._images(split, limit)
                 at = self.folder / f"{split}-labels.npy"
                 labels[split] = torch.from_numpy(np.load(at)).long() if at.is_file() else None
         except (OSError, ValueError, KeyError, TypeError):
             return None
         return CachedImages(images, labels, meta)
+
+    def _images(self, split: str, limit: int | None) -> Pixels:
+        """Split ``split``'s images: read into memory, or mapped where over ``limit``."""
+        mapped = MappedImages(self.folder / f"{split}.npy")
+        if limit is not None and mapped.nbytes > limit:
+            return mapped
+        return torch.from_numpy(np.load(self.folder / f"{split}.npy"))
+
+    def read_again(self, split: str) -> Pixels:
+        """Split ``split``'s images read again (a data set read from the cache hands its
+        splits over to the draw, :class:`~fedlit.data.user_data.ReadImages`); RuntimeError
+        naming the cache where it is no longer whole."""
+        why = "it is gone or another version"
+        if self._meta() is not None:
+            try:
+                return self._images(split, stage_limit())
+            except (OSError, ValueError) as err:
+                why = str(err)
+        raise RuntimeError(
+            f"the image cache {self.folder} cannot be read again ({why}): it was removed or "
+            "changed while the data module used it; make the data module again"
+        )
 
     def write(
         self,
@@ -320,7 +345,7 @@ class ImageCache:
     def _prune(self, image_size: int | None) -> None:
         """Remove the caches this one replaces: of the same data at the same ``image_size``
         (its files since changed, added or removed), and of data whose folder is gone. A
-        cache another run holds (its lock taken) is left."""
+        cache another run is writing (its lock taken) is left."""
         for folder in self.root.iterdir():
             if folder.name.startswith(".") or folder == self.folder or not folder.is_dir():
                 continue
@@ -401,11 +426,13 @@ def read_folders(
     labels = {"train": _labels_of(listing.train), "test": _labels_of(listing.test)}
     every_file = [p for split in files.values() for p in split]
     key = fingerprint(every_file, root, image_size)
-    cached = None
+    cached, reread = None, None
     if cache_root is not None:
         cache = ImageCache.of(cache_root, kind, root, key)
         extra = {"clients": [[name, len(files)] for name, files in clients]}
         cached = cache.read() or cache.write(files, labels, image_size, extra)
+        if cached is not None:  # read again where handed over (see ReadImages)
+            reread = cache.read_again
     if cached is not None:
         images = cached.images
         channels, size = int(cached.meta["channels"]), int(cached.meta["size"])
@@ -422,6 +449,7 @@ def read_folders(
         [len(files) for _, files in clients],
         StatisticsCache(root / STATS_FILE, key),
         made_rgb=made_rgb,
+        reread=reread,
     )
     spec = user_spec(kind, read, listing.classes, channels, size, hflip=True)
     return spec, read

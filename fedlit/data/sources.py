@@ -379,7 +379,7 @@ class ClientFolders(Folder):
         )
         bounds = np.cumsum([0, *read.client_sizes])
         parts = [np.arange(a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
-        return _unlabeled(ImageSplit(read.client_images, None, why), "", parts)
+        return _unlabeled(ImageSplit(read.hand_over_clients(), None, why), "", parts)
 
     def clients_without_labels(self, pool: str) -> tuple[str, str] | None:
         return (

@@ -53,7 +53,7 @@ import math
 import os
 import pickle
 import tempfile
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -243,14 +243,16 @@ Statistics = tuple[tuple[float, ...], tuple[float, ...]]  # (mean, std), one flo
 def channel_statistics(images: Pixels, *more: Pixels, chunk: int = 4096) -> Statistics:
     """The per-channel mean and standard deviation (sample, as torch's ``std``) of uint8
     ``images`` (N, C, H, W) (and of ``more`` of the same size, taken with them) as pixel
-    values in [0, 1]: ``(mean, std)``, each C floats; read a chunk at a time."""
+    values in [0, 1]: ``(mean, std)``, each C floats; read a chunk at a time, into one float64
+    copy of it (scaled and squared in place, dropped before the next one is made)."""
     total = torch.zeros(images.shape[1], dtype=torch.float64)
     squares = torch.zeros_like(total)
     for part in (images, *more):
         for start in range(0, len(part), chunk):
-            x = as_tensor(part[start : start + chunk]).to(torch.float64) / 255
+            x = as_tensor(part[start : start + chunk]).to(torch.float64, copy=True).div_(255)
             total += x.sum(dim=(0, 2, 3))
-            squares += (x * x).sum(dim=(0, 2, 3))
+            squares += x.mul_(x).sum(dim=(0, 2, 3))
+            del x  # before the next chunk's copy is made
     n = sum(len(part) for part in (images, *more)) * images.shape[2] * images.shape[3]
     mean = total / n
     var = (squares - n * mean * mean) / max(n - 1, 1)
@@ -317,6 +319,12 @@ class ReadImages:
     The images live in the process that read them: a pickled copy (what a pool or Ray worker
     receives with the data module, whose clients' shards are already drawn) holds none, so the
     data are not shipped twice; calling it there raises RuntimeError.
+
+    A data set that can be read again (from the image cache: ``reread`` reads a split's
+    images, ``train``, ``test`` or :data:`CLIENTS`, from it) is handed over rather than kept:
+    the first call for a split (the draw's) gets the images read and this object drops them,
+    so that the clients' shards and the server's sets drawn from them are the only copy a run
+    holds; a later call reads them again (the same pixels).
     """
 
     def __init__(
@@ -328,9 +336,12 @@ class ReadImages:
         cache: StatisticsCache | None = None,
         statistics: Statistics | None = None,
         made_rgb: int = 0,
+        reread: Callable[[str], Pixels] | None = None,
     ) -> None:
-        self._splits: Mapping[str, Images] | None = splits
+        self._splits: dict[str, Images] | None = dict(splits)
+        self._labels = {name: labels for name, (_, labels) in splits.items()}
         self._clients = clients
+        self._reread = reread
         self.client_names, self.client_sizes = tuple(client_names), tuple(client_sizes)
         self.cache, self.statistics = cache, statistics
         #: How many grey images were made RGB (the data set is RGB: other images are colour).
@@ -352,21 +363,42 @@ class ReadImages:
                 "a copy of a user's data set holds no images: it was read in "
                 "the process that made the data module"
             )
-        return self._splits[split]
+        if self._reread is None:
+            return self._splits[split]
+        labels = self._labels[split]
+        held = self._splits.pop(split, None)  # handed over (see the class)
+        return held if held is not None else (self._reread(split), labels)
+
+    def images(self, split: str) -> Pixels:
+        """Split ``split``'s images, kept rather than handed over (the statistics read them
+        before the draw does)."""
+        if self._splits is not None and split in self._splits:
+            return self._splits[split][0]
+        return self(Path(), split, False)[0]
 
     @property
     def client_images(self) -> Pixels:
         """Every client's images, one client after the other (:attr:`client_sizes` each),
-        in the order of their folders' names."""
-        if self._clients is None:
-            raise RuntimeError("this data set has no clients' folders")
-        return self._clients
+        in the order of their folders' names (kept: see :meth:`hand_over_clients`)."""
+        if self._clients is not None:
+            return self._clients
+        if self._reread is not None and self.client_names:
+            return self._reread(CLIENTS)
+        raise RuntimeError("this data set has no clients' folders")
+
+    def hand_over_clients(self) -> Pixels:
+        """:attr:`client_images`, handed over where they can be read again (see the class):
+        the clients' shards drawn from them are then their only copy."""
+        images = self.client_images
+        if self._reread is not None:
+            self._clients = None
+        return images
 
     @property
     def clients(self) -> list[Pixels]:
         """Each client's images (N_k, C, H, W), in the order of their folders' names."""
-        bounds = np.cumsum([0, *self.client_sizes])
-        return [self.client_images[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+        bounds, images = np.cumsum([0, *self.client_sizes]), self.client_images
+        return [images[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
     def save_statistics(self) -> None:
         """Write the statistics to the cache beside the data, where there is one."""
@@ -375,7 +407,8 @@ class ReadImages:
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state["_splits"] = state["_clients"] = None
+        state["_splits"] = state["_clients"] = state["_reread"] = None
+        state["_labels"] = {}
         return state
 
 
@@ -481,7 +514,7 @@ def user_spec(
     images (a folder of clients: the labeled and the clients' images)."""
     statistics = read.cache.read() if read.cache is not None else None
     if statistics is None or len(statistics[0]) != channels:
-        train = read(Path(), "train", False)[0]
+        train = read.images("train")
         clients = [read.client_images] if read.client_names else []
         statistics = channel_statistics(train, *clients)
     read.statistics = statistics
