@@ -23,18 +23,20 @@ Then ``fedlit fit`` runs on them (recipes/examples/image_folder.yaml, one short 
 clients, 5 labeled images a class, no validation set, 100 test images, 2 local steps, one
 server epoch) in a child process for each case:
 
-- first run, decoding with 1 thread (``FEDLIT_DECODE_WORKERS=1``), a fresh ``data.root``;
-- first run, decoding with 2 threads, another fresh ``data.root``;
-- second run, the same files and size: read from the 2-thread run's cache.
+- first run, decoding in this process alone (``FEDLIT_DECODE_WORKERS=1``), a fresh ``data.root``;
+- first run, decoding in 2 worker processes, another fresh ``data.root``;
+- second run, the same files and size: read from the 2-worker run's cache.
 
 Before each first run the folder's statistics file (``fedlit-stats.json``, which a run writes
 beside the images) is removed, so that both first runs compute the statistics as a first run
 does; the second run reads them, as a second run does.
 
 For each case it prints the child's peak resident memory (its ``VmHWM``, read by the child as
-it ends), in GiB (2**30 bytes) and in GB (10**9 bytes); the data's set-up time (making
+it ends), in GiB (2**30 bytes) and in GB (10**9 bytes): the decoding workers, forked from
+it and sharing its pages, are not in it (each holds its own image being decoded and up to two
+chunks of 8 MiB it hands back); the data's set-up time (making
 the data module: decoding or reading the cache, and the statistics) and the whole run's time;
-then the set-up of 2 decoding threads against 1, and of the second run against the first.
+then the set-up of 2 decoding workers against 1, and of the second run against the first.
 
     python benchmarks/image_cache.py                          # 2,200 JPEGs, as in the targets
     python benchmarks/image_cache.py --images 20000           # the larger target
@@ -185,8 +187,8 @@ def run_case(images: Path, root: Path, run_dir: Path, image_size: int, workers: 
 def run_cases(work: Path, images: Path, image_size: int) -> None:
     """The three cases on the folder ``images``, a line each, then the set-up ratios."""
     cases = [
-        ("first run, 1 decoding thread", "root1", 1, True),
-        ("first run, 2 decoding threads", "root2", 2, True),
+        ("first run, 1 decoding worker", "root1", 1, True),
+        ("first run, 2 decoding workers", "root2", 2, True),
         ("second run (from the cache)", "root2", 2, False),
     ]
     results = []
@@ -205,9 +207,9 @@ def run_cases(work: Path, images: Path, image_size: int) -> None:
         )
     first1, first2, second = results
     print(
-        f"set-up speed-up: 2 decoding threads over 1: {first1['setup'] / first2['setup']:.2f}x; "
-        f"second run over the first: {first2['setup'] / second['setup']:.1f}x (2 threads), "
-        f"{first1['setup'] / second['setup']:.1f}x (1 thread)"
+        f"set-up speed-up: 2 decoding workers over 1: {first1['setup'] / first2['setup']:.2f}x; "
+        f"second run over the first: {first2['setup'] / second['setup']:.1f}x (2 workers), "
+        f"{first1['setup'] / second['setup']:.1f}x (1 worker)"
     )
 
 

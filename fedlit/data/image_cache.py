@@ -1,9 +1,10 @@
 """The user's image files decoded once, in parallel, into a cache at ``data.image_size``.
 
 Decoding (:func:`decode_files`) reads each image and fits it to the data set's size on its own,
-on a pool of threads (torchvision's decoders and torch's resize release the GIL; one a core,
-or ``FEDLIT_DECODE_WORKERS``), with a progress bar, straight into one uint8 array per split:
-no image is held at its own size longer than it takes to fit it.
+in a DataLoader's worker processes (one a core, or ``FEDLIT_DECODE_WORKERS``; processes, not
+threads: torchvision's decoder holds the GIL on small images), a chunk of images at a time, with
+a progress bar, straight into one uint8 array per split: no image is held at its own size
+longer than it takes to fit it.
 
 The cache (:class:`ImageCache`) lives under ``data.root``, in ``<data.root>/fedlit-cache/``,
 beside the data sets fedlit downloads there: the place a recipe already names for data fedlit
@@ -29,14 +30,12 @@ from it are the only copy of its images a run holds (a later draw reads the cach
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,6 +44,7 @@ import numpy as np
 import torch
 from filelock import FileLock, Timeout
 from torch import Tensor
+from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm  # text, also in notebooks (no widget: no ipywidgets needed)
 
 from fedlit.data.datasets import DatasetSpec
@@ -69,9 +69,11 @@ CACHE_FOLDER = "fedlit-cache"
 CACHE_VERSION = 1
 #: Bytes a split of the user's cached images may take in memory; a larger one is mapped.
 STAGE_LIMIT_ENV = "FEDLIT_STAGE_LIMIT_BYTES"
-#: The threads that decode images (default: one per core this process may use).
+#: The processes that decode images (default: one per core this process may use).
 WORKERS_ENV = "FEDLIT_DECODE_WORKERS"
-CHUNK = 32  # images a task decodes
+#: The bytes of fitted images a worker hands back at once (up to 1,024 images): larger chunks
+#: spread a worker's fixed cost per chunk (the transfer to this process) over more images.
+CHUNK_BYTES = 8 * 2**20
 
 
 def _positive_env(name: str) -> int | None:
@@ -90,8 +92,8 @@ def _positive_env(name: str) -> int | None:
 
 
 def decode_workers() -> int:
-    """The threads decoding images: ``FEDLIT_DECODE_WORKERS``, else the cores this process
-    may use."""
+    """The processes decoding images: ``FEDLIT_DECODE_WORKERS``, else the cores this
+    process may use (1: this process alone)."""
     given = _positive_env(WORKERS_ENV)
     return given if given is not None else available_cores()
 
@@ -134,7 +136,8 @@ def decode_files(
     splits: Mapping[str, Sequence[Path]], image_size: int | None, folder: Path | None = None
 ) -> Decoded:
     """Every split's image files decoded and fitted to ``image_size`` (None: the size they
-    all share, square), each on its own, on :func:`decode_workers` threads, into ``folder``
+    all share, square), each on its own, in :func:`decode_workers` worker processes (a
+    DataLoader's: :class:`_Decoder`), into ``folder``
     (``<split>.npy`` files) or memory. RGB if any image is in colour, else grey. ValueError
     naming the file (or ``data.image_size``) for an unreadable image or, without
     ``image_size``, one of another size."""
@@ -161,37 +164,71 @@ def decode_files(
             else np.empty(shape, dtype=np.uint8)
         )
 
-    def decode(chunk: list[tuple[str, int, Path]]) -> tuple[int, int]:
-        grey = 0
-        for name, n, path in chunk:
-            image = read_image(path)
-            if image_size is None and tuple(image.shape[-2:]) != (size, size):
-                raise ValueError(
-                    f"data.image_size is needed: the images' sizes differ ({first} is "
-                    f"{size}x{size}, {path} is {image.shape[-2]}x{image.shape[-1]}); set "
-                    "data.image_size"
-                )
-            image = fit_size(image, size)
-            grey += image.shape[0] == 1
-            wide[name][n] = image.expand(3, -1, -1).numpy()
-        return grey, len(chunk)
-
-    chunks = [every[k : k + CHUNK] for k in range(0, len(every), CHUNK)]
-    workers = min(decode_workers(), len(chunks))
+    workers = decode_workers()
+    even = -(-len(every) // (8 * workers))  # at least 8 chunks a worker, to share them evenly
+    per_chunk = max(1, min(1024, even, CHUNK_BYTES // (3 * size * size)))
+    chunks = [every[k : k + per_chunk] for k in range(0, len(every), per_chunk)]
+    workers = min(workers, len(chunks))
+    decoder = _Decoder([[path for _, _, path in chunk] for chunk in chunks], size, image_size)
+    loader = DataLoader(
+        decoder,
+        batch_size=None,
+        num_workers=workers if workers > 1 else 0,
+        worker_init_fn=_one_thread,
+    )
     grey = 0
-    with _torch_threads(1 if workers > 1 else torch.get_num_threads()):
-        bar = tqdm(total=len(every), desc="decoding images", unit="img", disable=None)
-        with bar, ThreadPoolExecutor(workers) as pool:
-            try:
-                for chunk_grey, done in pool.map(decode, chunks):
-                    grey += chunk_grey
-                    bar.update(done)
-            except BaseException:
-                pool.shutdown(cancel_futures=True)
-                raise
+    with tqdm(total=len(every), desc="decoding images", unit="img", disable=None) as bar:
+        for chunk, (error, chunk_grey, images) in zip(chunks, loader, strict=True):
+            if error:
+                raise ValueError(error)
+            for (name, n, _), image in zip(chunk, images.numpy(), strict=True):
+                wide[name][n] = image
+            grey += chunk_grey
+            bar.update(len(chunk))
     channels = 1 if grey == len(every) else 3
     arrays = {name: _narrowed(array, channels, folder, name) for name, array in wide.items()}
     return Decoded(arrays, channels, size, grey if channels == 3 else 0)
+
+
+class _Decoder(Dataset):
+    """Chunks of image files, item k the k-th decoded and fitted to ``size``: (an error's
+    message or "", how many are grey, their images (n, 3, S, S) uint8, grey ones repeated).
+    Read by a DataLoader whose worker processes decode on every core: torchvision's decoder
+    holds the GIL on small images, so threads would not (a 28x28 PNG decoded on two threads
+    took longer than on one). ``image_size`` None: every image must be ``size`` already."""
+
+    def __init__(self, chunks: list[list[Path]], size: int, image_size: int | None) -> None:
+        self.chunks, self.size, self.image_size = chunks, size, image_size
+
+    def __len__(self) -> int:
+        return len(self.chunks)
+
+    def __getitem__(self, k: int) -> tuple[str, int, Tensor]:
+        out = np.empty((len(self.chunks[k]), 3, self.size, self.size), dtype=np.uint8)
+        grey = 0
+        for i, path in enumerate(self.chunks[k]):
+            try:
+                image = read_image(path)
+            except ValueError as err:  # a message for the main process to raise
+                return str(err), 0, torch.empty(0)
+            if self.image_size is None and tuple(image.shape[-2:]) != (self.size, self.size):
+                first = self.chunks[0][0]
+                return (
+                    f"data.image_size is needed: the images' sizes differ ({first} is "
+                    f"{self.size}x{self.size}, {path} is {image.shape[-2]}x{image.shape[-1]}); "
+                    "set data.image_size",
+                    0,
+                    torch.empty(0),
+                )
+            image = fit_size(image, self.size)
+            grey += image.shape[0] == 1
+            out[i] = image.numpy()  # a grey image broadcast to three channels
+        return "", grey, torch.from_numpy(out)
+
+
+def _one_thread(worker: int) -> None:
+    """A decoding worker's torch runs on one thread (the workers share the cores)."""
+    torch.set_num_threads(1)
 
 
 def _narrowed(wide: np.ndarray, channels: int, folder: Path | None, name: str) -> np.ndarray:
@@ -213,18 +250,6 @@ def _narrowed(wide: np.ndarray, channels: int, folder: Path | None, name: str) -
     del wide
     (folder / f".{name}-rgb.npy").unlink()
     return out
-
-
-@contextlib.contextmanager
-def _torch_threads(count: int) -> Iterator[None]:
-    """torch's intra-op threads set to ``count`` for a while (the decoding threads, one a
-    core, each resize on one)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(count)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def cache_key(kind: str, path: Path, fingerprint: str) -> str:
