@@ -25,7 +25,7 @@ from torchvision.io import write_png
 from fedlit.cli import main
 from fedlit.data import Dirichlet, FederatedDataModule
 from fedlit.data.datasets import synthetic_images
-from fedlit.data.user_data import STATS_FILE, channel_statistics
+from fedlit.data.user_data import STATS_FILE, channel_statistics, fingerprint, image_files
 from fedlit.federation.callbacks import Announce
 from fedlit.federation.checkpoint import load_checkpoint
 from fedlit.methods import ServerSL
@@ -559,3 +559,26 @@ def test_a_class_too_small_for_the_split_is_named_by_its_folder(tmp_path: Path) 
     images = image_folder(tmp_path / "images", train=100, test=20)  # 10 images a class
     with pytest.raises(ValueError, match=r"labeled_per_class=30 .*class 0 \('c0'\) of folder"):
         FederatedDataModule(dataset="folder", path=str(images), labeled_per_class=30)
+
+
+def test_image_files_are_in_path_order_and_the_fingerprint_follows_every_file(
+    tmp_path: Path,
+) -> None:
+    """Images under a folder come in the order their paths sort in, part by part (a
+    sub-folder ``a`` before ``a-b``, which sorts first as a string), hidden ones left out; the
+    fingerprint changes with a file's size and with a renamed file."""
+    names = ["a-b/x.png", "a/b.png", "a/c d.png", "a.b/z.png", "ab.png", "a/b/c.png", ".h/i.png"]
+    for name in names:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(b"x")
+    files = image_files(tmp_path)
+    expected = sorted(Path(tmp_path / n) for n in names if not n.startswith("."))
+    assert files == expected
+    first = ["a/b/c.png", "a/b.png", "a/c d.png"]
+    assert [str(f.relative_to(tmp_path)) for f in files][:3] == first
+    before = fingerprint(files, tmp_path, 28)
+    (tmp_path / "ab.png").write_bytes(b"xy")
+    assert fingerprint(files, tmp_path, 28) != before
+    grown = fingerprint(files, tmp_path, 28)
+    (tmp_path / "ab.png").rename(tmp_path / "ac.png")
+    assert fingerprint(image_files(tmp_path), tmp_path, 28) != grown
