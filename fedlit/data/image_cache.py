@@ -71,8 +71,8 @@ CACHE_VERSION = 1
 STAGE_LIMIT_ENV = "FEDLIT_STAGE_LIMIT_BYTES"
 #: The processes that decode images (default: one per core this process may use).
 WORKERS_ENV = "FEDLIT_DECODE_WORKERS"
-#: The bytes of fitted images a worker hands back at once (up to 1,024 images): larger chunks
-#: spread a worker's fixed cost per chunk (the transfer to this process) over more images.
+#: The bytes of fitted images a worker decodes at once (up to 1,024 images): larger chunks
+#: spread a worker's fixed cost per chunk (its hand-over to this process) over more images.
 CHUNK_BYTES = 8 * 2**20
 
 
@@ -169,7 +169,8 @@ def decode_files(
     per_chunk = max(1, min(1024, even, CHUNK_BYTES // (3 * size * size)))
     chunks = [every[k : k + per_chunk] for k in range(0, len(every), per_chunk)]
     workers = min(workers, len(chunks))
-    decoder = _Decoder([[path for _, _, path in chunk] for chunk in chunks], size, image_size)
+    targets = None if folder is None else {name: folder / f".{name}-rgb.npy" for name in wide}
+    decoder = _Decoder(chunks, size, image_size, targets)
     loader = DataLoader(
         decoder,
         batch_size=None,
@@ -181,38 +182,63 @@ def decode_files(
         for chunk, (error, chunk_grey, images) in zip(chunks, loader, strict=True):
             if error:
                 raise ValueError(error)
-            for (name, n, _), image in zip(chunk, images.numpy(), strict=True):
-                wide[name][n] = image
+            if targets is None:  # handed back: into memory here
+                for (name, n, _), image in zip(chunk, images.numpy(), strict=True):
+                    wide[name][n] = image
             grey += chunk_grey
             bar.update(len(chunk))
+    decoder.close()
     channels = 1 if grey == len(every) else 3
     arrays = {name: _narrowed(array, channels, folder, name) for name, array in wide.items()}
     return Decoded(arrays, channels, size, grey if channels == 3 else 0)
 
 
 class _Decoder(Dataset):
-    """Chunks of image files, item k the k-th decoded and fitted to ``size``: (an error's
-    message or "", how many are grey, their images (n, 3, S, S) uint8, grey ones repeated).
-    Read by a DataLoader whose worker processes decode on every core: torchvision's decoder
-    holds the GIL on small images, so threads would not (a 28x28 PNG decoded on two threads
-    took longer than on one). ``image_size`` None: every image must be ``size`` already."""
+    """Chunks of image files, ``(split, n, path)`` each, item k the k-th decoded and fitted to
+    ``size``: (an error's message or "", how many are grey, their images (n, 3, S, S) uint8,
+    grey ones repeated), the images written into ``targets``, each split's (N, 3, S, S) ``.npy``
+    file, where given (none handed back: nothing crosses between the processes but counts)
+    and else handed back. Read by a DataLoader whose worker processes decode on every core:
+    torchvision's decoder holds the GIL on small images, so threads would not (a 28x28 PNG
+    decoded on two threads took longer than on one). ``image_size`` None: every image must
+    be ``size`` already."""
 
-    def __init__(self, chunks: list[list[Path]], size: int, image_size: int | None) -> None:
-        self.chunks, self.size, self.image_size = chunks, size, image_size
+    def __init__(
+        self,
+        chunks: list[list[tuple[str, int, Path]]],
+        size: int,
+        image_size: int | None,
+        targets: dict[str, Path] | None,
+    ) -> None:
+        self.chunks, self.size, self.image_size, self.targets = chunks, size, image_size, targets
+        self._mapped: dict[str, np.ndarray] = {}
 
     def __len__(self) -> int:
         return len(self.chunks)
 
+    def close(self) -> None:
+        """Let go of the split files this process mapped (decoding in this process)."""
+        self._mapped.clear()
+
+    def _target(self, split: str) -> np.ndarray:
+        assert self.targets is not None
+        if split not in self._mapped:  # once a worker
+            self._mapped[split] = np.load(self.targets[split], mmap_mode="r+")
+        return self._mapped[split]
+
     def __getitem__(self, k: int) -> tuple[str, int, Tensor]:
-        out = np.empty((len(self.chunks[k]), 3, self.size, self.size), dtype=np.uint8)
+        chunk = self.chunks[k]
+        out = np.empty(
+            (len(chunk) if self.targets is None else 0, 3, self.size, self.size), np.uint8
+        )
         grey = 0
-        for i, path in enumerate(self.chunks[k]):
+        for i, (split, n, path) in enumerate(chunk):
             try:
                 image = read_image(path)
             except ValueError as err:  # a message for the main process to raise
                 return str(err), 0, torch.empty(0)
             if self.image_size is None and tuple(image.shape[-2:]) != (self.size, self.size):
-                first = self.chunks[0][0]
+                first = self.chunks[0][0][2]
                 return (
                     f"data.image_size is needed: the images' sizes differ ({first} is "
                     f"{self.size}x{self.size}, {path} is {image.shape[-2]}x{image.shape[-1]}); "
@@ -222,7 +248,13 @@ class _Decoder(Dataset):
                 )
             image = fit_size(image, self.size)
             grey += image.shape[0] == 1
-            out[i] = image.numpy()  # a grey image broadcast to three channels
+            pixels = image.numpy()  # a grey image broadcast to three channels
+            if self.targets is None:
+                out[i] = pixels
+            else:
+                self._target(split)[n] = pixels
+        for mapped in self._mapped.values():
+            mapped.flush()  # type: ignore[attr-defined]
         return "", grey, torch.from_numpy(out)
 
 
