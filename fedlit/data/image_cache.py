@@ -57,9 +57,12 @@ from fedlit.data.user_data import (
     StatisticsCache,
     available_cores,
     available_memory,
+    check_room,
     fingerprint,
     fit_size,
+    not_square,
     read_image,
+    sizes_differ,
     user_spec,
 )
 from fedlit.run_layout import created_mode
@@ -125,10 +128,7 @@ def _first_size(path: Path) -> int:
     image = read_image(path)
     h, w = image.shape[-2:]
     if h != w:
-        raise ValueError(
-            f"data.image_size is needed: the images are {h}x{w}, not square "
-            f"({path}); set data.image_size to resize and centre-crop them"
-        )
+        raise ValueError(not_square((h, w), path))
     return int(h)
 
 
@@ -144,15 +144,11 @@ def decode_files(
     every = [(name, n, p) for name, files in splits.items() for n, p in enumerate(files)]
     first = every[0][2]
     size = image_size if image_size is not None else _first_size(first)
-    needed = len(every) * 3 * size * size
-    free = available_memory() if folder is None else shutil.disk_usage(folder).free
-    if free is not None and needed > free:
-        room = "of memory free here" if folder is None else f"free on disk at {folder.parent}"
-        raise ValueError(
-            f"data.image_size={size}: the {len(every)} images at {size}x{size} take "
-            f"{needed / 2**30:.1f} GiB as uint8, more than the {free / 2**30:.1f} GiB "
-            f"{room}; set a smaller data.image_size"
-        )
+    if folder is None:
+        check_room(len(every), 3, size, available_memory())
+    else:
+        free = shutil.disk_usage(folder).free
+        check_room(len(every), 3, size, free, f"free on disk at {folder.parent}")
     wide: dict[str, np.ndarray] = {}
     for name, files in splits.items():
         shape = (len(files), 3, size, size)
@@ -239,13 +235,7 @@ class _Decoder(Dataset):
                 return str(err), 0, torch.empty(0)
             if self.image_size is None and tuple(image.shape[-2:]) != (self.size, self.size):
                 first = self.chunks[0][0][2]
-                return (
-                    f"data.image_size is needed: the images' sizes differ ({first} is "
-                    f"{self.size}x{self.size}, {path} is {image.shape[-2]}x{image.shape[-1]}); "
-                    "set data.image_size",
-                    0,
-                    torch.empty(0),
-                )
+                return sizes_differ(first, self.size, path, image.shape[-2:]), 0, torch.empty(0)
             image = fit_size(image, self.size)
             grey += image.shape[0] == 1
             pixels = image.numpy()  # a grey image broadcast to three channels

@@ -180,14 +180,36 @@ class SizedImages(Protocol):
     def __iter__(self) -> Iterator[LooseImage]: ...
 
 
-def _memory_check(count: int, channels: int, size: int) -> None:
-    needed, free = count * channels * size * size, available_memory()
+def check_room(
+    count: int, channels: int, size: int, free: int | None, room: str = "of memory free here"
+) -> None:
+    """ValueError naming ``data.image_size`` where ``count`` images of ``channels`` x
+    ``size`` x ``size`` uint8 take more than ``free`` bytes (None: unknown), ``room`` saying
+    where."""
+    needed = count * channels * size * size
     if free is not None and needed > free:
         raise ValueError(
             f"data.image_size={size}: the {count} images at {size}x{size} take "
-            f"{needed / 2**30:.1f} GiB as uint8, more than the {free / 2**30:.1f} GiB of "
-            "memory free here; set a smaller data.image_size"
+            f"{needed / 2**30:.1f} GiB as uint8, more than the {free / 2**30:.1f} GiB "
+            f"{room}; set a smaller data.image_size"
         )
+
+
+def not_square(shape: Sequence[int], source: object) -> str:
+    """The refusal of an image of ``shape`` (H, W), not square, without ``data.image_size``."""
+    return (
+        f"data.image_size is needed: the images are {shape[0]}x{shape[1]}, not square "
+        f"({source}); set data.image_size to resize and centre-crop them"
+    )
+
+
+def sizes_differ(first: object, size: int, other: object, shape: Sequence[int]) -> str:
+    """The refusal of image ``other`` of ``shape`` (H, W) where ``first``, the first image,
+    is ``size`` x ``size``, without ``data.image_size``."""
+    return (
+        f"data.image_size is needed: the images' sizes differ ({first} is {size}x{size}, "
+        f"{other} is {shape[0]}x{shape[1]}); set data.image_size"
+    )
 
 
 def uniform_images(
@@ -209,24 +231,16 @@ def uniform_images(
                 shape = tuple(item.image.shape[-2:])
                 if size is None:
                     if shape[0] != shape[1]:
-                        raise ValueError(
-                            f"data.image_size is needed: the images are {shape[0]}x{shape[1]}, "
-                            f"not square ({item.source}); set data.image_size to resize and "
-                            "centre-crop them"
-                        )
+                        raise ValueError(not_square(shape, item.source))
                     size, first = shape[0], item.source
                 elif image_size is None and shape != (size, size):
-                    raise ValueError(
-                        f"data.image_size is needed: the images' sizes differ ({first} is "
-                        f"{size}x{size}, {item.source} is {shape[0]}x{shape[1]}); set "
-                        "data.image_size"
-                    )
+                    raise ValueError(sizes_differ(first, size, item.source, shape))
                 if not out:
-                    _memory_check(total, channels, size)
+                    check_room(total, channels, size, available_memory())
                 if name not in out:
                     out[name] = torch.empty(len(split), channels, size, size, dtype=torch.uint8)
                 if item.image.shape[0] == 3 and channels == 1:  # the first in colour: RGB
-                    _memory_check(total, 3, size)
+                    check_room(total, 3, size, available_memory())
                     channels = 3
                     out = {key: images.expand(-1, 3, -1, -1).clone() for key, images in out.items()}
                 grey += item.image.shape[0] == 1
