@@ -151,18 +151,21 @@ def test_aggregators_that_average_the_server_in_need_it() -> None:
         GroupwiseWithServer(0)
 
 
-def test_host_copy_is_a_detached_copy_of_the_kept_keys() -> None:
-    """An upload taken with ``host_copy`` holds the module's values, shares no memory with it
-    (the worker overwrites its network for the next client), needs no gradient and keeps only
-    the keys asked for."""
+@pytest.mark.parametrize("how", ["host_copy", "detached_copy"])
+def test_an_upload_is_a_detached_copy_of_the_kept_keys(how: str) -> None:
+    """An upload taken with ``host_copy`` (on the host) or ``detached_copy`` (where the
+    module lies: here the host too) holds the module's values, shares no memory with it (the
+    worker overwrites its network for the next client), needs no gradient and keeps only the
+    keys asked for."""
     from torch import nn
 
-    from fedlit.aggregation.payloads import host_copy
+    from fedlit.aggregation import payloads
 
     torch.manual_seed(0)
     module = nn.Sequential(nn.Linear(3, 2), nn.BatchNorm1d(2))
     module(torch.randn(4, 3))  # BatchNorm's running statistics move off their initial values
-    copy = host_copy(module, keep=lambda key: not key.endswith("num_batches_tracked"))
+    taken = getattr(payloads, how)
+    copy = taken(module, keep=lambda key: not key.endswith("num_batches_tracked"))
     state = module.state_dict()
     assert list(copy) == [k for k in state if not k.endswith("num_batches_tracked")]
     for key, value in copy.items():

@@ -29,6 +29,15 @@ def host_copy(module: nn.Module, keep: Callable[[str], bool] = lambda key: True)
         return {k: v.to("cpu", copy=True) for k, v in state.items() if keep(k)}
 
 
+def detached_copy(module: nn.Module, keep: Callable[[str], bool] = lambda key: True) -> StateDict:
+    """A detached copy of ``module``'s state (the keys ``keep`` accepts) where it lies: a
+    client's upload stays on the device it was computed on until it is aggregated there (an
+    executor of other processes moves it when it sends it)."""
+    with torch.no_grad():
+        state = module.state_dict(keep_vars=True)
+        return {k: v.detach().clone() for k, v in state.items() if keep(k)}
+
+
 def state_part(payload: Mapping[str, StateDict | Tensor], name: str) -> StateDict:
     """Part ``name`` of ``payload``, a state dict (KeyError / TypeError otherwise)."""
     value = payload[name]

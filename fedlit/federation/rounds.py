@@ -86,7 +86,7 @@ def run_round(ctx: RoundContext, round_idx: int) -> dict[str, float]:
     for direction, counts in (("down", work.down), ("up", work.up)):  # in all, then by part
         metrics[f"comm/bytes_{direction}"] = float(sum(counts.values()))
         metrics |= {f"comm/bytes_{direction}/{part}": float(n) for part, n in counts.items()}
-    if ctx.store.bytes_written:  # the client states this round wrote
+    if ctx.store.bytes_written:  # the client states changed, written with the checkpoint
         metrics["state/bytes_written"] = float(ctx.store.bytes_written)
     metrics["time/round_s"] = time.perf_counter() - t0
     return metrics

@@ -1,11 +1,15 @@
-"""The driver's store of every client's persistent state, on disk, one file per client.
+"""The driver's store of every client's persistent state: in memory between checkpoints, on
+disk at each checkpoint, one file per client.
 
 A method's client state (FedCon's projector, FedSEAL's self-ensemble) is whatever its clients
-keep between rounds; a federation may have thousands of clients. So the store keeps no state
-in memory: :meth:`ClientStateStore.put` writes the client's new state at once to a file of its
-own, named by client and round (``<cid>.r<round>.pt``), and the checkpoint records only the
-manifest, which round's file holds each client's state. A round therefore writes what changed
-and nothing else, and the driver's memory does not grow with the clients that took part.
+keep between rounds; a federation may have thousands of clients. The store keeps the states
+it was given or read in memory, up to ``memory_bytes`` (the least recently used beyond it are
+dropped, written first where they are not on disk yet), and writes a changed state to a file of
+its own, named by client and round (``<cid>.r<round>.pt``), when a checkpoint is made
+(:meth:`ClientStateStore.state_dict`): a round reads and writes no file between checkpoints,
+and the checkpoint records only the manifest, which round's file holds each client's state. A
+checkpoint therefore writes what changed and nothing else, and the driver's memory is bounded
+whatever the number of clients.
 
 Consistency after a kill at any moment: a file is written to a temporary name and renamed (a
 failed write, a full disk, removes the temporary file and raises
@@ -23,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.utils._pytree import tree_leaves, tree_map
 
 from fedlit.federation.checkpoint import write_atomically
 
@@ -38,21 +43,41 @@ def _save(path: Path, state: Any) -> None:
     write_atomically(path, lambda tmp: torch.save(state, tmp))
 
 
+def state_bytes(state: Any) -> int:
+    """The bytes of the tensors in a client's state (a tensor, or nested dicts, lists and
+    tuples of them)."""
+    return sum(t.numel() * t.element_size() for t in tree_leaves(state) if torch.is_tensor(t))
+
+
+def _copied(state: Any) -> Any:
+    """A copy of ``state`` whose tensors are new (what a file read would give): a client that
+    changes its state in place and then fails leaves the kept one as it was."""
+    return tree_map(lambda x: x.clone() if torch.is_tensor(x) else x, state)
+
+
+#: The client states a store keeps in memory at most, by default (bytes of their tensors).
+MEMORY_BYTES = 1 << 30
+
+
 class ClientStateStore:
     """Client id -> persistent state (whatever the method keeps; never uploaded), in
     ``directory``. Stateless methods write nothing.
 
     Args:
         directory: where the state files go (``<run>/checkpoints/clients``).
+        memory_bytes: the states kept in memory at most (bytes of their tensors).
     """
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, memory_bytes: int = MEMORY_BYTES) -> None:
         self.directory = Path(directory)
         self.manifest: dict[int, int] = {}  # client -> round of its state's file (checkpointed)
-        self.pending: dict[int, int | None] = {}  # written since the last checkpoint (None: gone)
+        self.pending: dict[int, int | None] = {}  # put since the last checkpoint (None: gone)
         self.source = self.directory  # where the manifest's files are (see load_state_dict)
         self.round_idx = 0
-        self.bytes_written = 0  # since the last checkpoint
+        self.bytes_written = 0  # of the states put since the last checkpoint
+        self.memory_bytes = memory_bytes
+        self._kept: dict[int, tuple[Any, int]] = {}  # client -> (state, its bytes), LRU order
+        self._unwritten: set[int] = set()  # kept states whose pending file is not written yet
 
     def begin_round(self, round_idx: int) -> None:
         """States put from now on belong to round ``round_idx``."""
@@ -66,29 +91,71 @@ class ClientStateStore:
         return None if version is None else self.source / _name(client_id, version)
 
     def get(self, client_id: int) -> Any:
-        """The client's state, or None if it has none."""
+        """The client's state (a copy), or None if it has none."""
+        if client_id in self._kept:
+            state, size = self._kept.pop(client_id)
+            self._kept[client_id] = (state, size)  # the most recently used now
+            return _copied(state)
         path = self._file(client_id)
-        return None if path is None else torch.load(path, weights_only=True)
+        if path is None:
+            return None
+        state = torch.load(path, weights_only=True)
+        self._keep(client_id, _copied(state))
+        return state
 
     def put(self, client_id: int, state: Any) -> None:
-        """Write the client's new state now (None: it keeps none)."""
+        """The client's new state (None: it keeps none), kept in memory and written with the
+        next checkpoint."""
+        self._kept.pop(client_id, None)
+        self._unwritten.discard(client_id)
         if state is None:
             if client_id in self.manifest or self.pending.get(client_id) is not None:
                 self.pending[client_id] = None
             return
-        self.directory.mkdir(parents=True, exist_ok=True)
-        path = self.directory / _name(client_id, self.round_idx)
-        _save(path, state)
-        self.bytes_written += path.stat().st_size
         self.pending[client_id] = self.round_idx
+        self._unwritten.add(client_id)
+        self.bytes_written += self._keep(client_id, state)
+
+    def _keep(self, client_id: int, state: Any) -> int:
+        """Keep ``state`` in memory, dropping the least recently used beyond the budget
+        (written first where they are not on disk yet); its bytes."""
+        size = state_bytes(state)
+        self._kept[client_id] = (state, size)
+        total = sum(b for _, b in self._kept.values())
+        for old in list(self._kept):
+            if total <= self.memory_bytes or old == client_id:
+                break
+            self._write(old)
+            total -= self._kept.pop(old)[1]
+        return size
+
+    def _write(self, client_id: int) -> None:
+        """Write a kept state whose file is pending and not written yet."""
+        if client_id not in self._unwritten:
+            return
+        self.directory.mkdir(parents=True, exist_ok=True)
+        _save(
+            self.directory / _name(client_id, self.round_idx_of(client_id)),
+            self._kept[client_id][0],
+        )
+        self._unwritten.discard(client_id)
+
+    def round_idx_of(self, client_id: int) -> int:
+        """The round whose file holds the client's pending state."""
+        version = self.pending[client_id]
+        assert version is not None
+        return version
 
     def client_ids(self) -> list[int]:
         """The clients that hold a state, in order."""
         return sorted(c for c in {*self.manifest, *self.pending} if self._file(c) is not None)
 
     def state_dict(self) -> dict[int, int]:
-        """The manifest a checkpoint records: client -> round of its state's file (the states
-        written so far this round included)."""
+        """The manifest a checkpoint records: client -> round of its state's file, the states
+        put since the last checkpoint included (their files written now, so that every file
+        the manifest names is on disk)."""
+        for client_id in sorted(self._unwritten):
+            self._write(client_id)
         merged = {**self.manifest, **self.pending}
         return {c: r for c, r in sorted(merged.items()) if r is not None}
 
@@ -115,6 +182,7 @@ class ClientStateStore:
         :attr:`directory`; another folder for a resume into a new run directory). Writes
         nothing: :meth:`open` does, once the run directory may be written."""
         self.manifest, self.pending = {int(c): int(r) for c, r in manifest.items()}, {}
+        self._kept, self._unwritten = {}, set()
         self.source = Path(source) if source is not None else self.directory
         missing = [c for c, r in self.manifest.items() if not (self.source / _name(c, r)).is_file()]
         if missing:

@@ -29,7 +29,15 @@ from lightning.pytorch.utilities.combined_loader import CombinedLoader
 from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 
 from fedlit.data.loaders import AugmentsOnDevice, ImageBatches
-from fedlit.federation.compiled import whole_step_compiled
+from fedlit.evaluation.evaluator import Evaluator
+from fedlit.federation.compiled import compiles_whole, whole_step_compiled
+from fedlit.federation.lean import (
+    LeanSettings,
+    lean_fit,
+    lean_test,
+    overridden_hooks,
+    precision_plugin,
+)
 
 # Per-step Trainers would otherwise print device banners and worker hints hundreds of times.
 for _name in ("lightning.pytorch.utilities.rank_zero", "lightning.pytorch.accelerators.cuda"):
@@ -274,6 +282,11 @@ class TrainerTemplate:
         ``stay_on_device`` (a client's fit): on one device, ``module`` is left on the device
         after the fit, and not moved there again when it is already there
         (:class:`StayOnDevice`), so a worker's persistent networks never cross to the host."""
+        lean = self.lean(module, compiles_whole(module))
+        if lean is not None:
+            with whole_step_compiled(module, self.compile):
+                lean_fit(module, on_device(module, loader, lean.device), epochs, max_steps, lean)
+            return
         length = {"max_epochs": epochs} if max_steps is None else {"max_epochs": -1}
         if max_steps is not None:
             length["max_steps"] = max_steps
@@ -284,6 +297,41 @@ class TrainerTemplate:
         with whole_step_compiled(module, self.compile):
             trainer.fit(module, train_dataloaders=on_device(module, loader, self.device()))
         _stop_if_terminated(trainer)
+
+    def lean(self, module: LightningModule, lean_module: bool) -> LeanSettings | None:
+        """The lean loop's settings (:mod:`fedlit.federation.lean`: no Trainer) for
+        ``module``, or None where a Trainer runs it: a module that is not ``lean_module``
+        (fedlit's objectives with a :meth:`~fedlit.objectives.Objective.step` and its
+        evaluator are; a user's own LightningModule is not), one that overrides a hook the
+        loop does not call or optimises manually, and settings the loop does not take (another
+        strategy or several devices, gradient accumulation, anomaly detection, torch's
+        deterministic or cuDNN's benchmark flags, a precision other than 32-true, 16-mixed
+        and bf16-mixed)."""
+        device = self.device()
+        if device.type == "cuda":
+            device = torch.device("cuda", torch.cuda.current_device())
+        plain = (
+            lean_module
+            and module.automatic_optimization
+            and not overridden_hooks(module)
+            and self.strategy == "auto"
+            and self.devices in (1, "auto")
+            and self.accelerator in ("auto", "cpu", "gpu", "cuda")
+            and self.accumulate_grad_batches == 1
+            and not self.detect_anomaly
+            and self.deterministic is None
+            and self.benchmark is None
+        )
+        precision = self.precision or default_precision(self.accelerator)
+        if not plain or precision_plugin(precision, device) is None:
+            return None
+        return LeanSettings(
+            device,
+            precision,
+            self.gradient_clip_val,
+            self.gradient_clip_algorithm,
+            self.limit_train_batches,
+        )
 
     def _stay_on_device(self) -> StayOnDevice | None:
         """The client fit's strategy where these settings train on one device with Lightning's
@@ -298,7 +346,12 @@ class TrainerTemplate:
         return StayOnDevice(device=device)
 
     def test(self, module: LightningModule, loader: Iterable[Any]) -> None:
-        """Run ``module``'s test loop over ``loader`` (metrics stay in the module)."""
+        """Run ``module``'s test loop over ``loader`` (metrics stay in the module): fedlit's
+        evaluator without a Trainer (:meth:`lean`), any other module in a Trainer."""
+        lean = self.lean(module, isinstance(module, Evaluator))
+        if lean is not None:
+            lean_test(module, on_device(module, loader, lean.device), lean)
+            return
         trainer = self.build()
         trainer.test(module, dataloaders=on_device(module, loader, self.device()), verbose=False)
         _stop_if_terminated(trainer)

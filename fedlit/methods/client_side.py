@@ -18,7 +18,7 @@ import torch
 from lightning.pytorch.utilities import CombinedLoader
 from torch import Tensor
 
-from fedlit.aggregation.payloads import MODEL, Payload, StateDict, host_copy, state_part
+from fedlit.aggregation.payloads import MODEL, Payload, StateDict, detached_copy, state_part
 from fedlit.data.client import ClientData
 from fedlit.data.loaders import ImageBatches
 from fedlit.models import Architecture, Classifier
@@ -161,7 +161,7 @@ class ClientSide:
 
     def upload(self, objective: Objective) -> Payload:
         """What a client sends back after training: its shared weights, as ``"model"``."""
-        return {MODEL: host_copy(objective.network, self.is_shared)}
+        return {MODEL: detached_copy(objective.network, self.is_shared)}
 
     def state(self, objective: Objective, previous: Any) -> Any:
         """The client's persistent state after this round (stateless methods: None)."""

@@ -10,7 +10,7 @@ import torch
 from lightning.pytorch.utilities import CombinedLoader
 
 from fedlit.aggregation import Aggregated, Mean, weighted_average
-from fedlit.aggregation.payloads import StateDict, host_copy, state_part
+from fedlit.aggregation.payloads import StateDict, detached_copy, state_part
 from fedlit.data.client import ClientData
 from fedlit.data.datamodule import FederatedDataModule
 from fedlit.data.loaders import ImageBatches
@@ -181,7 +181,7 @@ class TeacherStudentClientSide(ClientSide):
     def upload(self, objective: Objective) -> Payload:
         upload = super().upload(objective)
         if self.upload_teacher:
-            upload[TEACHER] = host_copy(objective.teacher)  # type: ignore[arg-type]
+            upload[TEACHER] = detached_copy(objective.teacher)  # type: ignore[arg-type]
         return upload
 
 

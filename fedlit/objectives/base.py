@@ -21,6 +21,16 @@ Logged: TypeAlias = tuple[tuple[float, dict[str, Tensor | float]], ...]
 Step: TypeAlias = tuple[Tensor, Logged]
 
 
+class FitProgress:
+    """The fit a loop without a Lightning Trainer runs (:mod:`fedlit.federation.lean`), as
+    an objective reads it: the optimiser steps it plans and those taken so far (a Trainer's
+    ``estimated_stepping_batches`` and ``global_step``)."""
+
+    def __init__(self, planned_steps: int) -> None:
+        self.planned_steps = planned_steps
+        self.steps_taken = 0
+
+
 class KeptOptimizers:
     """A worker's optimiser, kept across the objectives that train its persistent networks
     (one per optimiser kind: "sgd", "adam"): asked for the same parameters again, it is reset
@@ -132,6 +142,21 @@ class Objective(AugmentsOnDevice, LightningModule):
         #: the same for every fit of the worker's objective class and network (set by
         #: :func:`~fedlit.federation.compiled.whole_step_compiled`); None: eager.
         self.step_slots: dict[str, Tensor] | None = None
+        #: The fit being run where no Trainer runs it (set by the lean loop); None: a
+        #: Trainer's fit, or none.
+        self.fit_progress: FitProgress | None = None
+
+    def planned_steps(self) -> int:
+        """The optimiser steps of the fit being run (``trainer.estimated_stepping_batches``
+        under a Trainer)."""
+        if self.fit_progress is not None:
+            return self.fit_progress.planned_steps
+        return int(self.trainer.estimated_stepping_batches)
+
+    def steps_taken(self) -> int:
+        """The optimiser steps taken so far in the fit being run (``global_step`` under a
+        Trainer)."""
+        return self.fit_progress.steps_taken if self.fit_progress is not None else self.global_step
 
     def step_input(self, name: str, value: Tensor) -> None:
         """Sets ``self.<name>`` to ``value`` on the objective's device: a tensor that
@@ -209,7 +234,7 @@ class Objective(AugmentsOnDevice, LightningModule):
         return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
     def configure_optimizers(self) -> Any:
-        steps = int(self.trainer.estimated_stepping_batches) if self.schedule is not None else 1
+        steps = self.planned_steps() if self.schedule is not None else 1
         optimizer, scheduler = self.optimizer_and_scheduler(steps)
         if scheduler is None:
             return optimizer

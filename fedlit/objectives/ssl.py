@@ -87,8 +87,8 @@ class BYOL(Objective):
 
     def on_train_batch_end(self, outputs: object, batch: object, batch_idx: int) -> None:
         assert self.target is not None
-        # Lightning has already counted this step: the schedule's step index is global_step - 1.
-        step, total = self.global_step - 1, int(self.trainer.estimated_stepping_batches)
+        # this step is already counted: the schedule's step index is steps_taken() - 1
+        step, total = self.steps_taken() - 1, self.planned_steps()
         m = cosine_schedule(step, total, self.base_momentum, 1.0)
         update_momentum(self.network.backbone, self.target.backbone, m)
         update_momentum(self.network.projector, self.target.projector, m)

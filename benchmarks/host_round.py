@@ -1,0 +1,392 @@
+"""The host time of a round: fedlit's round against a plain PyTorch loop doing the same steps
+(the floor), on paper 002's FedSEAL protocol with a near-free network, alternated round by
+round in one process. The CPU proxy of a GPU round, whose arithmetic is small beside its host
+time.
+
+The protocol is ``recipes/papers/paper002_fmnist/fedseal.yaml`` unchanged (10 clients of
+1,200 images, all sampled, 500 labels, 2 server epochs in batches of 16, 1 local epoch in
+batches of 64, the full test set, evaluated every round) except: the network is near free
+(the image averaged to 1x1, a Linear to 8 features, a BatchNorm1d: :class:`NearFree`), one
+bootstrap epoch, and the views' tensor work cut to the normalisation, their random draws kept
+(so what is left is what the host does around the arithmetic). Both paths train in fp32.
+
+The floor does every step fedlit's round does, with fedlit's own objects (the method, its
+client side and objectives, their losses, loaders and hooks, the aggregation, FedSEAL's
+measure, the evaluator's network scored as fedlit scores it) and nothing else: a hand-written
+loop over each objective's ``training_step`` (zero_grad, backward, the optimiser's step, the
+scheduler's), the objective's hooks called directly, each client's upload a clone, its state
+kept in a dict. Compiled (``--compile default``), both run the same compiled step
+(:func:`fedlit.federation.compiled.whole_step_compiled`: the step and its views in one graph,
+the optimiser fused).
+
+Printed: each path's CPU time per round (this process's, all threads: the steadier measure on
+a shared machine; wall time beside it), their ratio, medians over the rounds after the first,
+and fedlit's per-round counts of the host work the round does beyond the floor: Lightning
+Trainers built (all, and in clients' fits), moves of a network between devices (``to``,
+``cpu``, ``cuda`` on a LightningModule or network), deep copies of a network, ``state_dict()``
+calls, uploads copied to the host, client-state files written and read.
+
+    OMP_NUM_THREADS=1 python benchmarks/host_round.py --rounds 8
+    OMP_NUM_THREADS=1 python benchmarks/host_round.py --rounds 8 --compile default
+    OMP_NUM_THREADS=1 python benchmarks/host_round.py --trainer-per-fit   # a Trainer per fit
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import lightning
+import torch
+from lightning import LightningModule
+from torch import Tensor, nn
+
+from fedlit.aggregation.payloads import MODEL
+from fedlit.cli.fit import federation_of, resolve
+from fedlit.data.augment import BatchView
+from fedlit.data.sampling import sample_clients
+from fedlit.evaluation import scored
+from fedlit.federation import Federation, TrainerTemplate
+from fedlit.federation.compiled import whole_step_compiled
+from fedlit.federation.seeding import EVAL, SERVER, derive_seed, seed_all
+from fedlit.federation.trainers import on_device
+from fedlit.methods.client_side import ClientUpdate
+from fedlit.methods.plan import Step
+from fedlit.models import Classifier
+from fedlit.objectives import Objective
+
+RECIPE = Path(__file__).parents[1] / "recipes" / "papers" / "paper002_fmnist" / "fedseal.yaml"
+
+
+class NearFree(nn.Module):
+    """A near-free backbone: the image averaged to 1x1, a Linear to 8 features, a
+    BatchNorm1d. Images (N, C, H, W) -> (N, 8)."""
+
+    def __init__(self, in_channels: int = 1) -> None:
+        super().__init__()
+        self.fc = nn.Linear(in_channels, 8)
+        self.bn = nn.BatchNorm1d(8)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.bn(self.fc(x.mean(dim=(2, 3))))
+
+
+def normalise_only(self: BatchView, images: Tensor, drawn: Tensor) -> Tensor:
+    """A view's tensor work cut to its normalisation (its draws are made all the same)."""
+    return self.normalize(images)
+
+
+# --- the floor: the same steps, written directly in PyTorch ----------------------------------
+def plain_fit(objective: Objective, loader: Iterable[Any], epochs: int) -> None:
+    """The objective's fit as a hand-written loop: its hooks called directly, its
+    ``training_step`` on each batch, zero_grad, backward, the optimiser's and the
+    scheduler's steps."""
+    device = torch.device("cpu")
+    batches = on_device(objective, loader, device)
+    steps = epochs * len(batches)  # type: ignore[arg-type]
+    objective.on_fit_start()
+    optimizer, scheduler = objective.optimizer_and_scheduler(steps)
+    objective.on_train_start()
+    for _ in range(epochs):
+        objective.on_train_epoch_start()
+        for i, raw in enumerate(batches):
+            batch = objective.on_after_batch_transfer(raw, 0)
+            loss = objective.training_step(batch, i)
+            optimizer.zero_grad()
+            loss.backward()
+            objective.on_before_optimizer_step(optimizer)
+            optimizer.step()
+            if scheduler is not None:
+                scheduler.step()
+            objective.on_train_batch_end(loss, batch, i)
+        objective.on_train_epoch_end()
+    objective.on_train_end()
+    objective.on_fit_end()
+
+
+@torch.no_grad()
+def plain_accuracy(network: nn.Module, loader: Iterable[Any]) -> float:
+    """Top-1 accuracy of ``network`` over the test loader (eval mode)."""
+    network.eval()
+    right = total = 0
+    for x, y in loader:
+        right += int((network(x).argmax(1) == y).sum())
+        total += len(y)
+    return right / total
+
+
+class Floor:
+    """fedlit's method, data and plan for ``fed``, run round by round as plain PyTorch."""
+
+    def __init__(self, fed: Federation, compile_mode: str | None) -> None:
+        self.fed, self.compile = fed, compile_mode
+        self.side = fed.method.client_side()
+        self.states: dict[int, Any] = {}
+
+    def fit(self, objective: Objective, loader: Iterable[Any], epochs: int) -> None:
+        with whole_step_compiled(objective, self.compile):
+            plain_fit(objective, loader, epochs)
+
+    def round(self, r: int) -> float:
+        fed, side = self.fed, self.side
+        method, data, cfg = fed.method, fed.data, fed.config
+        method.on_round_start(r, cfg.rounds)
+        payload: Any = None
+        updates: list[ClientUpdate] = []
+        for step in method.round_plan().steps:
+            if step == Step.BROADCAST:
+                payload = method.broadcast()
+            elif step == Step.CLIENTS:
+                for cid in sample_clients(data.num_clients, cfg.clients_per_round, fed.seed, r):
+                    cid = int(cid)
+                    seed_all(derive_seed(fed.seed, r, cid))
+                    side.on_round_start(r, cfg.rounds)
+                    client = data.client_data(cid)
+                    sent = method.client_payload(payload, cid)
+                    objective = side.objective(sent, client, self.states.get(cid))
+                    objective.kept_optimizers = side.kept_optimizers
+                    self.fit(objective, side.loader(client), cfg.local_epochs)
+                    shared = {
+                        k: v.detach().clone()
+                        for k, v in objective.network.state_dict().items()
+                        if side.is_shared(k)
+                    }
+                    self.states[cid] = side.state(objective, self.states.get(cid))
+                    updates.append(ClientUpdate(cid, {MODEL: shared}, len(client)))
+            elif step == Step.AGGREGATE:
+                method.aggregate(updates)
+            elif step == Step.SERVER:
+                seed_all(derive_seed(fed.seed, r, SERVER))
+                objective = method.server_objective()
+                assert objective is not None
+                self.fit(objective, method.server_loader(data), cfg.server_epochs)
+                method.server_step_done(objective, data, torch.device("cpu"))
+            elif step != Step.RECEIVE or len(updates) < data.num_clients:
+                raise NotImplementedError(f"the floor runs FedSEAL's plan, not {step}")
+        method.end_round()
+        seed_all(derive_seed(fed.seed, 0, EVAL))
+        network = scored(method.eval_network(), data, torch.device("cpu"))
+        if len(data.val):
+            plain_accuracy(network, data.val_dataloader())
+        return plain_accuracy(network, data.test_dataloader())
+
+
+# --- counting fedlit's host work -------------------------------------------------------------
+class Counts:
+    """Counts of host work, by name, while :meth:`counting` is active."""
+
+    def __init__(self) -> None:
+        self.now: Counter[str] = Counter()
+        self.active = False
+        self.in_client = False
+
+    def add(self, name: str) -> None:
+        if self.active:
+            self.now[name] += 1
+
+
+def install_counters(counts: Counts) -> None:
+    """Wrap what is counted (once per process)."""
+    from fedlit.federation import client as client_module
+    from fedlit.federation import store as store_module
+    from fedlit.methods import client_side, fedcon, teacher_student
+
+    trainer_init = lightning.Trainer.__init__
+
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        counts.add("Trainers built")
+        if counts.in_client:
+            counts.add("Trainers built in client fits")
+        trainer_init(self, *args, **kwargs)
+
+    lightning.Trainer.__init__ = init  # type: ignore[method-assign]
+
+    def moving(name: str) -> None:
+        original = getattr(nn.Module, name)
+
+        def wrapped(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+            if isinstance(self, (LightningModule, Classifier)):
+                counts.add("network moves (to/cpu/cuda)")
+            return original(self, *args, **kwargs)
+
+        setattr(nn.Module, name, wrapped)
+
+    for name in ("to", "cpu", "cuda"):
+        moving(name)
+
+    deepcopy = copy.deepcopy
+
+    def counted_deepcopy(x: Any, *args: Any) -> Any:
+        if isinstance(x, nn.Module):
+            counts.add("deep copies of a network")
+        return deepcopy(x, *args)
+
+    copy.deepcopy = counted_deepcopy
+
+    state_dict = nn.Module.state_dict
+
+    def counted_state_dict(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        if not args and kwargs.get("prefix", "") == "":
+            counts.add("state_dict() calls")
+        return state_dict(self, *args, **kwargs)
+
+    nn.Module.state_dict = counted_state_dict  # type: ignore[method-assign,assignment]
+
+    for module in (client_side, fedcon, teacher_student):
+        host_copy = getattr(module, "host_copy", None)
+        if host_copy is None:  # (its uploads stay where they were computed)
+            continue
+
+        def counted_host_copy(*args: Any, _copy: Any = host_copy, **kwargs: Any) -> Any:
+            counts.add("uploads copied to the host")
+            return _copy(*args, **kwargs)
+
+        module.host_copy = counted_host_copy  # type: ignore[attr-defined]
+
+    save = store_module._save
+
+    def counted_save(path: Path, state: Any) -> None:
+        counts.add("client-state files written")
+        save(path, state)
+
+    store_module._save = counted_save  # type: ignore[attr-defined]
+    load = torch.load
+
+    def counted_load(f: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(f, (str, Path)) and f"/{store_module.CLIENT_DIR}/" in str(f):
+            counts.add("client-state files read")
+        return load(f, *args, **kwargs)
+
+    torch.load = counted_load
+    runner_call = client_module.ClientRunner.__call__
+
+    def client_call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        counts.in_client = True
+        try:
+            return runner_call(self, *args, **kwargs)
+        finally:
+            counts.in_client = False
+
+    client_module.ClientRunner.__call__ = client_call  # type: ignore[method-assign]
+
+
+@contextmanager
+def counting(counts: Counts) -> Iterator[None]:
+    counts.now, counts.active = Counter(), True
+    try:
+        yield
+    finally:
+        counts.active = False
+
+
+# --- the measurement ------------------------------------------------------------------------
+def federation(args: argparse.Namespace, run_dir: Path) -> Federation:
+    overrides = [
+        f"--config={RECIPE}",
+        f"--data.root={args.root}",
+        "--model.init_args.network.backbone=host_round.NearFree",
+        "--model.init_args.bootstrap_epochs=1",
+        f"--federation.rounds={args.rounds}",
+        "--trainer.precision=32-true",
+        "--trainer.accelerator=cpu",
+    ]
+    if args.compile:
+        overrides.append(f"--federation.compile={args.compile}")
+    if args.examples:
+        overrides.append(f"--data.examples_per_client={args.examples}")
+    fed = federation_of(resolve(overrides), run_dir, progress=False)
+    fed.prepare()
+    return fed
+
+
+def trainer_per_fit() -> None:
+    """Every fit and test in a Lightning Trainer (the engine before the lean loop)."""
+
+    def never(self: TrainerTemplate, module: Any, lean_module: bool) -> None:
+        return None
+
+    TrainerTemplate.lean = never  # type: ignore[method-assign,assignment]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=8, help="rounds per path (1 warms up)")
+    parser.add_argument("--compile", default=None, help="federation.compile (default: eager)")
+    parser.add_argument("--examples", type=int, default=None, help="images per client")
+    parser.add_argument("--root", default="data")
+    parser.add_argument(
+        "--trainer-per-fit", action="store_true", help="fedlit fits in a Trainer every time"
+    )
+    args = parser.parse_args()
+    BatchView.apply = normalise_only  # type: ignore[method-assign]
+    if args.trainer_per_fit:
+        trainer_per_fit()
+    counts = Counts()
+    install_counters(counts)
+    with tempfile.TemporaryDirectory() as tmp:
+        fed = federation(args, Path(tmp) / "fedlit")
+        floor = Floor(federation(args, Path(tmp) / "floor"), args.compile)
+        fed.open_run_dir()
+        fed.callbacks.run_start()
+        fed.callbacks.first_row({"round": 0, **fed.server.bootstrap()})
+        seed_all(0)
+        floor.fed.server.bootstrap()
+        cpu: dict[str, list[float]] = {"fedlit": [], "floor": []}
+        wall: dict[str, list[float]] = {"fedlit": [], "floor": []}
+        per_round: list[Counter[str]] = []
+        accs: list[tuple[float, float]] = []
+        for r in range(1, args.rounds + 1):
+            c0, w0 = time.process_time(), time.perf_counter()
+            with counting(counts):
+                metrics = fed.run_and_record_round(r)
+            c1, w1 = time.process_time(), time.perf_counter()
+            acc = floor.round(r)
+            c2, w2 = time.process_time(), time.perf_counter()
+            accs.append((metrics["test/acc"], acc))
+            if r > 1:
+                cpu["fedlit"].append(c1 - c0)
+                cpu["floor"].append(c2 - c1)
+                wall["fedlit"].append(w1 - w0)
+                wall["floor"].append(w2 - w1)
+                per_round.append(counts.now)
+            print(f"round {r}: fedlit {c1 - c0:.3f} s CPU, floor {c2 - c1:.3f} s CPU", flush=True)
+        fed.close()
+    ratios = [a / b for a, b in zip(cpu["fedlit"], cpu["floor"], strict=True)]
+    mode = args.compile or "eager"
+    path = "a Trainer per fit" if args.trainer_per_fit else "fedlit as it is"
+    print(f"\n{mode}, {path}; medians of rounds 2-{args.rounds}:")
+    print(f"  CPU s/round: fedlit {statistics.median(cpu['fedlit']):.3f}, "
+          f"floor {statistics.median(cpu['floor']):.3f}, ratio {statistics.median(ratios):.3f} "
+          f"(min {min(ratios):.3f}, max {max(ratios):.3f})")  # fmt: skip
+    print(f"  wall s/round: fedlit {statistics.median(wall['fedlit']):.3f}, "
+          f"floor {statistics.median(wall['floor']):.3f}")  # fmt: skip
+    print("  fedlit's counts per round (median):")
+    names = sorted({k for c in per_round for k in c} | set(COUNTED))
+    for name in names:
+        print(f"    {name}: {statistics.median(c[name] for c in per_round):g}")
+    same = all(abs(a - b) < 1e-6 for a, b in accs)
+    print(f"  test/acc fedlit vs floor, every round: {'identical' if same else accs}")
+
+
+COUNTED = (
+    "Trainers built",
+    "Trainers built in client fits",
+    "network moves (to/cpu/cuda)",
+    "deep copies of a network",
+    "state_dict() calls",
+    "uploads copied to the host",
+    "client-state files written",
+    "client-state files read",
+)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,323 @@
+"""The lean loop: an objective's fit and an evaluator's test without a Lightning Trainer.
+
+A Trainer built, set up and torn down for every client's fit cost more host time than a small
+network's steps (its loop also wraps each step in a closure, a profiler and hook dispatch).
+fedlit's objectives compute their step as a pure :meth:`~fedlit.objectives.Objective.step`,
+so their fit needs none of that. This loop runs the same hooks in the same order as Lightning's
+fit loop (``on_fit_start``, ``on_train_start``, ``on_train_epoch_start``, the batch's transfer
+hooks, ``on_train_batch_start``, the step, ``on_before_backward``, ``on_after_backward``,
+``on_before_optimizer_step``, the step of the optimiser and of a per-step scheduler,
+``on_train_batch_end``, ``on_train_epoch_end``, ``on_train_end``, ``on_fit_end``), so the
+weights it gives are those a Trainer gives, bit for bit. Precision comes from Lightning
+Fabric's plugins (autocast, and fp16's gradient scaler), the same ones a Trainer uses.
+
+A module it cannot run the same way (one that overrides a hook this loop does not call, uses
+manual optimisation, or settings it does not take: gradient accumulation, another strategy,
+anomaly detection, deterministic or benchmark flags) is fitted by a Trainer instead
+(:func:`trainer_needed` says why).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from lightning import LightningModule
+from lightning.fabric.plugins.precision import MixedPrecision, Precision
+from lightning.pytorch.utilities.combined_loader import CombinedLoader
+from torch import nn
+
+from fedlit.objectives.base import FitProgress
+
+#: The LightningModule hooks this loop calls (a fit's and a test's); a module that overrides
+#: another one of LightningModule's is fitted by a Trainer.
+LEAN_HOOKS = frozenset(
+    {
+        "setup",
+        "teardown",
+        "configure_model",
+        "configure_optimizers",
+        "training_step",
+        "test_step",
+        "forward",
+        "on_fit_start",
+        "on_fit_end",
+        "on_train_start",
+        "on_train_end",
+        "on_train_epoch_start",
+        "on_train_epoch_end",
+        "on_train_batch_start",
+        "on_train_batch_end",
+        "on_before_backward",
+        "on_after_backward",
+        "on_before_optimizer_step",
+        "on_before_zero_grad",
+        "on_test_start",
+        "on_test_end",
+        "on_test_epoch_start",
+        "on_test_epoch_end",
+        "on_test_batch_start",
+        "on_test_batch_end",
+        "on_before_batch_transfer",
+        "transfer_batch_to_device",
+        "on_after_batch_transfer",
+    }
+)
+
+#: Precisions the loop takes (the ``trainer.precision`` values that name them).
+_FULL = ("32-true", "32", 32)
+_MIXED = {
+    "bf16-mixed": "bf16-mixed",
+    "bf16": "bf16-mixed",
+    "16-mixed": "16-mixed",
+    "16": "16-mixed",
+}
+
+
+def _lightning_hooks() -> frozenset[str]:
+    """The public methods a LightningModule defines (its hooks and step methods)."""
+    return frozenset(
+        name
+        for name, value in vars(LightningModule).items()
+        if callable(value) and not name.startswith("_")
+    )
+
+
+_HOOKS = _lightning_hooks()
+
+
+def overridden_hooks(module: LightningModule) -> list[str]:
+    """LightningModule's hooks that ``module``'s class overrides and the loop does not call."""
+    kind = type(module)
+    return sorted(
+        name
+        for name in _HOOKS - LEAN_HOOKS
+        if getattr(kind, name, None) is not getattr(LightningModule, name, None)
+    )
+
+
+def precision_plugin(precision: Any, device: torch.device) -> Precision | None:
+    """Lightning Fabric's precision plugin for ``precision`` on ``device`` (a new one, so an
+    fp16 gradient scaler starts afresh as a new Trainer's does), or None where the loop does
+    not take that precision."""
+    if precision in _FULL:
+        return Precision()
+    if precision in _MIXED:
+        return MixedPrecision(_MIXED[precision], device.type)  # type: ignore[arg-type]
+    return None
+
+
+@dataclass(frozen=True)
+class LeanSettings:
+    """What a lean fit takes of a run's ``trainer`` settings."""
+
+    device: torch.device
+    precision: Any
+    gradient_clip_val: float | int | None = None
+    gradient_clip_algorithm: str | None = None
+    limit_train_batches: float | int | None = None
+
+
+def _limit(length: int, limit: float | int | None) -> int:
+    """Batches of an epoch of ``length`` under ``limit_train_batches`` (Lightning's rule: a
+    float is a fraction of the loader, an int a number of batches)."""
+    if limit is None:
+        return length
+    if isinstance(limit, float):
+        return int(length * limit) if limit != 1.0 else length
+    return min(length, limit)
+
+
+def _to_device(module: nn.Module, device: torch.device) -> None:
+    """``module`` on ``device``: moved only where a tensor of it lies elsewhere (``Module.to``
+    walks every submodule even then); a LightningModule's ``device`` set either way."""
+    tensors = [*module.parameters(), *module.buffers()]
+    if any(t.device != device for t in tensors):
+        module.to(device)
+    elif isinstance(module, LightningModule):
+        module._device = device  # what Module.to would have recorded
+
+
+def _optimizer_and_scheduler(
+    module: LightningModule,
+) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler | None, str]:
+    """What ``configure_optimizers`` returns, as one optimiser and at most one scheduler with
+    its interval ("step" or "epoch")."""
+    conf = module.configure_optimizers()
+    if isinstance(conf, torch.optim.Optimizer):
+        return conf, None, "step"
+    if isinstance(conf, dict) and isinstance(conf.get("optimizer"), torch.optim.Optimizer):
+        scheduler = conf.get("lr_scheduler")
+        if scheduler is None:
+            return conf["optimizer"], None, "step"
+        if isinstance(scheduler, dict):
+            return conf["optimizer"], scheduler["scheduler"], scheduler.get("interval", "epoch")
+        return conf["optimizer"], scheduler, "epoch"
+    raise TypeError(
+        f"{type(module).__name__}.configure_optimizers returned {type(conf).__name__}: the lean "
+        "loop takes one optimiser, or a dict of one optimiser and one lr_scheduler"
+    )
+
+
+def _clip(
+    optimizer: torch.optim.Optimizer, value: float | int | None, algorithm: str | None
+) -> None:
+    """Lightning's gradient clipping of the optimiser's parameters (by norm by default)."""
+    if not value:
+        return
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    if algorithm == "value":
+        torch.nn.utils.clip_grad_value_(params, clip_value=value)
+    else:
+        torch.nn.utils.clip_grad_norm_(params, value)
+
+
+def combined(loader: Iterable[Any], limit: float | int | None) -> CombinedLoader:
+    """``loader`` as Lightning's fit loop iterates it: a ``CombinedLoader`` (one made in
+    ``max_size_cycle`` mode where it is none), each of its loaders limited to
+    ``limit_train_batches``."""
+    loaders = (
+        loader if isinstance(loader, CombinedLoader) else CombinedLoader(loader, "max_size_cycle")
+    )
+    loaders.limits = [_limit(len(dl), limit) for dl in loaders.flattened]
+    return loaders
+
+
+def _batches(
+    module: LightningModule, iterator: Iterator[Any], device: torch.device, limit: int
+) -> Iterator[tuple[int, Any]]:
+    """Up to ``limit`` batches of ``iterator`` (a ``CombinedLoader``'s), through the
+    module's transfer hooks onto ``device`` (on a CPU, where every batch already lies, only
+    a module's own transfer hook is called)."""
+    own = type(module).transfer_batch_to_device is not LightningModule.transfer_batch_to_device
+    moves = device.type != "cpu" or own
+    for batch_idx in range(limit):
+        try:
+            batch, _, _ = next(iterator)
+        except StopIteration:
+            return
+        batch = module.on_before_batch_transfer(batch, 0)
+        if moves:
+            batch = module.transfer_batch_to_device(batch, device, 0)
+        yield batch_idx, module.on_after_batch_transfer(batch, 0)
+
+
+def lean_fit(
+    module: LightningModule,
+    loader: Iterable[Any],
+    epochs: int,
+    max_steps: int | None,
+    settings: LeanSettings,
+) -> None:
+    """Train ``module`` on ``loader`` for ``epochs`` epochs (or ``max_steps`` optimiser
+    steps, over as many epochs as they take), as a bare Trainer's fit would, leaving it on
+    the device. ``module.fit_progress`` is set while it runs."""
+    device = settings.device
+    plugin = precision_plugin(settings.precision, device)
+    assert plugin is not None, "lean_fit takes the precisions trainer_needed accepts"
+    loaders = combined(loader, settings.limit_train_batches)
+    assert loaders.limits is not None
+    per_epoch = (min if loaders._mode == "min_size" else max)(loaders.limits)
+    if per_epoch == 0:
+        return
+    planned = max_steps if max_steps is not None else per_epoch * epochs
+    progress = FitProgress(planned)
+    module.fit_progress = progress  # type: ignore[attr-defined]
+    try:
+        _to_device(module, device)
+        module.setup("fit")
+        module.configure_model()
+        optimizer, scheduler, interval = _optimizer_and_scheduler(module)
+        module.on_fit_start()
+        module.zero_grad()
+        iterator = iter(loaders)  # the first epoch's, made where Lightning makes it
+        module.on_train_start()
+        epoch = 0
+        while progress.steps_taken < planned and (max_steps is not None or epoch < epochs):
+            module.on_train_epoch_start()
+            if epoch > 0:
+                iterator = iter(loaders)
+            taken = progress.steps_taken
+            for batch_idx, batch in _batches(module, iterator, device, per_epoch):
+                if module.on_train_batch_start(batch, batch_idx) == -1:
+                    break
+                loss = _train_step(module, plugin, optimizer, batch, batch_idx, settings)
+                progress.steps_taken += 1
+                if scheduler is not None and interval == "step":
+                    scheduler.step()
+                module.on_train_batch_end({"loss": loss}, batch, batch_idx)
+                if progress.steps_taken >= planned:
+                    break
+            if scheduler is not None and interval == "epoch":
+                scheduler.step()
+            module.on_train_epoch_end()
+            epoch += 1
+            if progress.steps_taken == taken:  # an epoch that took no step: no more will
+                break
+        module.on_train_end()
+        module.on_fit_end()
+        module.teardown("fit")
+    finally:
+        module.fit_progress = None  # type: ignore[attr-defined]
+
+
+def _train_step(
+    module: LightningModule,
+    plugin: Precision,
+    optimizer: torch.optim.Optimizer,
+    batch: Any,
+    batch_idx: int,
+    settings: LeanSettings,
+) -> torch.Tensor:
+    """One optimiser step, in the order of Lightning's automatic optimisation: the training
+    step (in the precision's autocast), zero_grad, backward, the gradients unscaled (fp16),
+    ``on_before_optimizer_step``, clipping, the optimiser's step."""
+    context: AbstractContextManager[Any] = plugin.forward_context()
+    with context:
+        loss = module.training_step(batch, batch_idx)
+    module.on_before_zero_grad(optimizer)
+    optimizer.zero_grad()
+    module.on_before_backward(loss)
+    plugin.backward(loss, module)
+    module.on_after_backward()
+    if isinstance(plugin, MixedPrecision) and plugin.scaler is not None:
+        plugin.unscale_gradients(optimizer)
+    module.on_before_optimizer_step(optimizer)
+    _clip(optimizer, settings.gradient_clip_val, settings.gradient_clip_algorithm)
+    plugin.optimizer_step(optimizer)
+    return loss.detach()
+
+
+def lean_test(module: LightningModule, loader: Iterable[Any], settings: LeanSettings) -> None:
+    """Run ``module``'s test loop over ``loader`` as a bare Trainer's ``test`` would (in eval
+    mode and inference mode, each module's own mode restored after), leaving it on the
+    device."""
+    device = settings.device
+    plugin = precision_plugin(settings.precision, device)
+    assert plugin is not None
+    _to_device(module, device)
+    modes = {m: m.training for m in module.modules()}
+    module.setup("test")
+    module.configure_model()
+    try:
+        module.eval()
+        with torch.inference_mode():
+            module.on_test_start()
+            module.on_test_epoch_start()
+            loaders = CombinedLoader(loader, "sequential")
+            iterator = iter(loaders)
+            length = sum(len(dl) for dl in loaders.flattened)
+            for batch_idx, batch in _batches(module, iterator, device, length):
+                module.on_test_batch_start(batch, batch_idx)
+                with plugin.forward_context():
+                    output = module.test_step(batch, batch_idx)
+                module.on_test_batch_end(output, batch, batch_idx)
+            module.on_test_epoch_end()
+            module.on_test_end()
+    finally:
+        for m, training in modes.items():
+            m.training = training
+    module.teardown("test")
