@@ -141,14 +141,16 @@ def test_a_full_disk_at_a_client_state_raises_naming_it_and_leaves_no_tmp(
     store = ClientStateStore(tmp_path / "clients")
     store.begin_round(1)
     store.put(0, {"w": torch.ones(3)})
+    store.checkpointed()
     _torch_save_to_a_full_disk(monkeypatch, ("1.r2.pt.tmp",))
     store.begin_round(2)
+    store.put(1, {"w": torch.zeros(3)})  # kept in memory: written with the checkpoint
     with pytest.raises(WriteFailed) as exc:
-        store.put(1, {"w": torch.zeros(3)})
+        store.state_dict()  # what the checkpoint records, its files written first
     assert f"could not write {tmp_path / 'clients' / '1.r2.pt'}" in str(exc.value)
     assert "MiB free" in str(exc.value)
     assert sorted(p.name for p in (tmp_path / "clients").iterdir()) == ["0.r1.pt"]
-    assert torch.equal(store.get(0)["w"], torch.ones(3)) and store.get(1) is None
+    assert torch.equal(store.get(0)["w"], torch.ones(3)) and store.manifest == {0: 1}
 
 
 def _partial_then_enospc(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -83,14 +83,26 @@ def recalibrate(
     """Give ``network`` itself the statistics :func:`scored` gives its copy (a network that
     keeps them: FedSEAL's w^t), and remember that it holds them (:class:`Estimate`):
     :func:`scored` then copies ``network`` instead of re-estimating the statistics again,
-    while its state is the one this left and the images and the device are the same."""
-    rescored = scored(network, data, device)
-    if rescored is network:  # no BatchNorm, or no images at the server
+    while its state is the one this left and the images and the device are the same.
+
+    Where the pass runs on the device the network lies on (the training device, where the
+    server's network stays), it runs on the network itself: no copy of it, the same
+    statistics bit for bit (the pass reads only the weights and the images)."""
+    if data.labels_at != "server" or len(data.server) == 0 or not has_batchnorm(network):
         return
-    network.load_state_dict(rescored.state_dict())
-    _ESTIMATES[network] = Estimate(
-        weakref.ref(data.server_data), _pass_device(network, device), rescored.state_dict()
-    )
+    where = _pass_device(network, device)
+    estimate = _ESTIMATES.get(network)
+    if estimate is not None and estimate.holds(network, data.server_data, device):
+        return  # it holds them already
+    if next(network.parameters()).device == where:
+        with torch.no_grad():
+            torch.optim.swa_utils.update_bn(data.server_plain_dataloader(), network, device=where)
+    else:  # a pass elsewhere, on a copy there
+        network.load_state_dict(
+            recalibrated(network, data.server_plain_dataloader(), device).state_dict()
+        )
+    state = {k: v.detach().clone() for k, v in network.state_dict().items()}
+    _ESTIMATES[network] = Estimate(weakref.ref(data.server_data), where, state)
 
 
 @dataclass(frozen=True)
