@@ -122,23 +122,26 @@ def test_state_bytes() -> None:
 
 
 def test_aggregators_against_numpy() -> None:
+    """Within float32 accumulation's error (a few ulps of the inputs, about 1 here)."""
     uploads, server = _states(5), _states(1, seed=1)[0]
     counts = [10, 20, 30, 15, 25]
     w = np.stack([u["w"].numpy() for u in uploads])
     fedavg = WeightedMean()(uploads, counts)
-    np.testing.assert_allclose(fedavg.state["w"], np.average(w, axis=0, weights=counts), 1e-6)
+    np.testing.assert_allclose(
+        fedavg.state["w"], np.average(w, axis=0, weights=counts), rtol=1e-6, atol=1e-6
+    )
     assert fedavg.group_states == [] and fedavg.groups == []
-    np.testing.assert_allclose(Mean()(uploads, counts).state["w"], w.mean(0), rtol=1e-6)
+    np.testing.assert_allclose(Mean()(uploads, counts).state["w"], w.mean(0), rtol=1e-6, atol=1e-6)
     with_server = MeanWithServer()(uploads, counts, server)
     expected = np.concatenate([server["w"].numpy()[None], w]).mean(0)
-    np.testing.assert_allclose(with_server.state["w"], expected, rtol=1e-6)
+    np.testing.assert_allclose(with_server.state["w"], expected, rtol=1e-6, atol=1e-6)
     grouped = GroupwiseWithServer(2)(uploads, counts, server)
     assert grouped.groups == [[0, 1], [2, 3, 4]]  # consecutive, near-equal
     g0 = np.concatenate([server["w"].numpy()[None], w[:2]]).mean(0)
     g1 = np.concatenate([server["w"].numpy()[None], w[2:]]).mean(0)
-    np.testing.assert_allclose(grouped.group_states[0]["w"], g0, rtol=1e-6)
-    np.testing.assert_allclose(grouped.group_states[1]["w"], g1, rtol=1e-6)
-    np.testing.assert_allclose(grouped.state["w"], (g0 + g1) / 2, rtol=1e-6)
+    np.testing.assert_allclose(grouped.group_states[0]["w"], g0, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(grouped.group_states[1]["w"], g1, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(grouped.state["w"], (g0 + g1) / 2, rtol=1e-6, atol=1e-6)
     assert len(GroupwiseWithServer(4)(uploads[:2], counts[:2], server).groups) == 2  # <= uploads
 
 

@@ -4,9 +4,11 @@ Conventions shared by every rule:
 
 * All states must have the same keys, shapes and dtypes; a mismatch raises ValueError naming
   the key (and which state differs).
-* Averages are computed in float64 and cast back to each tensor's dtype.
-* Integer tensors (BatchNorm's ``num_batches_tracked``) are averaged the same way and rounded
-  to the nearest integer, so an averaged counter stays a count of the same order.
+* Averages of floating-point tensors are accumulated in their own dtype, float32 at least
+  (bf16 and fp16 tensors in float32), by torch's multi-tensor ops, and cast back: a few ops a
+  state, on the device the states lie on, no float64 copy of every tensor.
+* Integer tensors (BatchNorm's ``num_batches_tracked``) are averaged in float64 and rounded to
+  the nearest integer, so an averaged counter stays a count of the same order.
 * The inputs are never modified; the result holds new tensors on the first state's device.
 """
 
@@ -52,17 +54,37 @@ def weighted_average(states: Sequence[State], weights: Sequence[float]) -> dict[
     floats = [float(x) for x in weights]
     if any(x < 0 for x in floats) or not sum(floats) > 0:  # checked on the host: no tensor read
         raise ValueError(f"weights must be non-negative with a positive sum, got {list(weights)}")
-    w = torch.tensor(floats, dtype=torch.float64)
-    w = w / w.sum()
+    total = torch.tensor(floats, dtype=torch.float64)
+    w = (total / total.sum()).tolist()
+    ref = states[0]
+    groups: dict[torch.dtype, list[str]] = {}  # the keys accumulated in each dtype
+    for key, value in ref.items():
+        groups.setdefault(_accumulated_in(value), []).append(key)
     out: dict[str, Tensor] = {}
     with torch.no_grad():  # the inputs' autograd history, if any, is not the average's
-        for key, ref in states[0].items():
-            stacked = torch.stack([s[key].to(ref.device, torch.float64) for s in states])
-            avg = torch.tensordot(w.to(ref.device), stacked, dims=1)
-            if not (ref.is_floating_point() or ref.is_complex()):
-                avg = avg.round()
-            out[key] = avg.to(ref.dtype)
-    return out
+        for dtype, keys in groups.items():
+            sums = torch._foreach_mul(_column(ref, ref, keys, dtype), w[0])  # new: inputs are kept
+            for state, weight in zip(states[1:], w[1:], strict=True):
+                torch._foreach_add_(sums, _column(state, ref, keys, dtype), alpha=weight)
+            for key, value in zip(keys, sums, strict=True):
+                if not (ref[key].is_floating_point() or ref[key].is_complex()):
+                    value = value.round()
+                out[key] = value.to(ref[key].dtype)
+    return {key: out[key] for key in ref}
+
+
+def _column(state: State, ref: State, keys: Sequence[str], dtype: torch.dtype) -> list[Tensor]:
+    """``state``'s tensors of ``keys`` in ``dtype`` on ``ref``'s devices (as they are where
+    they are so already)."""
+    return [state[k].to(ref[k].device, dtype) for k in keys]
+
+
+def _accumulated_in(value: Tensor) -> torch.dtype:
+    """The dtype an average of ``value``'s key is accumulated in: its own for float32, float64
+    and complex tensors, float32 for lower-precision floats, float64 for integers."""
+    if value.is_complex() or value.dtype in (torch.float32, torch.float64):
+        return value.dtype
+    return torch.float32 if value.is_floating_point() else torch.float64
 
 
 def mean(states: Sequence[State]) -> dict[str, Tensor]:
@@ -113,30 +135,33 @@ def weight_diversity(starts: Sequence[State], finals: Sequence[State]) -> float:
     weights it started from, over the floating-point tensors ``finals`` share with ``starts``),
     returns sum_k ||Delta_k||^2 / ||sum_k Delta_k||^2 (Yin et al. 2018, the paper's reference
     [38]): 1 / C when all clients moved alike, 1 when their moves were orthogonal, large when
-    they cancel out. NaN when the updates sum to zero.
+    they cancel out. NaN when the updates sum to zero. The differences and each tensor's norm
+    are computed in the tensors' dtype by multi-tensor ops, the squared norms summed in
+    float64.
     """
     if len(starts) != len(finals) or not finals:
         raise ValueError(f"{len(starts)} start states for {len(finals)} final states")
     keys = [k for k, v in finals[0].items() if v.is_floating_point() and k in starts[0]]
     if not keys:
         return float("nan")
-    squares: torch.Tensor | None = None
-    total: torch.Tensor | None = None
-    befores: dict[int, torch.Tensor] = {}  # a start state many clients share: cast once
-    for start, final in zip(starts, finals, strict=True):
-        # each state as one float64 vector (one cast of the concatenation, not one a key)
-        after = torch.cat([final[k].flatten() for k in keys]).double()
-        before = befores.get(id(start))
-        if before is None or before.device != after.device:
-            before = torch.cat([start[k].flatten() for k in keys]).to(after.device, torch.float64)
-            befores[id(start)] = before
-        delta = after - before
-        square = delta.pow(2).sum()
-        squares = square if squares is None else squares + square.to(squares.device)
-        total = delta if total is None else total + delta.to(total.device)
-    assert squares is not None and total is not None
-    # one host read for the whole round, not one a client
-    numerator, denominator = torch.stack([squares, total.pow(2).sum().to(squares.device)]).tolist()
+    with torch.no_grad():
+        delta = [torch.empty_like(finals[0][k]) for k in keys]  # one buffer for every client
+        total = [torch.zeros_like(d) for d in delta]
+        befores: dict[int, list[Tensor]] = {}  # a start state many clients share: cast once
+        norms = []
+        for start, final in zip(starts, finals, strict=True):
+            before = befores.get(id(start))
+            if before is None:
+                before = [start[k].to(d.device, d.dtype) for k, d in zip(keys, delta, strict=True)]
+                befores[id(start)] = before
+            for d, key, b in zip(delta, keys, before, strict=True):
+                torch.sub(final[key].to(d.device), b, out=d)
+            norms.append(torch.stack(torch._foreach_norm(delta)))  # each tensor's ||Delta_k||
+            torch._foreach_add_(total, delta)
+        squares = torch.stack(norms).double().pow(2).sum()
+        summed = torch.stack(torch._foreach_norm(total)).double().pow(2).sum()
+        # one host read for the whole round, not one a client
+        numerator, denominator = torch.stack([squares, summed.to(squares.device)]).tolist()
     return numerator / denominator if denominator > 0 else float("nan")
 
 
