@@ -739,3 +739,26 @@ def test_curves_in_percent_and_one_seed_in_the_singular(sweep: Path, tmp_path: P
     # round 3, (.60 + .81) / 2 = 70.5%
     iid = next(p for p in panels if p[0].startswith("iid"))
     assert iid[2] == pytest.approx(70.5)
+
+
+def test_report_of_runs_without_rounds_is_refused_writing_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run whose metrics.csv holds its header only (a fit in its first round): ``fedlit
+    report`` refuses it by name, status 2 in one line, and writes nothing; beside a run with
+    rounds it is reported with a warning."""
+    from conftest import refused
+
+    from fedlit.cli import main
+
+    empty = write_run(tmp_path / "empty", [])
+    (empty / "metrics.csv").write_text("round,test/acc\n")  # the header only
+    out = tmp_path / "rep"
+    err = refused(["report", str(empty), f"--out={out}"], capsys)
+    assert len(err.strip().splitlines()) == 1
+    assert str(empty) in err and "no round logged yet" in err
+    assert not out.exists()
+    done = write_run(tmp_path / "done", synthetic_rows("FedSEAL", [0.5, 0.6, 0.7, 0.8]), seed=1)
+    main(["report", str(empty), str(done), f"--out={out}"])
+    assert "1 run(s) logged no round yet" in capsys.readouterr().err
+    assert (out / "results.md").is_file()
