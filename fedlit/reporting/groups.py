@@ -41,7 +41,7 @@ def _short_key(key: str) -> str:
     )
 
 
-def _short_value(value: str) -> str:
+def short_value(value: str) -> str:
     """A value (its ``repr``) as a row's label writes it: a class path as its class's name,
     a string without quotes."""
     try:
@@ -96,12 +96,12 @@ def _splitting_values(runs: Sequence[RunRecord]) -> dict[int, tuple[tuple[str, s
 
 def _label(setting: str, pairs: Sequence[tuple[str, str]], short: Mapping[str, str] | None) -> str:
     """A row's setting as tables write it: ``setting [key=value, ...]``, the keys as
-    ``short`` names them and the values shortly (:func:`_short_value`), or with ``short``
+    ``short`` names them and the values shortly (:func:`short_value`), or with ``short``
     None the full keys and values; the setting alone without pairs."""
     if not pairs:
         return setting
     shown = [
-        f"{key}={value}" if short is None else f"{short[key]}={_short_value(value)}"
+        f"{key}={value}" if short is None else f"{short[key]}={short_value(value)}"
         for key, value in pairs
     ]
     return f"{setting} [{', '.join(shown)}]"

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
+from fedlit.reporting.confounds import contribution, row_flags, server_budget
 from fedlit.reporting.groups import config_groups, values_agree
 from fedlit.reporting.runs import RunRecord
 from fedlit.reporting.scores import (
@@ -57,6 +58,19 @@ class ResultRow:
             ``eval/linear_acc`` (the driver's ``federation.final_eval`` of the global encoder
             after the last round) over seeds; NaN where not logged.
         marks: what the table writes beside the method (``oracle``), from its runs.
+        server_epochs, server_stages, server_steps, bootstrap_epochs: the server's training
+            over a run (:class:`~fedlit.reporting.confounds.ServerBudget`: its epochs,
+            bootstrap's included, the times it trained in the rounds, its optimiser steps,
+            its bootstrap's epochs), mean over seeds.
+        warm_start: the runs' warm-start sources ("; "-joined; "" for none).
+        client_rounds, silent_rounds: the rounds, over all its runs, that logged
+            ``client/contributed``, and those in which no client's unlabeled loss was active.
+        client_activity: the clients' confident fraction (``client/mask_rate``, FedSEAL's
+            ``pseudo/pos_frac``), mean over rounds and seeds; NaN where not logged.
+        flags: what else could explain the row's result
+            (:func:`~fedlit.reporting.confounds.row_flags`): clients that contributed
+            nothing, a server budget unlike the baseline's (without a baseline, unlike
+            another row's of its setting).
     """
 
     method: str
@@ -83,6 +97,15 @@ class ResultRow:
     linear_mean: float = math.nan
     linear_std: float = math.nan
     marks: tuple[str, ...] = ()
+    server_epochs: float = math.nan
+    server_stages: float = math.nan
+    server_steps: float = math.nan
+    bootstrap_epochs: float = math.nan
+    warm_start: str = ""
+    client_rounds: int = 0
+    silent_rounds: int = 0
+    client_activity: float = math.nan
+    flags: tuple[str, ...] = ()
 
 
 def _summarize_group(
@@ -115,6 +138,8 @@ def _summarize_group(
     score_mean, score_std = mean_std(scores)
     finetune = mean_std([final_value(run, FINAL_EVAL_KEYS["finetune"]) for run in runs])
     linear = mean_std([final_value(run, FINAL_EVAL_KEYS["linear"]) for run in runs])
+    budgets = [server_budget(run) for run in runs]
+    clients = [contribution(run) for run in runs]
     return ResultRow(
         method=runs[0].method,
         marks=runs[0].marks,
@@ -140,6 +165,14 @@ def _summarize_group(
         finetune_std=finetune[1],
         linear_mean=linear[0],
         linear_std=linear[1],
+        server_epochs=float(np.mean([b.epochs for b in budgets])),
+        server_stages=float(np.mean([b.stages for b in budgets])),
+        server_steps=float(np.mean([b.steps for b in budgets])),
+        bootstrap_epochs=float(np.mean([b.bootstrap_epochs for b in budgets])),
+        warm_start="; ".join(sorted({b.warm_start for b in budgets} - {""})),
+        client_rounds=sum(c.rounds for c in clients),
+        silent_rounds=sum(c.silent for c in clients),
+        client_activity=mean_std([c.activity for c in clients])[0],
     )
 
 
@@ -206,7 +239,23 @@ def summarize(
             if len(found) == 1
         }
 
+    def compared(key: tuple[str, str, str]) -> list[list[RunRecord]]:
+        """The rows a row's server budget is set against: the baseline's it pairs with
+        (none for the baseline's own); without a baseline, the other rows of its table."""
+        if baseline is None:
+            return [runs for other, runs in rows.items() if other[2] == key[2] and other != key]
+        if key[1] == baseline:
+            return []
+        return [
+            runs
+            for other, runs in rows.items()
+            if other[:2] == (key[0], baseline) and values_agree(where[key], where[other])
+        ]
+
     return [
-        _summarize_group(group, target, metric, reference(key[0], where[key]), last_k, key[2])
+        replace(
+            _summarize_group(group, target, metric, reference(key[0], where[key]), last_k, key[2]),
+            flags=row_flags(group, compared(key)),
+        )
         for key, group in rows.items()
     ]

@@ -22,6 +22,7 @@ __all__ = [
     "ResultRow",
     "ci95",
     "config_groups",
+    "budget_table",
     "last_k_warning",
     "score",
     "setting_differences",
@@ -74,6 +75,7 @@ def write_csv(
             cells[header.index("seeds")] = " ".join(str(s) for s in row.seeds)
             cells[header.index("rounds")] = " ".join(str(r) for r in row.rounds)
             cells[header.index("marks")] = " ".join(row.marks)
+            cells[header.index("flags")] = "; ".join(row.flags)
             if published is not None:
                 paper = _published(published, row)
                 cells.append("" if paper is None else paper)
@@ -146,6 +148,8 @@ def summary(rows: Sequence[ResultRow], baseline: str, target: float | None = Non
         if target is not None and math.isfinite(row.score_mean):
             met = "reaches" if row.score_mean >= target else "does not reach"
             text += f"; its mean {met} {100 * target:g}%"
+        if row.flags:
+            text += f"; flagged: {'; '.join(row.flags)}"
         lines.append(text + ".")
     for row in others:
         for mark in REFERENCE_MARKS:
@@ -154,7 +158,8 @@ def summary(rows: Sequence[ResultRow], baseline: str, target: float | None = Non
     groups = {1: "above", -1: "below", 0: "not separated from"}
     for sign, words in groups.items():
         names = [
-            f"{row.method} ({100 * row.delta_mean:+.2f})"
+            f"{row.method} ({100 * row.delta_mean:+.2f}"
+            + (f"; flagged: {'; '.join(row.flags)})" if row.flags else ")")
             for row in others
             if _significance(row) == sign and not set(REFERENCE_MARKS) & set(row.marks)
         ]
@@ -197,7 +202,10 @@ def to_markdown(
     their 95% interval, ``*`` where it excludes 0). A
     "paper" column is added when ``published`` is given; "finetune" and "linear" columns when
     some row has those final evaluations. With ``baseline``, each table is followed by its
-    ``summary``."""
+    ``summary``. A "flags" column beside the paired difference (beside the final accuracy
+    without a baseline) says what else could explain a row's result where some row has a
+    flag (:func:`~fedlit.reporting.confounds.row_flags`); each table is followed by its
+    rows' server budgets and clients' contribution (:func:`budget_table`)."""
     target_label = f"rounds to {100 * target:g}%" if target is not None else "rounds to target"
     last_k = rows[0].last_k if rows else 1
     header = ["method", "seeds", "rounds", "final test/acc"]
@@ -205,6 +213,9 @@ def to_markdown(
         header.append(f"mean of last {last_k}")
     if baseline is not None:
         header.append(f"vs {baseline} (paired, 95% CI)")
+    flagged = any(row.flags for row in rows)
+    if flagged:
+        header.append("flags")
     header += ["test/acc at best val/acc", target_label, "MB communicated"]
     evals = [
         name
@@ -235,6 +246,8 @@ def to_markdown(
                 cells.append(_pct(row.score_mean, row.score_std))
             if baseline is not None:
                 cells.append(_points(row, baseline))
+            if flagged:
+                cells.append("; ".join(row.flags) or "-")
             cells += [
                 _pct(row.selected_mean, row.selected_std),
                 _rounds(row, target),
@@ -249,5 +262,40 @@ def to_markdown(
             lines.append("| " + " | ".join(cells) + " |")
         if baseline is not None:
             lines += ["", summary(group, baseline, target).rstrip()]
+        budgets = budget_table(ordered)
+        if budgets:
+            lines += ["", budgets.rstrip()]
         blocks.append("\n".join(lines))
     return "\n\n".join(blocks) + "\n"
+
+
+def budget_table(rows: Sequence[ResultRow]) -> str:
+    """The rows' server budgets and clients' contribution as a Markdown table, one line a row:
+    the server's epochs over a run (its bootstrap's, then the times it trained in the rounds x
+    the epochs each time) and optimiser steps, its warm
+    start, the rounds in which the clients contributed nothing (``client/contributed`` 0, of
+    those that logged it, over all seeds) and the clients' mean confident fraction; empty
+    where no run logged a server step, a client round or a warm start."""
+    if not any(row.server_stages or row.client_rounds or row.warm_start for row in rows):
+        return ""
+    lines = [
+        "| method | server epochs | server steps | warm start | rounds clients contributed "
+        "nothing | clients' confident fraction |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        epochs = f"{row.server_epochs:g}" if math.isfinite(row.server_epochs) else "-"
+        if row.server_stages and math.isfinite(row.server_epochs):
+            each = (row.server_epochs - row.bootstrap_epochs) / row.server_stages
+            parts = [f"{row.server_stages:g} x {each:g}"]
+            if row.bootstrap_epochs:
+                parts.insert(0, f"bootstrap {row.bootstrap_epochs:g}")
+            epochs += f" ({' + '.join(parts)})"
+        steps = f"{row.server_steps:g}" if row.server_steps else "-"
+        silent = f"{row.silent_rounds}/{row.client_rounds}" if row.client_rounds else "-"
+        active = row.client_activity
+        shown = f"{100 * active:.1f}%" if math.isfinite(active) else "-"
+        lines.append(
+            f"| {row.method} | {epochs} | {steps} | {row.warm_start or '-'} | {silent} | {shown} |"
+        )
+    return "\n".join(lines) + "\n"
