@@ -26,8 +26,9 @@ def report_parser() -> OneLineParser:
 
 def report_main(argv: Sequence[str]) -> None:
     """``fedlit report RUN_OR_FOLDER... [--target 0.8] [--baseline M] [--last_k K] [--out DIR]
-    [--title T]``."""
-    from fedlit.comparison.report import write_report
+    [--title T]``: writes the report into ``--out``, prints its main tables, then the written
+    files as JSON."""
+    from fedlit.comparison.report import terminal_table, write_report
     from fedlit.reporting import find_runs, last_k_warning, summarize
 
     parser = report_parser()
@@ -59,4 +60,5 @@ def report_main(argv: Sequence[str]) -> None:
     written = write_report(
         runs, cfg.out, cfg.title, target=cfg.target, baseline=cfg.baseline, last_k=cfg.last_k
     )
+    print(terminal_table(runs, cfg.target, cfg.baseline, cfg.last_k))
     print(json.dumps({k: str(v) for k, v in written.items()}))
