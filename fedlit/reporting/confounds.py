@@ -40,8 +40,10 @@ class ServerBudget:
         batches_per_epoch: the server's labeled batches an epoch (``data/server_labeled``
             images in shuffled batches of ``data.batch_size``, the last partial one dropped,
             one batch for a set smaller than a batch); 0 where not recorded.
-        warm_start: the warm start's source (``run.json`` ``init_from``: its method, round
-            and the first 12 hex digits of its weights' SHA-256), "" for none.
+        warm_start: the warm start's source (``run.json`` ``init_from``): its method and
+            round, "" for none.
+        warm_sha256: the SHA-256 of the source's weights, "" for none: what tells two
+            sources apart.
     """
 
     stages: int
@@ -49,6 +51,7 @@ class ServerBudget:
     bootstrap_epochs: int
     batches_per_epoch: int
     warm_start: str
+    warm_sha256: str
 
     @property
     def epochs(self) -> int:
@@ -83,18 +86,14 @@ def server_budget(run: RunRecord) -> ServerBudget:
     batch = _int(run.config.get("data.batch_size"))
     batches = (labeled // batch if labeled >= batch else int(labeled > 1)) if batch else 0
     source = run.init_from
-    warm = ""
-    if source:
-        warm = (
-            f"{source.get('method', '?')} round {source.get('round', '?')} "
-            f"({str(source.get('sha256', ''))[:12]})"
-        )
+    warm = f"{source.get('method', '?')} round {source.get('round', '?')}" if source else ""
     return ServerBudget(
         stages=stages,
         epochs_per_stage=_int(run.config.get("federation.server_epochs")),
         bootstrap_epochs=_int(run.config.get("model.init_args.bootstrap_epochs")) if booted else 0,
         batches_per_epoch=batches,
         warm_start=warm,
+        warm_sha256=str(source.get("sha256", "")) if source else "",
     )
 
 
@@ -133,11 +132,11 @@ def contribution(run: RunRecord) -> Contribution:
 
 def _budget_key(budgets: Sequence[ServerBudget]) -> tuple[float, float, tuple[str, ...]]:
     """What two rows' budgets are compared by: their mean epochs and steps, and their
-    warm starts' sources."""
+    warm starts' sources (the digests of their weights)."""
     return (
         round(float(np.mean([b.epochs for b in budgets])), 6),
         round(float(np.mean([b.steps for b in budgets])), 6),
-        tuple(sorted({b.warm_start for b in budgets})),
+        tuple(sorted({b.warm_sha256 for b in budgets})),
     )
 
 
@@ -159,7 +158,7 @@ def row_flags(runs: Sequence[RunRecord], others: Sequence[Sequence[RunRecord]]) 
         theirs = [server_budget(run) for run in other]
         if other and _budget_key(mine) != _budget_key(theirs):
             what = f"{mine[0].describe()} vs {theirs[0].describe()}"
-            if mine[0].warm_start != theirs[0].warm_start:
+            if {b.warm_sha256 for b in mine} != {b.warm_sha256 for b in theirs}:
                 what += ", another warm start"
             flags.append(f"server budget: {what}")
             break
