@@ -87,6 +87,12 @@ MAX_SEED = 2**32 - 1
 TEST_ACC = "test/acc"  # the scored model's test accuracy, every round
 VAL_ACC = "val/acc"  # its accuracy on the server's validation split: what selects a round
 BYTES_KEYS = ("comm/bytes_down", "comm/bytes_up")
+#: the fraction of a round's clients whose unlabeled loss was active (the Contribution callback)
+CONTRIBUTED = "client/contributed"
+#: how much of the clients' unlabeled data their loss used, as metrics.csv logs it: the
+#: confident fraction (FixMatch's and the other pseudo-labelling losses' mask rate; FedSEAL's
+#: positive and complementary sets)
+ACTIVITY_KEYS = ("client/mask_rate", "pseudo/pos_frac", "pseudo/neg_frac")
 #: the driver's final evaluations of the global encoder (``federation.final_eval``)
 FINAL_EVAL_KEYS = {"finetune": "eval/finetune_acc", "linear": "eval/linear_acc"}
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from conftest import tiny_overrides
+from conftest import refused, tiny_overrides
 
 from fedlit.cli import main
 from fedlit.comparison import Comparison, execute, plan, run_state
@@ -407,3 +407,95 @@ def test_a_setting_comparison_runs_each_method_and_seed_in_both_settings(
         assert {name: pair[name][group].pop(key) for name in values} == values
         first, second = (pair[name] for name in values)
         assert first == second
+
+
+def test_a_comparison_flags_a_bootstrap_and_silent_clients(
+    fmnist_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """FedSEAL (10 bootstrap epochs) against FedAvg-FixMatch whose clients contribute nothing
+    (``recipe_overrides``: tau 1 for FedAvg-FixMatch alone, a setting FedSEAL does not take):
+    the report, its CSV and the terminal flag FedSEAL's server budget beside its interval and
+    FedAvg-FixMatch's silent clients; ``fedlit report`` prints the same table."""
+    recipes = [str(REPO / "recipes/fedavg_fixmatch.yaml"), str(REPO / "recipes/fedseal.yaml")]
+    spec = _spec(
+        tmp_path,
+        fmnist_root,
+        recipes=recipes,
+        seeds=[0],
+        baseline="fedavg_fixmatch",
+        recipe_overrides={"fedavg_fixmatch": ["--model.init_args.loss.tau=1.0"]},
+    )
+    main(["compare", f"--config={spec}"])
+    shown = capsys.readouterr().out
+    out = tmp_path / "out"
+    hparams = {
+        method: yaml.safe_load((out / f"default/{method}/seed0/hparams.yaml").read_text())
+        for method in ("fedavg_fixmatch", "fedseal")
+    }
+    assert hparams["fedavg_fixmatch"]["model.init_args.loss.tau"] == 1.0  # its own override
+    assert "model.init_args.loss.tau" not in hparams["fedseal"]  # FedSEAL has no tau
+    # FedSEAL: 10 bootstrap epochs + 2 rounds x 1 server epoch; FedAvg-FixMatch: 2 rounds x
+    # (its server step + its fine-tune) x 1 epoch; 50 labels in batches of 64: 1 step an epoch
+    budget = "server budget: 12 epochs (bootstrap 10) vs 4 epochs"
+    rows = {row["method"]: row for row in _csv(out / "tiny.csv")}
+    assert rows["fedseal"]["flags"] == budget
+    assert rows["fedavg_fixmatch"]["flags"] == "clients contributed nothing"
+    assert (rows["fedseal"]["server_epochs"], rows["fedseal"]["bootstrap_epochs"]) == (
+        "12.0",
+        "10.0",
+    )
+    assert (rows["fedavg_fixmatch"]["silent_rounds"], rows["fedavg_fixmatch"]["client_rounds"]) == (
+        "2",
+        "2",
+    )
+    text = (out / "tiny.md").read_text()
+    for where in (text, shown):
+        lines = where.splitlines()
+        header = _cells(next(line for line in lines if line.startswith("| method |")))
+        fedseal = _cells(next(line for line in lines if line.startswith("| fedseal |")))
+        flags = header.index("flags")  # beside the paired difference and its interval
+        assert header[flags - 1] == "vs fedavg_fixmatch (paired, 95% CI)"
+        assert fedseal[flags] == budget
+        assert "- fedavg_fixmatch: " in where and "flagged: clients contributed nothing" in where
+        assert "| fedseal | 12 (bootstrap 10 + 2 x 1) | 12 | - | 0/2 |" in where
+        assert "| fedavg_fixmatch | 4 (4 x 1) | 4 | - | 2/2 | 0.0% |" in where
+    assert "### Settings that differ: default" in text
+    assert "| `model.init_args.bootstrap_epochs`" not in text  # in the budget's table instead
+    assert "| `model.init_args.loss.tau` | `1.0` | - |" in text
+    assert "- `fedavg_fixmatch` only: `--model.init_args.loss.tau=1.0`" in text
+    main(["report", str(out / "default"), "--baseline=fedavg_fixmatch", f"--out={tmp_path / 'r'}"])
+    printed = capsys.readouterr().out
+    assert printed.splitlines()[-1].startswith("{")  # the files written, last, as JSON
+    assert f"| {budget} |" in printed and "| fedavg_fixmatch | 4 (4 x 1) |" in printed
+
+
+def _cells(line: str) -> list[str]:
+    """A Markdown table line's cells."""
+    return [cell.strip() for cell in line.strip().strip("|").split("|")]
+
+
+def test_recipe_overrides_name_recipes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Overrides of one recipe go into its runs' arguments alone, after the comparison's and
+    the setting's; a name that is no recipe's is refused naming it, before anything runs."""
+    recipes = [str(REPO / "recipes/fedavg_fixmatch.yaml"), str(REPO / "recipes/fedseal.yaml")]
+    own = ["--model.init_args.bootstrap_epochs=1"]
+    comparison = Comparison(
+        name="c",
+        recipes=recipes,
+        overrides=["--federation.rounds=3"],
+        settings={"iid": ["--federation.server_epochs=2"]},
+        recipe_overrides={"fedseal": own},
+        out=str(tmp_path / "out"),
+    )
+    args = {run.method: run.args for run in plan(comparison)}
+    assert args["fedseal"][1:4] == ("--federation.rounds=3", "--federation.server_epochs=2", *own)
+    assert not any("bootstrap" in arg for arg in args["fedavg_fixmatch"])
+    spec = tmp_path / "bad.yaml"
+    bad = {"name": "c", "recipes": recipes, "recipe_overrides": {"fedsael": own}}
+    spec.write_text(yaml.safe_dump({**bad, "out": str(tmp_path / "out")}))
+    err = refused(["compare", f"--config={spec}"], capsys)
+    assert (
+        "recipe_overrides: 'fedsael' is not one of the recipes ['fedavg_fixmatch', 'fedseal']"
+        in err
+    )
+    assert not (tmp_path / "out").exists()

@@ -739,3 +739,93 @@ def test_curves_in_percent_and_one_seed_in_the_singular(sweep: Path, tmp_path: P
     # round 3, (.60 + .81) / 2 = 70.5%
     iid = next(p for p in panels if p[0].startswith("iid"))
     assert iid[2] == pytest.approx(70.5)
+
+
+def test_report_of_runs_without_rounds_is_refused_writing_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run whose metrics.csv holds its header only (a fit in its first round): ``fedlit
+    report`` refuses it by name, status 2 in one line, and writes nothing; beside a run with
+    rounds it is reported with a warning."""
+    from conftest import refused
+
+    from fedlit.cli import main
+
+    empty = write_run(tmp_path / "empty", [])
+    (empty / "metrics.csv").write_text("round,test/acc\n")  # the header only
+    out = tmp_path / "rep"
+    err = refused(["report", str(empty), f"--out={out}"], capsys)
+    assert len(err.strip().splitlines()) == 1
+    assert str(empty) in err and "no round logged yet" in err
+    assert not out.exists()
+    done = write_run(tmp_path / "done", synthetic_rows("FedSEAL", [0.5, 0.6, 0.7, 0.8]), seed=1)
+    main(["report", str(empty), str(done), f"--out={out}"])
+    assert "1 run(s) logged no round yet" in capsys.readouterr().err
+    assert (out / "results.md").is_file()
+
+
+def _budget_run(
+    root: Path,
+    method: str,
+    seed: int,
+    stages: Sequence[str],
+    contributed: Sequence[float],
+    bootstrap: int = 0,
+    source: Mapping[str, object] | None = None,
+) -> Path:
+    """A run of 3 rounds whose server trains ``stages`` each round (2 epochs each, 25 labels
+    in batches of 10: 2 steps an epoch), with ``bootstrap`` epochs before round 1, its clients'
+    ``client/contributed`` each round, and a warm start's ``source``."""
+    row0: dict[str, float] = {"round": 0.0, "data/server_labeled": 25.0}
+    if bootstrap:
+        row0["bootstrap/acc"] = 0.5
+    rows = [row0]
+    for r, share in enumerate(contributed, start=1):
+        row = {"round": float(r), "test/acc": 0.5, "client/contributed": share}
+        rows.append(
+            row | {f"{stage}/loss": 1.0 for stage in stages} | {"client/mask_rate": share / 10}
+        )
+    meta: dict[str, object] = {"method": method, "seed": seed}
+    if source is not None:
+        meta["init_from"] = dict(source)
+    run_dir = write_run(root / f"{method}_s{seed}", rows, rounds=3, run_json=meta)
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    config["model"]["init_args"] = {"bootstrap_epochs": bootstrap}
+    config["data"]["batch_size"] = 10
+    config["federation"]["server_epochs"] = 2
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
+    return run_dir
+
+
+def test_flags_name_a_server_budget_and_silent_clients(tmp_path: Path) -> None:
+    """A row is flagged where its clients contributed nothing in at least half its rounds, or
+    where its server's epochs, steps or warm start differ from the baseline's: FedAvg's
+    server step and fine-tune, 3 rounds x 2 x 2 epochs = 12 epochs of 2 steps; FedSEAL's
+    bootstrap of 6 and 3 x 2 = 12 (equal: unflagged); a bootstrap of 4 (10 epochs); a warm
+    start."""
+    both, one = ("server", "finetune"), ("server",)
+    source = {"path": "/a/last.ckpt", "sha256": "ab" * 32, "method": "ServerSL", "round": 9}
+    for seed in (0, 1):
+        _budget_run(tmp_path, "FedAvg", seed, both, [0.0, 0.0, 0.5])  # silent 2 of 3
+        _budget_run(tmp_path, "FedSEAL", seed, one, [1.0, 0.0, 1.0], bootstrap=6)
+        _budget_run(tmp_path, "Short", seed, one, [1.0, 1.0, 1.0], bootstrap=4)
+        _budget_run(tmp_path, "Warm", seed, both, [1.0, 1.0, 1.0], source=source)
+    runs = find_runs([tmp_path])
+    rows = {row.method: row for row in summarize(runs, baseline="FedAvg")}
+    assert rows["FedAvg"].flags == ("clients contributed nothing in 4/6 rounds",)
+    assert (rows["FedAvg"].server_epochs, rows["FedAvg"].server_steps) == (12.0, 24.0)
+    assert rows["FedSEAL"].flags == ()  # 6 + 3 x 2 = 12 epochs: the baseline's budget
+    assert rows["FedSEAL"].bootstrap_epochs == 6.0 and rows["FedSEAL"].silent_rounds == 2
+    assert rows["Short"].flags == ("server budget: 10 epochs (bootstrap 4) vs 12 epochs",)
+    assert rows["Warm"].flags == ("server budget: 12 epochs vs 12 epochs, another warm start",)
+    assert rows["Warm"].warm_start == "ServerSL round 9"
+    assert rows["Warm"].client_activity == pytest.approx(0.1)
+    text = to_markdown(list(rows.values()), baseline="FedAvg")
+    assert "| FedSEAL | 12 (bootstrap 6 + 3 x 2) | 24 | - | 2/6 | 6.7% |" in text
+    assert "| FedAvg | 12 (6 x 2) | 24 | - | 4/6 | 1.7% |" in text  # (0 + 0 + 0.05) / 3
+    # without a baseline, a row is set against the other rows of its table
+    alone = {row.method: row for row in summarize(runs)}
+    assert alone["FedSEAL"].flags == (
+        "server budget: 12 epochs (bootstrap 6) vs 10 epochs (bootstrap 4)",
+    )
+    assert [row.flags for row in summarize([r for r in runs if r.method == "FedSEAL"])] == [()]

@@ -9,7 +9,7 @@ from fedlit.federation.console import warn
 from fedlit.refusals import (
     OneLineParser,
 )
-from fedlit.run_layout import write_path_error
+from fedlit.run_layout import METRICS_FILE, TEST_ACC, write_path_error
 
 
 def report_parser() -> OneLineParser:
@@ -26,8 +26,9 @@ def report_parser() -> OneLineParser:
 
 def report_main(argv: Sequence[str]) -> None:
     """``fedlit report RUN_OR_FOLDER... [--target 0.8] [--baseline M] [--last_k K] [--out DIR]
-    [--title T]``."""
-    from fedlit.comparison.report import write_report
+    [--title T]``: writes the report into ``--out``, prints its main tables, then the written
+    files as JSON."""
+    from fedlit.comparison.report import terminal_table, write_report
     from fedlit.reporting import find_runs, last_k_warning, summarize
 
     parser = report_parser()
@@ -41,10 +42,23 @@ def report_main(argv: Sequence[str]) -> None:
         summarize(runs, baseline=cfg.baseline, last_k=cfg.last_k)
     except ValueError as err:
         parser.error(str(err))
+    empty = [run.run_dir for run in runs if not run.series(TEST_ACC)[1].size]
+    if len(empty) == len(runs):  # nothing to tabulate or plot
+        others = f" and {len(empty) - 1} other run(s)" if len(empty) > 1 else ""
+        parser.error(
+            f"{empty[0]}{others}: no round logged yet ({METRICS_FILE} holds no {TEST_ACC}); "
+            "nothing to report"
+        )
+    if empty:
+        warn(
+            f"{len(empty)} run(s) logged no round yet ({', '.join(map(str, empty))}): their rows "
+            "show '-'"
+        )
     short = last_k_warning(runs, cfg.last_k, "--last_k")
     if short:
         warn(short)
     written = write_report(
         runs, cfg.out, cfg.title, target=cfg.target, baseline=cfg.baseline, last_k=cfg.last_k
     )
+    print(terminal_table(runs, cfg.target, cfg.baseline, cfg.last_k))
     print(json.dumps({k: str(v) for k, v in written.items()}))

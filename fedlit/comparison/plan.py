@@ -85,12 +85,15 @@ def _planned(
     folder: str | None = None,
 ) -> PlannedRun:
     """The run of ``recipe`` in ``setting`` at ``seed``: the comparison's overrides, the
-    setting's, then ``own`` (a source run's; ``folder``: its folder) or the warm start from
-    the source run, then the seed, the directory and the W&B logger."""
+    setting's, then ``own`` (a source run's; ``folder``: its folder) or the recipe's own
+    (``recipe_overrides``) and the warm start from the source run, then the seed, the
+    directory and the W&B logger."""
     run_dir = comparison.run_dir(setting, folder or recipe.stem, seed)
     warm = []
-    if folder is None and comparison.init_from is not None:
-        warm = [f"{INIT_FROM_ARG}{source_dir(comparison, setting, seed)}"]
+    if folder is None:
+        own = comparison.recipe_overrides.get(recipe.stem, [])
+        if comparison.init_from is not None:
+            warm = [f"{INIT_FROM_ARG}{source_dir(comparison, setting, seed)}"]
     args = [
         f"--config={recipe}",
         *comparison.overrides,

@@ -15,6 +15,7 @@ from fedlit.comparison.spec import Comparison
 from fedlit.reporting import (
     FINAL_EVAL_KEYS,
     RunRecord,
+    differing_settings,
     load_run,
     plot_curves,
     plot_diagnostics,
@@ -75,7 +76,7 @@ def write_report(
             counts, out / f"{prefix}partition_{setting}.png", title=f"partition: {setting}"
         )
     table = to_markdown(rows, target=target, published=published, baseline=baseline)
-    table += warm_starts(runs)
+    table += differing_settings(runs) + warm_starts(runs)
     written["markdown"] = out / f"{stem}.md"
     written["markdown"].write_text(_document(title, about, table, written, out))
     if report is not None:
@@ -89,6 +90,18 @@ def write_report(
         report.write_text(_document(title, about, table, copies, report.parent))
         written["report"] = report
     return written
+
+
+def terminal_table(
+    runs: Sequence[RunRecord],
+    target: float | None = None,
+    baseline: str | None = None,
+    last_k: int = 1,
+) -> str:
+    """The report's main tables as the terminal shows them: each setting's results with their
+    flags, summary and server budgets (:func:`~fedlit.reporting.to_markdown`)."""
+    rows = summarize(runs, target=target, baseline=baseline, last_k=last_k)
+    return to_markdown(rows, target=target, baseline=baseline)
 
 
 def warm_starts(runs: Sequence[RunRecord]) -> str:
@@ -203,6 +216,10 @@ def about_lines(
         f"- seeds: {list(comparison.seeds)}",
         *settings,
         f"- every run: `{' '.join(comparison.overrides) or '(no overrides)'}`",
+        *[
+            f"- `{stem}` only: `{' '.join(args)}`"
+            for stem, args in comparison.recipe_overrides.items()
+        ],
     ]
     if comparison.init_from is not None:
         about += _source_lines(comparison, sources)

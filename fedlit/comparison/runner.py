@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from fedlit.comparison.plan import ROOT_DIR_ARG, PlannedRun, plan, plan_sources, run_state
-from fedlit.comparison.report import about_lines, log_to_wandb, write_report
+from fedlit.comparison.report import about_lines, log_to_wandb, terminal_table, write_report
 from fedlit.comparison.spec import Comparison
 from fedlit.federation.children import Children
 from fedlit.federation.console import warn
@@ -148,7 +148,8 @@ def run_comparison(
     partition: Callable[[Sequence[str], int], np.ndarray],
     log: Callable[[str], None] = print,
 ) -> dict[str, Path]:
-    """Check every recipe x setting, run what is not finished, then write the report.
+    """Check every recipe x setting, run what is not finished, then write the report and
+    show its main tables (``log``).
 
     Args:
         comparison: what to run.
@@ -213,4 +214,5 @@ def run_comparison(
             baseline=comparison.baseline,
             last_k=comparison.last_k,
         )
+    log(terminal_table(records, comparison.target, comparison.baseline, comparison.last_k))
     return written

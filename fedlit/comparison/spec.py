@@ -53,6 +53,9 @@ class Comparison:
         settings: setting name -> overrides for it (e.g. ``noniid: [--data.partitioner=...]``);
             one column group of the results per setting.
         overrides: overrides for every run (e.g. fewer rounds, a smaller backbone).
+        recipe_overrides: recipe stem -> overrides for that recipe's runs alone, after the
+            comparison's and the setting's: a setting the other recipes do not take, e.g.
+            ``fedseal: [--model.init_args.bootstrap_epochs=0]``.
         out: the comparison's directory: its runs, their logs and its report's files.
         target: report the first round each run reaches this test accuracy.
         baseline: a recipe stem (e.g. ``server_sl``) every method is compared with, seed by
@@ -76,6 +79,7 @@ class Comparison:
     seeds: list[int] = field(default_factory=lambda: [0])
     settings: dict[str, list[str]] = field(default_factory=lambda: {"default": []})
     overrides: list[str] = field(default_factory=list)
+    recipe_overrides: dict[str, list[str]] = field(default_factory=dict)
     out: str = "runs/compare"
     target: float | None = None
     baseline: str | None = None
@@ -116,6 +120,9 @@ class Comparison:
                 raise ValueError(
                     f"init_from.folder={folder!r}: name one folder that is no recipe's ({stems})"
                 )
+        unknown = [stem for stem in self.recipe_overrides if stem not in stems]
+        if unknown:
+            raise ValueError(f"recipe_overrides: {unknown[0]!r} is not one of the recipes {stems}")
         if self.baseline is not None and self.baseline not in stems:
             raise ValueError(f"baseline: {self.baseline!r} is not one of the recipes {stems}")
         if isinstance(self.last_k, bool) or not isinstance(self.last_k, int) or self.last_k < 1:

@@ -1,5 +1,6 @@
 """Reporting: run directories read back, result tables over seeds, and figures."""
 
+from fedlit.reporting.confounds import differing_settings
 from fedlit.reporting.plots import DIAGNOSTICS, plot_curves, plot_diagnostics, plot_partition
 from fedlit.reporting.runs import RunRecord, find_runs, load_run
 from fedlit.reporting.table import (
@@ -21,6 +22,7 @@ __all__ = [
     "ResultRow",
     "RunRecord",
     "config_groups",
+    "differing_settings",
     "find_runs",
     "last_k_warning",
     "load_run",
