@@ -202,7 +202,8 @@ def in_phase(profile: Profile, name: str) -> Callable[[Any], Any]:
 
 
 def in_step(profile: Profile) -> Callable[[Any], Any]:
-    """One Lightning training batch: a step of the client or server fit around it."""
+    """One training batch (fetched, transferred, its step and hooks): a step of the client or
+    server fit around it."""
 
     def wrap(original: Any) -> Any:
         def run(*args: Any, **kwargs: Any) -> Any:
@@ -225,6 +226,8 @@ def in_step(profile: Profile) -> Callable[[Any], Any]:
 def fedlit_phases(profile: Profile) -> Iterator[None]:
     from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
 
+    from fedlit.federation import lean
+
     steps = rounds_module.STEPS
     with (
         patched(steps, Step.SERVER, in_phase(profile, "server set-up")),
@@ -234,7 +237,8 @@ def fedlit_phases(profile: Profile) -> Iterator[None]:
         patched(steps, Step.AGGREGATE, in_phase(profile, "aggregation")),
         patched(Server, "bootstrap", in_phase(profile, "server set-up")),
         patched(Server, "evaluate", in_phase(profile, "evaluation")),
-        patched(_TrainingEpochLoop, "advance", in_step(profile)),
+        patched(_TrainingEpochLoop, "advance", in_step(profile)),  # a fit in a Trainer
+        patched(lean._Fit, "advance", in_step(profile)),  # a fit in fedlit's lean loop
     ):
         yield
 

@@ -14,7 +14,7 @@ Fabric's plugins (autocast, and fp16's gradient scaler), the same ones a Trainer
 A module it cannot run the same way (one that overrides a hook this loop does not call, uses
 manual optimisation, or settings it does not take: gradient accumulation, another strategy,
 anomaly detection, deterministic or benchmark flags) is fitted by a Trainer instead
-(:func:`trainer_needed` says why).
+(:meth:`~fedlit.federation.TrainerTemplate.lean` says which).
 """
 
 from __future__ import annotations
@@ -186,23 +186,76 @@ def combined(loader: Iterable[Any], limit: float | int | None) -> CombinedLoader
     return loaders
 
 
-def _batches(
-    module: LightningModule, iterator: Iterator[Any], device: torch.device, limit: int
-) -> Iterator[tuple[int, Any]]:
-    """Up to ``limit`` batches of ``iterator`` (a ``CombinedLoader``'s), through the
-    module's transfer hooks onto ``device`` (on a CPU, where every batch already lies, only
-    a module's own transfer hook is called)."""
+def _transferred(module: LightningModule, batch: Any, device: torch.device) -> Any:
+    """``batch`` through the module's transfer hooks onto ``device`` (on a CPU, where every
+    batch already lies, only a module's own transfer hook is called)."""
+    batch = module.on_before_batch_transfer(batch, 0)
     own = type(module).transfer_batch_to_device is not LightningModule.transfer_batch_to_device
-    moves = device.type != "cpu" or own
-    for batch_idx in range(limit):
+    if device.type != "cpu" or own:
+        batch = module.transfer_batch_to_device(batch, device, 0)
+    return module.on_after_batch_transfer(batch, 0)
+
+
+class _Fit:
+    """One lean fit of ``module``: its optimiser, scheduler and precision, and the steps it
+    has taken (``module.fit_progress``)."""
+
+    def __init__(self, module: LightningModule, planned: int, settings: LeanSettings) -> None:
+        plugin = precision_plugin(settings.precision, settings.device)
+        assert plugin is not None, "a lean fit takes the precisions TrainerTemplate.lean accepts"
+        self.module, self.settings, self.plugin = module, settings, plugin
+        self.progress = FitProgress(planned)
+        module.fit_progress = self.progress  # type: ignore[attr-defined]
+        _to_device(module, settings.device)
+        module.setup("fit")
+        module.configure_model()
+        self.optimizer, self.scheduler, self.interval = _optimizer_and_scheduler(module)
+
+    def advance(self, iterator: Iterator[Any], batch_idx: int) -> bool:
+        """One batch of the epoch, as Lightning's training epoch loop runs it: fetched and
+        transferred, ``on_train_batch_start``, the optimiser step, a per-step scheduler's step,
+        ``on_train_batch_end``. False where the epoch ends instead (no batch left, or
+        ``on_train_batch_start`` returned -1)."""
+        module = self.module
         try:
             batch, _, _ = next(iterator)
         except StopIteration:
-            return
-        batch = module.on_before_batch_transfer(batch, 0)
-        if moves:
-            batch = module.transfer_batch_to_device(batch, device, 0)
-        yield batch_idx, module.on_after_batch_transfer(batch, 0)
+            return False
+        batch = _transferred(module, batch, self.settings.device)
+        if module.on_train_batch_start(batch, batch_idx) == -1:
+            return False
+        loss = self.step(batch, batch_idx)
+        self.progress.steps_taken += 1
+        if self.scheduler is not None and self.interval == "step":
+            self.scheduler.step()
+        module.on_train_batch_end({"loss": loss}, batch, batch_idx)
+        return True
+
+    def step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        """One optimiser step, in the order of Lightning's automatic optimisation: the
+        training step (in the precision's autocast), zero_grad, backward, the gradients
+        unscaled (fp16), ``on_before_optimizer_step``, clipping, the optimiser's step."""
+        module, plugin, optimizer = self.module, self.plugin, self.optimizer
+        context: AbstractContextManager[Any] = plugin.forward_context()
+        with context:
+            loss = module.training_step(batch, batch_idx)
+        module.on_before_zero_grad(optimizer)
+        optimizer.zero_grad()
+        module.on_before_backward(loss)
+        plugin.backward(loss, module)
+        module.on_after_backward()
+        if isinstance(plugin, MixedPrecision) and plugin.scaler is not None:
+            plugin.unscale_gradients(optimizer)
+        module.on_before_optimizer_step(optimizer)
+        _clip(optimizer, self.settings.gradient_clip_val, self.settings.gradient_clip_algorithm)
+        plugin.optimizer_step(optimizer)
+        return loss.detach()
+
+    def end_epoch(self) -> None:
+        """An epoch's end: a per-epoch scheduler's step, ``on_train_epoch_end``."""
+        if self.scheduler is not None and self.interval == "epoch":
+            self.scheduler.step()
+        self.module.on_train_epoch_end()
 
 
 def lean_fit(
@@ -215,22 +268,15 @@ def lean_fit(
     """Train ``module`` on ``loader`` for ``epochs`` epochs (or ``max_steps`` optimiser
     steps, over as many epochs as they take), as a bare Trainer's fit would, leaving it on
     the device. ``module.fit_progress`` is set while it runs."""
-    device = settings.device
-    plugin = precision_plugin(settings.precision, device)
-    assert plugin is not None, "lean_fit takes the precisions trainer_needed accepts"
     loaders = combined(loader, settings.limit_train_batches)
     assert loaders.limits is not None
     per_epoch = (min if loaders._mode == "min_size" else max)(loaders.limits)
     if per_epoch == 0:
         return
     planned = max_steps if max_steps is not None else per_epoch * epochs
-    progress = FitProgress(planned)
-    module.fit_progress = progress  # type: ignore[attr-defined]
     try:
-        _to_device(module, device)
-        module.setup("fit")
-        module.configure_model()
-        optimizer, scheduler, interval = _optimizer_and_scheduler(module)
+        fit = _Fit(module, planned, settings)
+        progress = fit.progress
         module.on_fit_start()
         module.zero_grad()
         iterator = iter(loaders)  # the first epoch's, made where Lightning makes it
@@ -241,19 +287,10 @@ def lean_fit(
             if epoch > 0:
                 iterator = iter(loaders)
             taken = progress.steps_taken
-            for batch_idx, batch in _batches(module, iterator, device, per_epoch):
-                if module.on_train_batch_start(batch, batch_idx) == -1:
+            for batch_idx in range(per_epoch):
+                if not fit.advance(iterator, batch_idx) or progress.steps_taken >= planned:
                     break
-                loss = _train_step(module, plugin, optimizer, batch, batch_idx, settings)
-                progress.steps_taken += 1
-                if scheduler is not None and interval == "step":
-                    scheduler.step()
-                module.on_train_batch_end({"loss": loss}, batch, batch_idx)
-                if progress.steps_taken >= planned:
-                    break
-            if scheduler is not None and interval == "epoch":
-                scheduler.step()
-            module.on_train_epoch_end()
+            fit.end_epoch()
             epoch += 1
             if progress.steps_taken == taken:  # an epoch that took no step: no more will
                 break
@@ -262,33 +299,6 @@ def lean_fit(
         module.teardown("fit")
     finally:
         module.fit_progress = None  # type: ignore[attr-defined]
-
-
-def _train_step(
-    module: LightningModule,
-    plugin: Precision,
-    optimizer: torch.optim.Optimizer,
-    batch: Any,
-    batch_idx: int,
-    settings: LeanSettings,
-) -> torch.Tensor:
-    """One optimiser step, in the order of Lightning's automatic optimisation: the training
-    step (in the precision's autocast), zero_grad, backward, the gradients unscaled (fp16),
-    ``on_before_optimizer_step``, clipping, the optimiser's step."""
-    context: AbstractContextManager[Any] = plugin.forward_context()
-    with context:
-        loss = module.training_step(batch, batch_idx)
-    module.on_before_zero_grad(optimizer)
-    optimizer.zero_grad()
-    module.on_before_backward(loss)
-    plugin.backward(loss, module)
-    module.on_after_backward()
-    if isinstance(plugin, MixedPrecision) and plugin.scaler is not None:
-        plugin.unscale_gradients(optimizer)
-    module.on_before_optimizer_step(optimizer)
-    _clip(optimizer, settings.gradient_clip_val, settings.gradient_clip_algorithm)
-    plugin.optimizer_step(optimizer)
-    return loss.detach()
 
 
 def lean_test(module: LightningModule, loader: Iterable[Any], settings: LeanSettings) -> None:
@@ -309,8 +319,8 @@ def lean_test(module: LightningModule, loader: Iterable[Any], settings: LeanSett
             module.on_test_epoch_start()
             loaders = CombinedLoader(loader, "sequential")
             iterator = iter(loaders)
-            length = sum(len(dl) for dl in loaders.flattened)
-            for batch_idx, batch in _batches(module, iterator, device, length):
+            for batch_idx, (raw, _, _) in enumerate(iterator):
+                batch = _transferred(module, raw, device)
                 module.on_test_batch_start(batch, batch_idx)
                 with plugin.forward_context():
                     output = module.test_step(batch, batch_idx)
