@@ -19,7 +19,7 @@ anomaly detection, deterministic or benchmark flags) is fitted by a Trainer inst
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
@@ -141,9 +141,7 @@ def _to_device(module: nn.Module, device: torch.device) -> None:
         module._device = device  # what Module.to would have recorded
 
 
-def _optimizer_and_scheduler(
-    module: LightningModule,
-) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler | None, str]:
+def _optimizer_and_scheduler(module: LightningModule) -> tuple[torch.optim.Optimizer, Any, str]:
     """What ``configure_optimizers`` returns, as one optimiser and at most one scheduler with
     its interval ("step" or "epoch")."""
     conf = module.configure_optimizers()
@@ -205,7 +203,8 @@ class _Fit:
         assert plugin is not None, "a lean fit takes the precisions TrainerTemplate.lean accepts"
         self.module, self.settings, self.plugin = module, settings, plugin
         self.progress = FitProgress(planned)
-        module.fit_progress = self.progress  # type: ignore[attr-defined]
+        # (setattr: mypy types an nn.Module's attributes as tensors or modules)
+        setattr(module, "fit_progress", self.progress)  # noqa: B010
         _to_device(module, settings.device)
         module.setup("fit")
         module.configure_model()
@@ -238,7 +237,10 @@ class _Fit:
         module, plugin, optimizer = self.module, self.plugin, self.optimizer
         context: AbstractContextManager[Any] = plugin.forward_context()
         with context:
-            loss = module.training_step(batch, batch_idx)
+            output = module.training_step(batch, batch_idx)
+        loss = output["loss"] if isinstance(output, Mapping) else output
+        if not isinstance(loss, torch.Tensor):
+            raise TypeError(f"{type(module).__name__}.training_step returned {output!r}, no loss")
         module.on_before_zero_grad(optimizer)
         optimizer.zero_grad()
         module.on_before_backward(loss)
@@ -270,7 +272,7 @@ def lean_fit(
     the device. ``module.fit_progress`` is set while it runs."""
     loaders = combined(loader, settings.limit_train_batches)
     assert loaders.limits is not None
-    per_epoch = (min if loaders._mode == "min_size" else max)(loaders.limits)
+    per_epoch = int((min if loaders._mode == "min_size" else max)(loaders.limits))
     if per_epoch == 0:
         return
     planned = max_steps if max_steps is not None else per_epoch * epochs
@@ -298,7 +300,7 @@ def lean_fit(
         module.on_fit_end()
         module.teardown("fit")
     finally:
-        module.fit_progress = None  # type: ignore[attr-defined]
+        setattr(module, "fit_progress", None)  # noqa: B010
 
 
 def lean_test(module: LightningModule, loader: Iterable[Any], settings: LeanSettings) -> None:
