@@ -1,0 +1,99 @@
+"""The host cost of one training step's call, at near-zero arithmetic: a client's step of
+paper 002's FedSEAL protocol (batches of 64 Fashion-MNIST images, a weak and a strong view)
+on the near-free network of ``host_round.py``, alternated in one process at one thread.
+
+Per step, medians over ``--steps`` steps after ``--warmup``:
+
+- the views' draws: :meth:`~fedlit.data.loaders.RawBatch.draw` (every view's random
+  parameters from torch's CPU generator, packed and moved in one transfer);
+- the step's plain call: the objective's eager ``step`` on the drawn batch (its views
+  computed), ``backward`` and the optimiser's step;
+- the compiled step's call: the same with the whole step compiled
+  (:func:`~fedlit.federation.compiled.compiled_step`, ``torch.compile`` in ``--mode``) and a
+  fused optimiser.
+
+At near-zero arithmetic each is what the host pays for a step, whatever the device.
+
+    OMP_NUM_THREADS=1 python benchmarks/step_call.py --root data
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from host_round import federation, normalise_only
+
+from fedlit.data.augment import BatchView
+from fedlit.data.loaders import draw_batches, expand_batches
+from fedlit.federation.compiled import whole_step_compiled
+from fedlit.federation.trainers import on_device
+from fedlit.objectives import Objective
+
+
+def per_step(work: Callable[[], object], steps: int, warmup: int) -> float:
+    """The median seconds of ``work`` over ``steps`` calls, after ``warmup``."""
+    for _ in range(warmup):
+        work()
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        work()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--root", default="data")
+    parser.add_argument("--mode", default="default", help="torch.compile's mode")
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--warmup", type=int, default=20)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    BatchView.apply = normalise_only  # type: ignore[method-assign]
+    settings = argparse.Namespace(rounds=1, compile=None, examples=256, root=args.root)
+    with tempfile.TemporaryDirectory() as tmp:
+        fed = federation(settings, Path(tmp) / "run")
+        fed.method.on_round_start(1, 1)
+        side = fed.method.client_side()
+        side.on_round_start(1, 1)
+        client = fed.data.client_data(0)
+        objective: Objective = side.objective(fed.method.broadcast(), client, None)
+        objective.kept_optimizers = side.kept_optimizers
+        raw = next(iter(on_device(objective, side.loader(client), torch.device("cpu"))))
+        objective.on_fit_start()
+        objective.on_train_start()
+        draws = per_step(lambda: draw_batches(raw), args.steps, args.warmup)
+        results = {"views' draws": draws}
+        for label, mode in (("plain call", None), ("compiled call", args.mode)):
+            with whole_step_compiled(objective, mode):
+                optimizer, _ = objective.optimizer_and_scheduler(1)
+                drawn = draw_batches(raw)
+
+                def step(
+                    drawn: object = drawn, optimizer: torch.optim.Optimizer = optimizer
+                ) -> None:
+                    if objective.compiled_step is None:
+                        loss, _ = objective.step(expand_batches(drawn))
+                    else:
+                        loss, _ = objective.compiled_step(objective, drawn)
+                    optimizer.zero_grad()
+                    loss.backward()
+                    optimizer.step()
+
+                results[f"the step's {label}"] = per_step(step, args.steps, args.warmup)
+    print(f"host cost per step (median of {args.steps}, one thread, near-free network):")
+    for name, seconds in results.items():
+        print(f"  {name}: {seconds * 1e3:.3f} ms")
+    plain, compiled = results["the step's plain call"], results["the step's compiled call"]
+    print(f"  compiled / plain: {compiled / plain:.2f}")
+
+
+if __name__ == "__main__":
+    main()
