@@ -279,9 +279,11 @@ class TrainerTemplate:
         """Train ``module`` on ``loader`` for ``epochs`` epochs (or ``max_steps`` steps),
         its whole training step compiled meanwhile where ``compile`` says so
         (:func:`~fedlit.federation.compiled.whole_step_compiled`).
-        ``stay_on_device`` (a client's fit): on one device, ``module`` is left on the device
-        after the fit, and not moved there again when it is already there
-        (:class:`StayOnDevice`), so a worker's persistent networks never cross to the host."""
+        fedlit's objectives fit in the lean loop (:meth:`lean`: no Trainer; the module stays
+        on the training device), anything else in a bare Trainer. ``stay_on_device`` (a
+        client's fit in a Trainer): on one device, ``module`` is left on the device after the
+        fit, and not moved there again when it is already there (:class:`StayOnDevice`), so a
+        worker's persistent networks never cross to the host."""
         lean = self.lean(module, compiles_whole(module))
         if lean is not None:
             with whole_step_compiled(module, self.compile):
