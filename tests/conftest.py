@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
+import types
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -109,3 +111,18 @@ def lock_held_by_another_process(lock_file: Path) -> Iterator[None]:
     finally:
         proc.kill()
         proc.wait()
+
+
+@contextmanager
+def docs_example(page: Path, section: str, name: str) -> Iterator[types.ModuleType]:
+    """The one Python code block of ``page``'s section ``section`` (its heading's text), as
+    printed there, run as the module ``name`` (so that a recipe can name what it defines)."""
+    text = page.read_text().split(f"\n## {section}\n", 1)[1].split("\n## ", 1)[0]
+    (code,) = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    module = types.ModuleType(name)
+    sys.modules[name] = module
+    try:
+        exec(compile(code, str(page), "exec"), module.__dict__)
+        yield module
+    finally:
+        del sys.modules[name]

@@ -6,14 +6,13 @@ split, naming ``data.path``."""
 from __future__ import annotations
 
 import csv
-import re
-import sys
 import types
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import docs_example
 from torchvision.io import write_png
 
 from fedlit.cli import main
@@ -29,16 +28,9 @@ MODULE = "csv_listing"
 def csv_listing(monkeypatch: pytest.MonkeyPatch) -> Iterator[types.ModuleType]:
     """The example's code block, run as the module ``csv_listing``: ``csv`` is registered in
     ``sources.FILES`` until the test ends."""
-    section = PAGE.read_text().split("\n## Adding a kind of data set", 1)[1].split("\n## ", 1)[0]
-    (code,) = re.findall(r"```python\n(.*?)```", section, flags=re.S)
     monkeypatch.setitem(sources.FILES, "csv", sources.Folder)  # undone after the test
-    module = types.ModuleType(MODULE)
-    sys.modules[MODULE] = module
-    try:
-        exec(compile(code, str(PAGE), "exec"), module.__dict__)
+    with docs_example(PAGE, "Adding a kind of data set", MODULE) as module:
         yield module
-    finally:
-        del sys.modules[MODULE]
 
 
 def write_listing(folder: Path, splits: tuple[str, ...] = ("train", "test")) -> Path:
