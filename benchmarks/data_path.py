@@ -12,7 +12,7 @@ CNN's forward and backward, the SGD step), plus the augmentation's share of the 
 ``--randaugment`` instead compares two batched strong views, taking turns: RandAugment as fedlit
 computed it before (:class:`GroupedRandAugment`: the images that drew the same op and sign
 gathered and sent through torchvision's op, a group at a time) and as it does now
-(:class:`fedlit.data.augment.BatchRandAugment`: a few masked passes over the whole batch), at
+(:class:`fedlit.data.randaugment.BatchRandAugment`: a few masked passes over the whole batch), at
 ``--batch_size`` and at 1,024 (the same draws give the same images: checked before timing).
 
     python benchmarks/data_path.py                      # CPU, torch's default threads
@@ -32,11 +32,13 @@ from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset
+from torchvision.transforms.v2.functional._geometry import _apply_grid_transform
 
 from fedlit.data import ImageBatches, build_transform, dataset_spec, load_split
-from fedlit.data.augment import BatchRandAugment, _apply_grid_transform, batch_view
+from fedlit.data.augment import batch_view
 from fedlit.data.datasets import stage_debian_fashion_mnist
 from fedlit.data.loaders import expand_batches
+from fedlit.data.randaugment import BatchRandAugment
 from fedlit.models import build_classifier
 from fedlit.objectives import FixMatch
 

@@ -1,7 +1,7 @@
 """The batched views of this checkout against those of another commit, side by side.
 
-Loads ``fedlit/data/augment.py`` as it was at ``--against`` (a git revision) beside today's,
-then for each data set, view and batch:
+Loads ``fedlit/data/augment.py`` (and ``randaugment.py``, where it has one) as it was at
+``--against`` (a git revision) beside today's, then for each data set, view and batch:
 
 - checks that both give the same images bit for bit from the same generator state, and leave
   the generator in the same state (a change of the views that should keep every result);
@@ -35,18 +35,25 @@ REPO = Path(__file__).resolve().parents[1]
 View = Callable[[torch.Tensor], torch.Tensor]  # a batched view: uint8 images in, a batch out
 
 
-def module_at(revision: str, folder: Path) -> ModuleType:
-    """``fedlit/data/augment.py`` at ``revision``, imported as a module of its own."""
+def module_at(revision: str, folder: Path, name: str = "augment") -> ModuleType:
+    """``fedlit/data/<name>.py`` at ``revision``, imported as a module of its own
+    (``<name>_then``); its import of ``fedlit.data.randaugment``, where the revision has one,
+    is that revision's too."""
     source = subprocess.run(
-        ["git", "show", f"{revision}:fedlit/data/augment.py"],
+        ["git", "show", f"{revision}:fedlit/data/{name}.py"],
         cwd=REPO,
         check=True,
         capture_output=True,
         text=True,
     ).stdout
-    path = folder / "augment_then.py"
+    if "from fedlit.data.randaugment import" in source:
+        module_at(revision, folder, "randaugment")
+        source = source.replace(
+            "from fedlit.data.randaugment import", "from randaugment_then import"
+        )
+    path = folder / f"{name}_then.py"
     path.write_text(source)
-    spec = importlib.util.spec_from_file_location("augment_then", path)
+    spec = importlib.util.spec_from_file_location(f"{name}_then", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # where a dataclass of the module looks itself up

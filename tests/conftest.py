@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
+import types
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -13,8 +15,8 @@ import pytest
 import torch
 
 from fedlit.data.datasets import DEBIAN_FASHION_MNIST, stage_debian_fashion_mnist
-from fedlit.data.user_data import available_cores
 from fedlit.federation.trainers import CPU_BF16_ENV
+from fedlit.machine import available_cores
 
 # The tests run in fp32 on every CPU (the default is bf16 on a CPU that computes it natively):
 # their numbers do not depend on the machine. Set in the environment, so that the `fedlit`
@@ -109,3 +111,18 @@ def lock_held_by_another_process(lock_file: Path) -> Iterator[None]:
     finally:
         proc.kill()
         proc.wait()
+
+
+@contextmanager
+def docs_example(page: Path, section: str, name: str) -> Iterator[types.ModuleType]:
+    """The one Python code block of ``page``'s section ``section`` (its heading's text), as
+    printed there, run as the module ``name`` (so that a recipe can name what it defines)."""
+    text = page.read_text().split(f"\n## {section}\n", 1)[1].split("\n## ", 1)[0]
+    (code,) = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    module = types.ModuleType(name)
+    sys.modules[name] = module
+    try:
+        exec(compile(code, str(page), "exec"), module.__dict__)
+        yield module
+    finally:
+        del sys.modules[name]

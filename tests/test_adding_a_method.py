@@ -4,15 +4,13 @@ there, through the real CLI."""
 from __future__ import annotations
 
 import csv
-import re
-import sys
 import types
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
-from conftest import tiny_overrides
+from conftest import docs_example, tiny_overrides
 
 from fedlit.cli import main
 
@@ -23,15 +21,8 @@ MODULE = "readme_method"
 @pytest.fixture
 def readme_method() -> Iterator[types.ModuleType]:
     """The example's code block, importable as ``readme_method`` (so a recipe can name it)."""
-    section = PAGE.read_text().split("\n## Adding a method", 1)[1].split("\n## ", 1)[0]
-    (code,) = re.findall(r"```python\n(.*?)```", section, flags=re.S)
-    module = types.ModuleType(MODULE)
-    sys.modules[MODULE] = module
-    try:
-        exec(compile(code, str(PAGE), "exec"), module.__dict__)
+    with docs_example(PAGE, "Adding a method", MODULE) as module:
         yield module
-    finally:
-        del sys.modules[MODULE]
 
 
 def test_readme_method_runs_from_a_recipe(

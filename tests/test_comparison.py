@@ -179,7 +179,7 @@ def test_compare_in_parallel_processes_matches_one_process(
         out = str(tmp_path / name / "out")
         specs[name] = _spec(tmp_path / name, fmnist_root, recipes=recipe, out=out, jobs=jobs)
     serial, parallel = specs["a"], specs["b"]
-    monkeypatch.setattr("fedlit.comparison.runner.os.cpu_count", lambda: 2)  # 1 thread a job
+    monkeypatch.setattr("fedlit.comparison.runner.available_cores", lambda: 2)  # 1 thread a job
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as each of the parallel processes (a CPU's sums follow threads)
     try:

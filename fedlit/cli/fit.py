@@ -19,7 +19,6 @@ from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 from fedlit.cli.common import CONFIG_MODE, config_file_error, json_line
 from fedlit.cli.test import TEST_HELP, run_test
 from fedlit.data.datamodule import FederatedDataModule
-from fedlit.data.user_data import available_cores
 from fedlit.federation import Federation, FederationConfig, TrainerTemplate, load_checkpoint
 from fedlit.federation.checkpoint import WRITE_FAILED, WriteFailed, write_error
 from fedlit.federation.config import DEFAULT_POOL, DEFAULT_RAY
@@ -27,6 +26,7 @@ from fedlit.federation.console import warn
 from fedlit.federation.faults import ROUND_FAILED, RoundFailed
 from fedlit.federation.rundir import free_config_name
 from fedlit.federation.trainers import stop_on_sigterm
+from fedlit.machine import available_cores
 from fedlit.methods import FederatedMethod
 from fedlit.refusals import OneLineLightningParser, one_line
 from fedlit.run_layout import MAX_SEED, flat_config, write_path_error

@@ -31,6 +31,7 @@ from fedlit.comparison.spec import Comparison
 from fedlit.federation.children import Children
 from fedlit.federation.console import warn
 from fedlit.federation.rundir import holding, set_aside_dead_run
+from fedlit.machine import available_cores
 from fedlit.reporting import last_k_warning, load_run
 from fedlit.run_layout import CHECKPOINT
 
@@ -177,7 +178,7 @@ def run_comparison(
     start = time.perf_counter()
     children = None
     if comparison.jobs > 1:
-        threads = max(1, (os.cpu_count() or 1) // comparison.jobs)
+        threads = max(1, available_cores() // comparison.jobs)
         children = Children()
         fit = fit_in_subprocess(Path(comparison.out) / "logs", threads, children)
     if sources:  # the runs the others start from, first

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 import numpy as np
@@ -18,12 +19,12 @@ from torch.utils.data import Dataset
 
 from fedlit.data.client import ClientData
 from fedlit.data.datasets import DatasetSpec, ImageSplit
-from fedlit.data.draw import check_settings, check_sizes, draw
+from fedlit.data.draw import DataSettings, check_sizes, draw
 from fedlit.data.loaders import ImageBatches
 from fedlit.data.partition import IID, Partitioner
 from fedlit.data.pool import ClientPool
 from fedlit.data.server import ServerData
-from fedlit.data.sources import CLIENT_POOLS, make_source
+from fedlit.data.sources import make_source
 from fedlit.data.user_data import ReadImages
 
 
@@ -117,35 +118,38 @@ class FederatedDataModule(L.LightningDataModule):
         hflip: bool | None = None,
     ) -> None:
         super().__init__()
-        self.source = make_source(dataset, path, image_size, test_dataset, Path(root))
-        self.path, self.image_size, self.hflip = path, image_size, hflip
-        self.root = Path(root)
-        clients = self.source.clients(num_clients, examples_per_client)
-        self.num_clients, self.examples_per_client = clients.count, clients.examples_per_client
+        source = make_source(dataset, path, image_size, test_dataset, Path(root))
+        clients = source.clients(num_clients, examples_per_client)
         #: Lines the run says at its start about settings the data set decides.
         self.notes: tuple[str, ...] = () if clients.note is None else (clients.note,)
-        self.labeled_per_class = labeled_per_class
-        self.labeled_fraction = labeled_fraction
-        self.val_per_class = val_per_class
-        self.partitioner = partitioner if partitioner is not None else IID()
-        self.batch_size = batch_size
-        self.client_batch_size = client_batch_size
-        self.eval_batch_size = eval_batch_size
-        self.test_subset = test_subset
-        self.download = download
-        self.stream_steps = stream_steps
-        self.labels_at = labels_at
-        self.server_unlabeled_fraction = server_unlabeled_fraction
-        check_settings(self)
-        self.source.refuse(labels_at, partitioner)
-        if client_pool is not None and client_pool not in CLIENT_POOLS:
-            raise ValueError(
-                f"data.client_pool must be one of {CLIENT_POOLS} or null, got {client_pool!r}"
-            )
-        self.client_pool = self.source.client_pool(client_pool, partitioner)
-        listed = self.source.listed_labels()
+        #: The settings, built once and checked (a key out of its range, or one the data set
+        #: cannot serve, is refused here); the data module's attributes of the same names
+        #: read them.
+        self.settings = DataSettings(
+            source=source,
+            asked_pool=client_pool,
+            root=Path(root),
+            download=download,
+            test_subset=test_subset,
+            path=path,
+            image_size=image_size,
+            hflip=hflip,
+            num_clients=clients.count,
+            examples_per_client=clients.examples_per_client,
+            labeled_per_class=labeled_per_class,
+            labeled_fraction=labeled_fraction,
+            val_per_class=val_per_class,
+            partitioner=partitioner if partitioner is not None else IID(),
+            stream_steps=stream_steps,
+            labels_at=labels_at,
+            server_unlabeled_fraction=server_unlabeled_fraction,
+            batch_size=batch_size,
+            client_batch_size=client_batch_size,
+            eval_batch_size=eval_batch_size,
+        )
+        listed = source.listed_labels()
         if listed is not None:  # the sizes the labels decide, before any image is read
-            check_sizes(self, self.source.name, *listed)
+            check_sizes(self.settings, source.name, *listed)
         self.spec: DatasetSpec = self.source.spec  # the user's files are read now
         if self.source.users_own and self.user_data.colour_note is not None:
             self.notes += (self.user_data.colour_note,)
@@ -155,6 +159,14 @@ class FederatedDataModule(L.LightningDataModule):
         self.seed: int | None = None
         self._server_data: ServerData | None = None
         self._pool: ClientPool | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        """A setting (:class:`~fedlit.data.draw.DataSettings`) by its name: the recipe's
+        ``data`` key, ``data.num_clients`` say; called only for names the module lacks."""
+        settings = self.__dict__.get("settings")  # none yet while unpickling
+        if name.startswith("_") or not hasattr(settings, name):
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return getattr(settings, name)
 
     # --- static facts (known before any data is loaded) ---------------------------------
     @property
@@ -208,7 +220,7 @@ class FederatedDataModule(L.LightningDataModule):
         """Load the data and draw the server's sets and the client pool from ``seed``
         (:func:`~fedlit.data.draw.draw`); ValueError, naming the key, when they cannot be
         drawn."""
-        self._server_data, self._pool = draw(self, seed)
+        self._server_data, self._pool = draw(self.settings, self.spec, seed)
         self.seed = seed
 
     # --- the two halves, once drawn --------------------------------------------------------

@@ -1,15 +1,15 @@
 """The draw: the server's sets and the client pool, from a data set's source and a seed.
 
-:func:`check_settings` refuses, naming the key, a recipe's ``data`` settings that no draw can
-follow; :func:`draw` makes one from a :class:`Settings` (the data module's) and a seed.
+A :class:`DataSettings` (the data module's, built once) refuses, naming the key, a recipe's
+``data`` settings that no draw can follow; :func:`check_sizes` refuses the sizes a data set's
+labels decide; :func:`draw` makes a draw from the settings, the data set's spec and a seed.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import InitVar, dataclass, field, replace
 from pathlib import Path
-from typing import Protocol
 
 import numpy as np
 
@@ -17,23 +17,35 @@ from fedlit.data.datasets import DatasetSpec, load_split
 from fedlit.data.partition import Partitioner
 from fedlit.data.pool import ClientPool, check_pool_size, deal_labeled
 from fedlit.data.server import ServerData, load_test, split_by_class
-from fedlit.data.sources import Source
+from fedlit.data.sources import CLIENT_POOLS, Source
 
 SPLIT_TAG = 0x5EED  # keeps the split's random stream apart from the partition's
 LABELS_AT = ("server", "client")
 
 
-class Settings(Protocol):
-    """The settings a draw follows: the recipe's ``data`` keys of the same names (the data
-    module's attributes), the data set's source and spec, and the client pool resolved."""
+def _positive(name: str, value: int | None) -> None:
+    if value is not None and value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value}")
+
+
+@dataclass(frozen=True)
+class DataSettings:
+    """The settings a draw follows, built once by the data module from the recipe's ``data``
+    keys of the same names: the data set's source, the client pool resolved (from
+    ``asked_pool``, ``data.client_pool`` as given) and the rest as given.
+
+    It refuses, naming the key, a setting out of its range, then one the source cannot serve
+    (:meth:`~fedlit.data.sources.Source.refuse`, :meth:`~fedlit.data.sources.Source.client_pool`),
+    before any image is read (the source's spec aside: it is read after them)."""
 
     source: Source
-    spec: DatasetSpec
-    client_pool: str
+    asked_pool: InitVar[str | None]
     root: Path
     download: bool
     test_subset: int | None
+    path: str | None
     image_size: int | None
+    hflip: bool | None
     num_clients: int
     examples_per_client: int | None
     labeled_per_class: int | None
@@ -46,91 +58,100 @@ class Settings(Protocol):
     batch_size: int
     client_batch_size: int
     eval_batch_size: int
+    #: ``data.client_pool`` resolved: where the clients' images come from.
+    client_pool: str = field(init=False)
 
+    def __post_init__(self, asked_pool: str | None) -> None:
+        self._check_ranges()
+        self.source.refuse(self.labels_at, self.partitioner)
+        if asked_pool is not None and asked_pool not in CLIENT_POOLS:
+            raise ValueError(
+                f"data.client_pool must be one of {CLIENT_POOLS} or null, got {asked_pool!r}"
+            )
+        pool = self.source.client_pool(asked_pool, self.partitioner)
+        object.__setattr__(self, "client_pool", pool)
 
-def _positive(name: str, value: int | None) -> None:
-    if value is not None and value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value}")
+    def _check_ranges(self) -> None:
+        """ValueError, naming the key, for a setting out of its range."""
+        _positive("data.num_clients", self.num_clients)
+        _positive("data.examples_per_client", self.examples_per_client)
+        _positive("data.batch_size", self.batch_size)
+        _positive("data.client_batch_size", self.client_batch_size)
+        _positive("data.eval_batch_size", self.eval_batch_size)
+        _positive("data.test_subset", self.test_subset)
+        _positive("data.image_size", self.image_size)
+        per_class, fraction = self.labeled_per_class, self.labeled_fraction
+        if (per_class is None) == (fraction is None) and not (
+            self.source.whole_labeled_split and per_class is None
+        ):
+            raise ValueError(
+                "set exactly one of data.labeled_per_class and data.labeled_fraction "
+                f"(got {per_class} and {fraction})"
+            )
+        _positive("data.labeled_per_class", per_class)
+        if fraction is not None and not 0 < fraction < 1:
+            raise ValueError(f"data.labeled_fraction must be in (0, 1), got {fraction}")
+        if self.val_per_class < 0:
+            raise ValueError(f"data.val_per_class must be >= 0, got {self.val_per_class}")
+        _positive("data.stream_steps", self.stream_steps)
+        if self.labels_at not in LABELS_AT:
+            raise ValueError(f"data.labels_at must be one of {LABELS_AT}, got {self.labels_at!r}")
+        if not 0 <= self.server_unlabeled_fraction < 1:  # False for NaN too
+            raise ValueError(
+                "data.server_unlabeled_fraction must be in [0, 1), got "
+                f"{self.server_unlabeled_fraction}"
+            )
 
-
-def check_settings(data: Settings) -> None:
-    """Raise ValueError, naming the key, for a setting of ``data`` out of its range (its
-    source and spec aside: they are checked and read after it)."""
-    _positive("data.num_clients", data.num_clients)
-    _positive("data.examples_per_client", data.examples_per_client)
-    _positive("data.batch_size", data.batch_size)
-    _positive("data.client_batch_size", data.client_batch_size)
-    _positive("data.eval_batch_size", data.eval_batch_size)
-    _positive("data.test_subset", data.test_subset)
-    _positive("data.image_size", data.image_size)
-    per_class, fraction = data.labeled_per_class, data.labeled_fraction
-    if (per_class is None) == (fraction is None) and not (
-        data.source.whole_labeled_split and per_class is None
-    ):
-        raise ValueError(
-            "set exactly one of data.labeled_per_class and data.labeled_fraction "
-            f"(got {per_class} and {fraction})"
+    def split(
+        self,
+        labels: np.ndarray,
+        rng: np.random.Generator,
+        name: str,
+        num_classes: int,
+        classes: Sequence[str] | None,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """:func:`~fedlit.data.server.split_by_class` of ``labels`` (data set ``name``) by
+        these settings: the labeled, validation, server-unlabeled and client-pool indices."""
+        return split_by_class(
+            labels,
+            rng,
+            name,
+            num_classes,
+            labeled_per_class=self.labeled_per_class,
+            labeled_fraction=self.labeled_fraction,
+            val_per_class=self.val_per_class,
+            server_unlabeled_fraction=self.server_unlabeled_fraction,
+            class_names=classes,
         )
-    _positive("data.labeled_per_class", per_class)
-    if fraction is not None and not 0 < fraction < 1:
-        raise ValueError(f"data.labeled_fraction must be in (0, 1), got {fraction}")
-    if data.val_per_class < 0:
-        raise ValueError(f"data.val_per_class must be >= 0, got {data.val_per_class}")
-    _positive("data.stream_steps", data.stream_steps)
-    if data.labels_at not in LABELS_AT:
-        raise ValueError(f"data.labels_at must be one of {LABELS_AT}, got {data.labels_at!r}")
-    if not 0 <= data.server_unlabeled_fraction < 1:  # False for NaN too
-        raise ValueError(
-            "data.server_unlabeled_fraction must be in [0, 1), got "
-            f"{data.server_unlabeled_fraction}"
-        )
 
 
-def check_sizes(data: Settings, name: str, labels: np.ndarray, classes: Sequence[str]) -> None:
+def check_sizes(data: DataSettings, name: str, labels: np.ndarray, classes: Sequence[str]) -> None:
     """The draw's refusals that a data set's labels decide, made from ``labels`` (the
     training split's, ``classes`` their names) before any image is read: a class too small
     for the server's sets, and a client pool (``data.client_pool`` ``train``, what the
     server's sets leave) smaller than ``data.examples_per_client`` for every client. The
     split's sizes depend on the class counts alone, not on the seed."""
-    *_, rest = split_by_class(
-        labels,
-        np.random.default_rng(0),
-        name,
-        len(classes),
-        data.labeled_per_class,
-        data.labeled_fraction,
-        data.val_per_class,
-        data.server_unlabeled_fraction,
-        classes,
-    )
+    *_, rest = data.split(labels, np.random.default_rng(0), name, len(classes), classes)
     if data.client_pool == "train":
         where = "left after the server's split"
         check_pool_size(len(rest), data.num_clients, data.examples_per_client, where)
 
 
-def draw(data: Settings, seed: int) -> tuple[ServerData, ClientPool]:
-    """Load the data and draw, from ``seed``, the server's sets and the client pool.
+def draw(data: DataSettings, spec: DatasetSpec, seed: int) -> tuple[ServerData, ClientPool]:
+    """Load the data set of ``spec`` and draw, by ``data``, from ``seed``, the server's sets
+    and the client pool.
 
     One random stream, in this order: the server's split, the partition of the source's
     client pool, then (labels-at-client) the dealing of the labeled set, so that the client
     pool does not depend on ``labels_at``. Raises ValueError, naming the key, when the split
     or partition cannot be made.
     """
-    spec = data.spec
     train = load_split(spec, data.root, train=True, download=data.download)
     test = load_test(spec, data.root, data.download, data.test_subset, spec.num_classes)
     labels = train.labels.numpy()
     rng = np.random.default_rng([seed, SPLIT_TAG])
-    labeled, val, unlabeled, rest = split_by_class(
-        labels,
-        rng,
-        spec.name,
-        spec.num_classes,
-        data.labeled_per_class,
-        data.labeled_fraction,
-        data.val_per_class,
-        data.server_unlabeled_fraction,
-        spec.classes,
+    labeled, val, unlabeled, rest = data.split(
+        labels, rng, spec.name, spec.num_classes, spec.classes
     )
     images = data.source.pool_images(data.client_pool, train, rest, data.root, data.download)
     parts = images.divide(data.partitioner, data.num_clients, data.examples_per_client, rng)

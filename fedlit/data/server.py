@@ -44,6 +44,7 @@ def split_by_class(
     rng: np.random.Generator,
     dataset: str,
     num_classes: int,
+    *,
     labeled_per_class: int | None,
     labeled_fraction: float | None,
     val_per_class: int,

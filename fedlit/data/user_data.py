@@ -68,6 +68,7 @@ from tqdm import tqdm  # text, also in notebooks (no widget: no ipywidgets neede
 
 from fedlit.data.datasets import DatasetSpec, Images
 from fedlit.data.mapped import Pixels, as_tensor
+from fedlit.machine import available_cores, available_memory  # noqa: F401 (imported from here)
 from fedlit.run_layout import created_mode
 
 #: The file endings read as images (others, and hidden files, are left alone).
@@ -149,27 +150,6 @@ def fit_size(image: Tensor, size: int) -> Tensor:
     if tuple(image.shape[-2:]) == (size, size):
         return image
     return F.center_crop(F.resize(image, size, antialias=True), [size, size])
-
-
-def available_memory() -> int | None:
-    """Bytes of memory this machine can give now (Linux's ``MemAvailable``), or None where
-    it does not say."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
-def available_cores() -> int:
-    """The CPU cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 class SizedImages(Protocol):

@@ -9,17 +9,18 @@ from fedlit.methods.base import DEFAULT_OPTIMIZATION, FederatedMethod
 from fedlit.methods.client_side import ObjectiveClientSide
 from fedlit.methods.plan import SERVER_FIRST_AND_FINETUNE, RoundPlan
 from fedlit.models import Architecture
-from fedlit.objectives import ConsistencyLoss, Optimization, WeakStrongObjective
+from fedlit.objectives import ConsistencyLoss, Objective, Optimization
 
 
 class FedAvgConsistency(FederatedMethod):
     """FedAvg whose clients train one consistency objective: the server trains CE on its
     labels and broadcasts the whole model; each client minimises :attr:`objective_class`'s
-    unlabeled loss on (weak, strong) views of its images, plus (mu/2)||w - w_global||^2 when
-    ``loss.mu > 0`` (FedProx); uploads are averaged with FedAvg weights n_k; the server
-    fine-tunes the aggregate with CE before it is scored (paper 000's Algorithm 1,
-    :data:`~fedlit.methods.plan.SERVER_FIRST_AND_FINETUNE`). A subclass names the objective
-    and declares its ``loss`` settings.
+    unlabeled loss on the :attr:`views` of its images ((weak, strong) unless a subclass names
+    others), plus (mu/2)||w - w_global||^2 when ``loss.mu > 0`` (FedProx); uploads are
+    averaged with FedAvg weights n_k; the server fine-tunes the aggregate with CE before it is
+    scored (paper 000's Algorithm 1, :data:`~fedlit.methods.plan.SERVER_FIRST_AND_FINETUNE`).
+    A subclass names the objective and declares its ``loss`` settings; a method whose
+    objective takes other views (one weak view, say) names them too.
 
     Args:
         loss: the objective's settings (a :class:`~fedlit.objectives.ConsistencyLoss`).
@@ -27,7 +28,10 @@ class FedAvgConsistency(FederatedMethod):
     """
 
     #: The clients' objective, built from the received model and ``loss``.
-    objective_class: ClassVar[type[WeakStrongObjective]]
+    objective_class: ClassVar[type[Objective]]
+    #: The views of each unlabeled image the objective takes, in the order of its batches:
+    #: FixMatch's and UDA's (weak, strong); ``("weak",)`` for an objective on one view.
+    views: ClassVar[tuple[str, ...]] = ("weak", "strong")
 
     def __init__(
         self,
@@ -43,7 +47,6 @@ class FedAvgConsistency(FederatedMethod):
         return SERVER_FIRST_AND_FINETUNE
 
     def client_side(self) -> ObjectiveClientSide:
-        views = ("weak", "strong")
         return ObjectiveClientSide(
-            self._client_setup(), views, self.objective_class, loss=self.loss
+            self._client_setup(), self.views, self.objective_class, loss=self.loss
         )
