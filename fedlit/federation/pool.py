@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from fedlit.data.user_data import available_cores
+from fedlit.machine import available_cores
 from fedlit.federation.children import exit_with_parent
 from fedlit.federation.faults import WorkerDied
 from fedlit.federation.trainers import TERMINATED
