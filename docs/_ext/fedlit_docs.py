@@ -41,7 +41,14 @@ from typing import Any, TypeVar
 from docutils import nodes
 from docutils.parsers.rst import Parser, directives
 from docutils.utils import new_document
-from fedlit_markdown import PACKAGE, as_directives, default_text, setting_rows, without_args
+from fedlit_markdown import (
+    PACKAGE,
+    as_directives,
+    default_text,
+    locate,
+    setting_rows,
+    without_args,
+)
 from sphinx import addnodes
 from sphinx.application import Sphinx
 from sphinx.transforms.post_transforms import SphinxPostTransform
@@ -281,19 +288,8 @@ def check_api_coverage(app: Sphinx, env: Any) -> None:
 # --------------------------------------------------------------------------------------------
 
 
-@functools.cache
-def _locate(path: str) -> Any:
-    """The object a dotted path names: the longest importable module, then attributes."""
-    parts = path.split(".")
-    for cut in range(len(parts), 0, -1):
-        try:
-            obj: Any = importlib.import_module(".".join(parts[:cut]))
-        except ImportError:
-            continue
-        for attr in parts[cut:]:
-            obj = getattr(obj, attr)
-        return obj
-    raise LookupError(path)
+#: The object a dotted path names (:func:`fedlit_markdown.locate`), looked up once.
+_locate = functools.cache(locate)
 
 
 @functools.cache
