@@ -168,14 +168,6 @@ class Announce(Callback):
         data = run.data
         for line in data.notes:
             note(line)
-        sizes = [len(c) for c in data.clients] if run.method.round_plan().uses_clients else []
-        small = sum(size < data.client_batch_size for size in sizes)
-        if small:
-            warn(
-                f"{small} of {len(sizes)} clients hold fewer images than a batch (the smallest "
-                f"{min(sizes)}, data.client_batch_size={data.client_batch_size}): each local "
-                "epoch is one short batch; lower data.client_batch_size or data.num_clients"
-            )
         if data.is_users_own and data.hflip is None and data.spec.hflip:
             note(
                 "data.hflip: the weak view flips your images left to right (the default for "
@@ -197,6 +189,14 @@ class Announce(Callback):
             note(
                 f"{name} is not private: it sends clients other clients' models, which "
                 "standard federated learning does not allow"
+            )
+        sizes = [len(c) for c in data.clients] if run.method.round_plan().uses_clients else []
+        small = sum(size < data.client_batch_size for size in sizes)
+        if small:
+            warn(
+                f"{small} of {len(sizes)} clients hold fewer images than a batch (the smallest "
+                f"{min(sizes)}, data.client_batch_size={data.client_batch_size}): each local "
+                "epoch is one short batch; lower data.client_batch_size or data.num_clients"
             )
 
     def on_client_fault(self, run: RunView, round_idx: int, fault: ClientFault) -> None:
