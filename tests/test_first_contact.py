@@ -72,11 +72,18 @@ def test_fit_says_what_it_does_before_importing_torch(tmp_path: Path) -> None:
     assert first.strip() == line and alive
 
 
-def test_a_command_run_as_a_module_is_named_fedlit() -> None:
+def test_a_command_run_as_a_module_or_in_process_is_named_fedlit(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``python -m fedlit`` and an in-process call (the site's CLI page) print ``usage:
+    fedlit``, not the name of the program that runs them (``__main__.py``)."""
     done = subprocess.run(
         [sys.executable, "-m", "fedlit", "fit", "--help"], capture_output=True, text=True
     )
     assert done.returncode == 0 and done.stdout.startswith("usage: fedlit "), done.stdout[:80]
+    with pytest.raises(SystemExit):
+        main(["test", "--help"])
+    assert capsys.readouterr().out.startswith("usage: fedlit [options] test")
 
 
 def _folder(root: Path, train: int, test: int = 1) -> Path:
