@@ -351,9 +351,9 @@ class Progress(Callback):
     """A progress bar on a terminal (``run.progress`` None) or when asked (True): the round,
     the stage within it (server step, client k of C, fine-tune, evaluation), the elapsed time
     and, from the end of the first round on, the estimated time left. Otherwise (None: a log
-    file, a notebook) lines: the set-up's stages (round 0: the data, the bootstrap), each
-    round's first stage, a later stage where the last line is :data:`QUIET_S` old, and a line
-    per round with the estimate. Nothing when False."""
+    file, a notebook) lines: on stderr the set-up's stages (round 0: the data, the bootstrap),
+    each round's first stage and a later stage where the last line is :data:`QUIET_S` old; on
+    stdout a line per round with its accuracy and the estimate. Nothing when False."""
 
     #: Seconds without a line after which the next stage of a round gets one (no bar).
     QUIET_S = 10.0
@@ -388,7 +388,7 @@ class Progress(Callback):
         ):
             return
         self.said = (round_idx, now)
-        print(f"{where}: {stage}", flush=True)
+        print(f"{where}: {stage}", file=sys.stderr, flush=True)  # stdout carries the results
 
     def eta_s(self, run: RunView, round_idx: int) -> float:
         """Seconds left: the rounds left times the mean time of this process's rounds."""
