@@ -16,9 +16,13 @@ sys.path.insert(0, str(DOCS / "_ext"))
 sys.path.insert(0, str(DOCS.parent))  # this checkout's fedlit, installed or not
 os.environ.setdefault("FEDLIT_CPU_BF16", "0")  # importing fedlit probes no CPU feature
 
+from fedlit import __version__  # noqa: E402 (after the path above)
+
 project = "fedlit"
 author = "the fedlit authors"
 copyright = "fedlit's authors"  # noqa: A001 (Sphinx's name)
+# The package's version, its one home: in each page's title and the sidebar.
+release = version = __version__
 
 extensions = [
     "myst_parser",
@@ -56,12 +60,12 @@ napoleon_use_ivar = True  # "Attributes:" as fields: the attributes are document
 
 html_theme = "alabaster"  # Sphinx's own: nothing to fetch, and the fastest to write
 html_theme_options = {
-    "description": "Federated semi-supervised learning with labels at the server",
+    "description": f"Federated semi-supervised learning with labels at the server ({release})",
     "fixed_sidebar": True,
     "sidebar_collapse": True,
     "page_width": "1100px",
 }
-html_title = "fedlit"
+html_title = f"fedlit {release}"
 html_static_path: list[str] = []
 html_show_sourcelink = False
 # Signatures name types in full (``typing.Any``, not ``~typing.Any``, which a string annotation

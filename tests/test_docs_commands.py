@@ -3,7 +3,13 @@ through the real CLI, without training: ``fit``, ``test``, ``partition`` and ``c
 ``--print_config`` added (the fully resolved config, printed, then exit 0), ``report`` through
 its parser, ``--help`` as written. A command's files are those a user has: the recipes, a
 comparison spec its page writes with ``cat > FILE <<'EOF'``, and a run's ``config.yaml``
-(``runs/<recipe>/config.yaml``: the recipe it ran)."""
+(``runs/<recipe>/config.yaml``: the recipe it ran).
+
+The commands are those of the shell code blocks and of inline code (```fedlit compare
+--config ...``` in a sentence); inline dotted overrides (a results document's "every run:
+```--model.init_args.network.backbone=small_cnn ...```", what a benchmark passes after
+``--``) are parsed as ``fedlit fit`` of the recipe the page names last before them, so that
+a key fedlit has renamed or removed cannot stay in the pages."""
 
 from __future__ import annotations
 
@@ -87,7 +93,76 @@ def commands_in(page: Path) -> list[Command]:
     return found
 
 
-COMMANDS = [command for page in PAGES for command in commands_in(page)]
+#: Inline code: a span between single backticks, over at most one line break.
+INLINE = re.compile(r"(?<!`)`([^`\n]+(?:\n[^`\n]+)?)`(?!`)")
+#: A recipe a page names (``recipes/fedseal.yaml``), not a comparison spec.
+RECIPE = re.compile(r"recipes/(?!comparisons/)[\w/.-]+\.yaml")
+OVERRIDE = re.compile(r"^--[a-z_]+\.[\w.]+(=|$)")
+DEFAULT_RECIPE = "recipes/quickstart.yaml"
+
+
+def _outside_blocks(text: str) -> str:
+    """The page with its fenced blocks blanked (their lines kept, so numbers stay)."""
+    lines, inside = text.splitlines(), ""
+    for i, line in enumerate(lines):
+        match = FENCE.match(line)
+        if match and (not inside or line.strip().startswith(inside)):
+            inside = "" if inside else match.group(2)
+            lines[i] = ""
+        elif inside:
+            lines[i] = ""
+    return "\n".join(lines)
+
+
+def overrides_in(words: list[str]) -> list[str] | None:
+    """``words`` when they are dotted overrides only (``--key=value`` or ``--key value``), not
+    a setting's name alone (``--federation.resume`` in a sentence)."""
+    if not words or not OVERRIDE.match(words[0]) or "=" not in words[-1] and len(words) == 1:
+        return None
+    for i, word in enumerate(words):
+        follows_key = i > 0 and "=" not in words[i - 1] and words[i - 1].startswith("--")
+        if not (OVERRIDE.match(word) or follows_key):
+            return None
+    return words
+
+
+def _runnable(argv: list[str]) -> bool:
+    """An inline command that can run as written, not one that names a command or a flag in
+    a sentence (```fedlit fit```, ```fedlit report --out```) or holds a placeholder
+    (``RECIPE``, ``<run>``): ``--config FILE`` given, or ``report``'s runs."""
+    if not argv or any("<" in word or re.fullmatch(r"[A-Z_]{2,}", word) for word in argv):
+        return False
+    if argv[0] == "report":
+        return any(not word.startswith("-") for word in argv[1:2])
+    return "--config" in argv[:-1] or any(word.startswith("--config=") for word in argv)
+
+
+def inline_commands(page: Path) -> list[Command]:
+    """The page's inline ``fedlit ...`` commands, and its inline overrides as ``fedlit fit``
+    of the last recipe named before them (the quick-start where none is)."""
+    text = _outside_blocks(page.read_text())
+    found = []
+    for span in INLINE.finditer(text):
+        code, line = span.group(1).replace("\n", " "), text.count("\n", 0, span.start()) + 1
+        try:
+            words = shlex.split(code)
+        except ValueError:
+            continue
+        if words and words[0] == "fedlit":
+            if _runnable(words[1:]):
+                found.append(Command(page, line, tuple(words[1:]), ()))
+            continue
+        if "--" in words:  # a program's own arguments, then fedlit's overrides
+            words = words[words.index("--") + 1 :]
+        overrides = overrides_in(words)
+        if overrides is not None and _runnable(["fit", "--config", "x", *overrides]):
+            named = RECIPE.findall(text, 0, span.end())
+            recipe = named[-1] if named else DEFAULT_RECIPE
+            found.append(Command(page, line, ("fit", "--config", recipe, *overrides), ()))
+    return found
+
+
+COMMANDS = [command for page in PAGES for command in [*commands_in(page), *inline_commands(page)]]
 
 
 def test_the_pages_write_fedlit_commands() -> None:

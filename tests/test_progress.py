@@ -55,7 +55,8 @@ def test_the_bar_shows_each_stage_and_the_time_left(
     assert isinstance(stages, Stages)
     # FedAvg-FixMatch: server step, clients, the aggregate fine-tuned; evaluated every 2nd round
     round_stages = ["server step", "client 1/2", "client 2/2", "fine-tune"]
-    assert stages.seen == [(1, s) for s in round_stages] + [
+    assert stages.seen == [(0, "loading the data (fashion_mnist) and partitioning it")] + [
+        *[(1, s) for s in round_stages],
         *[(2, s) for s in round_stages],
         (2, "evaluation"),
     ]

@@ -13,6 +13,10 @@
 - ``fedlit-settings``: a method's own settings (``model.init_args``), their defaults from its
   signature and their meaning from its docstring; ``:group: network`` and ``:group: optim``
   give the settings every method shares.
+- The method pages' generated Markdown (``fedlit_markdown.py``: the same docstrings and
+  tables, written into the pages for the code host) read as those two directives.
+- The "Module code" index without the modules it has no page for (an object whose
+  ``__module__`` is ``builtins`` was listed there, a link to a page never written).
 """
 
 from __future__ import annotations
@@ -37,6 +41,14 @@ from typing import Any, TypeVar
 from docutils import nodes
 from docutils.parsers.rst import Parser, directives
 from docutils.utils import new_document
+from fedlit_markdown import (
+    PACKAGE,
+    as_directives,
+    default_text,
+    locate,
+    setting_rows,
+    without_args,
+)
 from sphinx import addnodes
 from sphinx.application import Sphinx
 from sphinx.transforms.post_transforms import SphinxPostTransform
@@ -44,10 +56,6 @@ from sphinx.util import logging
 from sphinx.util.docutils import SphinxDirective
 
 LOG = logging.getLogger(__name__)
-PACKAGE = "fedlit"
-
-#: The settings every method shares, documented once (``:group: network`` and ``optim``).
-SHARED_KEYS = ("network", "optim")
 
 
 # --------------------------------------------------------------------------------------------
@@ -222,6 +230,44 @@ def write_api_pages(app: Sphinx) -> None:
             path.write_text(text)
 
 
+#: The notebooks shown on the site, each as a page of ``notebooks/`` (written when the build
+#: starts, never run: the notebook is kept without outputs, ``tests/test_notebook.py`` runs it).
+NOTEBOOKS = ("quickstart",)
+
+
+def notebook_page(notebook: Path) -> str:
+    """A notebook as a Markdown page: its Markdown cells as they are, its code cells as
+    Python blocks, after a line that says where it is and how to run it."""
+    import json
+
+    cells = json.loads(notebook.read_text())["cells"]
+    where = f"notebooks/{notebook.name}"
+    parts = [
+        f"*This page is `{where}`, shown without running it. Run it in JupyterLab: "
+        f"`bash .ci/install notebook && .venv/bin/jupyter lab {where}`.*"
+    ]
+    for cell in cells:
+        text = "".join(cell["source"]).rstrip()
+        if cell["cell_type"] == "markdown":
+            parts.append(text)
+        elif cell["cell_type"] == "code" and text:
+            parts.append(f"```python\n{text}\n```")
+    first, rest = parts[1], parts[2:]  # the notebook's title first, then the line
+    return "\n\n".join([first, parts[0], *rest]) + "\n"
+
+
+def write_notebook_pages(app: Sphinx) -> None:
+    """``notebooks/<name>.md`` for each of :data:`NOTEBOOKS`, rewritten only when its text
+    changes."""
+    out = Path(app.srcdir) / "notebooks"
+    out.mkdir(exist_ok=True)
+    for name in NOTEBOOKS:
+        text = notebook_page(Path(app.srcdir).parent / "notebooks" / f"{name}.ipynb")
+        path = out / f"{name}.md"
+        if not path.exists() or path.read_text() != text:
+            path.write_text(text)
+
+
 def check_api_coverage(app: Sphinx, env: Any) -> None:
     """Every public class and function of every public module is documented somewhere."""
     objects = env.get_domain("py").objects
@@ -242,19 +288,8 @@ def check_api_coverage(app: Sphinx, env: Any) -> None:
 # --------------------------------------------------------------------------------------------
 
 
-@functools.cache
-def _locate(path: str) -> Any:
-    """The object a dotted path names: the longest importable module, then attributes."""
-    parts = path.split(".")
-    for cut in range(len(parts), 0, -1):
-        try:
-            obj: Any = importlib.import_module(".".join(parts[:cut]))
-        except ImportError:
-            continue
-        for attr in parts[cut:]:
-            obj = getattr(obj, attr)
-        return obj
-    raise LookupError(path)
+#: The object a dotted path names (:func:`fedlit_markdown.locate`), looked up once.
+_locate = functools.cache(locate)
 
 
 @functools.cache
@@ -644,7 +679,7 @@ class FedlitDocstring(SphinxDirective):
         obj = _locate(path)
         lines = (inspect.getdoc(obj) or "").splitlines()
         if "args" not in self.options:
-            lines = _without_args(lines)
+            lines = without_args(lines)
         what = "class" if inspect.isclass(obj) else "function"
         escape_bars(self.env.app, what, path, obj, None, lines)
         others_out_of_args(self.env.app, what, path, obj, None, lines)
@@ -658,74 +693,6 @@ class FedlitDocstring(SphinxDirective):
             return parse_rst(self, text + "\n")
 
 
-def _args_section(lines: list[str]) -> tuple[int, int, int] | None:
-    """(start, end, indent) of the ``Args:`` section of a docstring's lines."""
-    try:
-        start = next(i for i, line in enumerate(lines) if line.strip() == "Args:")
-    except StopIteration:
-        return None
-    indent = len(lines[start]) - len(lines[start].lstrip())
-    end = start + 1
-    while end < len(lines) and (
-        not lines[end].strip() or len(lines[end]) - len(lines[end].lstrip()) > indent
-    ):
-        end += 1
-    return start, end, indent
-
-
-def _without_args(lines: list[str]) -> list[str]:
-    section = _args_section(lines)
-    if section is None:
-        return lines
-    start, end, _ = section
-    return lines[:start] + lines[end:]
-
-
-def docstring_args(cls: type) -> dict[str, str]:
-    """The ``Args:`` entries of ``cls``'s docstring and of its bases' (nearest first)."""
-    found: dict[str, str] = {}
-    for klass in cls.__mro__:
-        doc = inspect.getdoc(klass) if "__doc__" in vars(klass) else None
-        if not doc or not klass.__module__.startswith(PACKAGE):
-            continue
-        for key, text in _parse_args(doc).items():
-            found.setdefault(key, text)
-    return found
-
-
-def _parse_args(doc: str) -> dict[str, str]:
-    entries: dict[str, str] = {}
-    lines = doc.splitlines()
-    section = _args_section(lines)
-    if section is None:
-        return entries
-    start, end, indent = section
-    key = None
-    entry = re.compile(rf"^\s{{{indent + 4}}}(\w+)(?: \([^)]*\))?: (.*)$")
-    for line in lines[start + 1 : end]:
-        if not line.strip():
-            continue
-        match = entry.match(line)
-        if match:
-            key = match.group(1)
-            entries[key] = match.group(2).strip()
-        elif key is not None and len(line) - len(line.lstrip()) > indent + 4:
-            entries[key] += " " + line.strip()
-        else:
-            key = None  # text of the section that is no argument ("The others: ...")
-    return entries
-
-
-def _default(value: Any) -> str:
-    if value is inspect.Parameter.empty:
-        return "(required)"
-    if value is None:
-        return "``null``"
-    if isinstance(value, str):
-        return f"``{value}``"
-    return f"``{value!r}``"
-
-
 class FedlitSettings(SphinxDirective):
     """A table of settings with their defaults and meanings, read from the code.
 
@@ -737,34 +704,12 @@ class FedlitSettings(SphinxDirective):
     option_spec = {"group": directives.unchanged}
 
     def run(self) -> list[nodes.Node]:
-        from fedlit.methods import FederatedMethod
-        from fedlit.models import Architecture
-        from fedlit.objectives import Optimization
-
-        group = self.options.get("group")
-        rows: list[tuple[str, str, str]] = []
-        owner: Any = FederatedMethod
-        if group == "network":
-            rows += self._dataclass_rows("model.init_args.network", Architecture)
-            owner = Architecture
-        elif group == "optim":
-            rows += self._dataclass_rows("model.init_args.optim", Optimization)
-            owner = Optimization
-        elif self.arguments:
-            cls = owner = _locate(self.arguments[0])
-            meaning = docstring_args(cls)
-            for key, param in inspect.signature(cls.__init__).parameters.items():
-                if key == "self" or key in SHARED_KEYS or param.kind is param.VAR_KEYWORD:
-                    continue
-                if dataclasses.is_dataclass(param.default):
-                    prefix = f"model.init_args.{key}"
-                    rows += self._dataclass_rows(prefix, type(param.default), meaning.get(key))
-                else:
-                    rows.append(
-                        (f"model.init_args.{key}", _default(param.default), meaning.get(key, ""))
-                    )
-        else:
-            raise self.error("fedlit-settings: a method's class path, or :group: network|optim")
+        try:
+            rows, owner = setting_rows(
+                self.arguments[0] if self.arguments else None, self.options.get("group")
+            )
+        except ValueError as err:
+            raise self.error(str(err)) from None
         if not rows:
             return parse_rst(self, "The method has no settings of its own.\n")
         table = [
@@ -776,35 +721,39 @@ class FedlitSettings(SphinxDirective):
             "     - default",
             "     - what it is",
         ]
-        for key, default, what in rows:
-            cell = [what or "-"]
-            escape_bars(self.env.app, "class", key, owner, None, cell)
-            table += [f"   * - ``{key}``", f"     - {default}", f"     - {cell[0]}"]
+        for row in rows:
+            if row.group is not None:
+                name = f"{row.group.__module__}.{row.group.__qualname__}"
+                default = f":py:class:`~{name}`"
+            else:
+                default = default_text(row.default, lambda text: f"``{text}``")
+            cell = [row.meaning or "-"]
+            escape_bars(self.env.app, "class", row.key, owner, None, cell)
+            table += [f"   * - ``{row.key}``", f"     - {default}", f"     - {cell[0]}"]
         with written_in(self, owner):
             return parse_rst(self, "\n".join(table) + "\n")
 
-    def _dataclass_rows(
-        self, prefix: str, settings: type, group: str | None = None
-    ) -> list[tuple[str, str, str]]:
-        """A row per field of the settings dataclass ``settings`` (a required field: no
-        default), after one for the group itself where ``group`` gives its meaning."""
-        meaning = docstring_args(settings)
-        rows = []
-        if group:
-            name = f"{settings.__module__}.{settings.__qualname__}"
-            rows.append((prefix, f":py:class:`~{name}`", group))
-        for field in dataclasses.fields(settings):
-            value: Any = field.default
-            if field.default_factory is not dataclasses.MISSING:
-                value = field.default_factory()
-            elif value is dataclasses.MISSING:
-                value = inspect.Parameter.empty
-            rows.append((f"{prefix}.{field.name}", _default(value), meaning.get(field.name, "")))
-        return rows
+
+def generated_as_directives(app: Sphinx, docname: str, source: list[str]) -> None:
+    """A page's generated regions (``fedlit_markdown.py``) read as their directives."""
+    source[0] = as_directives(source[0])
+
+
+def modules_with_pages(app: Sphinx) -> list[Any]:
+    """Before viewcode writes its pages: the modules it found no source for are dropped, so
+    that its index does not link to pages it never writes."""
+    found = getattr(app.env, "_viewcode_modules", None)
+    if found:
+        for name in [name for name, entry in found.items() if not entry]:
+            del found[name]
+    return []
 
 
 def setup(app: Sphinx) -> dict[str, Any]:
     app.connect("builder-inited", write_api_pages)
+    app.connect("builder-inited", write_notebook_pages)
+    app.connect("source-read", generated_as_directives)
+    app.connect("html-collect-pages", modules_with_pages, priority=400)
     app.connect("env-check-consistency", check_api_coverage)
     app.connect("missing-reference", resolve_reexports)
     app.connect("autodoc-process-docstring", escape_bars, priority=400)

@@ -9,49 +9,51 @@ directory and ``logger`` adds loggers such as WandbLogger) and ``seed_everything
 ``fedlit compare --config comparison.yaml``: recipes x settings x seeds, then a report
 (:mod:`fedlit.comparison`). ``fedlit report RUN_DIR...``: the results table and plots of
 finished runs. ``fedlit partition --config recipe.yaml``: plot a recipe's partition.
+
+This module imports neither torch nor Lightning: ``fedlit --help`` prints at once, and
+``fedlit fit`` says what it does before the seconds those imports take. Its other names
+(:class:`FedlitCLI`, :func:`resolve`, ...) are its submodules', imported when first used.
 """
 
 from __future__ import annotations
 
 import atexit
+import importlib
 import os
 import sys
 import traceback
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import suppress
-from typing import NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
-from lightning.pytorch.utilities.exceptions import SIGTERMException
-
-from fedlit.cli.common import (
-    CONFIG_MODE,
-    FIT_GROUPS,
-    LIGHTNING_ONLY,
-    TRAINER_KEYS,
-    config_file_error,
-    json_line,
-    load_config,
-    without_lightning_defaults,
-)
-from fedlit.cli.compare import COMPARE_GROUPS, compare_main
-from fedlit.cli.fit import (
-    EXECUTOR_GROUPS,
-    FIT_HELP,
-    INTERRUPTED,
-    FedlitCLI,
-    executor_warnings,
-    interrupted,
-    loggers,
-    resolve,
-    template,
-    write_failure,
-)
-from fedlit.cli.partition import PARTITION_HELP, PartitionCLI, partition_main
-from fedlit.cli.report import report_main
-from fedlit.cli.test import SPLIT_FREE, TEST_HELP, run_test
-from fedlit.data.user_data import UserCodeFailed
-from fedlit.federation.trainers import TERMINATED
+if TYPE_CHECKING:
+    from fedlit.cli.common import (
+        CONFIG_MODE,
+        FIT_GROUPS,
+        LIGHTNING_ONLY,
+        TRAINER_KEYS,
+        config_file_error,
+        json_line,
+        load_config,
+        without_lightning_defaults,
+    )
+    from fedlit.cli.compare import COMPARE_GROUPS, compare_main
+    from fedlit.cli.fit import (
+        EXECUTOR_GROUPS,
+        FIT_HELP,
+        INTERRUPTED,
+        FedlitCLI,
+        executor_warnings,
+        interrupted,
+        loggers,
+        resolve,
+        template,
+        write_failure,
+    )
+    from fedlit.cli.partition import PARTITION_HELP, PartitionCLI, partition_main
+    from fedlit.cli.report import report_main
+    from fedlit.cli.test import SPLIT_FREE, TEST_HELP, run_test
 
 __all__ = [
     "COMMANDS",
@@ -88,11 +90,48 @@ __all__ = [
     "write_failure",
 ]
 
+#: Where each name this package re-exports is defined: imported on first use (PEP 562).
+_HOMES = {
+    "fedlit.cli.common": (
+        *("CONFIG_MODE", "FIT_GROUPS", "LIGHTNING_ONLY", "TRAINER_KEYS", "config_file_error"),
+        *("json_line", "load_config", "without_lightning_defaults"),
+    ),
+    "fedlit.cli.compare": ("COMPARE_GROUPS", "compare_main"),
+    "fedlit.cli.fit": (
+        *("EXECUTOR_GROUPS", "FIT_HELP", "INTERRUPTED", "FedlitCLI", "executor_warnings"),
+        *("interrupted", "loggers", "resolve", "template", "write_failure"),
+    ),
+    "fedlit.cli.partition": ("PARTITION_HELP", "PartitionCLI", "partition_main"),
+    "fedlit.cli.report": ("report_main",),
+    "fedlit.cli.test": ("SPLIT_FREE", "TEST_HELP", "run_test"),
+}
+_HOME_OF = {name: module for module, names in _HOMES.items() for name in names}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOME_OF:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(_HOME_OF[name]), name)
+
+
+def _command(name: str) -> Callable[[Sequence[str]], None]:
+    """A command's entry point, its module imported when it runs."""
+
+    def run(argv: Sequence[str]) -> None:
+        __getattr__(name)(argv)
+
+    run.__name__ = run.__qualname__ = name
+    return run
+
 
 # ``fedlit compare`` runs ``fit`` in-process with its own arguments, by design.
 warnings.filterwarnings("ignore", message=r".*LightningCLI's args parameter is intended.*")
 
-COMMANDS = {"compare": compare_main, "report": report_main, "partition": partition_main}
+COMMANDS = {
+    "compare": _command("compare_main"),
+    "report": _command("report_main"),
+    "partition": _command("partition_main"),
+}
 
 #: ``fedlit``, ``fedlit -h``, ``fedlit --help``: the commands, a line each.
 USAGE = """usage: fedlit {fit,test,compare,report,partition} ...
@@ -114,6 +153,9 @@ commands:
 fedlit COMMAND --help lists a command's settings.
 """
 
+#: The words after ``fedlit fit`` that only print (help, the resolved config): no start line.
+_PRINT_ONLY = ("-h", "--help", "--print_config")
+
 
 def console_main() -> None:
     """The ``fedlit`` console script and ``python -m fedlit``: :func:`main`, and a command
@@ -121,8 +163,12 @@ def console_main() -> None:
     try:
         main()
     except SystemExit as end:
-        if end.code in (TERMINATED, INTERRUPTED):
-            exit_now(end.code)
+        if "fedlit.cli.fit" in sys.modules:  # a command ran (else nothing could stop it)
+            from fedlit.cli.fit import INTERRUPTED
+            from fedlit.federation.trainers import TERMINATED
+
+            if end.code in (TERMINATED, INTERRUPTED):
+                exit_now(end.code)
         raise
 
 
@@ -140,6 +186,24 @@ def exit_now(code: int) -> NoReturn:
         os._exit(code)
 
 
+def starting_line(argv: Sequence[str]) -> str | None:
+    """The line ``fedlit fit`` and ``fedlit test`` print first, before the seconds of importing
+    torch and Lightning: what the command does and with which recipe; None where the command
+    only prints (``--help``, ``--print_config``) or is another one."""
+    if not argv or argv[0] not in ("fit", "test"):
+        return None
+    if any(word.split("=", 1)[0] in _PRINT_ONLY for word in argv[1:]):
+        return None
+    configs = [w.split("=", 1)[1] for w in argv if w.startswith("--config=")]
+    configs += [argv[i + 1] for i, w in enumerate(argv[:-1]) if w == "--config"]
+    what = "training a federation" if argv[0] == "fit" else "testing a checkpoint"
+    recipe = f" from {', '.join(configs)}" if configs else ""
+    return (
+        f"fedlit {argv[0]}: {what}{recipe}; importing torch and Lightning first "
+        "(seconds to a minute on a busy machine)"
+    )
+
+
 def main(args: Sequence[str] | None = None) -> None:
     """The ``fedlit`` console script: ``fit``/``test`` (LightningCLI) or ``compare``,
     ``report``, ``partition``."""
@@ -147,6 +211,15 @@ def main(args: Sequence[str] | None = None) -> None:
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE, end="", file=sys.stdout if argv else sys.stderr)
         raise SystemExit(0 if argv else 2)
+    line = starting_line(argv)
+    if line is not None:
+        print(line, file=sys.stderr, flush=True)
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    from fedlit.cli.fit import INTERRUPTED, FedlitCLI
+    from fedlit.data.user_data import UserCodeFailed
+    from fedlit.federation.trainers import TERMINATED
+
     try:
         if argv and argv[0] in COMMANDS:
             COMMANDS[argv[0]](argv[1:])

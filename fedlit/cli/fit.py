@@ -93,7 +93,9 @@ class FedlitCLI(LightningCLI):
         }
 
     def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
-        """LightningCLI's parser, reading YAML as :func:`load_config` does."""
+        """LightningCLI's parser, reading YAML as :func:`load_config` does, its usage line
+        ``fedlit`` however it was started (``python -m fedlit``, in-process)."""
+        kwargs.setdefault("prog", "fedlit")
         return super().init_parser(parser_mode=CONFIG_MODE, **kwargs)
 
     def add_core_arguments_to_parser(self, parser: LightningArgumentParser) -> None:

@@ -129,12 +129,25 @@ def check_sizes(data: DataSettings, name: str, labels: np.ndarray, classes: Sequ
     """The draw's refusals that a data set's labels decide, made from ``labels`` (the
     training split's, ``classes`` their names) before any image is read: a class too small
     for the server's sets, and a client pool (``data.client_pool`` ``train``, what the
-    server's sets leave) smaller than ``data.examples_per_client`` for every client. The
-    split's sizes depend on the class counts alone, not on the seed."""
-    *_, rest = data.split(labels, np.random.default_rng(0), name, len(classes), classes)
+    server's sets leave) smaller than ``data.examples_per_client`` for every client. Both
+    are named in one refusal (a recipe moved onto a smaller data set is refused once, with
+    every setting to change). The split's sizes depend on the class counts alone, not on
+    the seed."""
+    problems: list[str] = []
+    rest_size = 0
+    try:
+        *_, rest = data.split(labels, np.random.default_rng(0), name, len(classes), classes)
+        rest_size = len(rest)
+    except ValueError as err:
+        problems.append(str(err))
     if data.client_pool == "train":
         where = "left after the server's split"
-        check_pool_size(len(rest), data.num_clients, data.examples_per_client, where)
+        try:
+            check_pool_size(rest_size, data.num_clients, data.examples_per_client, where)
+        except ValueError as err:
+            problems.append(str(err))
+    if problems:
+        raise ValueError("; and ".join(problems))
 
 
 def draw(data: DataSettings, spec: DatasetSpec, seed: int) -> tuple[ServerData, ClientPool]:

@@ -161,7 +161,8 @@ class Announce(Callback):
     """Say what the method is when it is not an ordinary federated semi-supervised method (an
     oracle, the centralized reference, not private), the settings the data set decides
     (:attr:`FederatedDataModule.notes`), that the user's own images are flipped where
-    ``data.hflip`` is left to its default, and each client left out of its round."""
+    ``data.hflip`` is left to its default, clients that hold fewer images than a batch, and
+    each client left out of its round."""
 
     def on_run_start(self, run: RunView) -> None:
         data = run.data
@@ -188,6 +189,14 @@ class Announce(Callback):
             note(
                 f"{name} is not private: it sends clients other clients' models, which "
                 "standard federated learning does not allow"
+            )
+        sizes = [len(c) for c in data.clients] if run.method.round_plan().uses_clients else []
+        small = sum(size < data.client_batch_size for size in sizes)
+        if small:
+            warn(
+                f"{small} of {len(sizes)} clients hold fewer images than a batch (the smallest "
+                f"{min(sizes)}, data.client_batch_size={data.client_batch_size}): each local "
+                "epoch is one short batch; lower data.client_batch_size or data.num_clients"
             )
 
     def on_client_fault(self, run: RunView, round_idx: int, fault: ClientFault) -> None:
@@ -341,13 +350,19 @@ class Checkpoints(Callback):
 class Progress(Callback):
     """A progress bar on a terminal (``run.progress`` None) or when asked (True): the round,
     the stage within it (server step, client k of C, fine-tune, evaluation), the elapsed time
-    and, from the end of the first round on, the estimated time left; a line per round with
-    that estimate otherwise (None); nothing when False."""
+    and, from the end of the first round on, the estimated time left. Otherwise (None: a log
+    file, a notebook) lines: on stderr the set-up's stages (round 0: the data, the bootstrap),
+    each round's first stage and a later stage where the last line is :data:`QUIET_S` old; on
+    stdout a line per round with its accuracy and the estimate. Nothing when False."""
+
+    #: Seconds without a line after which the next stage of a round gets one (no bar).
+    QUIET_S = 10.0
 
     def __init__(self) -> None:
         self.bar: Any = None
         self.started = 0.0
         self.done = 0  # rounds run by this process
+        self.said = (-1, 0.0)  # the round of the last stage line, and when it was printed
 
     def on_run_start(self, run: RunView) -> None:
         self.started, self.done = time.perf_counter(), 0
@@ -363,8 +378,17 @@ class Progress(Callback):
             )
 
     def on_stage(self, run: RunView, round_idx: int, stage: str) -> None:
+        where = f"round {round_idx}/{run.config.rounds}" if round_idx else "set-up"
         if self.bar is not None:
-            self.bar.set_description_str(f"round {round_idx}/{run.config.rounds}: {stage}")
+            self.bar.set_description_str(f"{where}: {stage}")
+            return
+        now = time.perf_counter()
+        if run.progress is False or (
+            round_idx and round_idx == self.said[0] and now - self.said[1] < self.QUIET_S
+        ):
+            return
+        self.said = (round_idx, now)
+        print(f"{where}: {stage}", file=sys.stderr, flush=True)  # stdout carries the results
 
     def eta_s(self, run: RunView, round_idx: int) -> float:
         """Seconds left: the rounds left times the mean time of this process's rounds."""
@@ -386,6 +410,7 @@ class Progress(Callback):
                 + (left if round_idx < run.config.rounds else ""),
                 flush=True,
             )
+            self.said = (round_idx, time.perf_counter())
 
     def on_run_end(self, run: RunView, ending: Ending) -> None:
         if self.bar is not None:

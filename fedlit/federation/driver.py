@@ -94,6 +94,7 @@ class Federation:
         elif cfg.init_from is not None:  # a resume continues its checkpoint, never the source
             self.source = load_warm_start(cfg.init_from, self.method)
         check_fits(self.method, self.data, cfg)
+        self.callbacks.stage(0, f"loading the data ({self.data.dataset}) and partitioning it")
         with loading_data(self.data):
             self.data.setup_federation(self.seed)
         self.method.validate_data(self.data)
@@ -169,6 +170,9 @@ class Federation:
         ending: Ending = "stopped"
         try:
             if self.start_round == 1:
+                epochs = self.method.round_plan().bootstrap_epochs
+                if epochs:
+                    self.callbacks.stage(0, f"bootstrap before round 1 (bootstrap_epochs={epochs})")
                 row0 = {"round": 0, **self.data.partition_summary(), **self.server.bootstrap()}
                 if self.source is not None:  # the network it starts from, as scored
                     row0 |= self.server.evaluate(WARM_START_EVAL)

@@ -36,10 +36,10 @@ from typing import TYPE_CHECKING, Any
 
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from fedlit.machine import available_cores
 from fedlit.federation.children import exit_with_parent
 from fedlit.federation.faults import WorkerDied
 from fedlit.federation.trainers import TERMINATED
+from fedlit.machine import available_cores
 
 if TYPE_CHECKING:
     from fedlit.federation.client import ClientJob, ClientRunner, ReceiveJob

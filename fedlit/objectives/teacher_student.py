@@ -28,7 +28,7 @@ def kl_to_uniform(predictions: Tensor, num_classes: int) -> Tensor:
 
     Args:
         predictions: (B,) int64 predicted labels.
-        num_classes: L.
+        num_classes: L, the number of classes.
     """
     # the histogram by an index_add of ones (bincount reads the labels' maximum back: a sync)
     counts = torch.zeros(num_classes, dtype=torch.float64, device=predictions.device)
