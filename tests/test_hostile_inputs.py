@@ -133,6 +133,10 @@ FIT = [
         "model.init_args.network.image_size",
         "32",
     ),
+    # the method's groups of settings given as a list (an AttributeError's traceback before)
+    ("server_sl", ["--model.init_args.network=[1, 2]"], "model.init_args.network", "not a list"),
+    ("server_sl", ["--model.init_args.optim=[1, 2]"], "model.init_args.optim", "not a list"),
+    ("fedavg_fixmatch", ["--model.init_args.loss=[1, 2]"], "model.init_args.loss", "not a list"),
     # any backbone: names, class paths, weights
     ("server_sl", ["--model.init_args.network.backbone=torchvision/nonet"], "backbone", "nonet"),
     ("server_sl", ["--model.init_args.network.backbone=custom_backbones.Nope"], "backbone", "Nope"),
