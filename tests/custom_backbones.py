@@ -27,3 +27,15 @@ class FlatNet(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.fc(x.flatten(1))
+
+
+class FlatConv(nn.Module):
+    """A 3x3 convolution without padding (4 channels), flattened: images (N, C, S, S) ->
+    (N, 4 (S - 2)^2), a feature size that depends on the images' side."""
+
+    def __init__(self, in_channels: int = 1) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(in_channels, 4, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.relu(self.conv(x)).flatten(1)

@@ -133,6 +133,10 @@ FIT = [
         "model.init_args.network.image_size",
         "32",
     ),
+    # the method's groups of settings given as a list (an AttributeError's traceback before)
+    ("server_sl", ["--model.init_args.network=[1, 2]"], "model.init_args.network", "not a list"),
+    ("server_sl", ["--model.init_args.optim=[1, 2]"], "model.init_args.optim", "not a list"),
+    ("fedavg_fixmatch", ["--model.init_args.loss=[1, 2]"], "model.init_args.loss", "not a list"),
     # any backbone: names, class paths, weights
     ("server_sl", ["--model.init_args.network.backbone=torchvision/nonet"], "backbone", "nonet"),
     ("server_sl", ["--model.init_args.network.backbone=custom_backbones.Nope"], "backbone", "Nope"),
@@ -896,12 +900,24 @@ def _bad_png(work: Path, name: str, size: int) -> None:
     write_png(torch.zeros(1, size, size, dtype=torch.uint8), str(work / name))
 
 
+def _linked(folder: Path, target: str) -> None:
+    """``folder`` replaced by a symbolic link to ``target`` (relative to its parent)."""
+    shutil.rmtree(folder)
+    folder.symlink_to(target)
+
+
 #: How a test spoils the user's files (``_user_files``) under the working folder.
 SPOIL = {
     "": lambda w: None,
     "no test split": lambda w: shutil.rmtree(w / "images" / "test"),
     "empty class": lambda w: [p.unlink() for p in (w / "images/train/c3").iterdir()],
     "link loop": lambda w: (w / "images/train/c6/loop").symlink_to("."),
+    # a folder reached twice through a link: two classes, two clients, the test split and the
+    # training split, a client and a labeled class (each read twice, without a word, before)
+    "two classes one folder": lambda w: _linked(w / "images/train/c1", "c0"),
+    "test is train": lambda w: _linked(w / "images/test", "train"),
+    "two clients one folder": lambda w: _linked(w / "clients/clients/b", "a"),
+    "a client is a class": lambda w: _linked(w / "clients/clients/b", "../labeled/c0"),
     "one class": lambda w: [
         shutil.rmtree(p) for p in (w / "images/train").iterdir() if p.name != "c0"
     ],
@@ -929,6 +945,10 @@ USER_DATA = [
     ("server_sl", "no test split", IMAGES, "images/test", "missing"),
     ("server_sl", "empty class", IMAGES, "images/train/c3", "empty class folder"),
     ("server_sl", "link loop", IMAGES, "c6/loop", "read twice"),
+    ("server_sl", "two classes one folder", IMAGES, "images/train/c1 is", "images/train/c0 again"),
+    ("server_sl", "test is train", IMAGES, "images/test/c0 is", "images/train/c0 again"),
+    ("server_sl", "two clients one folder", CLIENTS, "clients/clients/b is", "clients/a again"),
+    ("server_sl", "a client is a class", CLIENTS, "clients/clients/b is", "labeled/c0 again"),
     ("server_sl", "one class", IMAGES, "images/train", "one class folder ('c0')"),
     ("server_sl", "broken image", IMAGES, "c0/broken.png", "not a readable image"),
     ("server_sl", "other size", IMAGES, "data.image_size", "big.png is 30x30"),

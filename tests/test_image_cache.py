@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -394,3 +395,86 @@ def test_clients_folders_read_from_the_cache_are_handed_over_too(tmp_path: Path)
     data.setup_federation(0)
     for images, again in zip(before, data.clients, strict=True):
         assert torch.equal(images, again.images)
+
+
+def _meta_without_test(folder: Path) -> None:
+    meta = json.loads((folder / "meta.json").read_text())
+    del meta["splits"]["test"]
+    (folder / "meta.json").write_text(json.dumps(meta))
+
+
+def _pixels_overwritten(folder: Path) -> None:
+    """``train.npy``'s pixels overwritten with random bytes, its header (and size) intact."""
+    array = np.load(folder / "train.npy", mmap_mode="r+")
+    array[:] = np.random.default_rng(0).integers(0, 256, array.shape, dtype=np.uint8)
+    array.flush()
+
+
+#: (how the cache is damaged, why the line says it is written again, a stage limit: mapped)
+DAMAGE = {
+    "zero-byte split": (
+        lambda f: (f / "train.npy").write_bytes(b""),
+        "train.npy: No data left in file",
+        None,
+    ),
+    "zero-byte labels": (
+        lambda f: (f / "test-labels.npy").write_bytes(b""),
+        "test-labels.npy: No data left in file",
+        None,
+    ),
+    "splits lack test": (_meta_without_test, "its splits are {'train': 18}, the data", None),
+    "pixels overwritten": (
+        _pixels_overwritten,
+        "train.npy: its checksum is not the one written",
+        None,
+    ),
+    "pixels overwritten, mapped": (_pixels_overwritten, "train.npy: its checksum is not", "1000"),
+}
+
+
+@pytest.mark.parametrize(("damage", "why", "limit"), DAMAGE.values(), ids=list(DAMAGE))
+def test_a_damaged_cache_is_written_again_with_a_line_saying_why(
+    damage: Callable[[Path], None],
+    why: str,
+    limit: str | None,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A cache whose file is empty (an EOFError's traceback before), whose meta.json lacks a
+    split (a KeyError's) or whose pixels were overwritten, its header intact (trained on
+    without a word before; in memory or mapped): decoded again into the cache, one line
+    naming it and why, the images those of the clean cache; the cache written is read after
+    without a line and without decoding."""
+    if limit is not None:
+        monkeypatch.setenv(STAGE_LIMIT_ENV, limit)
+    root, data_root = photo_folder(tmp_path / "photos"), tmp_path / "data"
+    clean = splits(made(root, data_root))
+    [folder] = caches(data_root)
+    damage(folder)
+    capsys.readouterr()
+    again = splits(made(root, data_root))
+    notes = [line for line in capsys.readouterr().err.splitlines() if "note:" in line]
+    assert len(notes) == 1 and notes[0].startswith(f"note: the image cache {folder} cannot be")
+    assert why in notes[0] and notes[0].endswith("): decoding the images again")
+    no_decoding(monkeypatch)
+    third = splits(made(root, data_root))
+    assert "note:" not in capsys.readouterr().err
+    for split, (images, labels) in clean.items():
+        for got in (again, third):
+            assert torch.equal(got[split][0], images) and torch.equal(got[split][1], labels)
+
+
+def test_a_split_changed_while_a_run_holds_it_is_named_when_read_again(tmp_path: Path) -> None:
+    """A split whose pixels change after the data module read it: its second draw, which
+    reads the cache again, stops naming the cache and the file, rather than draw from them."""
+    root, data_root = photo_folder(tmp_path / "photos"), tmp_path / "data"
+    made(root, data_root)
+    data = made(root, data_root)
+    data.setup_federation(0)
+    [folder] = caches(data_root)
+    _pixels_overwritten(folder)
+    with pytest.raises(
+        RuntimeError, match=f"{folder} cannot be read again \\(train.npy: its checksum"
+    ):
+        data.setup_federation(1)

@@ -439,3 +439,30 @@ def test_a_warm_run_gives_the_same_weights_in_worker_processes(
         torch.set_num_threads(threads)
     for key, value in runs["local"].items():
         assert torch.equal(runs["pool"][key], value), key
+
+
+def test_a_warm_start_keeps_the_networks_image_size(fmnist_root: Path, tmp_path: Path) -> None:
+    """A backbone whose feature size depends on its images' side (``FlatConv``: 4 x 26 x 26
+    at 28): a run starts from an identical network's run and scores what it scored (refused
+    before: the template was built at the probe's 32, a (10, 3600) head against (10, 2704),
+    "10 classes vs 10"); a run at another ``image_size`` is refused naming that setting."""
+    from custom_backbones import FlatConv
+
+    def sized(side: int) -> ServerSL:
+        return ServerSL(Architecture(10, 1, backbone=FlatConv(1), image_size=side))
+
+    source = tmp_path / "source"
+    _federation(fmnist_root, source, sized(28), server_epochs=1).run()
+    fed = _federation(fmnist_root, tmp_path / "warm", sized(28), init_from=str(source))
+    fed.prepare()
+    try:
+        assert fed.server.evaluate()["test/acc"] == _source_acc(source)
+    finally:
+        fed.close()
+    with pytest.raises(ValueError) as refused:
+        load_warm_start(source, sized(32))
+    assert str(refused.value) == (
+        "federation.init_from: the source's network does not fit this run's: it has a head "
+        "that takes 2704 features, this run's backbone gives 3600 at "
+        "model.init_args.network.image_size=32: the source's images were of another size"
+    )

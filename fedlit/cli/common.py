@@ -130,14 +130,22 @@ def config_file_error(argv: Sequence[str], groups: Sequence[str] = FIT_GROUPS) -
                 f"got a {type(loaded).__name__}"
             )
         for group in groups:
-            value = _nested(loaded, group)
-            if value is not None and not isinstance(value, dict):
-                kind = type(value).__name__
-                return (
-                    f"--config {path}: {group}={value!r}: a group of settings is a mapping "
-                    f"(key: value), not {'an' if kind[0] in 'aeiou' else 'a'} {kind}"
-                )
+            error = not_a_group(group, _nested(loaded, group))
+            if error:
+                return f"--config {path}: {error}"
     return None
+
+
+def not_a_group(key: str, value: Any) -> str | None:
+    """The refusal of ``value`` given for ``key``, a group of settings, where it is not a
+    mapping (None: unset), or None."""
+    if value is None or isinstance(value, dict):
+        return None
+    kind = type(value).__name__
+    return (
+        f"{key}={value!r}: a group of settings is a mapping (key: value), not "
+        f"{'an' if kind[0] in 'aeiou' else 'a'} {kind}"
+    )
 
 
 def _nested(config: dict[str, Any], key: str) -> Any:

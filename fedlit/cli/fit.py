@@ -16,7 +16,7 @@ from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 
-from fedlit.cli.common import CONFIG_MODE, config_file_error, json_line
+from fedlit.cli.common import CONFIG_MODE, config_file_error, json_line, not_a_group
 from fedlit.cli.test import TEST_HELP, run_test
 from fedlit.data.datamodule import FederatedDataModule
 from fedlit.federation import Federation, FederationConfig, TrainerTemplate, load_checkpoint
@@ -165,8 +165,9 @@ class FedlitCLI(LightningCLI):
         super()._set_seed()
 
     def before_instantiate_classes(self) -> None:
-        """Refuse a NaN or infinite value in any setting, an empty run directory and
-        ``trainer.*`` settings a Trainer cannot train with, naming the key."""
+        """Refuse a NaN or infinite value in any setting, an empty run directory, a group of
+        the method's settings (:data:`MODEL_GROUPS`) that is not a mapping and ``trainer.*``
+        settings a Trainer cannot train with, naming the key."""
         config = (self.config[self.subcommand] if self.subcommand else self.config).as_dict()
         root = (config.get("trainer") or {}).get("default_root_dir")
         if self.subcommand == "fit" and (root is None or not str(root).strip()):
@@ -181,6 +182,11 @@ class FedlitCLI(LightningCLI):
         for key, value in _floats(config):
             if not math.isfinite(value):
                 self.parser.error(f"{key}: must be a finite number, got {value}")
+        init_args = (config.get("model") or {}).get("init_args") or {}
+        for group in MODEL_GROUPS:
+            error = not_a_group(f"model.init_args.{group}", init_args.get(group))
+            if error:
+                self.parser.error(error)
         if self.subcommand in ("fit", "test"):
             try:
                 template(config["trainer"]).check()
@@ -352,6 +358,9 @@ def executor_warnings(federation: dict[str, Any], cores: int | None = None) -> l
         )
     return lines
 
+
+#: The method's groups of settings (``model.init_args.<group>``), each a mapping.
+MODEL_GROUPS = ("network", "optim", "loss")
 
 #: The model's settings that are the data set's: the data module's attribute each is linked
 #: from, and what its value counts.

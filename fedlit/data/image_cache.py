@@ -12,11 +12,15 @@ writes, shared by the runs that name it, and one folder to delete to clear it (t
 data folder stays untouched). A data set's cache is a folder named by its kind, its path and a
 digest of its files (their names, sizes and modification times: a changed, added or removed
 file is a new cache) and of the image size, holding per split ``<split>.npy`` (uint8
-images, N, C, S, S), ``<split>-labels.npy`` and ``meta.json``. It is written under a temporary
+images, N, C, S, S), ``<split>-labels.npy`` and ``meta.json``, which holds each file's CRC-32
+(:func:`checksum`, taken as the cache is written and checked each time a file is read: a
+file changed since, its header intact, is not trained on). It is written under a temporary
 name of its own, while holding ``<cache>/.<name>.lock``, and renamed into place whole: a run
 that finds it being written waits for it, a leftover temporary folder (a run killed while
 writing) is never read and is removed by the next writer. A second run with the same files
-and size reads the cache and decodes nothing. A cache written replaces those it makes stale:
+and size reads the cache and decodes nothing; one it cannot read whole (a file missing,
+cut short, or unlike its checksum, a ``meta.json`` unlike the data set's splits) is written
+again, a line saying why. A cache written replaces those it makes stale:
 the same data's at the same size (its files since changed) and those of data whose folder is
 gone are removed, unless another run is writing them.
 
@@ -34,11 +38,13 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 import tempfile
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -69,7 +75,7 @@ from fedlit.run_layout import created_mode
 
 #: The cache's folder under ``data.root``.
 CACHE_FOLDER = "fedlit-cache"
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: meta.json holds each file's CRC-32
 #: Bytes a split of the user's cached images may take in memory; a larger one is mapped.
 STAGE_LIMIT_ENV = "FEDLIT_STAGE_LIMIT_BYTES"
 #: The processes that decode images (default: one per core this process may use).
@@ -274,6 +280,12 @@ def _narrowed(wide: np.ndarray, channels: int, folder: Path | None, name: str) -
     return out
 
 
+def checksum(array: np.ndarray) -> int:
+    """The CRC-32 of ``array``'s bytes in C order: the check of a cached file's content
+    (several GB a second; a mapped file is read through its mapping, not copied)."""
+    return zlib.crc32(np.ascontiguousarray(array).data)
+
+
 def cache_key(kind: str, path: Path, fingerprint: str) -> str:
     """The digest that names a data set's cache: its kind, its resolved path and its files'
     :func:`~fedlit.data.user_data.fingerprint` (the image size in it)."""
@@ -323,39 +335,59 @@ class ImageCache:
         ok = isinstance(meta, dict) and meta.get("key") == self.key
         return meta if ok and meta.get("version") == CACHE_VERSION else None
 
-    def read(self) -> CachedImages | None:
-        """The cached data set, or None where there is none whole (or it cannot be read)."""
+    def read(self, counts: Mapping[str, int]) -> CachedImages | None:
+        """The cached data set of the splits ``counts`` names, as many images each, or None
+        where there is none whole (or it cannot be read)."""
+        return self._load(counts)[0]
+
+    def _load(self, counts: Mapping[str, int]) -> tuple[CachedImages | None, str]:
+        """:meth:`read`'s data set and "", or None and why the cache cannot be read ("":
+        there is none)."""
+        if not self.folder.is_dir():
+            return None, ""
         meta = self._meta()
         if meta is None:
-            return None
+            return None, "its meta.json is missing or unreadable"
+        if meta.get("splits") != dict(counts):
+            return None, f"its splits are {meta.get('splits')}, the data set's {dict(counts)}"
         limit = stage_limit()
         images: dict[str, Pixels] = {}
         labels: dict[str, torch.Tensor | None] = {}
         try:
-            for split in meta["splits"]:
-                images[split] = self._images(split, limit)
+            for split in counts:
+                images[split] = self._images(split, limit, meta)
                 at = self.folder / f"{split}-labels.npy"
-                labels[split] = torch.from_numpy(np.load(at)).long() if at.is_file() else None
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
-        return CachedImages(images, labels, meta)
+                labels[split] = (
+                    torch.from_numpy(_checked(at, _npy(at), meta)).long() if at.is_file() else None
+                )
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            return None, (str(err).strip().splitlines() or [type(err).__name__])[0]
+        return CachedImages(images, labels, meta), ""
 
-    def _images(self, split: str, limit: int | None) -> Pixels:
-        """Split ``split``'s images: read into memory, or mapped where over ``limit``."""
-        mapped = MappedImages(self.folder / f"{split}.npy")
+    def _images(self, split: str, limit: int | None, meta: dict[str, Any]) -> Pixels:
+        """Split ``split``'s images, of the shape ``meta`` gives and matching their checksum:
+        read into memory, or mapped where over ``limit``; ValueError naming the file else."""
+        path = self.folder / f"{split}.npy"
+        mapped = MappedImages(path, array=_npy(path, "r"))
+        side = meta["size"]
+        shape = (meta["splits"][split], meta["channels"], side, side)
+        if tuple(mapped.shape) != shape:
+            raise ValueError(f"{path.name} holds {tuple(mapped.shape)}, its meta.json {shape}")
         if limit is not None and mapped.nbytes > limit:
+            _checked(path, mapped.array, meta)
             return mapped
-        return torch.from_numpy(np.load(self.folder / f"{split}.npy"))
+        return torch.from_numpy(_checked(path, _npy(path), meta))
 
     def read_again(self, split: str) -> Pixels:
         """Split ``split``'s images read again (a data set read from the cache hands its
         splits over to the draw, :class:`~fedlit.data.user_data.ReadImages`); RuntimeError
         naming the cache where it is no longer whole."""
         why = "it is gone or another version"
-        if self._meta() is not None:
+        meta = self._meta()
+        if meta is not None:
             try:
-                return self._images(split, stage_limit())
-            except (OSError, ValueError) as err:
+                return self._images(split, stage_limit(), meta)
+            except (OSError, ValueError, KeyError, TypeError) as err:
                 why = str(err)
         raise RuntimeError(
             f"the image cache {self.folder} cannot be read again ({why}): it was removed or "
@@ -371,8 +403,10 @@ class ImageCache:
     ) -> CachedImages | None:
         """Decode ``splits``' files (:func:`decode_files`) into the cache, with their
         ``labels`` (a split may have none) and ``extra`` in its meta, and read it; a cache
-        another run finished meanwhile is read as it is. None where the cache folder cannot
-        be written (the caller decodes into memory)."""
+        another run finished meanwhile is read as it is; one that cannot be read whole is
+        written again, a line saying why. None where the cache folder cannot be written (the
+        caller decodes into memory)."""
+        counts = {split: len(files) for split, files in splits.items()}
         try:
             self.root.mkdir(parents=True, exist_ok=True)
             lock = FileLock(self.root / f".{self.name}.lock")
@@ -380,14 +414,22 @@ class ImageCache:
         except OSError:
             return None
         try:
-            if self._meta() is None:
-                self._build(splits, labels, image_size, extra)
-                self._prune(image_size)
+            found, why = self._load(counts)
+            if found is not None:
+                return found
+            if why:
+                tqdm.write(
+                    f"note: the image cache {self.folder} cannot be read ({why}): decoding "
+                    "the images again",
+                    file=sys.stderr,
+                )
+            self._build(splits, labels, image_size, extra)
+            self._prune(image_size)
         except OSError:
             return None
         finally:
             lock.release()
-        return self.read()
+        return self.read(counts)
 
     def _prune(self, image_size: int | None) -> None:
         """Remove the caches this one replaces: of the same data at the same ``image_size``
@@ -429,8 +471,11 @@ class ImageCache:
         tmp = Path(tempfile.mkdtemp(prefix=f".{self.name}.tmp-", dir=self.root))
         try:
             decoded = decode_files(splits, image_size, tmp)
+            sums = {f"{split}.npy": checksum(array) for split, array in decoded.arrays.items()}
             for split, y in labels.items():
-                np.save(tmp / f"{split}-labels.npy", y.numpy().astype(np.int64))
+                ys = y.numpy().astype(np.int64)
+                np.save(tmp / f"{split}-labels.npy", ys)
+                sums[f"{split}-labels.npy"] = checksum(ys)
             meta = {
                 "version": CACHE_VERSION,
                 "key": self.key,
@@ -440,6 +485,7 @@ class ImageCache:
                 "source": str(self.source),
                 "image_size": image_size,
                 "splits": {split: len(files) for split, files in splits.items()},
+                "crc32": sums,
                 **extra,
             }
             (tmp / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
@@ -451,6 +497,27 @@ class ImageCache:
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
+
+
+def _npy(path: Path, mmap_mode: Literal["r"] | None = None) -> np.ndarray:
+    """The cache's file ``path`` (mapped with ``mmap_mode``); ValueError naming it where numpy
+    cannot read it (EOFError: an empty file)."""
+    try:
+        return np.load(path, mmap_mode=mmap_mode)
+    except (ValueError, EOFError) as err:
+        raise ValueError(f"{path.name}: {err}") from err
+
+
+def _checked(path: Path, array: np.ndarray, meta: dict[str, Any]) -> np.ndarray:
+    """``array``, read from the cache's file ``path``, if its :func:`checksum` is the one
+    ``meta`` holds for it; ValueError naming the file else (changed since it was written)."""
+    sums = meta.get("crc32")
+    written = sums.get(path.name) if isinstance(sums, dict) else None
+    if written is None:
+        raise ValueError(f"{path.name} has no checksum in its meta.json")
+    if checksum(array) != written:
+        raise ValueError(f"{path.name}: its checksum is not the one written with it")
+    return array
 
 
 def _labels_of(folders: list[tuple[int, list[Path]]]) -> Tensor:
@@ -477,7 +544,8 @@ def read_folders(
     if cache_root is not None:
         cache = ImageCache.of(cache_root, kind, root, key)
         extra = {"clients": [[name, len(files)] for name, files in clients]}
-        cached = cache.read() or cache.write(files, labels, image_size, extra)
+        counts = {split: len(names) for split, names in files.items()}
+        cached = cache.read(counts) or cache.write(files, labels, image_size, extra)
         if cached is not None:  # read again where handed over (see ReadImages)
             reread = cache.read_again
     if cached is not None:

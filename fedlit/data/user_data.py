@@ -92,19 +92,21 @@ class LooseImage:
 
 
 # --- images ---------------------------------------------------------------------------------
-def image_files(folder: Path) -> list[Path]:
+def image_files(folder: Path, seen: dict[str, str] | None = None) -> list[Path]:
     """The images under ``folder`` (sub-folders included, symbolic links followed), sorted by
     path: files ending in :data:`IMAGE_EXTENSIONS`, hidden files and folders left out. A
-    ValueError naming the folder where one is reached twice (a link back to a folder above
-    it, or two links to one folder): its images would be read twice, or without end."""
+    ValueError naming both paths where a folder is reached twice (a link back to a folder
+    above it, or two links to one folder): its images would be read twice, or without end.
+    ``seen``: the folders already read (real path: path), shared by the calls that list one
+    data set, so that a folder is read once across its classes, splits and clients."""
     found = []
-    seen: dict[str, str] = {}
+    seen = {} if seen is None else seen
     for dirpath, dirnames, filenames in os.walk(folder, followlinks=True):
         real = os.path.realpath(dirpath)
         if real in seen:
             raise ValueError(
-                f"data.path: {dirpath} is {seen[real]} again (through a symbolic link): its "
-                "images would be read twice; remove the link"
+                f"data.path: {dirpath} is {seen[real]} again (both are {real}, through a "
+                "symbolic link): its images would be read twice; remove the link"
             )
         seen[real] = dirpath
         dirnames[:] = [d for d in dirnames if not d.startswith(".")]
@@ -412,11 +414,14 @@ class ReadImages:
 
 
 # --- the four kinds of source -------------------------------------------------------------------
-def class_folders(split_dir: Path, classes: Sequence[str] | None) -> list[tuple[int, list[Path]]]:
+def class_folders(
+    split_dir: Path, classes: Sequence[str] | None, seen: dict[str, str] | None = None
+) -> list[tuple[int, list[Path]]]:
     """``split_dir``'s class folders as (label, image files); ``classes``: the training
-    split's names (None: this is the training split, its folders define them). ValueError
-    naming the folder when it is missing, holds no class folder, has a class folder without
-    images or one that the training split lacks."""
+    split's names (None: this is the training split, its folders define them); ``seen``: the
+    folders read already (:func:`image_files`). ValueError naming the folder when it is
+    missing, holds no class folder, has a class folder without images or one that the
+    training split lacks."""
     if not split_dir.is_dir():
         raise ValueError(f"data.path: {split_dir} is missing (a split folder of class folders)")
     folders = sub_folders(split_dir)
@@ -434,7 +439,7 @@ def class_folders(split_dir: Path, classes: Sequence[str] | None) -> list[tuple[
                 f"data.path: {folder}: class {folder.name!r} is not one of the training "
                 f"split's classes {list(classes)}"
             )
-        files = image_files(folder)
+        files = image_files(folder, seen)
         if not files:
             raise ValueError(
                 f"data.path: {folder} is an empty class folder (no {'/'.join(IMAGE_EXTENSIONS)} "
@@ -445,12 +450,15 @@ def class_folders(split_dir: Path, classes: Sequence[str] | None) -> list[tuple[
     return out
 
 
-def client_folders(clients_dir: Path) -> list[tuple[str, list[Path]]]:
-    """The clients' folders under ``clients_dir`` as (name, image files), sorted by name;
-    ValueError naming the folder when it is missing, holds none, or a client's is empty."""
+def client_folders(
+    clients_dir: Path, seen: dict[str, str] | None = None
+) -> list[tuple[str, list[Path]]]:
+    """The clients' folders under ``clients_dir`` as (name, image files), sorted by name
+    (``seen``: the folders read already, :func:`image_files`); ValueError naming the folder
+    when it is missing, holds none, or a client's is empty."""
     if not clients_dir.is_dir():
         raise ValueError(f"data.path: {clients_dir} is missing (a folder per client)")
-    clients = [(c.name, image_files(c)) for c in sub_folders(clients_dir)]
+    clients = [(c.name, image_files(c, seen)) for c in sub_folders(clients_dir)]
     if not clients:
         raise ValueError(f"data.path: {clients_dir} holds no client folders")
     for name, files in clients:
@@ -489,14 +497,17 @@ class FolderListing:
 
 def list_folders(kind: str, root: Path) -> FolderListing:
     """The files of the ``kind`` data set at ``root`` (see the module's layouts), listed;
-    ValueError naming the folder when one is missing or empty."""
+    ValueError naming the folder when one is missing or empty, or naming both paths where a
+    folder is reached twice (two classes, two clients, the training and the test split, or a
+    class and a client being one folder through a symbolic link)."""
     if not root.is_dir():
         raise ValueError(f"data.path: {root} is not a folder (data.dataset={kind!r})")
     train_name, test_name = FOLDER_SPLITS[kind]
-    train = class_folders(root / train_name, None)
+    seen: dict[str, str] = {}  # every folder read, across the splits: each is read once
+    train = class_folders(root / train_name, None, seen)
     classes = tuple(folder.name for folder in sub_folders(root / train_name))
-    test = class_folders(root / test_name, classes)
-    clients = client_folders(root / CLIENTS) if kind == "client_folders" else []
+    test = class_folders(root / test_name, classes, seen)
+    clients = client_folders(root / CLIENTS, seen) if kind == "client_folders" else []
     return FolderListing(kind, root, train, classes, test, clients)
 
 

@@ -12,7 +12,7 @@ networks (:meth:`~fedlit.methods.FederatedMethod.warm_start`).
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -117,16 +117,20 @@ def method_class(name: str) -> type[FederatedMethod] | None:
 
 def template_network(method: FederatedMethod) -> Classifier:
     """A network of ``method``'s classifier architecture (backbone + head, without an SSL
-    method's heads): the keys and shapes a source's scored network must have. Built with the
-    global generators' states restored after, so that reading a source draws nothing."""
-    arch = method.architecture()
+    method's heads), every setting of its network group kept (``image_size`` too: a
+    backbone's feature size may depend on it), its pretrained weights not read: the keys and
+    shapes a source's scored network must have. Built with the global generators' states
+    restored after, so that reading a source draws nothing."""
+    arch = method.architecture()  # an SSL method's adds its heads: the group's fields alone
+    plain = Architecture(**{f.name: getattr(arch, f.name) for f in fields(Architecture)})
     with torch.random.fork_rng(devices=[]):
-        return Architecture(arch.num_classes, arch.in_channels, arch.backbone, arch.norm).build()
+        return plain.build(pretrained=False)
 
 
 def _check_fits(state: StateDict, template: Classifier, method: FederatedMethod) -> None:
-    """Refuse a scored network whose keys or shapes differ from ``template``'s, naming what
-    differs (the number of classes, the input channels, or the backbone and input)."""
+    """Refuse a scored network whose keys or shapes differ from ``template``'s, naming the
+    setting that differs: the number of classes, the input channels, the image size (the
+    backbone's weights fit, the features its head takes do not) or the backbone."""
     expected = template.state_dict()
     missing = sorted(expected.keys() - state.keys())
     extra = sorted(state.keys() - expected.keys())
@@ -138,27 +142,33 @@ def _check_fits(state: StateDict, template: Classifier, method: FederatedMethod)
             f"{'it lacks ' + missing[0] if missing else 'it has ' + extra[0] + ' besides'}"
         )
     params = [name for name, _ in template.named_parameters()]
-    last_head = [name for name in params if name.startswith("head.")][-2:]
-    for key, tensor in expected.items():
-        got = tuple(state[key].shape)
-        if got == tuple(tensor.shape):
-            continue
-        if key in last_head:
-            what = (
-                f"{got[0]} classes, this run's data has {tensor.shape[0]} "
-                f"(model.init_args.network.num_classes)"
-            )
-        elif key == params[0] and len(got) == len(tensor.shape) >= 2 and got[1] != tensor.shape[1]:
-            what = (
-                f"{got[1]} input channels, this run's data has {tensor.shape[1]} "
-                f"(model.init_args.network.in_channels)"
-            )
-        else:
-            what = (
-                f"{key} of shape {list(got)}, this run's is {list(tensor.shape)}: another backbone "
-                f"or input size (model.init_args.network.backbone={method.backbone_name!r})"
-            )
-        raise ValueError(f"{KEY}: the source's network does not fit this run's: it has {what}")
+    head = [name for name in params if name.startswith("head.")]
+    differ = [key for key, t in expected.items() if tuple(state[key].shape) != tuple(t.shape)]
+    if not differ:
+        return
+    key = differ[0]
+    got, want = tuple(state[key].shape), tuple(expected[key].shape)
+    if key in head[-2:] and got[0] != want[0]:
+        what = (
+            f"{got[0]} classes, this run's data has {want[0]} (model.init_args.network.num_classes)"
+        )
+    elif key == params[0] and len(got) == len(want) >= 2 and got[1] != want[1]:
+        what = (
+            f"{got[1]} input channels, this run's data has {want[1]} "
+            f"(model.init_args.network.in_channels)"
+        )
+    elif key == head[0] and len(got) == len(want) == 2 and got[1] != want[1]:
+        what = (  # the backbone's weights fit, not its features: another size of images
+            f"a head that takes {got[1]} features, this run's backbone gives {want[1]} at "
+            f"model.init_args.network.image_size={method.network_settings.image_size}: the "
+            "source's images were of another size"
+        )
+    else:
+        what = (
+            f"{key} of shape {list(got)}, this run's is {list(want)}: another backbone "
+            f"or input size (model.init_args.network.backbone={method.backbone_name!r})"
+        )
+    raise ValueError(f"{KEY}: the source's network does not fit this run's: it has {what}")
 
 
 def check_warm_start(method: FederatedMethod) -> None:
