@@ -10,6 +10,7 @@ from typing import Any
 import lightning
 import pytest
 import torch
+import torch.nn.functional as F
 from ray_runs import differences, federation
 
 from fedlit.data.datasets import SPECS
@@ -45,6 +46,17 @@ def _loader(n: int = 40, batch: int = 8) -> ImageBatches:
     return ImageBatches(images, SPECS["fashion_mnist"], ("weak",), batch, True, labels=labels)
 
 
+class TwoPasses(SupervisedCE):
+    """CE on the images and on their mirror images: the network called twice a step."""
+
+    def step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> Any:
+        x, y = batch
+        loss = (
+            F.cross_entropy(self.network(x), y) + F.cross_entropy(self.network(x.flip(-1)), y)
+        ) / 2
+        return loss, ((len(y), {"loss": loss}),)
+
+
 def _fit(template: TrainerTemplate, objective: SupervisedCE, **length: Any) -> dict[str, Any]:
     torch.manual_seed(3)
     template.fit(objective, _loader(), **length)
@@ -63,6 +75,7 @@ CASES = {
     "steps over epochs": ({}, {"schedule": WarmupCosine()}, {"epochs": 1, "max_steps": 11}),
     "fewer batches": ({"limit_train_batches": 3}, {}, {"epochs": 2}),
     "bf16 mixed": ({"precision": "bf16-mixed"}, {}, {"epochs": 1}),
+    "bf16 mixed, two passes a step": ({"precision": "bf16-mixed"}, {}, {"epochs": 1}),
 }
 
 
@@ -75,13 +88,14 @@ def test_an_objective_fits_without_a_trainer_as_in_one(
     torch.manual_seed(0)
     network = Architecture(10, 1).build()
     initial = copy.deepcopy(network.state_dict())
-    objective = SupervisedCE(copy.deepcopy(network), lr=0.1, momentum=0.9, **objective_kw)
+    kind = TwoPasses if "two passes" in case else SupervisedCE
+    objective = kind(copy.deepcopy(network), lr=0.1, momentum=0.9, **objective_kw)
     assert template.lean(objective, True) is not None
     built = _count_trainers(monkeypatch)
     lean = _fit(template, objective, **length)
     assert built == []  # no Trainer
     _trainer_every_time(monkeypatch)
-    trained = _fit(template, SupervisedCE(network, lr=0.1, momentum=0.9, **objective_kw), **length)
+    trained = _fit(template, kind(network, lr=0.1, momentum=0.9, **objective_kw), **length)
     assert len(built) == 1
     torch.testing.assert_close(lean["state"], trained["state"], rtol=0, atol=0)
     assert lean["metrics"] == trained["metrics"]

@@ -99,6 +99,15 @@ def overridden_hooks(module: LightningModule) -> list[str]:
     )
 
 
+class _MixedPrecision(MixedPrecision):
+    """Fabric's mixed precision with autocast's cache of cast weights off, as a Trainer's
+    plugin has it: a step that calls a network twice (SimCLR's two views, FedSup's two
+    passes) casts its weights twice, and their gradients are a Trainer's bit for bit."""
+
+    def forward_context(self) -> AbstractContextManager[Any]:
+        return torch.autocast(self.device, dtype=self._desired_input_dtype, cache_enabled=False)
+
+
 def precision_plugin(precision: Any, device: torch.device) -> Precision | None:
     """Lightning Fabric's precision plugin for ``precision`` on ``device`` (a new one, so an
     fp16 gradient scaler starts afresh as a new Trainer's does), or None where the loop does
@@ -106,7 +115,7 @@ def precision_plugin(precision: Any, device: torch.device) -> Precision | None:
     if precision in _FULL:
         return Precision()
     if precision in _MIXED:
-        return MixedPrecision(_MIXED[precision], device.type)  # type: ignore[arg-type]
+        return _MixedPrecision(_MIXED[precision], device.type)  # type: ignore[arg-type]
     return None
 
 
