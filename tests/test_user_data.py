@@ -507,6 +507,38 @@ def test_fedlit_partition_on_clients_as_folders_and_an_image_folder(
     assert rows == [list(names), ["0", "1"]]
 
 
+def test_a_runs_partition_image_names_the_client_folders(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The partition plot a run logs as an image (W&B) has the client folders' names on its
+    rows, as ``fedlit partition``'s has."""
+    from matplotlib.figure import Figure
+
+    from fedlit.federation.callbacks import PartitionImage
+
+    rows: list[list[str]] = []
+    original = Figure.savefig
+
+    def keep(self: Figure, *args: Any, **kwargs: Any) -> None:
+        rows.append([t.get_text() for t in self.axes[0].get_yticklabels()])
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", keep)
+    root = client_folders(tmp_path / "clients", labeled=100, test=20)
+    data = FederatedDataModule("client_folders", path=str(root), labeled_per_class=None)
+    data.setup_federation(0)
+    logged: list[tuple[str, list[str], int]] = []
+
+    class Imaging:  # a logger that takes images, as W&B's does
+        def log_image(self, key: str, images: list[str], step: int) -> None:
+            logged.append((key, images, step))
+
+    run = SimpleNamespace(data=data, run_dir=tmp_path / "run")
+    PartitionImage([Imaging()]).on_first_row(run, {})
+    assert rows == [["alice", "bob", "carol"]]
+    assert logged == [("partition", [str(tmp_path / "run" / "partition.png")], 0)]
+
+
 def test_partitioners_labels_at_client_and_streaming_work_unchanged(tmp_path: Path) -> None:
     """On an image folder: a Dirichlet partition, labels dealt to the clients; on clients as
     folders: each folder streamed in file-name order."""
