@@ -714,6 +714,8 @@ def test_partition_heat_map_is_anchored_at_zero_with_class_names(tmp_path: Path)
     assert seen == {"clim": (0.0, 7.0), "ticks": list(names)}
     with pytest.raises(ValueError, match="class_names: 9 names for 10 classes"):
         plot_partition(counts, tmp_path / "q.png", class_names=names[:9])
+    with pytest.raises(ValueError, match=r"client_names: 1 names for 2 clients \(rows\)"):
+        plot_partition(counts, tmp_path / "q.png", client_names=["alice"])
 
 
 def test_curves_in_percent_and_one_seed_in_the_singular(sweep: Path, tmp_path: Path) -> None:

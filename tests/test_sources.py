@@ -103,7 +103,7 @@ def test_a_new_kind_of_data_set_is_one_class(
     data = FederatedDataModule("sites", path=path, labeled_per_class=1)  # 3 clients
     assert data.is_users_own and (data.dataset, data.image_shape) == ("sites", (1, 28, 28))
     data.setup_federation(0)
-    assert len(data.server) == 10 and data.client_names() == list(SITES)
+    assert len(data.server) == 10 and data.client_names() == data.named_clients() == list(SITES)
     for k, shard in enumerate(data.clients):
         assert shard.images[:, 0, 0, 0].eq(k + 1).all()  # only its own site's images
         assert len(shard) + int(data.server.images[:, 0, 0, 0].eq(k + 1).sum()) == 40

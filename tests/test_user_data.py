@@ -454,12 +454,22 @@ def test_a_torch_dataset_by_class_path_runs_a_round(
 
 
 def test_fedlit_partition_on_clients_as_folders_and_an_image_folder(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``fedlit partition``: clients as folders show their folders' sizes under their names
-    and say that no R is measured (and that a given data.num_clients is not used); an image
-    folder is divided by the recipe's partitioner (named with its parameters), its R
-    measured."""
+    """``fedlit partition``: clients as folders show their folders' sizes under their names,
+    in the printed counts and on the plot's rows, and say that no R is measured (and that a
+    given data.num_clients is not used); an image folder is divided by the recipe's
+    partitioner (named with its parameters), its R measured, its plot's rows numbered."""
+    from matplotlib.figure import Figure
+
+    rows: list[list[str]] = []  # each plot's row labels, as drawn
+    original = Figure.savefig
+
+    def keep(self: Figure, *args: Any, **kwargs: Any) -> None:
+        rows.append([t.get_text() for t in self.axes[0].get_yticklabels()])
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", keep)
     clients = client_folders(tmp_path / "clients", labeled=100, test=20)
     main(
         [
@@ -494,6 +504,39 @@ def test_fedlit_partition_on_clients_as_folders_and_an_image_folder(
     assert shown["title"].startswith("folder, Dirichlet(alpha=0.1): R = ")
     assert shown["partition/R"] > 0.3
     assert sum(sum(row) for row in shown["class_counts"].values()) == 200 - 50 - 100
+    assert rows == [list(names), ["0", "1"]]
+
+
+def test_a_runs_partition_image_names_the_client_folders(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The partition plot a run logs as an image (W&B) has the client folders' names on its
+    rows, as ``fedlit partition``'s has."""
+    from matplotlib.figure import Figure
+
+    from fedlit.federation.callbacks import PartitionImage
+
+    rows: list[list[str]] = []
+    original = Figure.savefig
+
+    def keep(self: Figure, *args: Any, **kwargs: Any) -> None:
+        rows.append([t.get_text() for t in self.axes[0].get_yticklabels()])
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", keep)
+    root = client_folders(tmp_path / "clients", labeled=100, test=20)
+    data = FederatedDataModule("client_folders", path=str(root), labeled_per_class=None)
+    data.setup_federation(0)
+    logged: list[tuple[str, list[str], int]] = []
+
+    class Imaging:  # a logger that takes images, as W&B's does
+        def log_image(self, key: str, images: list[str], step: int) -> None:
+            logged.append((key, images, step))
+
+    run = SimpleNamespace(data=data, run_dir=tmp_path / "run")
+    PartitionImage([Imaging()]).on_first_row(run, {})
+    assert rows == [["alice", "bob", "carol"]]
+    assert logged == [("partition", [str(tmp_path / "run" / "partition.png")], 0)]
 
 
 def test_partitioners_labels_at_client_and_streaming_work_unchanged(tmp_path: Path) -> None:

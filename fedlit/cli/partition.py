@@ -45,7 +45,13 @@ def partition_main(argv: Sequence[str]) -> None:
         cli.parser.error(str(err))
     summary = data.partition_summary()
     title = data.partition_title()
-    path = plot_partition(data.class_counts, out, title=title, class_names=data.class_names)
+    path = plot_partition(
+        data.class_counts,
+        out,
+        title=title,
+        class_names=data.class_names,
+        client_names=data.named_clients(),
+    )
     names = data.client_names()
     counts = {names[k]: row.tolist() for k, row in enumerate(data.class_counts)}
     print(json.dumps({"plot": str(path), "title": title, **summary, "class_counts": counts}))

@@ -24,7 +24,7 @@ from fedlit.data.loaders import ImageBatches
 from fedlit.data.partition import IID, Partitioner
 from fedlit.data.pool import ClientPool
 from fedlit.data.server import ServerData
-from fedlit.data.sources import make_source
+from fedlit.data.sources import Source, make_source
 from fedlit.data.user_data import ReadImages
 
 
@@ -307,6 +307,12 @@ class FederatedDataModule(L.LightningDataModule):
     def client_names(self) -> list[str]:
         """Each client's name: its folder's for clients as folders, else ``client <k>``."""
         return self.source.client_names(self.num_clients)
+
+    def named_clients(self) -> list[str] | None:
+        """The clients' own names (their folders'), to label a partition plot's rows with;
+        None where the data set only numbers them (``client <k>``)."""
+        names = self.client_names()
+        return None if names == Source.client_names(self.source, self.num_clients) else names
 
     def partition_summary(self) -> dict[str, float]:
         """Numbers that describe the partition, for logging once per run."""

@@ -334,7 +334,11 @@ class PartitionImage(Callback):
         data = run.data
         title = data.partition_title()
         path = plot_partition(
-            data.class_counts, run.run_dir / "partition.png", title, data.class_names
+            data.class_counts,
+            run.run_dir / "partition.png",
+            title,
+            data.class_names,
+            client_names=data.named_clients(),
         )
         for logger in self.imaging:
             logger.log_image(key="partition", images=[str(path)], step=0)

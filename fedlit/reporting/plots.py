@@ -157,15 +157,18 @@ def plot_partition(
     title: str = "",
     class_names: Sequence[str] | None = None,
     inspect: Callable[[Figure], None] | None = None,
+    client_names: Sequence[str] | None = None,
 ) -> Path:
     """Heat map of a partition: clients (rows) x classes (columns) of example counts, with a
     colour bar from 0 (white: no example of the class) to the largest count, so that an even
     split reads as even; each cell annotated with its count when the grid is at most 20 x 20.
-    ``class_names`` (one per column) label the columns, else the class numbers do.
+    ``class_names`` (one per column) label the columns, else the class numbers do;
+    ``client_names`` (one per row: clients read from folders) label the rows, else the client
+    numbers do. Names label at most 20 rows or columns.
 
     Raises ValueError naming the shape if ``class_counts`` is not a non-empty 2-D array of
-    non-negative counts, or if ``class_names`` does not name every column. ``inspect`` is
-    called with the figure before it is written (and cleared).
+    non-negative counts, or if ``class_names`` or ``client_names`` does not name every column
+    or row. ``inspect`` is called with the figure before it is written (and cleared).
     """
     counts = np.asarray(class_counts)
     if counts.ndim != 2 or counts.size == 0:
@@ -177,6 +180,10 @@ def plot_partition(
     if class_names is not None and len(class_names) != counts.shape[1]:
         raise ValueError(
             f"class_names: {len(class_names)} names for {counts.shape[1]} classes (columns)"
+        )
+    if client_names is not None and len(client_names) != counts.shape[0]:
+        raise ValueError(
+            f"client_names: {len(client_names)} names for {counts.shape[0]} clients (rows)"
         )
     num_clients, num_classes = counts.shape
     fig = _new_figure(min(2.0 + 0.45 * num_classes, 16.0), min(1.5 + 0.35 * num_clients, 16.0))
@@ -195,6 +202,9 @@ def plot_partition(
         for (k, c), n in np.ndenumerate(counts):
             colour = "white" if high and n > 0.6 * high else "black"
             ax.text(c, k, f"{n:g}", ha="center", va="center", fontsize=7, color=colour)
+    if client_names is not None and num_clients <= 20:
+        ax.set_yticks(np.arange(num_clients), list(client_names))
+    elif num_clients <= 20 and num_classes <= 20:
         ax.set_yticks(np.arange(num_clients))
     if class_names is not None and num_classes <= 20:
         ax.set_xticks(np.arange(num_classes), list(class_names), rotation=45, ha="right")
