@@ -61,7 +61,7 @@ import torch.nn.functional as nnf
 from torchvision.io import encode_jpeg, encode_png, write_file
 
 from fedlit.data.datasets import dataset_spec, load_split
-from fedlit.data.user_data import STATS_FILE
+from fedlit.data.own.statistics import STATS_FILE
 
 RECIPE = Path(__file__).parents[1] / "recipes" / "examples" / "image_folder.yaml"
 CLASSES = 10

@@ -26,3 +26,19 @@ def available_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         return os.cpu_count() or 1
+
+
+def positive_env(name: str) -> int | None:
+    """The positive integer in environment variable ``name`` (a setting of this machine's
+    that overrides a fact above: the cores to use, the memory to take), None where unset;
+    ValueError naming it otherwise."""
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"{name}={text!r}: give a positive integer")
+    return value

@@ -1087,7 +1087,7 @@ def test_a_statistics_file_holding_nan_is_measured_again(tmp_path: Path) -> None
     is not used: the statistics are measured again and the file written right."""
     import json
 
-    from fedlit.data.user_data import StatisticsCache
+    from fedlit.data.own.statistics import StatisticsCache
 
     cache = StatisticsCache(tmp_path / "fedlit-stats.json", "key")
     for mean, std in (([float("nan")], [0.2]), ([0.5], [float("inf")]), ([0.5], [-0.1])):
@@ -1102,7 +1102,7 @@ def test_an_animated_gif_is_read_as_its_first_frame(tmp_path: Path) -> None:
     image viewers show it), not refused and not a traceback."""
     from PIL import Image
 
-    from fedlit.data.user_data import read_image
+    from fedlit.data.own.decode import read_image
 
     frames = [Image.new("L", (9, 7), color=c) for c in (10, 200, 90)]
     frames[0].save(tmp_path / "moving.gif", save_all=True, append_images=frames[1:])
@@ -1153,7 +1153,7 @@ def test_a_constant_channel_is_divided_by_one_so_its_views_stay_bounded(tmp_path
     strong view, whose RandAugment moves the pixels, reached 3 x 10^5): every view within
     [-1, 1], nothing refused."""
     from fedlit.data.augment import batch_view
-    from fedlit.data.user_data import read_arrays
+    from fedlit.data.own.arrays import read_arrays
 
     x = np.full((40, 8, 8), 77, np.uint8)
     np.savez(

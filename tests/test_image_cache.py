@@ -1,4 +1,4 @@
-"""The cache of the user's decoded images (:mod:`fedlit.data.image_cache`), on real JPEG and
+"""The cache of the user's decoded images (:mod:`fedlit.data.own.cache`), on real JPEG and
 PNG files written here: written once under ``<data.root>/fedlit-cache`` and read after without
 decoding, a new one for a changed, added or removed file, never read half-written, the same
 tensors as decoding into memory; and a split over its cap, memory-mapped, trains to the
@@ -27,11 +27,18 @@ from torchvision.io import encode_jpeg, write_file, write_png
 
 from fedlit.cli import main
 from fedlit.data import FederatedDataModule
-from fedlit.data import user_data as user_data_module
-from fedlit.data.image_cache import CACHE_FOLDER, STAGE_LIMIT_ENV, ImageCache, read_folders
 from fedlit.data.mapped import MappedImages, as_tensor
+from fedlit.data.own import decode as decode_module
+from fedlit.data.own.cache import (
+    CACHE_FOLDER,
+    ImageCache,
+    folder_splits,
+    read_folders,
+)
+from fedlit.data.own.folders import FolderListing, list_folders
+from fedlit.data.own.statistics import fingerprint
+from fedlit.data.own.stored import STAGE_LIMIT_ENV
 from fedlit.data.sources import Clients, make_source
-from fedlit.data.user_data import fingerprint, image_files, list_folders
 from fedlit.federation.callbacks import Announce
 from fedlit.federation.checkpoint import load_checkpoint
 from fedlit.methods import ServerSL
@@ -88,13 +95,20 @@ def splits(data: FederatedDataModule) -> dict[str, tuple[torch.Tensor, torch.Ten
     return out
 
 
+def cache_of(listing: FolderListing, data_root: Path, size: int = SIZE) -> ImageCache:
+    """The cache ``listing``'s data set is read through under ``data_root``."""
+    files = [p for split in folder_splits(listing)[0].values() for p in split]
+    key = fingerprint(files, listing.root, size)
+    return ImageCache.of(data_root / CACHE_FOLDER, listing.kind, listing.root, key)
+
+
 def no_decoding(monkeypatch: pytest.MonkeyPatch) -> None:
     """Any image decoded from now on fails the test."""
 
     def refuse(*args: object, **kwargs: object) -> None:
         raise AssertionError("an image was decoded")
 
-    monkeypatch.setattr(user_data_module, "decode_image", refuse)
+    monkeypatch.setattr(decode_module, "decode_image", refuse)
 
 
 def test_decoded_once_then_read_from_the_cache(
@@ -178,8 +192,7 @@ def test_a_half_written_cache_is_never_read(
         "folder", root=str(tmp_path / "other"), path=str(root), image_size=SIZE,
         labeled_per_class=2, num_clients=2,
     ))  # fmt: skip
-    files = image_files(root / "train") + image_files(root / "test")
-    cache = ImageCache.of(data_root / CACHE_FOLDER, "folder", root, fingerprint(files, root, SIZE))
+    cache = cache_of(list_folders("folder", root), data_root)
     leftover = cache.root / f".{cache.name}.tmp-killed"
     leftover.mkdir(parents=True)
     np.save(leftover / "train.npy", np.zeros((18, 3, SIZE, SIZE), dtype=np.uint8))

@@ -21,9 +21,9 @@ from torchvision.io import write_png
 
 from fedlit.data import Dirichlet, FederatedDataModule, ImageSplit, sources
 from fedlit.data.datasets import DatasetSpec, Images, synthetic_images
+from fedlit.data.own.read import ReadImages
 from fedlit.data.partition import IID, Partitioner
 from fedlit.data.pool import PoolImages
-from fedlit.data.user_data import ReadImages
 
 SITES = ("north", "east", "south")
 

@@ -19,7 +19,7 @@ from fedlit.data.datasets import (
     load_split,
     stage_debian_fashion_mnist,
 )
-from fedlit.data.user_data import StatisticsCache
+from fedlit.data.own.statistics import StatisticsCache
 from fedlit.run_layout import created_mode
 
 #: A process that stages into ``root``, loads both splits and prints their digest.

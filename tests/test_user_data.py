@@ -25,7 +25,8 @@ from torchvision.io import write_png
 from fedlit.cli import main
 from fedlit.data import Dirichlet, FederatedDataModule
 from fedlit.data.datasets import synthetic_images
-from fedlit.data.user_data import STATS_FILE, channel_statistics, fingerprint, image_files
+from fedlit.data.own.folders import image_files
+from fedlit.data.own.statistics import STATS_FILE, channel_statistics, fingerprint
 from fedlit.federation.callbacks import Announce
 from fedlit.federation.checkpoint import load_checkpoint
 from fedlit.methods import ServerSL

@@ -217,7 +217,7 @@ def main(args: Sequence[str] | None = None) -> None:
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
     from fedlit.cli.fit import INTERRUPTED, FedlitCLI
-    from fedlit.data.user_data import UserCodeFailed
+    from fedlit.data.own.torch_datasets import UserCodeFailed
     from fedlit.federation.trainers import TERMINATED
 
     try:

@@ -21,11 +21,11 @@ from fedlit.data.client import ClientData
 from fedlit.data.datasets import DatasetSpec, ImageSplit
 from fedlit.data.draw import DataSettings, check_sizes, draw
 from fedlit.data.loaders import ImageBatches
+from fedlit.data.own.read import ReadImages
 from fedlit.data.partition import IID, Partitioner
 from fedlit.data.pool import ClientPool
 from fedlit.data.server import ServerData
 from fedlit.data.sources import Source, make_source
-from fedlit.data.user_data import ReadImages
 
 
 class FederatedDataModule(L.LightningDataModule):
@@ -49,7 +49,7 @@ class FederatedDataModule(L.LightningDataModule):
             :data:`~fedlit.data.sources.FILES` (read from ``path``), or a torch
             Dataset of the training split (``class_path``/``init_args`` in a recipe).
         root: where data sets are stored (and downloaded to), and the user's images cached
-            decoded (``<root>/fedlit-cache``, :mod:`fedlit.data.image_cache`).
+            decoded (``<root>/fedlit-cache``, :mod:`fedlit.data.own.cache`).
         num_clients: K, the number of clients (None: the data set's own, the number of client
             folders for ``client_folders``; 10 for the others).
         examples_per_client: unlabeled examples per client; None divides the whole pool.

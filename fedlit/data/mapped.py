@@ -1,6 +1,6 @@
 """Images read from a memory-mapped array on demand: a split larger than the memory it may take.
 
-A split of the user's cached images (:mod:`fedlit.data.image_cache`) that does not fit its
+A split of the user's cached images (:mod:`fedlit.data.own.cache`) that does not fit its
 cap is a :class:`MappedImages` instead of a tensor: indexing it (a shard, a server's set, a
 stream's chunk) gives another view of the same file, and only a batch's rows are read
 (:meth:`MappedImages.read`), by :class:`~fedlit.data.loaders.ImageBatches`. A copy of it (what

@@ -4,7 +4,7 @@
 source (:func:`make_source`): a data set of :data:`~fedlit.data.datasets.SPECS`
 (:class:`BuiltIn`), an image folder (:class:`Folder`), clients as folders
 (:class:`ClientFolders`), an array file (:class:`Arrays`) or two torch Datasets
-(:class:`TorchDatasets`); the user's files are read by :mod:`fedlit.data.user_data`. A source
+(:class:`TorchDatasets`); the user's files are read by :mod:`fedlit.data.own`. A source
 knows its data set's spec (classes, channels, size, class names, statistics, and the loader of
 its train and test splits), whether it is the user's own, which settings it refuses, and which
 client pools (``data.client_pool``) it offers and the images each is drawn from. The data module
@@ -31,17 +31,13 @@ from fedlit.data.datasets import (
     load_split,
     load_unlabeled_split,
 )
-from fedlit.data.image_cache import CACHE_FOLDER, read_folders
+from fedlit.data.own.arrays import read_arrays
+from fedlit.data.own.cache import CACHE_FOLDER, read_folders
+from fedlit.data.own.folders import CLIENTS, FolderListing, list_folders
+from fedlit.data.own.read import ReadImages
+from fedlit.data.own.torch_datasets import read_torch_datasets
 from fedlit.data.partition import IID, Partitioner
 from fedlit.data.pool import PoolImages
-from fedlit.data.user_data import (
-    CLIENTS,
-    FolderListing,
-    ReadImages,
-    list_folders,
-    read_arrays,
-    read_torch_datasets,
-)
 
 #: Every ``data.client_pool`` there is; each source offers some of them.
 CLIENT_POOLS = ("train", "unlabeled", "folders")
@@ -244,7 +240,7 @@ class UsersOwn(Source):
 class Files(UsersOwn):
     """A data set of the user's files at ``data.path`` (``data.dataset`` its :attr:`kind`),
     its images fitted to ``data.image_size``; image files are decoded once into the cache
-    under ``cache_root`` (``<data.root>/fedlit-cache``, see :mod:`fedlit.data.image_cache`;
+    under ``cache_root`` (``<data.root>/fedlit-cache``, see :mod:`fedlit.data.own.cache`;
     None: into memory, every time)."""
 
     kind: ClassVar[str]
@@ -290,7 +286,8 @@ class Files(UsersOwn):
 
 
 class Folder(Files):
-    """``folder``: ``train/<class>/*`` and ``test/<class>/*`` (see :mod:`fedlit.data.user_data`)."""
+    """``folder``: ``train/<class>/*`` and ``test/<class>/*`` (see
+    :mod:`fedlit.data.own.folders`)."""
 
     kind = "folder"
 
@@ -397,7 +394,7 @@ class ClientFolders(Folder):
 
 
 class Arrays(Files):
-    """``arrays``: one ``.npz`` or ``.pt`` file (see :mod:`fedlit.data.user_data`)."""
+    """``arrays``: one ``.npz`` or ``.pt`` file (see :mod:`fedlit.data.own.arrays`)."""
 
     kind = "arrays"
 

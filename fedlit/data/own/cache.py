@@ -1,0 +1,307 @@
+"""The user's image files decoded once, in parallel, into a cache at ``data.image_size``, and
+a folder data set read through it.
+
+The cache (:class:`ImageCache`) lives under ``data.root``, in ``<data.root>/fedlit-cache/``,
+beside the data sets fedlit downloads there: the place a recipe already names for data fedlit
+writes, shared by the runs that name it, and one folder to delete to clear it (the user's
+data folder stays untouched). A data set's cache is a folder named by its kind, its path and
+a digest of its files (their names, sizes and modification times: a changed, added or removed
+file is a new cache) and of the image size. It holds per split ``<split>.npy`` (uint8
+images, N, C, S, S), ``<split>-labels.npy`` and ``meta.json``, which holds each file's CRC-32
+(:func:`~fedlit.data.own.stored.checksum`, taken as the cache is written and checked each time
+a file is read: a file changed since, its header intact, is not trained on). It is written
+under a temporary name of its own, while holding ``<cache>/.<name>.lock``, and renamed into
+place whole: a run that finds it being written waits for it, a leftover temporary folder (a
+run killed while writing) is never read and is removed by the next writer. A second run with
+the same files and size reads the cache and decodes nothing; one it cannot read whole
+(a file missing, cut short, or unlike its checksum, a ``meta.json`` unlike the data set's
+splits) is written again, a line saying why. A cache written replaces those it makes stale:
+the same data's at the same size (its files since changed) and those of data whose folder is
+gone are removed, unless another run is writing them.
+
+A split that fits its cap (:func:`~fedlit.data.own.stored.stage_limit`:
+``FEDLIT_STAGE_LIMIT_BYTES``, else half of the memory free) is read into memory; a larger one
+is memory-mapped (:class:`~fedlit.data.mapped.MappedImages`), its batches read from the file
+as they are drawn. A split read from the cache is handed over to the draw rather than kept
+(:class:`~fedlit.data.own.read.ReadImages`, handed each split's
+:class:`~fedlit.data.own.stored.StoredSplit` to read it again): the clients' shards and the
+server's sets drawn from it are the only copy of its images a run holds (a later draw reads
+the cache again).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from filelock import FileLock, Timeout
+from torch import Tensor
+from tqdm import tqdm  # text, also in notebooks (no widget: no ipywidgets needed)
+
+from fedlit.data.datasets import DatasetSpec
+from fedlit.data.mapped import Pixels
+from fedlit.data.own.decode import decode_files
+from fedlit.data.own.folders import CLIENTS, FolderListing
+from fedlit.data.own.read import ReadImages, user_spec
+from fedlit.data.own.statistics import STATS_FILE, StatisticsCache, fingerprint
+from fedlit.data.own.stored import StoredSplit, checked, checksum, npy, stage_limit, written_sum
+from fedlit.run_layout import created_mode
+
+#: The cache's folder under ``data.root``.
+CACHE_FOLDER = "fedlit-cache"
+CACHE_VERSION = 2  # 2: meta.json holds each file's CRC-32
+
+
+def cache_key(kind: str, path: Path, fingerprint: str) -> str:
+    """The digest that names a data set's cache: its kind, its resolved path and its files'
+    :func:`~fedlit.data.own.statistics.fingerprint` (the image size in it)."""
+    text = f"fedlit image cache v{CACHE_VERSION}\n{kind}\n{path.resolve()}\n{fingerprint}\n"
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class CachedImages:
+    """A data set read from its cache: per split, its images (in memory, or mapped where
+    larger than :func:`~fedlit.data.own.stored.stage_limit`), labels (None: a split without
+    them) and where it is stored (to read it again); the cache's ``meta`` (channels, size,
+    the splits' sizes, and what its writer added)."""
+
+    images: dict[str, Pixels]
+    labels: dict[str, torch.Tensor | None]
+    stored: dict[str, StoredSplit]
+    meta: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ImageCache:
+    """The cache of one version of a data set: ``root``/``name``, named by its kind, the
+    data's path and :func:`cache_key`; ``source``, the data's path resolved."""
+
+    root: Path
+    name: str
+    key: str
+    source: Path
+
+    @classmethod
+    def of(cls, root: Path, kind: str, path: Path, fingerprint: str) -> ImageCache:
+        """The cache under ``root`` (``<data.root>/fedlit-cache``) of the data set of ``kind``
+        at ``path`` whose files have ``fingerprint``."""
+        key = cache_key(kind, path, fingerprint)
+        source = path.resolve()
+        where = hashlib.sha256(str(source).encode()).hexdigest()[:10]
+        return cls(root, f"{kind}-{path.name}-{where}-{key[:16]}", key, source)
+
+    @property
+    def folder(self) -> Path:
+        return self.root / self.name
+
+    def _meta(self) -> dict[str, Any] | None:
+        try:
+            meta = json.loads((self.folder / "meta.json").read_text())
+        except (OSError, ValueError):
+            return None
+        ok = isinstance(meta, dict) and meta.get("key") == self.key
+        return meta if ok and meta.get("version") == CACHE_VERSION else None
+
+    def read(self, counts: Mapping[str, int]) -> CachedImages | None:
+        """The cached data set of the splits ``counts`` names, as many images each, or None
+        where there is none whole (or it cannot be read)."""
+        return self._load(counts)[0]
+
+    def _load(self, counts: Mapping[str, int]) -> tuple[CachedImages | None, str]:
+        """:meth:`read`'s data set and "", or None and why the cache cannot be read ("":
+        there is none)."""
+        if not self.folder.is_dir():
+            return None, ""
+        meta = self._meta()
+        if meta is None:
+            return None, "its meta.json is missing or unreadable"
+        if meta.get("splits") != dict(counts):
+            return None, f"its splits are {meta.get('splits')}, the data set's {dict(counts)}"
+        limit = stage_limit()
+        images: dict[str, Pixels] = {}
+        labels: dict[str, torch.Tensor | None] = {}
+        stored: dict[str, StoredSplit] = {}
+        try:
+            for split in counts:
+                stored[split] = StoredSplit.of(self.folder, split, meta)
+                images[split] = stored[split].load(limit)
+                at = self.folder / f"{split}-labels.npy"
+                labels[split] = (
+                    torch.from_numpy(checked(at, npy(at), written_sum(meta, at.name))).long()
+                    if at.is_file()
+                    else None
+                )
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            return None, (str(err).strip().splitlines() or [type(err).__name__])[0]
+        return CachedImages(images, labels, stored, meta), ""
+
+    def write(
+        self,
+        splits: Mapping[str, Sequence[Path]],
+        labels: Mapping[str, torch.Tensor],
+        image_size: int | None,
+        extra: dict[str, Any],
+    ) -> CachedImages | None:
+        """Decode ``splits``' files (:func:`~fedlit.data.own.decode.decode_files`) into the
+        cache, with their ``labels`` (a split may have none) and ``extra`` in its meta, and
+        read it; a cache another run finished meanwhile is read as it is; one that cannot be
+        read whole is written again, a line saying why. None where the cache folder cannot be
+        written (the caller decodes into memory)."""
+        counts = {split: len(files) for split, files in splits.items()}
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            lock = FileLock(self.root / f".{self.name}.lock")
+            lock.acquire()
+        except OSError:
+            return None
+        try:
+            found, why = self._load(counts)
+            if found is not None:
+                return found
+            if why:
+                tqdm.write(
+                    f"note: the image cache {self.folder} cannot be read ({why}): decoding "
+                    "the images again",
+                    file=sys.stderr,
+                )
+            self._build(splits, labels, image_size, extra)
+            self._prune(image_size)
+        except OSError:
+            return None
+        finally:
+            lock.release()
+        return self.read(counts)
+
+    def _prune(self, image_size: int | None) -> None:
+        """Remove the caches this one replaces: of the same data at the same ``image_size``
+        (its files since changed, added or removed), and of data whose folder is gone. A
+        cache another run is writing (its lock taken) is left."""
+        for folder in self.root.iterdir():
+            if folder.name.startswith(".") or folder == self.folder or not folder.is_dir():
+                continue
+            try:
+                meta = json.loads((folder / "meta.json").read_text())
+                source = Path(meta["source"])
+                same = source == self.source and meta.get("image_size") == image_size
+            except (OSError, ValueError, KeyError, TypeError):
+                continue  # not a cache this version wrote: left as it is
+            if not (same or not source.exists()):
+                continue
+            lock = FileLock(self.root / f".{folder.name}.lock")
+            try:
+                lock.acquire(timeout=0)
+            except (Timeout, OSError):
+                continue
+            try:
+                shutil.rmtree(folder, ignore_errors=True)
+            finally:
+                lock.release()
+            Path(lock.lock_file).unlink(missing_ok=True)
+
+    def _build(
+        self,
+        splits: Mapping[str, Sequence[Path]],
+        labels: Mapping[str, torch.Tensor],
+        image_size: int | None,
+        extra: dict[str, Any],
+    ) -> None:
+        """Write the cache under a temporary name and rename it into place (the lock held)."""
+        for stale in self.root.glob(f".{self.name}.tmp-*"):  # a writer that was killed
+            shutil.rmtree(stale, ignore_errors=True)
+        shutil.rmtree(self.folder, ignore_errors=True)  # a damaged one
+        tmp = Path(tempfile.mkdtemp(prefix=f".{self.name}.tmp-", dir=self.root))
+        try:
+            decoded = decode_files(splits, image_size, tmp)
+            sums = {f"{split}.npy": checksum(array) for split, array in decoded.arrays.items()}
+            for split, y in labels.items():
+                ys = y.numpy().astype(np.int64)
+                np.save(tmp / f"{split}-labels.npy", ys)
+                sums[f"{split}-labels.npy"] = checksum(ys)
+            meta = {
+                "version": CACHE_VERSION,
+                "key": self.key,
+                "channels": decoded.channels,
+                "size": decoded.size,
+                "made_rgb": decoded.made_rgb,
+                "source": str(self.source),
+                "image_size": image_size,
+                "splits": {split: len(files) for split, files in splits.items()},
+                "crc32": sums,
+                **extra,
+            }
+            (tmp / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+            mode = created_mode()
+            for file in tmp.iterdir():
+                os.chmod(file, mode)
+            os.chmod(tmp, mode | (mode & 0o444) >> 2)  # a folder: searchable where readable
+            os.rename(tmp, self.folder)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+
+
+def _labels_of(folders: list[tuple[int, list[Path]]]) -> Tensor:
+    return torch.tensor([label for label, files in folders for _ in files], dtype=torch.int64)
+
+
+def folder_splits(
+    listing: FolderListing,
+) -> tuple[dict[str, list[Path]], dict[str, Tensor], dict[str, Any]]:
+    """What ``listing`` caches: each split's files in order (``train``, ``test`` and the
+    clients' images one client after the other), the labels of those that have them, and
+    the meta's ``extra`` (the clients' folders and their sizes)."""
+    clients = listing.clients
+    files = {
+        "train": [p for _, files in listing.train for p in files],
+        "test": [p for _, files in listing.test for p in files],
+        **({CLIENTS: [p for _, files in clients for p in files]} if clients else {}),
+    }
+    labels = {"train": _labels_of(listing.train), "test": _labels_of(listing.test)}
+    return files, labels, {"clients": [[name, len(files)] for name, files in clients]}
+
+
+def read_folders(
+    listing: FolderListing, image_size: int | None, cache_root: Path | None = None
+) -> tuple[DatasetSpec, ReadImages]:
+    """A ``folder`` or ``client_folders`` data set, as ``listing`` lists its files, its
+    images decoded once into the cache under ``cache_root`` (:class:`ImageCache`, read from
+    it after) or, None (or a cache that cannot be written), into memory."""
+    kind, root, clients = listing.kind, listing.root, listing.clients
+    files, labels, extra = folder_splits(listing)
+    key = fingerprint([p for split in files.values() for p in split], root, image_size)
+    cached = None
+    if cache_root is not None:
+        cache = ImageCache.of(cache_root, kind, root, key)
+        counts = {split: len(names) for split, names in files.items()}
+        cached = cache.read(counts) or cache.write(files, labels, image_size, extra)
+    if cached is not None:
+        images = cached.images
+        channels, size = int(cached.meta["channels"]), int(cached.meta["size"])
+        made_rgb = int(cached.meta.get("made_rgb", 0))
+    else:
+        decoded = decode_files(files, image_size)
+        images = {split: torch.from_numpy(array) for split, array in decoded.arrays.items()}
+        channels, size, made_rgb = decoded.channels, decoded.size, decoded.made_rgb
+    splits = {"train": (images["train"], labels["train"]), "test": (images["test"], labels["test"])}
+    read = ReadImages(
+        splits,
+        images.get(CLIENTS),
+        [name for name, _ in clients],
+        [len(files) for _, files in clients],
+        StatisticsCache(root / STATS_FILE, key),
+        made_rgb=made_rgb,
+        stored=None if cached is None else cached.stored,  # read again where handed over
+    )
+    spec = user_spec(kind, read, listing.classes, channels, size, hflip=True)
+    return spec, read
