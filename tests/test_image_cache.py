@@ -15,6 +15,7 @@ import sys
 import time
 import weakref
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -32,11 +33,12 @@ from fedlit.data.own import decode as decode_module
 from fedlit.data.own.cache import (
     CACHE_FOLDER,
     ImageCache,
+    content_key,
     folder_splits,
     read_folders,
 )
 from fedlit.data.own.folders import FolderListing, list_folders
-from fedlit.data.own.statistics import fingerprint
+from fedlit.data.own.statistics import file_stamps
 from fedlit.data.own.stored import STAGE_LIMIT_ENV
 from fedlit.data.sources import Clients, make_source
 from fedlit.federation.callbacks import Announce
@@ -97,9 +99,10 @@ def splits(data: FederatedDataModule) -> dict[str, tuple[torch.Tensor, torch.Ten
 
 def cache_of(listing: FolderListing, data_root: Path, size: int = SIZE) -> ImageCache:
     """The cache ``listing``'s data set is read through under ``data_root``."""
-    files = [p for split in folder_splits(listing)[0].values() for p in split]
-    key = fingerprint(files, listing.root, size)
-    return ImageCache.of(data_root / CACHE_FOLDER, listing.kind, listing.root, key)
+    files, labels, extra = folder_splits(listing)
+    stamps = {split: file_stamps(names, listing.root) for split, names in files.items()}
+    content = content_key(stamps, labels, size, extra)
+    return ImageCache.of(data_root / CACHE_FOLDER, listing.kind, listing.root, content)
 
 
 def no_decoding(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -491,3 +494,68 @@ def test_a_split_changed_while_a_run_holds_it_is_named_when_read_again(tmp_path:
         RuntimeError, match=f"{folder} cannot be read again \\(train.npy: its checksum"
     ):
         data.setup_federation(1)
+
+
+def _relabelled(listing: FolderListing, kind: str) -> FolderListing:
+    """``listing`` as a source of ``kind`` that maps its classes otherwise: class k is k + 1
+    (the last, 0), the same files in the same order."""
+    n = len(listing.classes)
+    return replace(
+        listing,
+        kind=kind,
+        train=[((label + 1) % n, files) for label, files in listing.train],
+        test=[((label + 1) % n, files) for label, files in listing.test],
+    )
+
+
+def test_a_relabel_is_a_new_cache_never_stale_labels(tmp_path: Path) -> None:
+    """The cache is keyed by the labels as well as the files: the same image files listed
+    with other labels (a source that maps its classes otherwise) are read through a new
+    cache holding the new labels, and the old one, now stale, is removed; the first cache
+    never serves the old labels."""
+    root, data_root = photo_folder(tmp_path / "photos"), tmp_path / "data"
+    listing = list_folders("folder", root)
+    read_folders(listing, SIZE, data_root / CACHE_FOLDER)
+    [first] = caches(data_root)
+    relabelled = _relabelled(listing, "folder")
+    _, read = read_folders(relabelled, SIZE, data_root / CACHE_FOLDER)
+    [second] = caches(data_root)
+    assert second != first
+    counts = {"train": 18, "test": 6}
+    cached = cache_of(relabelled, data_root).read(counts)
+    assert cached is not None and cache_of(relabelled, data_root).folder == second
+    for split, folders in (("train", relabelled.train), ("test", relabelled.test)):
+        expected = torch.tensor([label for label, files in folders for _ in files])
+        assert torch.equal(cached.labels[split], expected)
+        assert torch.equal(read(Path(), split, False)[1], expected)
+    assert torch.equal(cached.labels["train"][:6], torch.full((6,), 1))
+
+
+def test_two_kinds_over_one_folder_keep_their_own_caches(tmp_path: Path) -> None:
+    """Two sources over one folder (the ``folder`` kind and one that labels its files
+    otherwise) each write a cache of their own and neither removes the other's: a third read
+    of either decodes nothing."""
+    root, data_root = photo_folder(tmp_path / "photos"), tmp_path / "data"
+    listing = list_folders("folder", root)
+    other = _relabelled(listing, "relabelled")
+    read_folders(listing, SIZE, data_root / CACHE_FOLDER)
+    read_folders(other, SIZE, data_root / CACHE_FOLDER)
+    assert len(caches(data_root)) == 2
+    for each in (listing, other):
+        assert cache_of(each, data_root).read({"train": 18, "test": 6}) is not None
+
+
+def test_a_cache_of_an_older_version_is_replaced(tmp_path: Path) -> None:
+    """A cache an older fedlit wrote of the same folder (version 2: no kind in its meta.json)
+    is not read, and is removed once this version's is written."""
+    root, data_root = photo_folder(tmp_path / "photos"), tmp_path / "data"
+    listing = list_folders("folder", root)
+    read_folders(listing, SIZE, data_root / CACHE_FOLDER)
+    [ours] = caches(data_root)
+    older = ours.with_name("folder-photos-0123456789-0123456789abcdef")
+    ours.rename(older)
+    meta = json.loads((older / "meta.json").read_text())
+    del meta["kind"]
+    (older / "meta.json").write_text(json.dumps({**meta, "version": 2}))
+    read_folders(listing, SIZE, data_root / CACHE_FOLDER)
+    assert caches(data_root) == [ours]

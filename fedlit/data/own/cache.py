@@ -5,19 +5,23 @@ The cache (:class:`ImageCache`) lives under ``data.root``, in ``<data.root>/fedl
 beside the data sets fedlit downloads there: the place a recipe already names for data fedlit
 writes, shared by the runs that name it, and one folder to delete to clear it (the user's
 data folder stays untouched). A data set's cache is a folder named by its kind, its path and
-a digest of its files (their names, sizes and modification times: a changed, added or removed
-file is a new cache) and of the image size. It holds per split ``<split>.npy`` (uint8
+a digest of everything that decides its splits' content (:func:`content_key`): each split's
+files in the listing's order (their names, sizes and modification times: a changed, added,
+removed or moved file is a new cache), their labels (a relabel is a new cache, never stale
+labels), the image size and what its writer adds (the clients' folders). So any source that
+lists files and labels may read through it. It holds per split ``<split>.npy`` (uint8
 images, N, C, S, S), ``<split>-labels.npy`` and ``meta.json``, which holds each file's CRC-32
 (:func:`~fedlit.data.own.stored.checksum`, taken as the cache is written and checked each time
 a file is read: a file changed since, its header intact, is not trained on). It is written
 under a temporary name of its own, while holding ``<cache>/.<name>.lock``, and renamed into
 place whole: a run that finds it being written waits for it, a leftover temporary folder (a
 run killed while writing) is never read and is removed by the next writer. A second run with
-the same files and size reads the cache and decodes nothing; one it cannot read whole
+the same files, labels and size reads the cache and decodes nothing; one it cannot read whole
 (a file missing, cut short, or unlike its checksum, a ``meta.json`` unlike the data set's
 splits) is written again, a line saying why. A cache written replaces those it makes stale:
-the same data's at the same size (its files since changed) and those of data whose folder is
-gone are removed, unless another run is writing them.
+the same kind of data at the same path and size (its files or labels since changed), a
+cache of an older version of the same data, and those of data whose folder is gone are
+removed, unless another run is writing them.
 
 A split that fits its cap (:func:`~fedlit.data.own.stored.stage_limit`:
 ``FEDLIT_STAGE_LIMIT_BYTES``, else half of the memory free) is read into memory; a larger one
@@ -53,19 +57,44 @@ from fedlit.data.mapped import Pixels
 from fedlit.data.own.decode import decode_files
 from fedlit.data.own.folders import CLIENTS, FolderListing
 from fedlit.data.own.read import ReadImages, user_spec
-from fedlit.data.own.statistics import STATS_FILE, StatisticsCache, fingerprint
+from fedlit.data.own.statistics import STATS_FILE, StatisticsCache, file_stamps, fingerprint
 from fedlit.data.own.stored import StoredSplit, checked, checksum, npy, stage_limit, written_sum
 from fedlit.run_layout import created_mode
 
 #: The cache's folder under ``data.root``.
 CACHE_FOLDER = "fedlit-cache"
-CACHE_VERSION = 2  # 2: meta.json holds each file's CRC-32
+#: 2: meta.json holds each file's CRC-32; 3: the key holds the labels and the splits' order,
+#: meta.json the kind (a cache of version 2 is decoded again once, and removed).
+CACHE_VERSION = 3
 
 
-def cache_key(kind: str, path: Path, fingerprint: str) -> str:
-    """The digest that names a data set's cache: its kind, its resolved path and its files'
-    :func:`~fedlit.data.own.statistics.fingerprint` (the image size in it)."""
-    text = f"fedlit image cache v{CACHE_VERSION}\n{kind}\n{path.resolve()}\n{fingerprint}\n"
+def content_key(
+    stamps: Mapping[str, Sequence[str]],
+    labels: Mapping[str, Tensor],
+    image_size: int | None,
+    extra: Mapping[str, Any],
+) -> str:
+    """The digest of everything that decides a cache's content: each split of ``stamps``
+    (its files' :func:`~fedlit.data.own.statistics.file_stamps`) in order, its size and each
+    file's label in ``labels`` (a split may have none), ``image_size`` and ``extra`` (what
+    the writer adds to the meta)."""
+    digest = hashlib.sha256(f"size={image_size}\n".encode())
+    digest.update(f"{json.dumps(extra, sort_keys=True)}\n".encode())
+    for split, lines in stamps.items():
+        y = labels.get(split)
+        marks = ["-"] * len(lines) if y is None else [str(v) for v in y.tolist()]
+        if len(marks) != len(lines):
+            raise ValueError(f"split {split}: {len(marks)} labels for {len(lines)} files")
+        digest.update(f"split {split} {len(lines)}\n".encode())
+        for stamp, mark in zip(lines, marks, strict=True):
+            digest.update(f"{stamp}\t{mark}\n".encode())
+    return digest.hexdigest()
+
+
+def cache_key(kind: str, path: Path, content: str) -> str:
+    """The digest that names a data set's cache: the cache's version, the data set's kind,
+    its resolved path and its :func:`content_key`."""
+    text = f"fedlit image cache v{CACHE_VERSION}\n{kind}\n{path.resolve()}\n{content}\n"
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -91,15 +120,16 @@ class ImageCache:
     name: str
     key: str
     source: Path
+    kind: str
 
     @classmethod
-    def of(cls, root: Path, kind: str, path: Path, fingerprint: str) -> ImageCache:
+    def of(cls, root: Path, kind: str, path: Path, content: str) -> ImageCache:
         """The cache under ``root`` (``<data.root>/fedlit-cache``) of the data set of ``kind``
-        at ``path`` whose files have ``fingerprint``."""
-        key = cache_key(kind, path, fingerprint)
+        at ``path`` whose splits have :func:`content_key` ``content``."""
+        key = cache_key(kind, path, content)
         source = path.resolve()
         where = hashlib.sha256(str(source).encode()).hexdigest()[:10]
-        return cls(root, f"{kind}-{path.name}-{where}-{key[:16]}", key, source)
+        return cls(root, f"{kind}-{path.name}-{where}-{key[:16]}", key, source, kind)
 
     @property
     def folder(self) -> Path:
@@ -184,16 +214,22 @@ class ImageCache:
         return self.read(counts)
 
     def _prune(self, image_size: int | None) -> None:
-        """Remove the caches this one replaces: of the same data at the same ``image_size``
-        (its files since changed, added or removed), and of data whose folder is gone. A
-        cache another run is writing (its lock taken) is left."""
+        """Remove the caches this one replaces: of the same kind of data at the same path and
+        ``image_size`` (its files or labels since changed), of an older version of the same
+        data, and of data whose folder is gone; another kind's cache of the same files (a
+        source that labels them otherwise) stays. A cache another run is writing (its lock
+        taken) is left."""
         for folder in self.root.iterdir():
             if folder.name.startswith(".") or folder == self.folder or not folder.is_dir():
                 continue
             try:
                 meta = json.loads((folder / "meta.json").read_text())
                 source = Path(meta["source"])
-                same = source == self.source and meta.get("image_size") == image_size
+                same = (
+                    source == self.source
+                    and meta.get("image_size") == image_size
+                    and (meta.get("kind") == self.kind or meta.get("version") != CACHE_VERSION)
+                )
             except (OSError, ValueError, KeyError, TypeError):
                 continue  # not a cache this version wrote: left as it is
             if not (same or not source.exists()):
@@ -231,6 +267,7 @@ class ImageCache:
             meta = {
                 "version": CACHE_VERSION,
                 "key": self.key,
+                "kind": self.kind,
                 "channels": decoded.channels,
                 "size": decoded.size,
                 "made_rgb": decoded.made_rgb,
@@ -274,15 +311,20 @@ def folder_splits(
 def read_folders(
     listing: FolderListing, image_size: int | None, cache_root: Path | None = None
 ) -> tuple[DatasetSpec, ReadImages]:
-    """A ``folder`` or ``client_folders`` data set, as ``listing`` lists its files, its
-    images decoded once into the cache under ``cache_root`` (:class:`ImageCache`, read from
-    it after) or, None (or a cache that cannot be written), into memory."""
+    """A data set of image files, as ``listing`` lists them (a ``folder`` or
+    ``client_folders`` data set, or any listing of files and labels), its images decoded
+    once into the cache under ``cache_root`` (:class:`ImageCache`, keyed by the files, their
+    labels and order: read from it after) or, None (or a cache that cannot be written), into
+    memory."""
     kind, root, clients = listing.kind, listing.root, listing.clients
     files, labels, extra = folder_splits(listing)
-    key = fingerprint([p for split in files.values() for p in split], root, image_size)
+    stamps = {split: file_stamps(names, root) for split, names in files.items()}
+    key = fingerprint((), root, image_size, [s for split in stamps.values() for s in split])
     cached = None
     if cache_root is not None:
-        cache = ImageCache.of(cache_root, kind, root, key)
+        cache = ImageCache.of(
+            cache_root, kind, root, content_key(stamps, labels, image_size, extra)
+        )
         counts = {split: len(names) for split, names in files.items()}
         cached = cache.read(counts) or cache.write(files, labels, image_size, extra)
     if cached is not None:
