@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -14,7 +13,7 @@ from fedlit.aggregation import state_bytes
 from fedlit.aggregation.payloads import payload_bytes, state_part
 from fedlit.data import FederatedDataModule
 from fedlit.federation import Federation, FederationConfig, load_checkpoint, load_client_states
-from fedlit.federation.resume import Checkpointer
+from fedlit.federation.checkpoint import RunCheckpoint
 from fedlit.methods import (
     FedAvgBYOL,
     FedAvgSimCLR,
@@ -156,15 +155,15 @@ def test_fedcon_resume_equals_uninterrupted(
     full.run()
     if kill == "before the round":
         undo = stop_in_round(monkeypatch, 2)
-    else:
-        original = Checkpointer.save
+    else:  # the checkpoint's file, after the states it names were written
+        original = RunCheckpoint.save
 
-        def killed(self: Checkpointer, round_idx: int, *state: Any) -> None:
-            if round_idx == 2:
+        def killed(self: RunCheckpoint, path: Path) -> None:
+            if self.round == 2:
                 raise KeyboardInterrupt
-            original(self, round_idx, *state)
+            original(self, path)
 
-        monkeypatch.setattr(Checkpointer, "save", killed)
+        monkeypatch.setattr(RunCheckpoint, "save", killed)
         undo = monkeypatch.undo
     with pytest.raises(KeyboardInterrupt):  # stopped in round 2 of the same 2-round run
         _fed(fmnist_root, tmp_path / "cut", FedCon, rounds=2).run()

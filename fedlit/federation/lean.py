@@ -278,38 +278,36 @@ def lean_fit(
 ) -> None:
     """Train ``module`` on ``loader`` for ``epochs`` epochs (or ``max_steps`` optimiser
     steps, over as many epochs as they take), as a bare Trainer's fit would, leaving it on
-    the device. ``module.fit_progress`` is set while it runs."""
+    the device. ``module.fit_progress`` counts its steps, and stays after it (as a Trainer
+    stays attached to the module it fitted)."""
     loaders = combined(loader, settings.limit_train_batches)
     assert loaders.limits is not None
     per_epoch = int((min if loaders._mode == "min_size" else max)(loaders.limits))
     if per_epoch == 0:
         return
     planned = max_steps if max_steps is not None else per_epoch * epochs
-    try:
-        fit = _Fit(module, planned, settings)
-        progress = fit.progress
-        module.on_fit_start()
-        module.zero_grad()
-        iterator = iter(loaders)  # the first epoch's, made where Lightning makes it
-        module.on_train_start()
-        epoch = 0
-        while progress.steps_taken < planned and (max_steps is not None or epoch < epochs):
-            module.on_train_epoch_start()
-            if epoch > 0:
-                iterator = iter(loaders)
-            taken = progress.steps_taken
-            for batch_idx in range(per_epoch):
-                if not fit.advance(iterator, batch_idx) or progress.steps_taken >= planned:
-                    break
-            fit.end_epoch()
-            epoch += 1
-            if progress.steps_taken == taken:  # an epoch that took no step: no more will
+    fit = _Fit(module, planned, settings)
+    progress = fit.progress
+    module.on_fit_start()
+    module.zero_grad()
+    iterator = iter(loaders)  # the first epoch's, made where Lightning makes it
+    module.on_train_start()
+    epoch = 0
+    while progress.steps_taken < planned and (max_steps is not None or epoch < epochs):
+        module.on_train_epoch_start()
+        if epoch > 0:
+            iterator = iter(loaders)
+        taken = progress.steps_taken
+        for batch_idx in range(per_epoch):
+            if not fit.advance(iterator, batch_idx) or progress.steps_taken >= planned:
                 break
-        module.on_train_end()
-        module.on_fit_end()
-        module.teardown("fit")
-    finally:
-        setattr(module, "fit_progress", None)  # noqa: B010
+        fit.end_epoch()
+        epoch += 1
+        if progress.steps_taken == taken:  # an epoch that took no step: no more will
+            break
+    module.on_train_end()
+    module.on_fit_end()
+    module.teardown("fit")
 
 
 def lean_test(module: LightningModule, loader: Iterable[Any], settings: LeanSettings) -> None:

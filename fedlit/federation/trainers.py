@@ -38,6 +38,7 @@ from fedlit.federation.lean import (
     overridden_hooks,
     precision_plugin,
 )
+from fedlit.objectives.base import Objective
 
 # Per-step Trainers would otherwise print device banners and worker hints hundreds of times.
 for _name in ("lightning.pytorch.utilities.rank_zero", "lightning.pytorch.accelerators.cuda"):
@@ -284,7 +285,10 @@ class TrainerTemplate:
         client's fit in a Trainer): on one device, ``module`` is left on the device after the
         fit, and not moved there again when it is already there (:class:`StayOnDevice`), so a
         worker's persistent networks never cross to the host."""
-        lean = self.lean(module, compiles_whole(module))
+        own_step = isinstance(module, Objective) and (
+            type(module).training_step is not Objective.training_step
+        )  # a subclass's training_step may ask its Trainer (self.optimizers(), self.log)
+        lean = self.lean(module, compiles_whole(module) and not own_step)
         if lean is not None:
             with whole_step_compiled(module, self.compile):
                 lean_fit(module, on_device(module, loader, lean.device), epochs, max_steps, lean)

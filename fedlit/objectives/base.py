@@ -142,8 +142,8 @@ class Objective(AugmentsOnDevice, LightningModule):
         #: the same for every fit of the worker's objective class and network (set by
         #: :func:`~fedlit.federation.compiled.whole_step_compiled`); None: eager.
         self.step_slots: dict[str, Tensor] | None = None
-        #: The fit being run where no Trainer runs it (set by the lean loop); None: a
-        #: Trainer's fit, or none.
+        #: The fit being run, or last run, where no Trainer ran it (set by the lean loop);
+        #: None: a Trainer's fit, or none yet.
         self.fit_progress: FitProgress | None = None
 
     def planned_steps(self) -> int:
