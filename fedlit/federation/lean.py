@@ -78,10 +78,13 @@ _MIXED = {
 
 
 def _lightning_hooks() -> frozenset[str]:
-    """The public methods a LightningModule defines (its hooks and step methods)."""
+    """The public methods a LightningModule defines besides ``nn.Module``'s: its hooks and
+    step methods, its own and its mixins' (``ModelHooks``, ``DataHooks``, ...)."""
+    classes = [c for c in LightningModule.__mro__ if c not in (nn.Module, object)]
     return frozenset(
         name
-        for name, value in vars(LightningModule).items()
+        for cls in classes
+        for name, value in vars(cls).items()
         if callable(value) and not name.startswith("_")
     )
 
