@@ -1,8 +1,10 @@
 """What one client's round costs beyond its steps, part by part, in one process.
 
-Each repeat runs one client's work as :class:`~fedlit.federation.client.ClientRunner` does, timing
-its parts: the objective (the network built from the payload, the client's data and loader), the
-per-client Trainer's construction, its ``fit``, and the upload and persistent state; then the
+Each repeat runs one client's work as :class:`~fedlit.federation.client.ClientRunner` did with a
+Trainer per fit (fedlit's objectives now fit in the lean loop, ``benchmarks/host_round.py``; a
+module that needs a Trainer still pays this), timing its parts: the objective (the network built
+from the payload, the client's data and loader), the per-client Trainer's construction, its
+``fit``, and the upload and persistent state; then the
 same client's steps again as a plain PyTorch loop (the objective's own loss and optimiser, the
 same batches). "fixed" is everything but the steps: objective + build + (fit - plain steps) +
 upload. Prints the medians in ms.

@@ -2,9 +2,9 @@
 loop doing the same steps, alternated in one process.
 
 Each repeat runs one client's round as an executor does (:class:`~fedlit.federation.client.
-ClientRunner`: its data, the objective on the received weights, a per-client Lightning Trainer's
-``fit``, the upload and state), then the same client's steps as a plain loop (the objective's own
-loss and optimiser over the same loader; the objective is built outside the timed part). The
+ClientRunner`: its data, the objective on the received weights, its fit in fedlit's lean loop,
+the upload and state), then the same client's steps as a plain loop (the objective's own loss
+and optimiser over the same loader; the objective is built outside the timed part). The
 difference of the medians is what a client costs beyond its steps. Small clients make the steps
 cheap, so that milliseconds show. Both wall-clock time and this process's CPU time are given (on
 a machine shared with other work, CPU time is the steadier of the two).

@@ -1,7 +1,7 @@
 """fedlit's round vs. the same round as a plain PyTorch loop, alternated in one process.
 
 Both paths use the same method objects (losses), the same data loaders (same batches), the same
-seeds and the same steps; fedlit's path is the driver's real round (per-step Lightning Trainers,
+seeds and the same steps; fedlit's path is the driver's real round (its fits in the lean loop,
 broadcast, aggregation, logging to metrics.csv and the atomic checkpoint), evaluation excluded
 from both. Prints the median seconds per round of each and their ratio.
 
