@@ -48,7 +48,7 @@ def without_lightning_defaults(trainer: dict[str, Any]) -> dict[str, Any]:
         if key in LIGHTNING_ONLY and value != LIGHTNING_ONLY[key]:
             raise ValueError(
                 f"trainer.{key}={value!r}: a Lightning Trainer setting fedlit never applied "
-                "(it builds a Trainer per server and client step: lengths are "
+                "(it runs each server and client step on its own: lengths are "
                 "federation.rounds, federation.local_epochs, federation.server_epochs; logging "
                 "and checkpoints are the federation's); remove it. trainer keys: "
                 + ", ".join(TRAINER_KEYS)

@@ -155,10 +155,11 @@ def default_precision(accelerator: str = "auto", cpu_bf16: bool | None = None) -
 
 @dataclass(frozen=True)
 class TrainerTemplate:
-    """The settings every per-step Trainer shares: a recipe's ``trainer`` group.
+    """The settings every fit and evaluation shares: a recipe's ``trainer`` group.
 
-    The group also names the run directory and the loggers, the federation's own. Each
-    Trainer is built from these settings and runs bare: no logger, checkpointing, progress
+    The group also names the run directory and the loggers, the federation's own. fedlit's
+    objectives fit in the lean loop (:meth:`lean`); any other module's Trainer is built from
+    these settings and runs bare: no logger, checkpointing, progress
     bar, model summary or sanity check of its own; the federation driver owns logging and
     checkpoints. Every setting but ``compile`` is the ``lightning.Trainer`` argument of the
     same name, with its default.
@@ -247,7 +248,7 @@ class TrainerTemplate:
             )
 
     def device(self) -> torch.device:
-        """The device the per-step Trainers train on (the first GPU where there is one and
+        """The device fits and evaluations train on (the first GPU where there is one and
         the accelerator allows it), for work done outside a Trainer."""
         gpu = self.accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available()
         return torch.device("cuda") if gpu else torch.device("cpu")
