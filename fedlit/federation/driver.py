@@ -170,7 +170,7 @@ class Federation:
         ending: Ending = "stopped"
         try:
             if self.start_round == 1:
-                epochs = self.method.round_plan().bootstrap_epochs
+                epochs = self.server.bootstrap_epochs()
                 if epochs:
                     self.callbacks.stage(0, f"bootstrap before round 1 (bootstrap_epochs={epochs})")
                 row0 = {"round": 0, **self.data.partition_summary(), **self.server.bootstrap()}

@@ -86,13 +86,21 @@ class Server:
         """The plan's bootstrap (FedSEAL): the server objective for its ``bootstrap_epochs``
         before round 1, logged in row 0 as ``bootstrap/*`` with w^0's ``bootstrap_test/acc``.
         A warm-started run (``federation.init_from``) has none: its source is its w^0."""
-        epochs = self.method.round_plan().bootstrap_epochs
-        if epochs == 0 or self.data.labels_at == "client" or self.config.init_from is not None:
+        epochs = self.bootstrap_epochs()
+        if epochs == 0:
             return {}
         self.method.on_round_start(0, self.config.rounds)
         trained = self.server_step(0, epochs)
         metrics = {k.replace("server/", "bootstrap/", 1): v for k, v in trained.items()}
         return metrics | self.evaluate("bootstrap_test")
+
+    def bootstrap_epochs(self) -> int:
+        """The server epochs :meth:`bootstrap` trains: the plan's, or 0 where it has none
+        (labels at the clients, or a warm start)."""
+        epochs = self.method.round_plan().bootstrap_epochs
+        if self.data.labels_at == "client" or self.config.init_from is not None:
+            return 0
+        return epochs
 
     def evaluate(self, prefix: str = "test") -> dict[str, float]:
         """Top-1 accuracy and loss of the method's evaluation network on the test set, its
