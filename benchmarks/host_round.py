@@ -55,7 +55,7 @@ from fedlit.data.augment import BatchView
 from fedlit.data.sampling import sample_clients
 from fedlit.evaluation import scored
 from fedlit.federation import Federation, TrainerTemplate
-from fedlit.federation.compiled import whole_step_compiled
+from fedlit.federation.compiled import one_call_step, whole_step_compiled
 from fedlit.federation.seeding import EVAL, SERVER, derive_seed, seed_all
 from fedlit.federation.trainers import on_device
 from fedlit.methods.client_side import ClientUpdate
@@ -88,22 +88,29 @@ def normalise_only(self: BatchView, images: Tensor, drawn: Tensor) -> Tensor:
 def plain_fit(objective: Objective, loader: Iterable[Any], epochs: int) -> None:
     """The objective's fit as a hand-written loop: its hooks called directly, its
     ``training_step`` on each batch, zero_grad, backward, the optimiser's and the
-    scheduler's steps."""
+    scheduler's steps (compiled: the step, its backward and the optimiser's update as one
+    call, :class:`~fedlit.federation.compiled.OneCallStep`, as fedlit runs it)."""
     device = torch.device("cpu")
     batches = on_device(objective, loader, device)
     steps = epochs * len(batches)  # type: ignore[arg-type]
     objective.on_fit_start()
     optimizer, scheduler = objective.optimizer_and_scheduler(steps)
+    one_call = one_call_step(objective, optimizer, None)  # compiled: the step as one call
     objective.on_train_start()
     for _ in range(epochs):
         objective.on_train_epoch_start()
         for i, raw in enumerate(batches):
             batch = objective.on_after_batch_transfer(raw, 0)
-            loss = objective.training_step(batch, i)
-            optimizer.zero_grad()
-            loss.backward()
-            objective.on_before_optimizer_step(optimizer)
-            optimizer.step()
+            if one_call is not None:
+                loss, logged = one_call(batch)
+                objective.record(logged)
+                objective.on_before_optimizer_step(optimizer)
+            else:
+                loss = objective.training_step(batch, i)
+                optimizer.zero_grad()
+                loss.backward()
+                objective.on_before_optimizer_step(optimizer)
+                optimizer.step()
             if scheduler is not None:
                 scheduler.step()
             objective.on_train_batch_end(loss, batch, i)

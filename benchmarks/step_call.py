@@ -31,7 +31,7 @@ from host_round import federation, normalise_only
 
 from fedlit.data.augment import BatchView
 from fedlit.data.loaders import draw_batches, expand_batches
-from fedlit.federation.compiled import whole_step_compiled
+from fedlit.federation.compiled import one_call_step, whole_step_compiled
 from fedlit.federation.trainers import on_device
 from fedlit.objectives import Objective
 
@@ -54,6 +54,7 @@ def main() -> None:
     parser.add_argument("--mode", default="default", help="torch.compile's mode")
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     torch.set_num_threads(1)
     BatchView.apply = normalise_only  # type: ignore[method-assign]
@@ -69,30 +70,49 @@ def main() -> None:
         raw = next(iter(on_device(objective, side.loader(client), torch.device("cpu"))))
         objective.on_fit_start()
         objective.on_train_start()
-        draws = per_step(lambda: draw_batches(raw), args.steps, args.warmup)
-        results = {"views' draws": draws}
-        for label, mode in (("plain call", None), ("compiled call", args.mode)):
-            with whole_step_compiled(objective, mode):
-                optimizer, _ = objective.optimizer_and_scheduler(1)
-                drawn = draw_batches(raw)
+        optimizer, _ = objective.optimizer_and_scheduler(1)
+        drawn = draw_batches(raw)
 
-                def step(
-                    drawn: object = drawn, optimizer: torch.optim.Optimizer = optimizer
-                ) -> None:
-                    if objective.compiled_step is None:
-                        loss, _ = objective.step(expand_batches(drawn))
-                    else:
-                        loss, _ = objective.compiled_step(objective, drawn)
-                    optimizer.zero_grad()
-                    loss.backward()
-                    optimizer.step()
+        def plain() -> None:
+            loss, _ = objective.step(expand_batches(drawn))
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
 
-                results[f"the step's {label}"] = per_step(step, args.steps, args.warmup)
-    print(f"host cost per step (median of {args.steps}, one thread, near-free network):")
+        with whole_step_compiled(objective, args.mode):
+            fused, _ = objective.optimizer_and_scheduler(1)
+            one_call = one_call_step(objective, fused, None)
+            assert one_call is not None
+
+            def compiled() -> None:
+                assert objective.compiled_step is not None
+                loss, _ = objective.compiled_step(objective, drawn)
+                fused.zero_grad()
+                loss.backward()
+                fused.step()
+
+            work = {
+                "views' draws": lambda: draw_batches(raw),
+                "the step's plain call": plain,
+                "the compiled step's calls (step, backward, optimiser)": compiled,
+                "the compiled step as one call": lambda: one_call(drawn),
+            }
+            results: dict[str, list[float]] = {name: [] for name in work}
+            for _ in range(args.repeats):  # alternated, so that the machine's load is shared
+                for name, call in work.items():
+                    results[name].append(per_step(call, args.steps, args.warmup))
+    print(
+        f"host cost per step (median of {args.steps} steps, one thread, near-free network; "
+        f"{args.repeats} alternated repeats):"
+    )
     for name, seconds in results.items():
-        print(f"  {name}: {seconds * 1e3:.3f} ms")
-    plain, compiled = results["the step's plain call"], results["the step's compiled call"]
-    print(f"  compiled / plain: {compiled / plain:.2f}")
+        each = ", ".join(f"{t * 1e3:.3f}" for t in seconds)
+        print(f"  {name}: {statistics.median(seconds) * 1e3:.3f} ms ({each})")
+    three = results["the compiled step's calls (step, backward, optimiser)"]
+    one = results["the compiled step as one call"]
+    ratios = [a / b for a, b in zip(one, three, strict=True)]
+    print(f"  one call / the compiled step's calls: {statistics.median(ratios):.2f} "
+          f"(min {min(ratios):.2f}, max {max(ratios):.2f})")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -29,7 +29,11 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
-from torch import nn
+import torch._dynamo
+import torch._inductor
+from torch import Tensor, nn
+from torch.optim.adam import adam
+from torch.optim.sgd import sgd
 
 from fedlit.data.loaders import expand_batches
 from fedlit.objectives.base import Objective, Step
@@ -39,8 +43,9 @@ from fedlit.objectives.base import Objective, Step
 #: generation) where only the graphs' count and breaks are checked.
 BACKEND = "inductor"
 
-#: Each network's compiled steps by (objective class, mode, backend), kept while it lives.
-_STEPS: weakref.WeakKeyDictionary[nn.Module, dict[tuple[type, str, str], Callable[..., Step]]] = (
+#: Each network's compiled steps by (objective class, function, mode, backend, C++ wrapper),
+#: kept while it lives.
+_STEPS: weakref.WeakKeyDictionary[nn.Module, dict[tuple[type, str, str, str, bool], Any]] = (
     weakref.WeakKeyDictionary()
 )
 
@@ -50,25 +55,45 @@ _SLOTS: weakref.WeakKeyDictionary[nn.Module, dict[type, dict[str, torch.Tensor]]
     weakref.WeakKeyDictionary()
 )
 
+#: Each network's learning-rate tensor by objective class, read by its one-call step
+#: (:class:`OneCallStep`): the same tensor, overwritten in place, for every fit of a worker.
+_LRS: weakref.WeakKeyDictionary[nn.Module, dict[type, torch.Tensor]] = weakref.WeakKeyDictionary()
+
 
 def _whole_step(objective: Objective, batch: Any) -> Step:
     """The views of ``batch`` (drawn, not yet computed) and the objective's step on them."""
     return objective.step(expand_batches(batch))
 
 
-def compiled_step(objective: Objective, mode: str) -> Callable[[Objective, Any], Step]:
-    """The compiled whole step for ``objective``'s class and network in ``mode``
-    (torch.compile's), built on first use. Each is a function of its own (a copy of
-    :func:`_whole_step`'s code), so torch keeps a separate cache of graphs for each, and one
-    objective's graphs never count against another's recompilation limit."""
+def _compiled(
+    function: Callable[..., Step], objective: Objective, mode: str, cpp_wrapper: bool = False
+) -> Any:
+    """``function`` compiled for ``objective``'s class and network in ``mode``
+    (torch.compile's), built on first use; with ``cpp_wrapper``, inductor's code that calls
+    the kernels is C++ too, not Python, and allocates the graph's buffers in one pool (less
+    host work a call on a CPU). Each is a function
+    of its own (a copy of ``function``'s code), so torch keeps a separate cache of graphs for
+    each, and one objective's graphs never count against another's recompilation limit."""
     steps = _STEPS.setdefault(objective.network, {})
-    key = (type(objective), mode, BACKEND)
+    key = (type(objective), function.__name__, mode, BACKEND, cpp_wrapper)
     if key not in steps:
-        code = _whole_step.__code__.replace(co_name=f"step_{type(objective).__name__}")
-        function = types.FunctionType(code, _whole_step.__globals__, code.co_name)
-        how = {"mode": mode} if BACKEND == "inductor" else {"backend": BACKEND}
-        steps[key] = torch.compile(function, fullgraph=True, **how)  # type: ignore[call-overload]
-    compiled = steps[key]
+        name = f"{function.__name__.strip('_')}_{type(objective).__name__}"
+        code = function.__code__.replace(co_name=name)
+        copy = types.FunctionType(code, function.__globals__, name)
+        how: dict[str, Any] = {"backend": BACKEND}
+        if BACKEND == "inductor":
+            options = torch._inductor.list_mode_options(mode)
+            if cpp_wrapper:  # and its buffers from one pooled allocation a call
+                options |= {"cpp_wrapper": True, "memory_planning": True}
+            how = {"options": options}
+        steps[key] = torch.compile(copy, fullgraph=True, **how)
+    return steps[key]
+
+
+def compiled_step(objective: Objective, mode: str) -> Callable[[Objective, Any], Step]:
+    """The compiled whole step (:func:`_whole_step`) for ``objective``'s class and network in
+    ``mode`` (torch.compile's)."""
+    compiled = _compiled(_whole_step, objective, mode)
     if mode != "reduce-overhead":
         return compiled
 
@@ -100,11 +125,16 @@ def whole_step_compiled(module: nn.Module, mode: str | None) -> Iterator[None]:
         return
     assert isinstance(module, Objective)
     module.compiled_step, module.views_in_step = compiled_step(module, mode), True
+    module.compiled_mode = mode
     module.step_slots = _SLOTS.setdefault(module.network, {}).setdefault(type(module), {})
     try:
-        yield
+        # dynamo traces torch.autograd.grad into a graph (a one-call step's backward) while
+        # the fit runs; by default it breaks the graph there
+        with torch._dynamo.config.patch(trace_autograd_ops=True):
+            yield
     finally:
         module.compiled_step, module.views_in_step, module.step_slots = None, False, None
+        module.compiled_mode = None
 
 
 @contextmanager
@@ -121,3 +151,210 @@ def compiled_network(module: nn.Module, mode: str) -> Iterator[None]:
         yield
     finally:
         network._compiled_call_impl = None  # what nn.Module.compile set: back to eager
+
+
+# --- one call a step: the step, its backward and the optimiser's update in one graph ----------
+def _sgd(
+    params: list[Tensor], grads: list[Tensor], state: Any, lr: Tensor, hyper: tuple[Any, ...]
+) -> None:
+    """torch's functional SGD (what ``torch.optim.SGD`` runs) on the optimiser's buffers."""
+    weight_decay, momentum, nesterov, maximize = hyper
+    sgd(
+        params,
+        grads,
+        state[0],
+        foreach=True,
+        weight_decay=weight_decay,
+        momentum=momentum,
+        lr=lr,
+        dampening=0.0,
+        nesterov=nesterov,
+        maximize=maximize,
+    )
+
+
+def _adam(
+    params: list[Tensor], grads: list[Tensor], state: Any, lr: Tensor, hyper: tuple[Any, ...]
+) -> None:
+    """torch's functional Adam (what ``torch.optim.Adam`` runs) on the optimiser's moments
+    and step counts."""
+    beta1, beta2, eps, weight_decay, maximize, decoupled = hyper
+    exp_avgs, exp_avg_sqs, steps = state
+    adam(
+        params,
+        grads,
+        exp_avgs,
+        exp_avg_sqs,
+        [],
+        steps,
+        foreach=True,
+        capturable=True,  # the step counts and the learning rate are tensors of the graph
+        decoupled_weight_decay=decoupled,
+        amsgrad=False,
+        beta1=beta1,
+        beta2=beta2,
+        lr=lr,
+        weight_decay=weight_decay,
+        eps=eps,
+        maximize=maximize,
+    )
+
+
+def _optimizer_state(optimizer: torch.optim.Optimizer) -> tuple[Any, Any, tuple[Any, ...]] | None:
+    """``optimizer``'s update as a step's graph takes it: (torch's functional update, the
+    state tensors it updates in place, the settings it reads), or None where it is not one a
+    graph holds here (another kind, several parameter groups, dampening, AMSGrad). The state
+    a new optimiser does not have yet is made as its first step would make it (zeros), and
+    stays in ``optimizer.state``."""
+    groups = optimizer.param_groups
+    if len(groups) != 1 or groups[0].get("differentiable") or groups[0].get("capturable"):
+        return None
+    group = groups[0]
+    params = group["params"]
+    if type(optimizer) is torch.optim.SGD and not group["dampening"]:
+        hyper: tuple[Any, ...] = (
+            group["weight_decay"],
+            group["momentum"],
+            group["nesterov"],
+            group["maximize"],
+        )
+        if not group["momentum"]:
+            return _sgd, ([None] * len(params),), hyper
+        buffers = [
+            optimizer.state[p].setdefault("momentum_buffer", torch.zeros_like(p)) for p in params
+        ]
+        return _sgd, (buffers,), hyper
+    if type(optimizer) is torch.optim.Adam and not group["amsgrad"]:
+        beta1, beta2 = group["betas"]
+        hyper = (beta1, beta2, group["eps"], group["weight_decay"], group["maximize"])
+        hyper += (group.get("decoupled_weight_decay", False),)
+        states = []
+        for p in params:
+            state = optimizer.state[p]
+            if not state:
+                state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
+                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            if state["step"].device != p.device:
+                return None  # a non-fused Adam's counts on the CPU: not in a device's graph
+            states.append(state)
+        state_lists = tuple([s[k] for s in states] for k in ("exp_avg", "exp_avg_sq", "step"))
+        return _adam, state_lists, hyper
+    return None
+
+
+def _whole_update(
+    objective: Objective,
+    params: list[Tensor],
+    state: Any,
+    lr: Tensor,
+    batch: Any,
+    update: Callable[..., None],
+    hyper: tuple[Any, ...],
+    autocast: tuple[str, torch.dtype] | None,
+) -> Step:
+    """One optimiser step: the views of ``batch`` and the objective's step (in ``autocast``
+    where given), the gradients of its loss, and ``update`` of ``params`` with them, where
+    a parameter the loss does not use keeps its weights and state (as an optimiser skips a
+    parameter without a gradient). The loss and the logged tensors, detached."""
+    with torch.enable_grad():
+        if autocast is None:
+            loss, logged = objective.step(expand_batches(batch))
+        else:
+            with torch.autocast(autocast[0], dtype=autocast[1], cache_enabled=False):
+                loss, logged = objective.step(expand_batches(batch))
+        grads = torch.autograd.grad(loss, params, allow_unused=True)
+    used = [k for k, g in enumerate(grads) if g is not None]
+    update(
+        [params[k] for k in used],
+        [grads[k] for k in used],
+        tuple(None if s is None else [s[k] for k in used] for s in state),
+        lr,
+        hyper,
+    )
+    detached = tuple(
+        (w, {k: v.detach() if isinstance(v, Tensor) else v for k, v in values.items()})
+        for w, values in logged
+    )
+    return loss.detach(), detached
+
+
+class OneCallStep:
+    """A compiled fit's optimiser step as one call of one compiled graph: the views, the
+    objective's step, its backward (``torch.autograd.grad``, traced into the graph) and the
+    optimiser's update (torch's functional SGD or Adam, on the optimiser's own state
+    tensors), where a compiled step alone is three calls (the step, autograd's backward,
+    the optimiser's fused step) and a Python round trip between each. Under
+    ``reduce-overhead`` the graph replays as one CUDA graph.
+
+    The learning rate is a tensor the graph reads, set from the optimiser's param group
+    before each call (a scheduler changes it every step). The gradients are never stored in
+    the parameters' ``.grad``."""
+
+    def __init__(
+        self,
+        objective: Objective,
+        optimizer: torch.optim.Optimizer,
+        mode: str,
+        autocast: tuple[str, torch.dtype] | None,
+        how: tuple[Any, Any, tuple[Any, ...]],
+    ) -> None:
+        self.objective, self.optimizer, self.autocast = objective, optimizer, autocast
+        self.update, self.state, self.hyper = how
+        self.group = optimizer.param_groups[0]
+        self.params: list[Tensor] = list(self.group["params"])
+        self.replay = mode == "reduce-overhead"
+        # the learning rate: one tensor for every fit of the worker's objective class and
+        # network, as the step's inputs (a CUDA graph records a static input's memory)
+        lrs = _LRS.setdefault(objective.network, {})
+        device = self.params[0].device
+        lr = lrs.get(type(objective))
+        if lr is None or lr.device != device:
+            lr = lrs[type(objective)] = torch.zeros((), device=device)
+        self.lr: Tensor = lr
+        self.lr.fill_(self.group["lr"])
+        self.lr_value = self.group["lr"]
+        for t in (self.lr, *(t for s in self.state for t in s if t is not None)):
+            torch._dynamo.mark_static_address(t, guard=False)
+        self.compiled = _compiled(_whole_update, objective, mode, device.type == "cpu")
+
+    def __call__(self, batch: Any) -> Step:
+        """One optimiser step on ``batch`` (drawn, its views not yet computed): its loss and
+        logs."""
+        lr = self.group["lr"]
+        if lr != self.lr_value:
+            self.lr.fill_(lr)
+            self.lr_value = lr
+        if self.replay:
+            torch.compiler.cudagraph_mark_step_begin()
+        with torch.no_grad():
+            result = self.compiled(
+                self.objective,
+                self.params,
+                self.state,
+                self.lr,
+                batch,
+                self.update,
+                self.hyper,
+                self.autocast,
+            )
+        # what optimizer.step() records for a scheduler (which warns of a step before it)
+        self.optimizer._opt_called = True  # type: ignore[attr-defined]
+        return result
+
+
+def one_call_step(
+    objective: Objective,
+    optimizer: torch.optim.Optimizer,
+    autocast: tuple[str, torch.dtype] | None,
+) -> OneCallStep | None:
+    """``objective``'s optimiser step as one compiled call (:class:`OneCallStep`) where its
+    fit runs compiled (:func:`whole_step_compiled`) and its optimiser's update is one a graph
+    holds (:func:`_optimizer_state`); else None."""
+    mode = objective.compiled_mode
+    if objective.compiled_step is None or mode is None:
+        return None
+    how = _optimizer_state(optimizer)
+    if how is None:
+        return None
+    return OneCallStep(objective, optimizer, mode, autocast, how)

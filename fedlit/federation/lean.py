@@ -30,7 +30,8 @@ from lightning.fabric.plugins.precision import MixedPrecision, Precision
 from lightning.pytorch.utilities.combined_loader import CombinedLoader
 from torch import nn
 
-from fedlit.objectives.base import FitProgress
+from fedlit.federation.compiled import OneCallStep, one_call_step
+from fedlit.objectives.base import FitProgress, Objective
 
 #: The LightningModule hooks this loop calls (a fit's and a test's); a module that overrides
 #: another one of LightningModule's is fitted by a Trainer.
@@ -221,6 +222,32 @@ class _Fit:
         module.setup("fit")
         module.configure_model()
         self.optimizer, self.scheduler, self.interval = _optimizer_and_scheduler(module)
+        self.one_call = self._one_call()
+
+    def _one_call(self) -> OneCallStep | None:
+        """The step as one compiled call (:class:`~fedlit.federation.compiled.OneCallStep`)
+        where the fit runs compiled and nothing between Lightning's step, backward and
+        optimiser step needs them apart: no hook overridden there (only the objective's own
+        ``on_before_optimizer_step``, which reads the learning rate), no clipping, no fp16
+        gradient scaler; else None."""
+        module, plugin = self.module, self.plugin
+        if not isinstance(module, Objective) or self.settings.gradient_clip_val:
+            return None
+        kind = type(module)
+        apart = ("on_before_zero_grad", "on_before_backward", "on_after_backward")
+        if any(getattr(kind, h) is not getattr(LightningModule, h) for h in apart):
+            return None
+        if kind.on_before_optimizer_step is not Objective.on_before_optimizer_step:
+            return None
+        if isinstance(plugin, MixedPrecision):
+            if plugin.scaler is not None:
+                return None
+            autocast = (plugin.device, plugin._desired_input_dtype)
+        elif type(plugin) is Precision:
+            autocast = None
+        else:
+            return None
+        return one_call_step(module, self.optimizer, autocast)
 
     def advance(self, iterator: Iterator[Any], batch_idx: int) -> bool:
         """One batch of the epoch, as Lightning's training epoch loop runs it: fetched and
@@ -245,8 +272,16 @@ class _Fit:
     def step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         """One optimiser step, in the order of Lightning's automatic optimisation: the
         training step (in the precision's autocast), zero_grad, backward, the gradients
-        unscaled (fp16), ``on_before_optimizer_step``, clipping, the optimiser's step."""
+        unscaled (fp16), ``on_before_optimizer_step``, clipping, the optimiser's step. Where
+        the step is one compiled call (:meth:`_one_call`): that call, its logs recorded, and
+        ``on_before_optimizer_step`` (which logs the learning rate the call used)."""
         module, plugin, optimizer = self.module, self.plugin, self.optimizer
+        if self.one_call is not None:
+            assert isinstance(module, Objective)
+            stepped, logged = self.one_call(batch)
+            module.record(logged)
+            module.on_before_optimizer_step(optimizer)
+            return stepped
         context: AbstractContextManager[Any] = plugin.forward_context()
         with context:
             output = module.training_step(batch, batch_idx)

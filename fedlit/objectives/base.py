@@ -138,6 +138,8 @@ class Objective(AugmentsOnDevice, LightningModule):
         #: The compiled whole step, ``(objective, drawn batch) -> Step``, where the fit runs
         #: compiled (:mod:`fedlit.federation.compiled`); None: :meth:`step`, eager.
         self.compiled_step: Callable[[Objective, Any], Step] | None = None
+        #: torch.compile's mode of a compiled fit (where :attr:`compiled_step` is set).
+        self.compiled_mode: str | None = None
         #: Where a compiled fit keeps the tensors :meth:`step_input` sets, one slot a name,
         #: the same for every fit of the worker's objective class and network (set by
         #: :func:`~fedlit.federation.compiled.whole_step_compiled`); None: eager.
@@ -203,9 +205,13 @@ class Objective(AugmentsOnDevice, LightningModule):
             loss, logged = self.step(batch)
         else:
             loss, logged = self.compiled_step(self, batch)
+        self.record(logged)
+        return loss
+
+    def record(self, logged: Logged) -> None:
+        """Adds what a step logs to the running means (:meth:`accumulate`)."""
         for weight, values in logged:
             self.accumulate(weight, **values)
-        return loss
 
     def forward(self, x: Tensor) -> Tensor:
         return self.network(x)

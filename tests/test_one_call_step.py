@@ -1,0 +1,175 @@
+"""A compiled fit's optimiser step as one call (:class:`~fedlit.federation.compiled.OneCallStep`:
+the step, its backward and the optimiser's update in one graph) trains as the three calls it
+replaces (the compiled step, autograd's backward, the optimiser's step), to float32 rounding;
+where something must run between those calls, the fit keeps them apart.
+
+The graphs run on the ``aot_eager`` backend (traced as inductor's are, run by eager kernels)
+to keep the suite fast; one case runs inductor's kernels."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+import torch
+from test_lean import _loader
+
+from fedlit.federation import compiled, lean
+from fedlit.federation.compiled import _optimizer_state, one_call_step, whole_step_compiled
+from fedlit.federation.lean import LeanSettings, _Fit
+from fedlit.federation.trainers import TrainerTemplate
+from fedlit.models import Architecture
+from fedlit.objectives import SupervisedCE
+from fedlit.objectives.schedules import WarmupCosine
+
+CASES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    "sgd": ({}, {"momentum": 0.9, "weight_decay": 5e-4}),
+    "sgd, a schedule": ({}, {"momentum": 0.9, "schedule": WarmupCosine(warmup=0.2)}),
+    "sgd without momentum": ({}, {"momentum": 0.0, "weight_decay": 5e-4}),
+    # (on a linear network: Adam turns the rounding-level gradient of a bias that BatchNorm
+    # cancels into steps of the learning rate's size, whichever way the step is called)
+    "adam": ({}, {"optimizer": "adam", "weight_decay": 1e-4}),
+    "bf16 mixed": ({"precision": "bf16-mixed"}, {"momentum": 0.9}),
+}
+
+
+class LinearNet(torch.nn.Module):
+    """Images (N, 1, 28, 28) -> logits (N, 10) by one linear layer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(784, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x.flatten(1))
+
+
+def _fit(
+    network: torch.nn.Module, template: TrainerTemplate, objective_kw: dict[str, Any]
+) -> SupervisedCE:
+    objective = SupervisedCE(copy.deepcopy(network), lr=0.05, **objective_kw)
+    torch.manual_seed(3)
+    template.fit(objective, _loader(), epochs=2)
+    return objective
+
+
+@pytest.mark.parametrize(
+    ("case", "backend"), [*((c, "aot_eager") for c in CASES), ("sgd, a schedule", "inductor")]
+)
+def test_one_call_trains_as_the_three_calls_it_replaces(
+    case: str, backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two epochs of a compiled lean fit, each step one call, against the same fit with the
+    step, the backward and the optimiser's step called apart: the same weights and logs to
+    float32 rounding; the one-call fit never stores a gradient (the three calls do); a layer
+    the loss does not use keeps its weights, as an optimiser skips a parameter without a
+    gradient."""
+    monkeypatch.setattr(compiled, "BACKEND", backend)
+    settings, objective_kw = CASES[case]
+    template = TrainerTemplate(
+        accelerator="cpu", compile="default", **{"precision": "32-true", **settings}
+    )
+    torch.manual_seed(0)
+    if "adam" in case:
+        network: torch.nn.Module = LinearNet()
+    else:
+        network = Architecture(10, 1).build()
+    network.unused = torch.nn.Linear(3, 3)  # a layer the loss never uses
+    calls = []
+    build = lean.one_call_step
+
+    def counted(*args: Any) -> Any:
+        step = build(*args)
+        calls.append(step)
+        return step
+
+    monkeypatch.setattr(lean, "one_call_step", counted)
+    one = _fit(network, template, objective_kw)
+    assert calls and all(c is not None for c in calls)
+    monkeypatch.setattr(lean, "one_call_step", lambda *args: None)
+    three = _fit(network, template, objective_kw)
+
+    assert all(p.grad is None for p in one.parameters())
+    assert any(p.grad is not None for p in three.parameters())
+    exact = {"rtol": 0, "atol": 0}
+    close = {"rtol": 1e-4, "atol": 1e-5} if "bf16" not in case else {"rtol": 2e-2, "atol": 2e-3}
+    for name, value in one.network.state_dict().items():
+        tol = exact if name.startswith("unused") else close
+        torch.testing.assert_close(value, three.network.state_dict()[name], **tol)
+        if name.startswith("unused"):
+            torch.testing.assert_close(value, network.unused.state_dict()[name[7:]], **exact)
+    moved = max(
+        (a.float() - b.float()).abs().max().item()
+        for (k, a), b in zip(
+            network.state_dict().items(), one.network.state_dict().values(), strict=True
+        )
+        if not k.startswith("num_batches")
+    )
+    assert moved > 1e-2  # it trained, far beyond the tolerance
+    one_metrics, three_metrics = one.epoch_metrics(), three.epoch_metrics()
+    assert one_metrics.keys() == three_metrics.keys()
+    for name, value in one_metrics.items():
+        assert value == pytest.approx(three_metrics[name], rel=1e-4 if "bf16" not in case else 2e-2)
+
+
+def _fit_of(objective: SupervisedCE, **settings: Any) -> _Fit:
+    settings = {"precision": "32-true", **settings}
+    return _Fit(objective, 4, LeanSettings(device=torch.device("cpu"), **settings))
+
+
+class HookedBackward(SupervisedCE):
+    """Looks at the gradients between the backward and the optimiser's step."""
+
+    def on_after_backward(self) -> None:
+        self.seen = [p.grad for p in self.parameters()]
+
+
+def test_the_calls_stay_apart_where_something_runs_between_them() -> None:
+    """Eager; clipping (it reads the gradients); a hook between the backward and the step;
+    an fp16 gradient scaler; an optimiser whose update a graph does not hold here (AMSGrad,
+    SGD's dampening, two parameter groups): the fit calls the step, the backward and the
+    optimiser apart."""
+    torch.manual_seed(0)
+    network = Architecture(10, 1).build()
+    assert _fit_of(SupervisedCE(network, lr=0.1)).one_call is None  # eager
+    with whole_step_compiled(objective := SupervisedCE(network, lr=0.1), "default"):
+        assert _fit_of(objective).one_call is not None
+        assert _fit_of(objective, gradient_clip_val=1.0).one_call is None
+    with whole_step_compiled(hooked := HookedBackward(network, lr=0.1), "default"):
+        assert _fit_of(hooked).one_call is None
+    params = list(network.parameters())
+    for optimizer in (
+        torch.optim.Adam(params, amsgrad=True),
+        torch.optim.SGD(params, lr=0.1, momentum=0.9, dampening=0.1),
+        torch.optim.SGD([{"params": params[:1]}, {"params": params[1:]}], lr=0.1),
+        torch.optim.RMSprop(params),
+    ):
+        assert _optimizer_state(optimizer) is None
+    fp16 = lean.precision_plugin("16-mixed", torch.device("cpu"))
+    with whole_step_compiled(objective, "default"):
+        fit = _fit_of(objective)
+        if isinstance(fp16, lean.MixedPrecision) and fp16.scaler is not None:
+            fit.plugin = fp16
+            assert fit._one_call() is None
+        assert one_call_step(objective, torch.optim.Adam(params, amsgrad=True), None) is None
+
+
+def test_a_new_optimisers_state_is_made_as_its_first_step_makes_it() -> None:
+    """The state a one-call step updates is the optimiser's own: SGD's momentum buffers and
+    Adam's moments and step counts, zeros where a new optimiser has none yet (its first
+    step's result is the same), kept in ``optimizer.state``."""
+    params = [torch.nn.Parameter(torch.randn(3, 2)), torch.nn.Parameter(torch.randn(2))]
+    sgd = torch.optim.SGD(params, lr=0.1, momentum=0.9)
+    how = _optimizer_state(sgd)
+    assert how is not None
+    buffers = how[1][0]
+    assert [b is sgd.state[p]["momentum_buffer"] for b, p in zip(buffers, params, strict=True)]
+    assert all(not b.any() and b.shape == p.shape for b, p in zip(buffers, params, strict=True))
+    adam = torch.optim.Adam(params, lr=0.1, fused=True)
+    how = _optimizer_state(adam)
+    assert how is not None
+    exp_avgs, exp_avg_sqs, steps = how[1]
+    assert all(s.item() == 0 and s.dtype == torch.float32 for s in steps)
+    assert exp_avgs[0] is adam.state[params[0]]["exp_avg"]
+    assert exp_avg_sqs[1] is adam.state[params[1]]["exp_avg_sq"]
