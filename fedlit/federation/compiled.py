@@ -6,9 +6,12 @@ views of the batch (:meth:`~fedlit.data.loaders.DrawnBatch.expand`: crop, flip, 
 Cutout, normalisation), every forward pass, the loss and its masks (the objective's
 :meth:`~fedlit.objectives.Objective.step`), traced with ``fullgraph=True`` (a graph break is an
 error, not a silent fallback), and its backward, which AOTAutograd compiles with it. What stays
-outside is what must: the random draws (torch's global CPU generator, the same draws as eager,
-moved to the device in one transfer) and the optimiser's step, which runs fused (one kernel
-over all parameters). ``reduce-overhead`` replays the forward and the backward as CUDA graphs.
+outside is what must: the random draws and the optimiser's step, which runs fused (one kernel
+over all parameters). The draws are the fit's (:class:`~fedlit.data.fit_draws.FitDraws`): a
+generator of its own, seeded by one draw from torch's global CPU generator, draws a chunk of
+steps at once and moves it to the device in one transfer; each step takes its slice. They have
+the distributions of eager's per-batch draws, not their values. ``reduce-overhead`` replays
+the forward and the backward as CUDA graphs.
 
 One compiled function serves each (objective class, network) pair of a process: a worker's
 persistent networks (one per role) mean one compilation per worker and batch shape, never one
@@ -31,6 +34,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from fedlit.data.fit_draws import FitDraws
 from fedlit.data.loaders import expand_batches
 from fedlit.objectives.base import Objective, Step
 
@@ -88,9 +92,9 @@ def compiles_whole(module: nn.Module) -> bool:
 @contextmanager
 def whole_step_compiled(module: nn.Module, mode: str | None) -> Iterator[None]:
     """While the block runs, ``module`` (an objective) trains with its whole step compiled in
-    ``mode`` (its views computed in the step, its optimiser fused); nothing for ``mode``
-    None. A module that is no such objective has its ``network`` compiled instead
-    (``nn.Module.compile``), eager again after the block."""
+    ``mode`` (its views computed in the step from the fit's own draws, its optimiser fused);
+    nothing for ``mode`` None. A module that is no such objective has its ``network`` compiled
+    instead (``nn.Module.compile``), eager again after the block."""
     if mode is None:
         yield
         return
@@ -100,11 +104,13 @@ def whole_step_compiled(module: nn.Module, mode: str | None) -> Iterator[None]:
         return
     assert isinstance(module, Objective)
     module.compiled_step, module.views_in_step = compiled_step(module, mode), True
+    module.fit_draws = FitDraws()  # the fit's views' draws, made a chunk of steps at once
     module.step_slots = _SLOTS.setdefault(module.network, {}).setdefault(type(module), {})
     try:
         yield
     finally:
         module.compiled_step, module.views_in_step, module.step_slots = None, False, None
+        module.fit_draws = None
 
 
 @contextmanager
