@@ -444,7 +444,8 @@ def test_compile_setting_compiles_every_training_step_and_trains_as_eager(
     equal those of an eager run given the compiled fits' draws (a compiled fit draws its
     views from a generator of its own) but for the fused optimiser's rounding (one kernel over
     all parameters, in another order than the eager optimiser's multi-tensor ops: a few 1e-6
-    after a round's steps here)."""
+    after a round's steps here); and the same compiled run again gives the same weights, bit
+    for bit."""
     small = {"examples_per_client": 64, "test_subset": 100}
     eager = _federation(fmnist_root, tmp_path / "eager", data_kw=small, rounds=1)
     with monkeypatch.context() as patch:
@@ -475,6 +476,12 @@ def test_compile_setting_compiles_every_training_step_and_trains_as_eager(
     assert not torch._dynamo.utils.counters["graph_break"]
     for a, b in zip(_weights(eager).values(), _weights(fed).values(), strict=True):
         torch.testing.assert_close(a, b, atol=5e-5, rtol=1e-4)
+    # the fits' own draws follow the run's seed: the same compiled run again, bit for bit
+    again = _federation(
+        fmnist_root, tmp_path / "again", data_kw=small, rounds=1, compile="reduce-overhead"
+    )
+    again.run()
+    _assert_same(_weights(again), _weights(fed))
 
 
 def test_compile_setting_refused_with_a_clear_error(
