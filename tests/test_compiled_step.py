@@ -20,6 +20,7 @@ from torch._dynamo.utils import counters
 
 from fedlit.cli.fit import federation_of, resolve
 from fedlit.data import ImageBatches, dataset_spec, load_split
+from fedlit.data.fit_draws import FitDraws
 from fedlit.federation import compiled, trainers
 from fedlit.federation.callbacks import Callback, RunView
 from fedlit.federation.compiled import whole_step_compiled
@@ -124,7 +125,8 @@ def test_whole_step_compiles_without_a_break_once_per_objective_and_network(
 
 def test_compiled_steps_equal_eager_ones_to_float32_rounding(fmnist_root: Path) -> None:
     """Three FixMatch client steps and three server steps from the same weights and the same
-    draws, eager and compiled by inductor: losses within 1e-4 relative, every weight and
+    draws (a compiled fit's :class:`~fedlit.data.fit_draws.FitDraws`, set for the eager run
+    too), eager and compiled by inductor: losses within 1e-4 relative, every weight and
     buffer within 2e-4 (absolute), where the steps move them by more than 1e-2.
 
     Why not bit for bit: inductor fuses the views, the loss and the backward into kernels that
@@ -141,7 +143,8 @@ def test_compiled_steps_equal_eager_ones_to_float32_rounding(fmnist_root: Path) 
     network = build_classifier("small_cnn", 10, 1)
 
     def run(objective_type: type, mode: str | None) -> tuple[list[float], torch.nn.Module]:
-        torch.manual_seed(1)  # the same batches and the same views' draws for both
+        torch.manual_seed(1)  # the same batches and the same views' draws for both:
+        fit_draws = FitDraws()  # a compiled fit's, given to the eager run too
         net = copy.deepcopy(network)
         if objective_type is FixMatch:
             objective = FixMatch(net, lr=0.03, loss=FixMatchLoss(tau=0.0))  # every image
@@ -149,6 +152,7 @@ def test_compiled_steps_equal_eager_ones_to_float32_rounding(fmnist_root: Path) 
         else:
             objective = SupervisedCE(net, lr=0.03)
             loader = ImageBatches(images, spec, ("weak",), 16, shuffle=True, labels=labels)
+        objective.fit_draws = fit_draws
         if mode is not None:
             objective.compiled_step = compiled.compiled_step(objective, mode)
             objective.views_in_step = True

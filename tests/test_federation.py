@@ -6,6 +6,8 @@ import csv
 import json
 import os
 import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from fedlit.aggregation import state_bytes
 from fedlit.data import ClientData, FederatedDataModule, ImageSplit
+from fedlit.data.fit_draws import FitDraws
 from fedlit.federation import (
     Callback,
     Federation,
@@ -26,6 +29,7 @@ from fedlit.federation import (
     RunView,
     compiled,
     load_checkpoint,
+    trainers,
 )
 from fedlit.federation.checkpoint import RunCheckpoint
 from fedlit.federation.server import Server
@@ -415,6 +419,21 @@ def test_the_round_of_a_checkpoint_of_any_format_is_read(tmp_path: Path) -> None
         checkpoint_round(other)
 
 
+@contextmanager
+def _with_fit_draws(module: LightningModule, mode: str | None) -> Iterator[None]:
+    """An eager fit (``mode`` None) that takes its views' draws as a compiled fit does: from
+    a :class:`FitDraws` made at the same point of the global generator's stream."""
+    assert mode is None
+    if not compiled.compiles_whole(module):
+        yield
+        return
+    module.fit_draws = FitDraws()
+    try:
+        yield
+    finally:
+        module.fit_draws = None
+
+
 def test_compile_setting_compiles_every_training_step_and_trains_as_eager(
     fmnist_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -422,12 +441,16 @@ def test_compile_setting_compiles_every_training_step_and_trains_as_eager(
     views, the forward passes, the loss: :mod:`fedlit.federation.compiled`) and only while it
     trains. Here torch.compile traces with its "eager" backend (the graphs torch captures, run
     by torch's own kernels: seconds instead of inductor's minutes of C++), so the weights must
-    equal an eager run's but for the fused optimiser's rounding (one kernel over all
-    parameters, in another order than the eager optimiser's multi-tensor ops: a few 1e-6
-    after a round's steps here)."""
+    equal those of an eager run given the compiled fits' draws (a compiled fit draws its
+    views from a generator of its own) but for the fused optimiser's rounding (one kernel over
+    all parameters, in another order than the eager optimiser's multi-tensor ops: a few 1e-6
+    after a round's steps here); and the same compiled run again gives the same weights, bit
+    for bit."""
     small = {"examples_per_client": 64, "test_subset": 100}
     eager = _federation(fmnist_root, tmp_path / "eager", data_kw=small, rounds=1)
-    eager.run()
+    with monkeypatch.context() as patch:
+        patch.setattr(trainers, "whole_step_compiled", _with_fit_draws)
+        eager.run()
     monkeypatch.setattr(compiled, "BACKEND", "eager")
     calls: list[str] = []
     original = compiled.compiled_step
@@ -453,6 +476,12 @@ def test_compile_setting_compiles_every_training_step_and_trains_as_eager(
     assert not torch._dynamo.utils.counters["graph_break"]
     for a, b in zip(_weights(eager).values(), _weights(fed).values(), strict=True):
         torch.testing.assert_close(a, b, atol=5e-5, rtol=1e-4)
+    # the fits' own draws follow the run's seed: the same compiled run again, bit for bit
+    again = _federation(
+        fmnist_root, tmp_path / "again", data_kw=small, rounds=1, compile="reduce-overhead"
+    )
+    again.run()
+    _assert_same(_weights(again), _weights(fed))
 
 
 def test_compile_setting_refused_with_a_clear_error(

@@ -11,8 +11,11 @@ independent random parameters per image and no per-image Python:
   square patch of 2-25% of the image set to 0 (the normalised mean), drawn per image;
 - plain: normalisation only.
 
-Every random parameter is drawn from torch's global CPU generator, so the same seed gives the
-same views on a CPU and on a GPU.
+Every random parameter is drawn on the CPU, so the same seed gives the same views on a CPU and
+on a GPU: from torch's global generator, batch by batch (:meth:`BatchView.draw`), or, in a
+compiled fit, from the fit's generator for a chunk of steps at once
+(:class:`~fedlit.data.fit_draws.FitDraws`, :meth:`BatchView.from_uniforms`: the same
+distributions, other values).
 """
 
 from __future__ import annotations
@@ -87,6 +90,28 @@ class BatchView:
         top = (torch.rand(b) * (h - side + 1)).long()
         left = (torch.rand(b) * (w - side + 1)).long()
         return side, top, left
+
+    def from_uniforms(self, uniforms: Tensor, h: int, w: int) -> Tensor:
+        """The rows :meth:`draw` gives, made from ``uniforms`` in [0, 1) of shape
+        (..., :meth:`rows`, B), one per row (a chunk of a fit's steps at once,
+        :class:`~fedlit.data.fit_draws.FitDraws`): int64 of the same shape, with :meth:`draw`'s
+        distributions. An integer uniform in [0, n) is floor(u * n); a coin is u < 1/2;
+        RandAugment's codes are :meth:`~fedlit.data.randaugment.BatchRandAugment.codes`;
+        Cutout's area is U(CUTOUT_SCALE) * h * w from its row, and its position, uniform over
+        those that fit its side, from the next two."""
+        if self.view == "plain":
+            return torch.empty(uniforms.shape, dtype=torch.int64)
+        u = uniforms.unbind(-2)
+        top, left = _below(u[0], 2 * self.pad + 1), _below(u[1], 2 * self.pad + 1)
+        flip = (u[2] < 0.5).long() if self.spec.hflip else torch.zeros_like(top)
+        rows = [top, left, flip]
+        if self.view == "strong":
+            rows += self.randaugment.codes(uniforms[..., 3 : 3 + RANDAUGMENT_OPS, :]).unbind(-2)
+            low, high = CUTOUT_SCALE
+            side = ((low + (high - low) * u[3 + RANDAUGMENT_OPS]) * (h * w)).sqrt().round().long()
+            rows += [side, _below(u[4 + RANDAUGMENT_OPS], h - side + 1)]
+            rows.append(_below(u[5 + RANDAUGMENT_OPS], w - side + 1))
+        return torch.stack(rows, dim=-2)
 
     def prepare(self, images: Tensor) -> None:
         """Build every table :meth:`apply` reads for ``images``' shape and device (outside a
@@ -200,6 +225,12 @@ class BatchView:
                 out = self.randaugment.apply(out, ops)
                 out = self.cutout(self.normalize(out), drawn[3 + RANDAUGMENT_OPS :])
         return out.contiguous(memory_format=torch.channels_last)
+
+
+def _below(uniforms: Tensor, n: int | Tensor) -> Tensor:
+    """floor(u * n), an integer uniform in [0, n) for u uniform in [0, 1): int64, at most
+    n - 1 (where float rounding would carry u * n up to n)."""
+    return (uniforms * n).long().clamp_(max=n - 1)
 
 
 @cache

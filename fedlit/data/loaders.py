@@ -29,6 +29,7 @@ from torch import Tensor
 
 from fedlit.data.augment import VIEWS, BatchView, batch_view
 from fedlit.data.datasets import DatasetSpec
+from fedlit.data.fit_draws import FitDraws
 from fedlit.data.mapped import MappedImages, Pixels, as_tensor
 
 
@@ -60,9 +61,11 @@ class RawBatch:
     def __len__(self) -> int:
         return len(self.images)
 
-    def draw(self) -> DrawnBatch:
-        """The batch with every view's random parameters drawn (torch's global CPU
-        generator, view after view) and moved to the images' device in one transfer."""
+    def draw(self, fit_draws: FitDraws | None = None) -> DrawnBatch:
+        """The batch with every view's random parameters drawn: taken from ``fit_draws``
+        (a compiled fit's, already on the device), or, without it, drawn from torch's
+        global CPU generator, view after view, and moved to the images' device in one
+        transfer."""
         views = tuple(batch_view(v, self.spec) for v in self.views)
         BatchView.check(self.images)
         for view in views:
@@ -70,7 +73,9 @@ class RawBatch:
         b, _, h, w = self.images.shape
         rows = [view.rows() for view in views]
         device = self.images.device
-        if sum(rows):
+        if sum(rows) and fit_draws is not None:
+            packed = fit_draws.draw(views, b, h, w, device)
+        elif sum(rows):
             packed = torch.cat([view.draw(b, h, w) for view in views])
             packed = packed.to(device, non_blocking=True)  # one transfer for every view
         else:
@@ -125,10 +130,11 @@ def expand_batches(batch: Any) -> Any:
     return _replaced(batch, (RawBatch, DrawnBatch), lambda b: b.expand())
 
 
-def draw_batches(batch: Any) -> Any:
+def draw_batches(batch: Any, fit_draws: FitDraws | None = None) -> Any:
     """``batch`` with every :class:`RawBatch` in it replaced by its :class:`DrawnBatch` (the
-    draws made, the views not yet computed), as :func:`expand_batches` walks it."""
-    return _replaced(batch, (RawBatch,), lambda b: b.draw())
+    draws made, from ``fit_draws`` where given: :meth:`RawBatch.draw`; the views not yet
+    computed), as :func:`expand_batches` walks it."""
+    return _replaced(batch, (RawBatch,), lambda b: b.draw(fit_draws))
 
 
 class AugmentsOnDevice:
@@ -140,9 +146,13 @@ class AugmentsOnDevice:
     #: Whether the module computes the views inside its (compiled) training step: then this
     #: hook only draws their random parameters (:func:`draw_batches`).
     views_in_step: bool = False
+    #: The fit's draws (a compiled fit's, set for the fit): every batch's views' parameters
+    #: are taken from them; None (eager): drawn per batch from torch's global CPU generator.
+    fit_draws: FitDraws | None = None
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        return draw_batches(batch) if self.views_in_step else expand_batches(batch)
+        drawn = draw_batches(batch, self.fit_draws)
+        return drawn if self.views_in_step else expand_batches(drawn)
 
 
 #: Each split's tensor staged on a device, by (id of the split's tensor, device); an entry is

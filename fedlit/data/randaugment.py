@@ -2,8 +2,9 @@
 middle stage (:mod:`fedlit.data.augment` computes the views).
 
 torchvision's ``RandAugment(num_ops=2, magnitude=10)`` as FixMatch uses it, drawn per image on
-torch's global CPU generator, computed as the same whole-batch stages whatever was drawn, on
-whatever device the batch is on.
+the CPU (torch's global generator, or a compiled fit's own:
+:class:`~fedlit.data.fit_draws.FitDraws`), computed as the same whole-batch stages whatever was
+drawn, on whatever device the batch is on.
 """
 
 from __future__ import annotations
@@ -30,10 +31,10 @@ class BatchRandAugment:
     """torchvision's ``RandAugment(num_ops, magnitude)`` on a uint8 batch, drawn per image.
 
     For each of ``num_ops`` slots every image draws one of torchvision's 14 ops uniformly and,
-    for the signed ops, a sign (:meth:`draw`, on torch's CPU generator). A slot is then the
-    same fixed sequence of whole-batch stages for every batch, whatever was drawn, each image
-    taking its own parameters from per-code tables by a gather, and each stage the identity
-    (exactly) for the images that drew another op:
+    for the signed ops, a sign (:meth:`draw` on torch's CPU generator, or :meth:`codes` from a
+    compiled fit's uniforms). A slot is then the same fixed sequence of whole-batch stages for
+    every batch, whatever was drawn, each image taking its own parameters from per-code tables
+    by a gather, and each stage the identity (exactly) for the images that drew another op:
 
     1. geometric: one ``grid_sample`` (nearest) with each image's torchvision grid
        (ShearX/Y, TranslateX/Y, Rotate; the identity grid otherwise);
@@ -114,6 +115,14 @@ class BatchRandAugment:
         ops = torch.randint(len(self.names), (batch_size, self.reference.num_ops))
         negative = torch.randint(2, (batch_size, self.reference.num_ops))
         return 2 * ops + negative
+
+    def codes(self, uniforms: Tensor) -> Tensor:
+        """The codes :meth:`draw` gives, from ``uniforms`` in [0, 1) (any shape, one per code):
+        floor(u * 2 * ops), int64 of the same shape. A code uniform over 0..2 * ops - 1 is an
+        op uniform over the ops and an independent fair sign bit, :meth:`draw`'s
+        distribution."""
+        n = 2 * len(self.names)
+        return (uniforms * n).long().clamp_(max=n - 1)  # u * n rounds up to n at most
 
     def signed_magnitude(self, code: int, height: int, width: int) -> tuple[str, float]:
         """(op name, the magnitude torchvision passes to it) of ``code`` for this size."""

@@ -5,10 +5,17 @@ a federation's round is bound by the host, not the card. Compiled, a step is one
 views of the batch (:meth:`~fedlit.data.loaders.DrawnBatch.expand`: crop, flip, RandAugment,
 Cutout, normalisation), every forward pass, the loss and its masks (the objective's
 :meth:`~fedlit.objectives.Objective.step`), traced with ``fullgraph=True`` (a graph break is an
-error, not a silent fallback), and its backward, which AOTAutograd compiles with it. What stays
-outside is what must: the random draws (torch's global CPU generator, the same draws as eager,
-moved to the device in one transfer) and the optimiser's step, which runs fused (one kernel
-over all parameters). ``reduce-overhead`` replays the forward and the backward as CUDA graphs.
+error, not a silent fallback), and its backward. In the lean loop the optimiser's update is in
+the graph too, so a step is one call (:class:`OneCallStep`); in a Trainer (or where something
+runs between the backward and the update: clipping, a hook, fp16's scaler) the backward is
+AOTAutograd's and the optimiser's step runs fused (one kernel over all parameters) after it.
+``reduce-overhead`` records the graphs as CUDA graphs and replays them.
+
+What stays outside is what must: the random draws. They are the fit's
+(:class:`~fedlit.data.fit_draws.FitDraws`): a generator of its own, seeded by one draw from
+torch's global CPU generator, draws a chunk of steps at once and moves it to the device in one
+transfer; each step takes its slice. They have the distributions of eager's per-batch draws,
+not their values.
 
 One compiled function serves each (objective class, network) pair of a process: a worker's
 persistent networks (one per role) mean one compilation per worker and batch shape, never one
@@ -17,7 +24,7 @@ tensors that the step reads from slots kept for the worker
 (:meth:`~fedlit.objectives.Objective.step_input`), overwritten in place every fit: torch.compile
 takes a module's tensors as static inputs, whose memory a CUDA graph records, so a new tensor
 every fit would record the graphs anew (a recording costs tens of milliseconds, and each one
-stays in the graph tree's memory).
+stays in the graph tree's memory). The learning rate a one-call step reads is such a slot too.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ from torch import Tensor, nn
 from torch.optim.adam import adam
 from torch.optim.sgd import sgd
 
+from fedlit.data.fit_draws import FitDraws
 from fedlit.data.loaders import expand_batches
 from fedlit.objectives.base import Objective, Step
 
@@ -113,9 +121,9 @@ def compiles_whole(module: nn.Module) -> bool:
 @contextmanager
 def whole_step_compiled(module: nn.Module, mode: str | None) -> Iterator[None]:
     """While the block runs, ``module`` (an objective) trains with its whole step compiled in
-    ``mode`` (its views computed in the step, its optimiser fused); nothing for ``mode``
-    None. A module that is no such objective has its ``network`` compiled instead
-    (``nn.Module.compile``), eager again after the block."""
+    ``mode`` (its views computed in the step from the fit's own draws, its optimiser fused);
+    nothing for ``mode`` None. A module that is no such objective has its ``network`` compiled
+    instead (``nn.Module.compile``), eager again after the block."""
     if mode is None:
         yield
         return
@@ -126,6 +134,7 @@ def whole_step_compiled(module: nn.Module, mode: str | None) -> Iterator[None]:
     assert isinstance(module, Objective)
     module.compiled_step, module.views_in_step = compiled_step(module, mode), True
     module.compiled_mode = mode
+    module.fit_draws = FitDraws()  # the fit's views' draws, made a chunk of steps at once
     module.step_slots = _SLOTS.setdefault(module.network, {}).setdefault(type(module), {})
     try:
         # dynamo traces torch.autograd.grad into a graph (a one-call step's backward) while
@@ -134,7 +143,7 @@ def whole_step_compiled(module: nn.Module, mode: str | None) -> Iterator[None]:
             yield
     finally:
         module.compiled_step, module.views_in_step, module.step_slots = None, False, None
-        module.compiled_mode = None
+        module.compiled_mode, module.fit_draws = None, None
 
 
 @contextmanager
