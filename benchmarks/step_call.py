@@ -2,15 +2,22 @@
 paper 002's FedSEAL protocol (batches of 64 Fashion-MNIST images, a weak and a strong view)
 on the near-free network of ``host_round.py``, alternated in one process at one thread.
 
-Per step, medians over ``--steps`` steps after ``--warmup``:
+Per step, medians (and means) over ``--steps`` steps after ``--warmup``, in ``--repeats``
+rounds that alternate the measurements (so that the machine's load falls on each alike):
 
-- the views' draws: :meth:`~fedlit.data.loaders.RawBatch.draw` (every view's random
-  parameters from torch's CPU generator, packed and moved in one transfer);
+- the views' draws, eager: :meth:`~fedlit.data.loaders.RawBatch.draw` (every view's random
+  parameters from torch's global CPU generator, packed and moved in one transfer);
+- the views' draws, compiled: the same from the fit's
+  :class:`~fedlit.data.fit_draws.FitDraws` (a chunk of steps drawn at once, each step its
+  slice; the chunk's draw counted in the step that makes it);
 - the step's plain call: the objective's eager ``step`` on the drawn batch (its views
   computed), ``backward`` and the optimiser's step;
-- the compiled step's call: the same with the whole step compiled
-  (:func:`~fedlit.federation.compiled.compiled_step`, ``torch.compile`` in ``--mode``) and a
-  fused optimiser.
+- the compiled step's calls: the same with the whole step compiled
+  (:func:`~fedlit.federation.compiled.compiled_step`, ``torch.compile`` in ``--mode``), then
+  ``backward`` and a fused optimiser's step (a compiled fit in a Trainer, and every compiled
+  fit before the one-call step);
+- the compiled step as one call: the step, its backward and the optimiser's update in one
+  graph (:class:`~fedlit.federation.compiled.OneCallStep`, a compiled lean fit's step).
 
 At near-zero arithmetic each is what the host pays for a step, whatever the device.
 
@@ -36,8 +43,9 @@ from fedlit.federation.trainers import on_device
 from fedlit.objectives import Objective
 
 
-def per_step(work: Callable[[], object], steps: int, warmup: int) -> float:
-    """The median seconds of ``work`` over ``steps`` calls, after ``warmup``."""
+def per_step(work: Callable[[], object], steps: int, warmup: int) -> tuple[float, float]:
+    """The median and the mean seconds of ``work`` over ``steps`` calls, after ``warmup`` (the
+    mean counts a cost paid once in many calls, as a chunk's draw)."""
     for _ in range(warmup):
         work()
     times = []
@@ -45,7 +53,7 @@ def per_step(work: Callable[[], object], steps: int, warmup: int) -> float:
         t0 = time.perf_counter()
         work()
         times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return statistics.median(times), statistics.fmean(times)
 
 
 def main() -> None:
@@ -91,13 +99,17 @@ def main() -> None:
                 loss.backward()
                 fused.step()
 
+            fit_draws = objective.fit_draws
             work = {
-                "views' draws": lambda: draw_batches(raw),
+                "views' draws, eager (each step's own)": lambda: draw_batches(raw),
+                "views' draws, compiled (the fit's, a chunk of steps at once)": lambda: (
+                    draw_batches(raw, fit_draws)
+                ),
                 "the step's plain call": plain,
                 "the compiled step's calls (step, backward, optimiser)": compiled,
                 "the compiled step as one call": lambda: one_call(drawn),
             }
-            results: dict[str, list[float]] = {name: [] for name in work}
+            results: dict[str, list[tuple[float, float]]] = {name: [] for name in work}
             for _ in range(args.repeats):  # alternated, so that the machine's load is shared
                 for name, call in work.items():
                     results[name].append(per_step(call, args.steps, args.warmup))
@@ -105,11 +117,14 @@ def main() -> None:
         f"host cost per step (median of {args.steps} steps, one thread, near-free network; "
         f"{args.repeats} alternated repeats):"
     )
-    for name, seconds in results.items():
-        each = ", ".join(f"{t * 1e3:.3f}" for t in seconds)
-        print(f"  {name}: {statistics.median(seconds) * 1e3:.3f} ms ({each})")
-    three = results["the compiled step's calls (step, backward, optimiser)"]
-    one = results["the compiled step as one call"]
+    for name, both in results.items():
+        medians = [m for m, _ in both]
+        each = ", ".join(f"{t * 1e3:.3f}" for t in medians)
+        mean = statistics.median(a for _, a in both)
+        median = statistics.median(medians)
+        print(f"  {name}: {median * 1e3:.3f} ms ({each}; mean {mean * 1e3:.3f})")
+    three = [m for m, _ in results["the compiled step's calls (step, backward, optimiser)"]]
+    one = [m for m, _ in results["the compiled step as one call"]]
     ratios = [a / b for a, b in zip(one, three, strict=True)]
     print(f"  one call / the compiled step's calls: {statistics.median(ratios):.2f} "
           f"(min {min(ratios):.2f}, max {max(ratios):.2f})")  # fmt: skip

@@ -442,10 +442,12 @@ def test_compile_setting_compiles_every_training_step_and_trains_as_eager(
     trains. Here torch.compile traces with its "eager" backend (the graphs torch captures, run
     by torch's own kernels: seconds instead of inductor's minutes of C++), so the weights must
     equal those of an eager run given the compiled fits' draws (a compiled fit draws its
-    views from a generator of its own) but for the fused optimiser's rounding (one kernel over
-    all parameters, in another order than the eager optimiser's multi-tensor ops: a few 1e-6
-    after a round's steps here); and the same compiled run again gives the same weights, bit
-    for bit."""
+    views from a generator of its own) but for the update's rounding: a one-call step
+    (:class:`~fedlit.federation.compiled.OneCallStep`) runs torch's functional SGD with the
+    learning rate as a tensor, which multiplies and then adds (two roundings, where the eager
+    optimiser's add rounds once); a round's steps carry that to up to 2e-5 in the weights and
+    2e-4 in BatchNorm's running means here. The same compiled run again gives the same
+    weights, bit for bit."""
     small = {"examples_per_client": 64, "test_subset": 100}
     eager = _federation(fmnist_root, tmp_path / "eager", data_kw=small, rounds=1)
     with monkeypatch.context() as patch:
@@ -475,7 +477,7 @@ def test_compile_setting_compiles_every_training_step_and_trains_as_eager(
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > 0  # dynamo did trace
     assert not torch._dynamo.utils.counters["graph_break"]
     for a, b in zip(_weights(eager).values(), _weights(fed).values(), strict=True):
-        torch.testing.assert_close(a, b, atol=5e-5, rtol=1e-4)
+        torch.testing.assert_close(a, b, atol=5e-4, rtol=1e-3)
     # the fits' own draws follow the run's seed: the same compiled run again, bit for bit
     again = _federation(
         fmnist_root, tmp_path / "again", data_kw=small, rounds=1, compile="reduce-overhead"
