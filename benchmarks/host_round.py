@@ -12,12 +12,15 @@ bootstrap epoch, and the views' tensor work cut to the normalisation, their rand
 
 The floor does every step fedlit's round does, with fedlit's own objects (the method, its
 client side and objectives, their losses, loaders and hooks, the aggregation, FedSEAL's
-measure, the evaluator's network scored as fedlit scores it) and nothing else: a hand-written
-loop over each objective's ``training_step`` (zero_grad, backward, the optimiser's step, the
-scheduler's), the objective's hooks called directly, each client's upload a clone, its state
-kept in a dict. Compiled (``--compile default``), both run the same compiled step
-(:func:`fedlit.federation.compiled.whole_step_compiled`: the step and its views in one graph,
-the optimiser fused).
+measure, the evaluator's network scored as fedlit scores it, its accuracy and loss on the
+validation and test sets) and nothing else: a hand-written loop over each objective's
+``training_step`` (zero_grad, backward, the optimiser's step, the scheduler's), the
+objective's hooks called directly, each client's upload a clone, its state kept in a dict.
+Compiled (``--compile default``), both run the same compiled step: the step, its backward
+and the optimiser's update as one call
+(:class:`~fedlit.federation.compiled.OneCallStep`, with the fit's own draws). What fedlit
+does beyond the floor is its own: the lean loop's hooks, the client runner, the round's
+checkpoint and its CSV row.
 
 Printed: each path's CPU time per round (this process's, all threads: the steadier measure on
 a shared machine; wall time beside it), their ratio, medians over the rounds after the first,
@@ -46,6 +49,7 @@ from typing import Any
 
 import lightning
 import torch
+import torch.nn.functional as F
 from lightning import LightningModule
 from torch import Tensor, nn
 
@@ -120,14 +124,18 @@ def plain_fit(objective: Objective, loader: Iterable[Any], epochs: int) -> None:
 
 
 @torch.no_grad()
-def plain_accuracy(network: nn.Module, loader: Iterable[Any]) -> float:
-    """Top-1 accuracy of ``network`` over the test loader (eval mode)."""
+def plain_accuracy(network: nn.Module, loader: Iterable[Any]) -> tuple[float, float]:
+    """Top-1 accuracy and mean cross-entropy of ``network`` over a labeled loader (eval
+    mode): what fedlit's evaluation reports."""
     network.eval()
     right = total = 0
+    loss = torch.zeros(())
     for x, y in loader:
-        right += int((network(x).argmax(1) == y).sum())
+        logits = network(x).float()
+        right += int((logits.argmax(1) == y).sum())
+        loss += F.cross_entropy(logits, y, reduction="sum")
         total += len(y)
-    return right / total
+    return right / total, float(loss) / total
 
 
 class Floor:
@@ -183,7 +191,7 @@ class Floor:
         network = scored(method.eval_network(), data, torch.device("cpu"))
         if len(data.val):
             plain_accuracy(network, data.val_dataloader())
-        return plain_accuracy(network, data.test_dataloader())
+        return plain_accuracy(network, data.test_dataloader())[0]
 
 
 # --- counting fedlit's host work -------------------------------------------------------------

@@ -21,7 +21,7 @@ class Evaluator(AugmentsOnDevice, LightningModule):
     def __init__(self, network: nn.Module, num_classes: int) -> None:
         super().__init__()
         self.network = network
-        self.accuracy = MulticlassAccuracy(num_classes=num_classes, average="micro")
+        self.accuracy = MulticlassAccuracy(num_classes, average="micro", validate_args=False)
         self._loss_sum = torch.zeros(())
         self._count = 0
 

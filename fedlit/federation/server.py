@@ -113,9 +113,8 @@ class Server:
         self.trainer.test(evaluator, self.data.test_dataloader())
         metrics = evaluator.metrics(prefix)
         if prefix == "test" and len(self.data.val):
-            validation = Evaluator(network, self.data.num_classes)
-            self.trainer.test(validation, self.data.val_dataloader())
-            metrics |= validation.metrics("val")
+            self.trainer.test(evaluator, self.data.val_dataloader())  # its sums start afresh
+            metrics |= evaluator.metrics("val")
         return metrics
 
     def evaluate_encoder(self) -> dict[str, float]:
