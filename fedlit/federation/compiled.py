@@ -220,6 +220,8 @@ def _optimizer_state(optimizer: torch.optim.Optimizer) -> tuple[Any, Any, tuple[
         return None
     group = groups[0]
     params = group["params"]
+    if not params:
+        return None
     if type(optimizer) is torch.optim.SGD and not group["dampening"]:
         hyper: tuple[Any, ...] = (
             group["weight_decay"],

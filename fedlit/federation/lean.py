@@ -9,7 +9,11 @@ hooks, ``on_train_batch_start``, the step, ``on_before_backward``, ``on_after_ba
 ``on_before_optimizer_step``, the step of the optimiser and of a per-step scheduler,
 ``on_train_batch_end``, ``on_train_epoch_end``, ``on_train_end``, ``on_fit_end``), so the
 weights it gives are those a Trainer gives, bit for bit. Precision comes from Lightning
-Fabric's plugins (autocast, and fp16's gradient scaler), the same ones a Trainer uses.
+Fabric's plugins (autocast, and fp16's gradient scaler), the same ones a Trainer uses. A
+compiled fit (``federation.compile``) makes each step one call where nothing runs between the
+backward and the optimiser's step
+(:class:`~fedlit.federation.compiled.OneCallStep`: the step, its backward and the update in
+one graph).
 
 A module it cannot run the same way (one that overrides a hook this loop does not call, uses
 manual optimisation, or settings it does not take: gradient accumulation, another strategy,
