@@ -121,9 +121,10 @@ def compiles_whole(module: nn.Module) -> bool:
 @contextmanager
 def whole_step_compiled(module: nn.Module, mode: str | None) -> Iterator[None]:
     """While the block runs, ``module`` (an objective) trains with its whole step compiled in
-    ``mode`` (its views computed in the step from the fit's own draws, its optimiser fused);
-    nothing for ``mode`` None. A module that is no such objective has its ``network`` compiled
-    instead (``nn.Module.compile``), eager again after the block."""
+    ``mode`` (its views computed in the step from the fit's own draws, its optimiser fused; a
+    lean fit takes the step and its update as one call, :func:`one_call_step`); nothing for
+    ``mode`` None. A module that is no such objective has its ``network`` compiled instead
+    (``nn.Module.compile``), eager again after the block."""
     if mode is None:
         yield
         return
