@@ -91,7 +91,9 @@ def _compiled(
         how: dict[str, Any] = {"backend": BACKEND}
         if BACKEND == "inductor":
             options = torch._inductor.list_mode_options(mode)
-            if cpp_wrapper:  # and its buffers from one pooled allocation a call
+            if cpp_wrapper:  # and its buffers from one pooled allocation a call; on a CPU,
+                # where there is no CUDA graph to record (inductor warns it is skipped)
+                options.pop("triton.cudagraphs", None)
                 options |= {"cpp_wrapper": True, "memory_planning": True}
             how = {"options": options}
         steps[key] = torch.compile(copy, fullgraph=True, **how)
@@ -315,11 +317,11 @@ class OneCallStep:
         self.update, self.state, self.hyper = how
         self.group = optimizer.param_groups[0]
         self.params: list[Tensor] = list(self.group["params"])
-        self.replay = mode == "reduce-overhead"
+        device = self.params[0].device
+        self.replay = mode == "reduce-overhead" and device.type != "cpu"
         # the learning rate: one tensor for every fit of the worker's objective class and
         # network, as the step's inputs (a CUDA graph records a static input's memory)
         lrs = _LRS.setdefault(objective.network, {})
-        device = self.params[0].device
         lr = lrs.get(type(objective))
         if lr is None or lr.device != device:
             lr = lrs[type(objective)] = torch.zeros((), device=device)
