@@ -328,7 +328,10 @@ class OneCallStep:
         self.lr: Tensor = lr
         self.lr.fill_(self.group["lr"])
         self.lr_value = self.group["lr"]
-        for t in (self.lr, *(t for s in self.state for t in s if t is not None)):
+        # what the graph updates in place keeps its memory from call to call: a CUDA graph
+        # replays into it (the parameters, the optimiser's state, the learning rate)
+        state = [t for s in self.state for t in s if t is not None]
+        for t in (self.lr, *self.params, *state):
             torch._dynamo.mark_static_address(t, guard=False)
         self.compiled = _compiled(_whole_update, objective, mode, device.type == "cpu")
 
