@@ -201,6 +201,30 @@ def combined(loader: Iterable[Any], limit: float | int | None) -> CombinedLoader
     return loaders
 
 
+class _Batches:
+    """A ``CombinedLoader``'s batches without their indices: what an epoch iterates."""
+
+    def __init__(self, loaders: CombinedLoader) -> None:
+        self.loaders = loaders
+
+    def __iter__(self) -> Iterator[Any]:
+        return (batch for batch, _, _ in self.loaders)
+
+
+def epoch_batches(loader: Iterable[Any], limit: float | int | None) -> tuple[Iterable[Any], int]:
+    """What each epoch iterates (a new iterator an epoch) and the batches it takes, as
+    Lightning's fit loop has them: one loader as it is, limited to ``limit_train_batches``
+    (a ``CombinedLoader`` of one loader in ``max_size_cycle`` mode gives its batches
+    unchanged, at a host cost per batch); a ``CombinedLoader``, or a collection of loaders,
+    combined (:func:`combined`)."""
+    if not isinstance(loader, (CombinedLoader, Mapping, list, tuple)):
+        return loader, _limit(len(loader), limit)  # type: ignore[arg-type]
+    loaders = combined(loader, limit)
+    assert loaders.limits is not None
+    per_epoch = int((min if loaders._mode == "min_size" else max)(loaders.limits))
+    return _Batches(loaders), per_epoch
+
+
 def _transferred(module: LightningModule, batch: Any, device: torch.device) -> Any:
     """``batch`` through the module's transfer hooks onto ``device`` (on a CPU, where every
     batch already lies, only a module's own transfer hook is called)."""
@@ -260,7 +284,7 @@ class _Fit:
         ``on_train_batch_start`` returned -1)."""
         module = self.module
         try:
-            batch, _, _ = next(iterator)
+            batch = next(iterator)
         except StopIteration:
             return False
         batch = _transferred(module, batch, self.settings.device)
@@ -322,9 +346,7 @@ def lean_fit(
     steps, over as many epochs as they take), as a bare Trainer's fit would, leaving it on
     the device. ``module.fit_progress`` counts its steps, and stays after it (as a Trainer
     stays attached to the module it fitted)."""
-    loaders = combined(loader, settings.limit_train_batches)
-    assert loaders.limits is not None
-    per_epoch = int((min if loaders._mode == "min_size" else max)(loaders.limits))
+    loaders, per_epoch = epoch_batches(loader, settings.limit_train_batches)
     if per_epoch == 0:
         return
     planned = max_steps if max_steps is not None else per_epoch * epochs
