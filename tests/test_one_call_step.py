@@ -164,8 +164,13 @@ def test_a_new_optimisers_state_is_made_as_its_first_step_makes_it() -> None:
     how = _optimizer_state(sgd)
     assert how is not None
     buffers = how[1][0]
-    assert [b is sgd.state[p]["momentum_buffer"] for b, p in zip(buffers, params, strict=True)]
+    assert all(b is sgd.state[p]["momentum_buffer"] for b, p in zip(buffers, params, strict=True))
     assert all(not b.any() and b.shape == p.shape for b, p in zip(buffers, params, strict=True))
+    kept = torch.optim.SGD(params, lr=0.1, momentum=0.9)
+    kept.state[params[0]]["momentum_buffer"] = None  # a buffer not made yet
+    how = _optimizer_state(kept)
+    assert how is not None and how[1][0][0] is kept.state[params[0]]["momentum_buffer"]
+    assert how[1][0][0].shape == params[0].shape and not how[1][0][0].any()
     adam = torch.optim.Adam(params, lr=0.1, fused=True)
     how = _optimizer_state(adam)
     assert how is not None

@@ -234,9 +234,12 @@ def _optimizer_state(optimizer: torch.optim.Optimizer) -> tuple[Any, Any, tuple[
         )
         if not group["momentum"]:
             return _sgd, ([None] * len(params),), hyper
-        buffers = [
-            optimizer.state[p].setdefault("momentum_buffer", torch.zeros_like(p)) for p in params
-        ]
+        buffers = []
+        for p in params:
+            state = optimizer.state[p]
+            if state.get("momentum_buffer") is None:
+                state["momentum_buffer"] = torch.zeros_like(p)
+            buffers.append(state["momentum_buffer"])
         return _sgd, (buffers,), hyper
     if type(optimizer) is torch.optim.Adam and not group["amsgrad"]:
         beta1, beta2 = group["betas"]
@@ -344,7 +347,11 @@ class OneCallStep:
             self.lr_value = lr
         if self.replay:
             torch.compiler.cudagraph_mark_step_begin()
-        with torch.no_grad():
+        # no_grad (an inference graph: the gradients are the graph's own), without the
+        # context manager's microsecond a step
+        grad = torch.is_grad_enabled()
+        torch._C._set_grad_enabled(False)
+        try:
             result = self.compiled(
                 self.objective,
                 self.params,
@@ -355,6 +362,8 @@ class OneCallStep:
                 self.hyper,
                 self.autocast,
             )
+        finally:
+            torch._C._set_grad_enabled(grad)
         # what optimizer.step() records for a scheduler (which warns of a step before it)
         self.optimizer._opt_called = True  # type: ignore[attr-defined]
         return result
