@@ -125,17 +125,23 @@ class HookedBackward(SupervisedCE):
         self.seen = [p.grad for p in self.parameters()]
 
 
-def test_the_calls_stay_apart_where_something_runs_between_them() -> None:
+def test_the_calls_stay_apart_where_something_runs_between_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Eager; clipping (it reads the gradients); a hook between the backward and the step;
     an fp16 gradient scaler; an optimiser whose update a graph does not hold here (AMSGrad,
-    SGD's dampening, two parameter groups): the fit calls the step, the backward and the
-    optimiser apart."""
+    SGD's dampening, two parameter groups); ``FEDLIT_ONE_CALL=0``: the fit calls the step, the
+    backward and the optimiser apart."""
     torch.manual_seed(0)
     network = Architecture(10, 1).build()
     assert _fit_of(SupervisedCE(network, lr=0.1)).one_call is None  # eager
     with whole_step_compiled(objective := SupervisedCE(network, lr=0.1), "default"):
         assert _fit_of(objective).one_call is not None
         assert _fit_of(objective, gradient_clip_val=1.0).one_call is None
+        monkeypatch.setenv("FEDLIT_ONE_CALL", "0")
+        assert _fit_of(objective).one_call is None
+        monkeypatch.setenv("FEDLIT_ONE_CALL", "1")
+        assert _fit_of(objective).one_call is not None
     with whole_step_compiled(hooked := HookedBackward(network, lr=0.1), "default"):
         assert _fit_of(hooked).one_call is None
     params = list(network.parameters())

@@ -29,6 +29,7 @@ stays in the graph tree's memory). The learning rate a one-call step reads is su
 
 from __future__ import annotations
 
+import os
 import types
 import weakref
 from collections.abc import Callable, Iterator
@@ -62,6 +63,10 @@ _STEPS: weakref.WeakKeyDictionary[nn.Module, dict[tuple[type, str, str, str, boo
 _SLOTS: weakref.WeakKeyDictionary[nn.Module, dict[type, dict[str, torch.Tensor]]] = (
     weakref.WeakKeyDictionary()
 )
+
+#: The environment variable that, set to 0, keeps a compiled fit's step as three calls (the
+#: compiled step, autograd's backward, the optimiser's step) instead of one (:func:`one_call_step`).
+ONE_CALL_ENV = "FEDLIT_ONE_CALL"
 
 #: Each network's learning-rate tensor by objective class, read by its one-call step
 #: (:class:`OneCallStep`): the same tensor, overwritten in place, for every fit of a worker.
@@ -376,9 +381,11 @@ def one_call_step(
 ) -> OneCallStep | None:
     """``objective``'s optimiser step as one compiled call (:class:`OneCallStep`) where its
     fit runs compiled (:func:`whole_step_compiled`) and its optimiser's update is one a graph
-    holds (:func:`_optimizer_state`); else None."""
+    holds (:func:`_optimizer_state`); else None, and None everywhere with the environment
+    variable ``FEDLIT_ONE_CALL=0`` (the three calls: a fallback where a torch version does
+    not compile the one graph)."""
     mode = objective.compiled_mode
-    if objective.compiled_step is None or mode is None:
+    if objective.compiled_step is None or mode is None or os.environ.get(ONE_CALL_ENV) == "0":
         return None
     how = _optimizer_state(optimizer)
     if how is None:
