@@ -306,8 +306,8 @@ class OneCallStep:
     objective's step, its backward (``torch.autograd.grad``, traced into the graph) and the
     optimiser's update (torch's functional SGD or Adam, on the optimiser's own state
     tensors), where a compiled step alone is three calls (the step, autograd's backward,
-    the optimiser's fused step) and a Python round trip between each. Under
-    ``reduce-overhead`` the graph replays as one CUDA graph.
+    the optimiser's fused step) and a Python round trip between each. On a GPU under
+    ``reduce-overhead``, torch records the graph as a CUDA graph and replays it each step.
 
     The learning rate is a tensor the graph reads, set from the optimiser's param group
     before each call (a scheduler changes it every step). The gradients are never stored in
