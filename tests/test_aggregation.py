@@ -119,6 +119,9 @@ def test_bad_weights() -> None:
 def test_state_bytes() -> None:
     state = {"a": torch.zeros(10), "b": torch.zeros(3, dtype=torch.float16), "n": torch.tensor(1)}
     assert state_bytes(state) == 10 * 4 + 3 * 2 + 8
+    # a client's persistent state: nested, with values that are no tensors
+    nested = {"mean": torch.zeros(5, 2), "count": 3, "parts": [torch.zeros(4, dtype=torch.int16)]}
+    assert state_bytes(nested) == 5 * 2 * 4 + 4 * 2
 
 
 def test_aggregators_against_numpy() -> None:

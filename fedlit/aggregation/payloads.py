@@ -13,6 +13,8 @@ from collections.abc import Callable, Mapping
 import torch
 from torch import Tensor, nn
 
+from fedlit.aggregation.rules import state_bytes
+
 StateDict = dict[str, Tensor]
 Payload = dict[str, StateDict | Tensor]
 
@@ -68,9 +70,4 @@ def flatten_payload(payload: Mapping[str, StateDict | Tensor]) -> StateDict:
 
 def payload_bytes(payload: Mapping[str, StateDict | Tensor]) -> dict[str, int]:
     """Bytes each part occupies on the wire, uncompressed (numel * element size)."""
-
-    def size(value: StateDict | Tensor) -> int:
-        tensors = [value] if isinstance(value, Tensor) else list(value.values())
-        return sum(t.numel() * t.element_size() for t in tensors)
-
-    return {part: size(value) for part, value in payload.items()}
+    return {part: state_bytes(value) for part, value in payload.items()}

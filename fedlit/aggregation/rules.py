@@ -15,9 +15,11 @@ Conventions shared by every rule:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
+from torch.utils._pytree import tree_leaves
 
 State = Mapping[str, Tensor]
 
@@ -165,6 +167,8 @@ def weight_diversity(starts: Sequence[State], finals: Sequence[State]) -> float:
     return numerator / denominator if denominator > 0 else float("nan")
 
 
-def state_bytes(state: State) -> int:
-    """Bytes a state occupies on the wire, uncompressed (numel * element size, summed)."""
-    return sum(t.numel() * t.element_size() for t in state.values())
+def state_bytes(state: Any) -> int:
+    """Bytes a state occupies on the wire or in memory, uncompressed (numel * element size,
+    summed): a state dict, a tensor, or nested dicts, lists and tuples of them (a client's
+    persistent state); its other values count nothing."""
+    return sum(t.numel() * t.element_size() for t in tree_leaves(state) if torch.is_tensor(t))

@@ -27,8 +27,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_leaves, tree_map
+from torch.utils._pytree import tree_map
 
+from fedlit.aggregation.rules import state_bytes
 from fedlit.federation.checkpoint import write_atomically
 
 #: The folder, beside the checkpoint file, that holds the client states.
@@ -41,12 +42,6 @@ def _name(client_id: int, round_idx: int) -> str:
 
 def _save(path: Path, state: Any) -> None:
     write_atomically(path, lambda tmp: torch.save(state, tmp))
-
-
-def state_bytes(state: Any) -> int:
-    """The bytes of the tensors in a client's state (a tensor, or nested dicts, lists and
-    tuples of them)."""
-    return sum(t.numel() * t.element_size() for t in tree_leaves(state) if torch.is_tensor(t))
 
 
 def _copied(state: Any) -> Any:
