@@ -152,12 +152,11 @@ def test_the_calls_stay_apart_where_something_runs_between_them(
         torch.optim.RMSprop(params),
     ):
         assert _optimizer_state(optimizer) is None
-    fp16 = lean.precision_plugin("16-mixed", torch.device("cpu"))
     with whole_step_compiled(objective, "default"):
-        fit = _fit_of(objective)
-        if isinstance(fp16, lean.MixedPrecision) and fp16.scaler is not None:
-            fit.plugin = fp16
-            assert fit._one_call() is None
+        fp16 = _fit_of(objective, precision="16-mixed")
+        assert isinstance(fp16.plugin, lean.MixedPrecision) and fp16.plugin.scaler is not None
+        assert fp16.one_call is None
+        assert _fit_of(objective, precision="bf16-mixed").one_call is not None  # no scaler
         assert one_call_step(objective, torch.optim.Adam(params, amsgrad=True), None) is None
 
 
