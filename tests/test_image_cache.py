@@ -531,7 +531,9 @@ def test_a_relabel_is_a_new_cache_never_stale_labels(tmp_path: Path) -> None:
     assert torch.equal(cached.labels["train"][:6], torch.full((6,), 1))
 
 
-def test_two_kinds_over_one_folder_keep_their_own_caches(tmp_path: Path) -> None:
+def test_two_kinds_over_one_folder_keep_their_own_caches(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Two sources over one folder (the ``folder`` kind and one that labels its files
     otherwise) each write a cache of their own and neither removes the other's: a third read
     of either decodes nothing."""
@@ -543,6 +545,12 @@ def test_two_kinds_over_one_folder_keep_their_own_caches(tmp_path: Path) -> None
     assert len(caches(data_root)) == 2
     for each in (listing, other):
         assert cache_of(each, data_root).read({"train": 18, "test": 6}) is not None
+    no_decoding(monkeypatch)
+    for each in (listing, other, listing):
+        _, read = read_folders(each, SIZE, data_root / CACHE_FOLDER)
+        expected = torch.tensor([label for label, files in each.train for _ in files])
+        assert torch.equal(read(Path(), "train", False)[1], expected)
+    assert len(caches(data_root)) == 2
 
 
 def test_a_cache_of_an_older_version_is_replaced(tmp_path: Path) -> None:

@@ -84,6 +84,21 @@ def snapshot(folder: Path) -> dict[Path, bytes]:
     return {p: p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
+def plot_rows(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """Each matplotlib figure saved from now on: its first axes' row labels, as drawn."""
+    from matplotlib.figure import Figure
+
+    rows: list[list[str]] = []
+    original = Figure.savefig
+
+    def keep(self: Figure, *args: Any, **kwargs: Any) -> None:
+        rows.append([t.get_text() for t in self.axes[0].get_yticklabels()])
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", keep)
+    return rows
+
+
 def test_an_image_folder_learns_through_the_cli(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -461,16 +476,7 @@ def test_fedlit_partition_on_clients_as_folders_and_an_image_folder(
     in the printed counts and on the plot's rows, and say that no R is measured (and that a
     given data.num_clients is not used); an image folder is divided by the recipe's
     partitioner (named with its parameters), its R measured, its plot's rows numbered."""
-    from matplotlib.figure import Figure
-
-    rows: list[list[str]] = []  # each plot's row labels, as drawn
-    original = Figure.savefig
-
-    def keep(self: Figure, *args: Any, **kwargs: Any) -> None:
-        rows.append([t.get_text() for t in self.axes[0].get_yticklabels()])
-        original(self, *args, **kwargs)
-
-    monkeypatch.setattr(Figure, "savefig", keep)
+    rows = plot_rows(monkeypatch)
     clients = client_folders(tmp_path / "clients", labeled=100, test=20)
     main(
         [
@@ -513,18 +519,9 @@ def test_a_runs_partition_image_names_the_client_folders(
 ) -> None:
     """The partition plot a run logs as an image (W&B) has the client folders' names on its
     rows, as ``fedlit partition``'s has."""
-    from matplotlib.figure import Figure
-
     from fedlit.federation.callbacks import PartitionImage
 
-    rows: list[list[str]] = []
-    original = Figure.savefig
-
-    def keep(self: Figure, *args: Any, **kwargs: Any) -> None:
-        rows.append([t.get_text() for t in self.axes[0].get_yticklabels()])
-        original(self, *args, **kwargs)
-
-    monkeypatch.setattr(Figure, "savefig", keep)
+    rows = plot_rows(monkeypatch)
     root = client_folders(tmp_path / "clients", labeled=100, test=20)
     data = FederatedDataModule("client_folders", path=str(root), labeled_per_class=None)
     data.setup_federation(0)

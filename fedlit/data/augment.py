@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from fedlit.data.datasets import DatasetSpec
-from fedlit.data.randaugment import RANDAUGMENT_OPS, BatchRandAugment
+from fedlit.data.randaugment import RANDAUGMENT_OPS, BatchRandAugment, uniform_below
 
 VIEWS = ("plain", "weak", "strong")
 CUTOUT_SCALE = (0.02, 0.25)  # Cutout's area, as a fraction of the image
@@ -102,15 +102,15 @@ class BatchView:
         if self.view == "plain":
             return torch.empty(uniforms.shape, dtype=torch.int64)
         u = uniforms.unbind(-2)
-        top, left = _below(u[0], 2 * self.pad + 1), _below(u[1], 2 * self.pad + 1)
+        top, left = uniform_below(u[0], 2 * self.pad + 1), uniform_below(u[1], 2 * self.pad + 1)
         flip = (u[2] < 0.5).long() if self.spec.hflip else torch.zeros_like(top)
         rows = [top, left, flip]
         if self.view == "strong":
             rows += self.randaugment.codes(uniforms[..., 3 : 3 + RANDAUGMENT_OPS, :]).unbind(-2)
             low, high = CUTOUT_SCALE
             side = ((low + (high - low) * u[3 + RANDAUGMENT_OPS]) * (h * w)).sqrt().round().long()
-            rows += [side, _below(u[4 + RANDAUGMENT_OPS], h - side + 1)]
-            rows.append(_below(u[5 + RANDAUGMENT_OPS], w - side + 1))
+            rows += [side, uniform_below(u[4 + RANDAUGMENT_OPS], h - side + 1)]
+            rows.append(uniform_below(u[5 + RANDAUGMENT_OPS], w - side + 1))
         return torch.stack(rows, dim=-2)
 
     def prepare(self, images: Tensor) -> None:
@@ -225,12 +225,6 @@ class BatchView:
                 out = self.randaugment.apply(out, ops)
                 out = self.cutout(self.normalize(out), drawn[3 + RANDAUGMENT_OPS :])
         return out.contiguous(memory_format=torch.channels_last)
-
-
-def _below(uniforms: Tensor, n: int | Tensor) -> Tensor:
-    """floor(u * n), an integer uniform in [0, n) for u uniform in [0, 1): int64, at most
-    n - 1 (where float rounding would carry u * n up to n)."""
-    return (uniforms * n).long().clamp_(max=n - 1)
 
 
 @cache

@@ -27,6 +27,12 @@ RANDAUGMENT_OPS = 2  # FixMatch: two ops per image
 RANDAUGMENT_MAGNITUDE = 10  # of torchvision's 31 bins (0..30), the same for every op
 
 
+def uniform_below(uniforms: Tensor, n: int | Tensor) -> Tensor:
+    """floor(u * n), an integer uniform in [0, n) for u uniform in [0, 1): int64, at most
+    n - 1 (where float rounding would carry u * n up to n)."""
+    return (uniforms * n).long().clamp_(max=n - 1)
+
+
 class BatchRandAugment:
     """torchvision's ``RandAugment(num_ops, magnitude)`` on a uint8 batch, drawn per image.
 
@@ -121,8 +127,7 @@ class BatchRandAugment:
         floor(u * 2 * ops), int64 of the same shape. A code uniform over 0..2 * ops - 1 is an
         op uniform over the ops and an independent fair sign bit, :meth:`draw`'s
         distribution."""
-        n = 2 * len(self.names)
-        return (uniforms * n).long().clamp_(max=n - 1)  # u * n rounds up to n at most
+        return uniform_below(uniforms, 2 * len(self.names))
 
     def signed_magnitude(self, code: int, height: int, width: int) -> tuple[str, float]:
         """(op name, the magnitude torchvision passes to it) of ``code`` for this size."""
