@@ -1,8 +1,9 @@
 """A compiled fit's random draws for its views, made for many steps at once.
 
 Eager, each batch draws its views' parameters when it is expanded: 6-12 small calls on
-torch's global CPU generator per view, then one transfer, about 0.05 ms of host time a step.
-A compiled fit (``federation.compile``) instead takes them from a :class:`FitDraws`: a chunk of
+torch's global CPU generator per view, then one transfer, every step (the host cost is
+measured in ``benchmarks/step_call.py``, its figures in the docs' Host time section). A
+compiled fit (``federation.compile``) instead takes them from a :class:`FitDraws`: a chunk of
 steps drawn in a few whole-tensor ops and moved to the device in one transfer, each step then
 taking its slice. The rows and their distributions are the views' own
 (:meth:`~fedlit.data.augment.BatchView.draw` and

@@ -38,7 +38,7 @@ def stage_limit() -> int | None:
 
 def checksum(array: np.ndarray) -> int:
     """The CRC-32 of ``array``'s bytes in C order: the check of a cached file's content
-    (several GB a second; a mapped file is read through its mapping, not copied)."""
+    (a mapped file is read through its mapping, not copied)."""
     return zlib.crc32(np.ascontiguousarray(array).data)
 
 
