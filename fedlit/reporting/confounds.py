@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedlit.reporting.groups import short_value, split_settings
+from fedlit.reporting.groups import short_value, split_settings, under
 from fedlit.reporting.runs import RunRecord
 from fedlit.run_layout import ACTIVITY_KEYS, CONTRIBUTED, NOT_SETTING_KEYS
 
@@ -190,7 +190,7 @@ def differing_settings(runs: Sequence[RunRecord]) -> str:
         keys = [
             key
             for key in sorted(values)
-            if not any(key == k or key.startswith(k + ".") for k in skip)
+            if not under(key, skip)
             and (len(values[key]) < len(rows) or len(set(values[key].values())) > 1)
         ]
         if not keys:
