@@ -53,6 +53,10 @@ def test_fit_says_what_it_does_before_importing_torch(tmp_path: Path) -> None:
     line = starting_line(["fit", "--config", "recipes/quickstart.yaml"])
     assert line is not None and line.startswith("fedlit fit: training a federation from")
     assert "recipes/quickstart.yaml" in line
+    short = starting_line(["test", "-c", "a.yaml", "--config=b.yaml"])  # as the parser reads them
+    assert short is not None and short.startswith(
+        "fedlit test: testing a checkpoint from a.yaml, b.yaml;"
+    )
     assert starting_line(["fit", "--config=r.yaml", "--print_config"]) is None
     assert starting_line(["fit", "--help"]) is None
     assert starting_line(["report", "runs/x"]) is None
