@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -15,10 +16,10 @@ from typing import Any
 import pytest
 import yaml
 from test_image_cache import SIZE, photo, write_png
+from test_progress import _tiny
 
 from fedlit.cli import main, starting_line
 from fedlit.data import FederatedDataModule
-from fedlit.federation import Federation, FederationConfig
 from fedlit.federation.callbacks import Announce
 from fedlit.methods import FedAvgFixMatch, FedSEAL, ServerSL
 from fedlit.models import Architecture
@@ -52,6 +53,10 @@ def test_fit_says_what_it_does_before_importing_torch(tmp_path: Path) -> None:
     line = starting_line(["fit", "--config", "recipes/quickstart.yaml"])
     assert line is not None and line.startswith("fedlit fit: training a federation from")
     assert "recipes/quickstart.yaml" in line
+    short = starting_line(["test", "-c", "a.yaml", "--config=b.yaml"])  # as the parser reads them
+    assert short is not None and short.startswith(
+        "fedlit test: testing a checkpoint from a.yaml, b.yaml;"
+    )
     assert starting_line(["fit", "--config=r.yaml", "--print_config"]) is None
     assert starting_line(["fit", "--help"]) is None
     assert starting_line(["report", "runs/x"]) is None
@@ -145,19 +150,8 @@ def test_progress_lines_off_a_terminal_from_the_data_on(
 ) -> None:
     """What a log file and a notebook show (no terminal: ``progress`` None): the set-up's
     stages (the data, FedSEAL's bootstrap), then each round's first stage and its end."""
-    data = FederatedDataModule(
-        root=str(fmnist_root),
-        num_clients=2,
-        examples_per_client=16,
-        client_batch_size=8,
-        labeled_per_class=1,
-        val_per_class=1,
-        test_subset=20,
-    )
-    method = FedSEAL(Architecture(10, 1), bootstrap_epochs=1)
-    federation = Federation(
-        method, data, FederationConfig(rounds=2, clients_per_round=2), run_dir=tmp_path / "r"
-    )
+    federation = _tiny(fmnist_root, tmp_path / "r", partial(FedSEAL, bootstrap_epochs=1))
+    federation.progress = None  # stderr is not a terminal here
     federation.run()
     captured = capsys.readouterr()
     stages = [line for line in captured.err.splitlines() if not line.startswith("warning")]

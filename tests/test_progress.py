@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from conftest import stop_in_round, tiny_overrides
 from fedlit.cli import INTERRUPTED, main
 from fedlit.data import FederatedDataModule
 from fedlit.federation import Callback, Federation, FederationConfig, RunView
-from fedlit.methods import FedAvgFixMatch
+from fedlit.methods import FedAvgFixMatch, FederatedMethod
 from fedlit.models import Architecture
 
 
@@ -26,7 +27,14 @@ class Stages(Callback):
         self.seen.append((round_idx, stage))
 
 
-def _tiny(root: Path, run_dir: Path, method: type = FedAvgFixMatch, **kw: object) -> Federation:
+def _tiny(
+    root: Path,
+    run_dir: Path,
+    method: Callable[[Architecture], FederatedMethod] = FedAvgFixMatch,
+    **kw: object,
+) -> Federation:
+    """Two rounds of ``method`` (of ``Architecture(10, 1)``) on 2 of 3 clients of 32 images, with
+    the progress bar and :class:`Stages`; ``kw``: the federation's other settings."""
     data = FederatedDataModule(
         root=str(root),
         num_clients=3,

@@ -762,7 +762,10 @@ def test_report_of_runs_without_rounds_is_refused_writing_nothing(
     assert not out.exists()
     done = write_run(tmp_path / "done", synthetic_rows("FedSEAL", [0.5, 0.6, 0.7, 0.8]), seed=1)
     main(["report", str(empty), str(done), f"--out={out}"])
-    assert "1 run(s) logged no round yet" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    warnings = [line for line in err.splitlines() if line.startswith("warning: ")]
+    assert len(warnings) == 1, err  # no --last_k warning of its 0 rounds besides
+    assert "1 run(s) logged no round yet" in warnings[0]
     assert (out / "results.md").is_file()
 
 

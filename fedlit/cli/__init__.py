@@ -23,7 +23,7 @@ import os
 import sys
 import traceback
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import suppress
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -186,6 +186,15 @@ def exit_now(code: int) -> NoReturn:
         os._exit(code)
 
 
+def config_paths(argv: Sequence[str]) -> Iterator[str]:
+    """The files given with ``--config``/``-c`` (``--config X`` or ``--config=X``)."""
+    for i, arg in enumerate(argv):
+        if arg in ("--config", "-c") and i + 1 < len(argv):
+            yield argv[i + 1]
+        elif arg.startswith("--config="):
+            yield arg.split("=", 1)[1]
+
+
 def starting_line(argv: Sequence[str]) -> str | None:
     """The line ``fedlit fit`` and ``fedlit test`` print first, before the seconds of importing
     torch and Lightning: what the command does and with which recipe; None where the command
@@ -194,8 +203,7 @@ def starting_line(argv: Sequence[str]) -> str | None:
         return None
     if any(word.split("=", 1)[0] in _PRINT_ONLY for word in argv[1:]):
         return None
-    configs = [w.split("=", 1)[1] for w in argv if w.startswith("--config=")]
-    configs += [argv[i + 1] for i, w in enumerate(argv[:-1]) if w == "--config"]
+    configs = list(config_paths(argv))
     what = "training a federation" if argv[0] == "fit" else "testing a checkpoint"
     recipe = f" from {', '.join(configs)}" if configs else ""
     return (

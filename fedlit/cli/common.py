@@ -6,7 +6,7 @@ from __future__ import annotations
 import inspect
 import json
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -15,6 +15,7 @@ import yaml
 from jsonargparse import get_loader, set_loader
 from lightning import Trainer
 
+from fedlit.cli import config_paths
 from fedlit.federation import TrainerTemplate
 from fedlit.refusals import (
     DuplicateKey,
@@ -86,15 +87,6 @@ def json_line(values: dict[str, Any]) -> str:
     return json.dumps(finite(values), allow_nan=False)
 
 
-def _config_paths(argv: Sequence[str]) -> Iterator[str]:
-    """The files given with ``--config``/``-c`` (``--config X`` or ``--config=X``)."""
-    for i, arg in enumerate(argv):
-        if arg in ("--config", "-c") and i + 1 < len(argv):
-            yield argv[i + 1]
-        elif arg.startswith("--config="):
-            yield arg.split("=", 1)[1]
-
-
 #: The groups of ``fit``'s settings a config gives as a mapping (``model`` may also be a
 #: class name, which its parser checks).
 FIT_GROUPS = ("trainer", "data", "federation", "federation.pool", "federation.ray")
@@ -105,7 +97,7 @@ def config_file_error(argv: Sequence[str], groups: Sequence[str] = FIT_GROUPS) -
     a key given twice in one mapping with its lines, an empty file, a file that is not a
     mapping of settings, one of ``groups`` that is not a mapping), or None. Names that are
     not files are left to the parser."""
-    for name in _config_paths(argv):
+    for name in config_paths(argv):
         path = Path(name)
         if not path.is_file():
             continue

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedlit.reporting.groups import short_value, split_settings
+from fedlit.reporting.groups import short_value, split_settings, under
 from fedlit.reporting.runs import RunRecord
 from fedlit.run_layout import ACTIVITY_KEYS, CONTRIBUTED, NOT_SETTING_KEYS
 
@@ -140,23 +140,25 @@ def _budget_key(budgets: Sequence[ServerBudget]) -> tuple[float, float, tuple[st
     )
 
 
-def row_flags(runs: Sequence[RunRecord], others: Sequence[Sequence[RunRecord]]) -> tuple[str, ...]:
-    """The flags of a row of ``runs`` against ``others`` (the baseline's runs it is paired
-    with; without a baseline, the other rows of its setting): ``clients contributed nothing``
+def row_flags(
+    clients: Sequence[Contribution],
+    mine: Sequence[ServerBudget],
+    others: Sequence[Sequence[ServerBudget]],
+) -> tuple[str, ...]:
+    """The flags of a row whose runs' clients and server budgets are ``clients`` and ``mine``,
+    against ``others`` (the budgets of the baseline's runs it is paired with; without a
+    baseline, of the other rows of its setting): ``clients contributed nothing``
     where its clients' unlabeled loss was inactive (``client/contributed`` 0) in at least half
     of its runs' rounds (``in k/n rounds`` where not in all), and ``server budget: ...``
     where its server's epochs, steps or warm start differ from some other row's, so that the
     server's training alone could explain its difference."""
     flags = []
-    clients = [contribution(run) for run in runs]
     rounds, silent = sum(c.rounds for c in clients), sum(c.silent for c in clients)
     if rounds and 2 * silent >= rounds:
         some = "" if silent == rounds else f" in {silent}/{rounds} rounds"
         flags.append(f"clients contributed nothing{some}")
-    mine = [server_budget(run) for run in runs]
-    for other in others:
-        theirs = [server_budget(run) for run in other]
-        if other and _budget_key(mine) != _budget_key(theirs):
+    for theirs in others:
+        if theirs and _budget_key(mine) != _budget_key(theirs):
             what = f"{mine[0].describe()} vs {theirs[0].describe()}"
             if {b.warm_sha256 for b in mine} != {b.warm_sha256 for b in theirs}:
                 what += ", another warm start"
@@ -188,7 +190,7 @@ def differing_settings(runs: Sequence[RunRecord]) -> str:
         keys = [
             key
             for key in sorted(values)
-            if not any(key == k or key.startswith(k + ".") for k in skip)
+            if not under(key, skip)
             and (len(values[key]) < len(rows) or len(set(values[key].values())) > 1)
         ]
         if not keys:

@@ -13,6 +13,12 @@ from fedlit.reporting.runs import RunRecord
 from fedlit.run_layout import NOT_SETTING_KEYS
 
 
+def under(key: str, groups: Sequence[str]) -> bool:
+    """Whether flat-config ``key`` is one of ``groups`` or a setting inside one (``data`` holds
+    ``data.batch_size``)."""
+    return any(key == group or key.startswith(group + ".") for group in groups)
+
+
 def setting_differences(runs: Sequence[RunRecord]) -> dict[str, list[tuple[object, Path]]]:
     """The flat-config keys in which ``runs`` differ, other than the seed, the run directory
     and display settings (:data:`~fedlit.run_layout.NOT_SETTING_KEYS`): key -> (value, run
@@ -20,7 +26,7 @@ def setting_differences(runs: Sequence[RunRecord]) -> dict[str, list[tuple[objec
     keys = sorted({key for run in runs for key in run.config})
     out: dict[str, list[tuple[object, Path]]] = {}
     for key in keys:
-        if any(key == free or key.startswith(free + ".") for free in NOT_SETTING_KEYS):
+        if under(key, NOT_SETTING_KEYS):
             continue
         values = [(run.config[key], run.run_dir) for run in runs if key in run.config]
         if len({repr(value) for value, _ in values}) > 1:

@@ -9,7 +9,13 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from fedlit.reporting.confounds import contribution, row_flags, server_budget
+from fedlit.reporting.confounds import (
+    Contribution,
+    ServerBudget,
+    contribution,
+    row_flags,
+    server_budget,
+)
 from fedlit.reporting.groups import config_groups, values_agree
 from fedlit.reporting.runs import RunRecord
 from fedlit.reporting.scores import (
@@ -115,10 +121,14 @@ def _summarize_group(
     baseline: Mapping[int, float] | None = None,
     last_k: int = 1,
     setting: str | None = None,
+    *,
+    budgets: Sequence[ServerBudget],
+    clients: Sequence[Contribution],
 ) -> ResultRow:
     """One ResultRow from the runs of one row (:func:`summarize`); ``baseline``: seed -> the
     baseline method's score in the same setting; ``setting``: the row's label (None: the
-    runs' setting)."""
+    runs' setting); ``budgets``, ``clients``: the runs' server budgets and contributions
+    (:func:`summarize` reads them once: the flags compare them too)."""
     finals, scores, selected, hits, deltas = [], [], [], [], []
     for run in runs:
         finals.append(final_value(run, metric))
@@ -138,8 +148,6 @@ def _summarize_group(
     score_mean, score_std = mean_std(scores)
     finetune = mean_std([final_value(run, FINAL_EVAL_KEYS["finetune"]) for run in runs])
     linear = mean_std([final_value(run, FINAL_EVAL_KEYS["linear"]) for run in runs])
-    budgets = [server_budget(run) for run in runs]
-    clients = [contribution(run) for run in runs]
     return ResultRow(
         method=runs[0].method,
         marks=runs[0].marks,
@@ -239,23 +247,35 @@ def summarize(
             if len(found) == 1
         }
 
-    def compared(key: tuple[str, str, str]) -> list[list[RunRecord]]:
-        """The rows a row's server budget is set against: the baseline's it pairs with
-        (none for the baseline's own); without a baseline, the other rows of its table."""
+    budgets = {key: [server_budget(run) for run in group] for key, group in rows.items()}
+    clients = {key: [contribution(run) for run in group] for key, group in rows.items()}
+
+    def compared(key: tuple[str, str, str]) -> list[list[ServerBudget]]:
+        """The budgets a row's server budget is set against: the baseline's rows it pairs
+        with (none for the baseline's own); without a baseline, the other rows of its table."""
         if baseline is None:
-            return [runs for other, runs in rows.items() if other[2] == key[2] and other != key]
+            return [budgets[other] for other in rows if other[2] == key[2] and other != key]
         if key[1] == baseline:
             return []
         return [
-            runs
-            for other, runs in rows.items()
+            budgets[other]
+            for other in rows
             if other[:2] == (key[0], baseline) and values_agree(where[key], where[other])
         ]
 
     return [
         replace(
-            _summarize_group(group, target, metric, reference(key[0], where[key]), last_k, key[2]),
-            flags=row_flags(group, compared(key)),
+            _summarize_group(
+                group,
+                target,
+                metric,
+                reference(key[0], where[key]),
+                last_k,
+                key[2],
+                budgets=budgets[key],
+                clients=clients[key],
+            ),
+            flags=row_flags(clients[key], budgets[key], compared(key)),
         )
         for key, group in rows.items()
     ]

@@ -77,10 +77,11 @@ def score(run: RunRecord, metric: str, last_k: int) -> float:
 def last_k_warning(
     runs: Sequence[RunRecord], last_k: int, key: str = "last_k", metric: str = "test/acc"
 ) -> str | None:
-    """A line saying which runs logged ``metric`` in fewer than ``last_k`` rounds (their score
-    is then the mean of all those rounds), or None."""
+    """A line saying which runs logged ``metric`` in fewer than ``last_k`` rounds but in some
+    (their score is then the mean of all those rounds), or None. A run that logged none has
+    no score to average (``fedlit report`` warns of it on its own)."""
     short = [(run, run.series(metric)[1].size) for run in runs]
-    short = [(run, n) for run, n in short if n < last_k]
+    short = [(run, n) for run, n in short if 0 < n < last_k]
     if not short:
         return None
     run, n = short[0]
