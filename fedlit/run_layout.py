@@ -19,6 +19,10 @@ METRICS_FILE = "metrics.csv"  # one row per round
 CONFIG_FILE = "config.yaml"  # the run's full config (config.resumeN.yaml for each resume)
 RUN_FILE = "run.json"  # who the run is: method, seed, rounds (and a comparison's setting)
 HPARAMS_FILE = "hparams.yaml"  # the run's flat config (dotted keys), as its loggers received it
+#: run.json's record of the server's training budget (the server's ``budget``): epochs each
+#: time the server trains, its bootstrap's epochs, its batches an epoch, the steps of a round
+#: that train it. Reports read the budget from here; a run without it has an unknown budget.
+BUDGET_KEY = "server_budget"
 CHECKPOINT = PurePath("checkpoints") / "last.ckpt"  # the last finished round's state
 LOCK_FILE = ".lock"  # flock-ed by the process writing the run; holds its pid
 #: A directory holding one of these holds a run.

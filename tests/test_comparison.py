@@ -141,6 +141,8 @@ def test_a_resumed_run_keeps_what_its_run_json_recorded(tmp_path: Path) -> None:
     assert calls[0] == ["fit", *interrupted.args, f"--federation.labels={json.dumps(labels)}"]
     assert not (interrupted.run_dir / "run.json").exists()  # the comparison writes none
 
+    budget = {"epochs_per_step": 1, "bootstrap_epochs": 0, "batches_per_epoch": 1}
+
     def start(run_dir: Path, seed: int, source: Any = None) -> dict[str, Any]:
         config = FederationConfig(rounds=3, labels=labels)
         view = SimpleNamespace(
@@ -149,6 +151,7 @@ def test_a_resumed_run_keeps_what_its_run_json_recorded(tmp_path: Path) -> None:
             seed=seed,
             config=config,
             source=source,
+            server_budget=budget,
         )
         RunFile().on_run_start(view)  # type: ignore[arg-type]
         return dict(json.loads((run_dir / "run.json").read_text()))
@@ -158,10 +161,11 @@ def test_a_resumed_run_keeps_what_its_run_json_recorded(tmp_path: Path) -> None:
     recorded = {"method": "old", "seed": 0, "rounds": 2, "init_from": source}
     (interrupted.run_dir / "run.json").write_text(json.dumps(recorded))
     resumed = start(interrupted.run_dir, 0)
-    assert resumed == {**labels, "seed": 0, "rounds": 3, "marks": [], "init_from": source}
+    recorded = {**labels, "seed": 0, "rounds": 3, "marks": [], "server_budget": budget}
+    assert resumed == recorded | {"init_from": source}
     new.run_dir.mkdir(parents=True)
     (new.run_dir / "run.json").write_text("{not json")
-    assert start(new.run_dir, 1) == {**labels, "seed": 1, "rounds": 3, "marks": []}
+    assert start(new.run_dir, 1) == recorded | {"seed": 1}
 
 
 def test_compare_in_parallel_processes_matches_one_process(

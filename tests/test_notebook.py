@@ -35,7 +35,13 @@ def test_quickstart_notebook_is_stripped_and_runs(
     images = [o for o in outputs if "image/png" in o.get("data", {})]
     assert len(images) == 2  # the partition and the curves
     tables = [o for o in outputs if "text/markdown" in o.get("data", {})]
-    assert "FedAvgFixMatch" in tables[0]["data"]["text/markdown"]
+    table = tables[0]["data"]["text/markdown"]
+    assert "FedAvgFixMatch" in table
+    # the server budgets the runs recorded (2 rounds of 1 epoch; 500 labels in batches of 64:
+    # 7 steps an epoch), FedAvg-FixMatch's server step and fine-tune flagged against Server-SL
+    assert "| FedAvgFixMatch | 4 (4 x 1) | 28 | - |" in table, table
+    assert "| ServerSL | 2 (2 x 1) | 14 | - |" in table, table
+    assert "server budget: 4 epochs vs 2 epochs" in table, table
     runs = sorted((tmp_path / "work" / "runs").glob("*/*/metrics.csv"))
     assert [p.parent.name for p in runs] == [
         "fedavg_fixmatch",

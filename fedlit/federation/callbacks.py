@@ -34,7 +34,7 @@ from fedlit.federation.warmstart import WarmStart
 from fedlit.methods.base import FederatedMethod, marks
 from fedlit.methods.client_side import ClientUpdate
 from fedlit.reporting.runs import read_run_json
-from fedlit.run_layout import RUN_FILE
+from fedlit.run_layout import BUDGET_KEY, RUN_FILE
 
 #: How a run ended: all rounds done, stopped by a failed round, or stopped otherwise
 #: (interrupted, SIGTERM, an error).
@@ -48,7 +48,7 @@ class RunView(Protocol):
     (``start_round``: 1, or the round after a resumed checkpoint); each client's number of
     visits; the metrics of the rounds run so far (``history``); its checkpoint, written
     through ``checkpointer``; and the warm start it starts from afresh (``source``, None for a
-    fresh start or a resume)."""
+    fresh start or a resume); and the server's training budget (``server_budget``)."""
 
     @property
     def method(self) -> FederatedMethod: ...
@@ -76,6 +76,8 @@ class RunView(Protocol):
     def checkpointer(self) -> Checkpointer: ...
     @property
     def source(self) -> WarmStart | None: ...
+    @property
+    def server_budget(self) -> dict[str, Any]: ...
 
 
 class Callback:
@@ -208,7 +210,9 @@ class RunFile(Callback):
     is given, ``federation.labels``: a comparison's method name, setting and recipe), how
     many rounds it is configured for, its marks and, for a warm start, its source
     (``init_from``: path, SHA-256 of the weights, method, round, test accuracy; kept on a
-    resume), so reports can read runs without their config."""
+    resume), and the server's training budget (:data:`~fedlit.run_layout.BUDGET_KEY`: the
+    record reports read it from, for a run of the CLI and of the Python API alike), so
+    reports can read runs without their config."""
 
     def on_run_start(self, run: RunView) -> None:
         path = run.run_dir / RUN_FILE
@@ -221,6 +225,7 @@ class RunFile(Callback):
         info["marks"] = list(marks(type(run.method)))
         if run.source is not None:
             info["init_from"] = run.source.info()
+        info[BUDGET_KEY] = run.server_budget
         path.write_text(json.dumps(info))
 
 

@@ -73,6 +73,12 @@ class Federation:
     def checkpoint_path(self) -> Path:
         return self.directory.checkpoint_path
 
+    @property
+    def server_budget(self) -> dict[str, Any]:
+        """The server's training budget ``run.json`` records
+        (:meth:`Server.budget <fedlit.federation.server.Server.budget>`); once prepared."""
+        return self.server.budget()
+
     # --- checks and set-up ---------------------------------------------------------------
     def prepare(self) -> None:
         """Validate everything and load the data; raises ValueError naming the offending key.

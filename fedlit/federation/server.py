@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from fedlit.data.datamodule import FederatedDataModule
 from fedlit.evaluation import Evaluator, evaluate_encoder, scored
@@ -16,7 +17,7 @@ from fedlit.federation.seeding import CENTRAL, EVAL, FINETUNE, SERVER, derive_se
 from fedlit.federation.trainers import TrainerTemplate
 from fedlit.methods.base import FederatedMethod
 from fedlit.methods.client_side import ClientUpdate
-from fedlit.methods.plan import CentralTraining
+from fedlit.methods.plan import CentralTraining, Step
 
 
 def client_steps_per_round(config: FederationConfig, data: FederatedDataModule) -> int:
@@ -101,6 +102,31 @@ class Server:
         if self.data.labels_at == "client" or self.config.init_from is not None:
             return 0
         return epochs
+
+    def budget(self) -> dict[str, Any]:
+        """The server's training budget as ``run.json`` records it
+        (:data:`~fedlit.run_layout.BUDGET_KEY`, written by the run's
+        :class:`~fedlit.federation.callbacks.RunFile`): ``epochs_per_step``
+        (``federation.server_epochs``, each time the server trains in a round),
+        ``bootstrap_epochs`` (:meth:`bootstrap_epochs`), ``batches_per_epoch`` (the server
+        loader's batches; None where it has no length), ``steps_per_round`` (the plan's steps
+        that train the server's objective on its labels: ``server``, ``finetune``).
+        The comparing page's definition of the budget counts all of them
+        (docs/comparing.md)."""
+        plan = self.method.round_plan().steps
+        trains = [s.value for s in plan if s in (Step.SERVER, Step.FINETUNE)]
+        batches: int | None = 0
+        if self.data.labels_at != "client" and trains:
+            try:
+                batches = len(self.method.server_loader(self.data))
+            except (TypeError, RuntimeError):  # a loader without a length
+                batches = None
+        return {
+            "epochs_per_step": self.config.server_epochs,
+            "bootstrap_epochs": self.bootstrap_epochs(),
+            "batches_per_epoch": batches,
+            "steps_per_round": trains if self.data.labels_at != "client" else [],
+        }
 
     def evaluate(self, prefix: str = "test") -> dict[str, float]:
         """Top-1 accuracy and loss of the method's evaluation network on the test set, its

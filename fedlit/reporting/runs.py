@@ -19,6 +19,7 @@ import numpy as np
 import yaml
 
 from fedlit.run_layout import (
+    BUDGET_KEY,
     CONFIG_FILE,
     HPARAMS_FILE,
     METRICS_FILE,
@@ -49,6 +50,9 @@ class RunRecord:
             flattened; empty for a run made through the Python API without either).
         init_from: a warm-started run's source (run.json ``init_from``: ``path``,
             ``sha256`` of its weights, ``method``, ``round``, ``test_acc``); empty otherwise.
+        budget: the server's training budget the run recorded (run.json
+            :data:`~fedlit.run_layout.BUDGET_KEY`); empty for a run written before runs
+            recorded it.
     """
 
     run_dir: Path
@@ -61,6 +65,7 @@ class RunRecord:
     marks: tuple[str, ...] = ()
     config: dict[str, Any] = field(default_factory=dict, compare=False)
     init_from: dict[str, Any] = field(default_factory=dict, compare=False)
+    budget: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property
     def finished(self) -> bool:
@@ -216,6 +221,7 @@ def load_run(run_dir: str | Path) -> RunRecord:
         marks=tuple(str(m) for m in meta.get("marks", ())),
         config=_recorded_config(run_dir, config),
         init_from=dict(meta.get("init_from") or {}),
+        budget=dict(meta.get(BUDGET_KEY) or {}),
     )
 
 

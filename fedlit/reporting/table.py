@@ -273,7 +273,7 @@ def to_markdown(
 def budget_table(rows: Sequence[ResultRow]) -> str:
     """The rows' server budgets and clients' contribution as a Markdown table, one line a row:
     the server's epochs over a run (its bootstrap's, then the times it trained in the rounds x
-    the epochs each time) and optimiser steps, its warm
+    the epochs each time; "unknown" where a run records none) and optimiser steps, its warm
     start, the rounds in which the clients contributed nothing (``client/contributed`` 0, of
     those that logged it, over all seeds) and the clients' mean confident fraction; empty
     where no run logged a server step, a client round or a warm start."""
@@ -285,14 +285,17 @@ def budget_table(rows: Sequence[ResultRow]) -> str:
         "|---|---|---|---|---|---|",
     ]
     for row in rows:
-        epochs = f"{row.server_epochs:g}" if math.isfinite(row.server_epochs) else "-"
+        epochs = f"{row.server_epochs:g}" if math.isfinite(row.server_epochs) else "unknown"
         if row.server_stages and math.isfinite(row.server_epochs):
             each = (row.server_epochs - row.bootstrap_epochs) / row.server_stages
             parts = [f"{row.server_stages:g} x {each:g}"]
             if row.bootstrap_epochs:
                 parts.insert(0, f"bootstrap {row.bootstrap_epochs:g}")
             epochs += f" ({' + '.join(parts)})"
-        steps = f"{row.server_steps:g}" if row.server_steps else "-"
+        elif row.server_stages:
+            epochs += f" ({row.server_stages:g} x unknown)"
+        steps = "-" if row.server_steps == 0 else f"{row.server_steps:g}"
+        steps = steps if math.isfinite(row.server_steps) else "unknown"
         silent = f"{row.silent_rounds}/{row.client_rounds}" if row.client_rounds else "-"
         active = row.client_activity
         shown = f"{100 * active:.1f}%" if math.isfinite(active) else "-"

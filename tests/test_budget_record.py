@@ -1,0 +1,127 @@
+"""Every run records its server's training budget in ``run.json`` (one writer, the run's
+RunFile), through the CLI and the Python API alike; reports read it from there, and a run
+that records none has an unknown budget, flagged, never a measured 0."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from test_reporting import _budget_run, write_run
+
+from fedlit.data import FederatedDataModule
+from fedlit.federation import Federation, FederationConfig
+from fedlit.methods import FedAvgFixMatch, FedSEAL, ServerSL
+from fedlit.models import Architecture
+from fedlit.reporting import find_runs, load_run, summarize, to_markdown
+from fedlit.reporting.confounds import MIXED_WARM_START, UNKNOWN_BUDGET, server_budget
+from fedlit.run_layout import BUDGET_KEY
+
+
+def _data(root: Path) -> FederatedDataModule:
+    """2 clients of 32 images, 10 labels a class at the server (100: batches of 64 give one
+    shuffled batch an epoch), a validation image a class."""
+    return FederatedDataModule(
+        root=str(root),
+        num_clients=2,
+        examples_per_client=32,
+        client_batch_size=16,
+        labeled_per_class=10,
+        val_per_class=1,
+        test_subset=50,
+    )
+
+
+def test_a_python_api_run_records_its_server_budget(fmnist_root: Path, tmp_path: Path) -> None:
+    """Runs made as notebooks/quickstart.ipynb makes them (no config.yaml, ``hparams.yaml``
+    ``{}``): FedAvg-FixMatch trains the server twice a round (a server step and a fine-tune),
+    Server-SL once; the report reads their real epochs and steps and flags the difference."""
+    config = FederationConfig(rounds=2, clients_per_round=2, server_epochs=3)
+    methods = {"server_sl": ServerSL, "fedavg_fixmatch": FedAvgFixMatch}
+    for name, method in methods.items():
+        Federation(
+            method(Architecture(10, 1)), _data(fmnist_root), config, tmp_path / name, seed=0
+        ).run()
+    record = json.loads((tmp_path / "fedavg_fixmatch" / "run.json").read_text())[BUDGET_KEY]
+    assert record == {
+        "epochs_per_step": 3,
+        "bootstrap_epochs": 0,
+        "batches_per_epoch": 1,
+        "steps_per_round": ["server", "finetune"],
+    }
+    assert (tmp_path / "server_sl" / "hparams.yaml").read_text().strip() == "{}"
+    runs = [load_run(tmp_path / name) for name in methods]
+    rows = {row.method: row for row in summarize(runs)}
+    fixmatch, server = rows["FedAvgFixMatch"], rows["ServerSL"]
+    assert (fixmatch.server_epochs, fixmatch.server_steps) == (12.0, 12.0)  # 2 x 2 x 3
+    assert (server.server_epochs, server.server_steps) == (6.0, 6.0)  # 2 x 1 x 3
+    assert "server budget: 12 epochs vs 6 epochs" in fixmatch.flags
+    text = to_markdown(list(rows.values()))
+    assert "| FedAvgFixMatch | 12 (4 x 3) | 12 | - |" in text
+    assert "| ServerSL | 6 (2 x 3) | 6 | - |" in text
+
+
+def test_a_bootstrap_and_a_warm_start_are_recorded_as_they_run(
+    fmnist_root: Path, tmp_path: Path
+) -> None:
+    """FedSEAL's bootstrap is in its record; a warm-started FedSEAL has none (its source is
+    its w^0), and its record says so."""
+    config = FederationConfig(rounds=1, clients_per_round=2)
+    Federation(
+        FedSEAL(Architecture(10, 1), bootstrap_epochs=2), _data(fmnist_root), config,
+        tmp_path / "boot", seed=0,
+    ).run()  # fmt: skip
+    warm = FederationConfig(rounds=1, clients_per_round=2, init_from=str(tmp_path / "boot"))
+    Federation(
+        FedSEAL(Architecture(10, 1), bootstrap_epochs=2), _data(fmnist_root), warm,
+        tmp_path / "warm", seed=0,
+    ).run()  # fmt: skip
+    boot, warmed = (load_run(tmp_path / name) for name in ("boot", "warm"))
+    assert boot.budget["bootstrap_epochs"] == 2 and warmed.budget["bootstrap_epochs"] == 0
+    assert server_budget(boot).describe() == "3 epochs (bootstrap 2)"  # 2 + 1 round x 1
+    assert server_budget(warmed).describe() == "1 epochs"
+
+
+def test_a_run_that_records_no_budget_is_unknown_and_flagged(tmp_path: Path) -> None:
+    """A run written before runs recorded their budget, without a config that says it: its
+    server trained (``server/*`` logged) for an unknown number of epochs, shown and flagged
+    as unknown, never as 0, and no other row is flagged against it."""
+    rows = [{"round": 0.0, "data/server_labeled": 20.0}]
+    rows += [{"round": float(r), "test/acc": 0.5, "server/loss": 1.0} for r in (1, 2)]
+    write_run(tmp_path / "old", rows, rounds=2, run_json={"method": "Old", "seed": 0})
+    _budget_run(tmp_path, "New", 0, ("server",), [1.0, 1.0, 1.0])
+    runs = find_runs([tmp_path])
+    by_method = {row.method: row for row in summarize(runs)}
+    old = by_method["Old"]
+    assert old.flags == (UNKNOWN_BUDGET,)
+    assert by_method["New"].flags == ()
+    text = to_markdown(list(by_method.values()))
+    assert "| Old | unknown (2 x unknown) | unknown | - |" in text
+    assert "| Old | 0" not in text
+
+
+def test_pooling_a_warm_started_seed_with_a_fresh_one_is_flagged(tmp_path: Path) -> None:
+    """``fedlit report`` pools the seeds of one method and setting whatever their warm start
+    (``federation.init_from`` is no setting): a row with one warm-started and one fresh run
+    says so."""
+    source = {"path": "/a/last.ckpt", "sha256": "ab" * 32, "method": "ServerSL", "round": 9}
+    _budget_run(tmp_path, "Mixed", 0, ("server",), [1.0, 1.0, 1.0], source=source)
+    _budget_run(tmp_path, "Mixed", 1, ("server",), [1.0, 1.0, 1.0])
+    _budget_run(tmp_path, "Warm", 0, ("server",), [1.0, 1.0, 1.0], source=source)
+    _budget_run(tmp_path, "Warm", 1, ("server",), [1.0, 1.0, 1.0], source=source)
+    rows = {row.method: row for row in summarize(find_runs([tmp_path]))}
+    assert rows["Mixed"].seeds == (0, 1)
+    assert f"{MIXED_WARM_START}: 1/2 runs warm-started" in rows["Mixed"].flags
+    assert not any(MIXED_WARM_START in flag for flag in rows["Warm"].flags)
+
+
+@pytest.mark.parametrize("record", [{}, {BUDGET_KEY: {"epochs_per_step": 5}}])
+def test_the_record_wins_over_the_config(tmp_path: Path, record: dict[str, object]) -> None:
+    """The epochs a run recorded are the budget; a run without the record falls back to its
+    config (2 epochs a step in :func:`_budget_run`)."""
+    run_dir = _budget_run(tmp_path, "M", 0, ("server",), [1.0, 1.0, 1.0])
+    meta = json.loads((run_dir / "run.json").read_text()) | record
+    (run_dir / "run.json").write_text(json.dumps(meta))
+    (row,) = summarize([load_run(run_dir)])
+    assert row.server_epochs == (15.0 if record else 6.0)
