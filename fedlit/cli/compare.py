@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import shlex
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from jsonargparse import ActionConfigFile
 
 from fedlit.cli.common import CONFIG_MODE, config_file_error
-from fedlit.cli.fit import resolve
+from fedlit.cli.fit import FedlitCLI, resolve
 from fedlit.refusals import (
     OneLineParser,
 )
@@ -30,18 +31,37 @@ def compare_main(argv: Sequence[str]) -> None:
     )
     parser.add_argument("--config", action=ActionConfigFile)
     parser.add_class_arguments(Comparison)
+    parser.add_argument(
+        "--rerun_changed",
+        type=bool,
+        default=False,
+        help="run afresh each run written already with other settings than the spec now "
+        "gives it (the old run set aside in <run>.changed<n>, never deleted); without it, "
+        "such a run is refused by name",
+    )
     error = config_file_error(argv, COMPARE_GROUPS)
     if error:
         parser.error(error)
     cfg = parser.parse_args(list(argv))
     cfg.pop("config")
+    rerun_changed = bool(cfg.pop("rerun_changed"))
     try:
         comparison = Comparison(**vars(parser.instantiate_classes(cfg)))
     except ValueError as err:
         parser.error(str(err))
 
+    resolved: dict[tuple[str, ...], FedlitCLI] = {}
+
+    def resolved_once(args: Sequence[str]) -> FedlitCLI:
+        if tuple(args) not in resolved:
+            resolved[tuple(args)] = resolve(args)
+        return resolved[tuple(args)]
+
     def rounds(args: Sequence[str]) -> int:
-        return int(resolve(args).config["federation"]["rounds"])
+        return int(resolved_once(args).config["federation"]["rounds"])
+
+    def settings(args: Sequence[str]) -> dict[str, Any]:
+        return resolved_once(args).flat_config()  # as the run records them
 
     def partition(args: Sequence[str], seed: int) -> np.ndarray:
         data = resolve(args).datamodule
@@ -50,7 +70,10 @@ def compare_main(argv: Sequence[str]) -> None:
 
     command = shlex.join(["fedlit", "compare", *argv])
     try:
-        written = run_comparison(comparison, command, main, rounds, partition)
+        written = run_comparison(
+            comparison, command, main, rounds, partition,
+            settings=settings, rerun_changed=rerun_changed,
+        )  # fmt: skip
     except Refused as err:  # a run directory a live fit is writing
         parser.error(str(err))
     print(json.dumps({k: str(v) for k, v in written.items()}))

@@ -240,7 +240,8 @@ class FedlitCLI(LightningCLI):
         """The subcommand's config as ``hparams.yaml`` holds it (dotted keys), without the
         ``--config`` files' names, with the clients' number and size the data set decided
         (``data.num_clients`` left unset, or client folders): what a resume compares."""
-        flat = flat_config(self.config[self.subcommand].clone().as_dict())
+        config = self.config[self.subcommand] if self.subcommand else self.config  # resolve's
+        flat = flat_config(config.clone().as_dict())
         flat.pop("config", None)
         data = getattr(self, "datamodule", None)
         if isinstance(data, FederatedDataModule):

@@ -22,14 +22,24 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from fedlit.comparison.plan import ROOT_DIR_ARG, PlannedRun, plan, plan_sources, run_state
+from fedlit.comparison.plan import (
+    INIT_FROM_ARG,
+    ROOT_DIR_ARG,
+    PlannedRun,
+    plan,
+    plan_sources,
+    run_state,
+)
 from fedlit.comparison.report import about_lines, log_to_wandb, terminal_table, write_report
 from fedlit.comparison.spec import Comparison
 from fedlit.federation.children import Children
+from fedlit.federation.checkpoint import checkpoint_settings
 from fedlit.federation.console import warn
+from fedlit.federation.resume import changed_settings
 from fedlit.federation.rundir import holding, set_aside_dead_run
 from fedlit.machine import available_cores
 from fedlit.reporting import last_k_warning, load_run
@@ -68,6 +78,59 @@ def fit_in_subprocess(log_dir: Path, threads: int, children: Children | None = N
     return fit
 
 
+def changed_runs(
+    runs: Sequence[PlannedRun],
+    rounds: Mapping[PlannedRun, int],
+    settings: Mapping[PlannedRun, dict[str, Any]],
+) -> dict[PlannedRun, str]:
+    """The runs written already (finished, or to resume) whose recorded settings (their
+    checkpoint's flat config) differ from what the spec now gives them (``settings``: each
+    run's flat config as ``fedlit fit`` would record it), each with its first differing
+    setting in words. The comparison is a resume's (:func:`changed_settings`); the seed is
+    the run's own."""
+    changed = {}
+    for run in runs:
+        if run not in settings or run_state(run, rounds[run]) not in ("finished", "resumable"):
+            continue
+        saved = checkpoint_settings(run.run_dir / CHECKPOINT)
+        given = settings[run] | {"seed_everything": run.seed}
+        source = [a.split("=", 1)[1] for a in run.args if a.startswith(INIT_FROM_ARG)]
+        if source:  # a run per seed: the seed's own
+            given["federation.init_from"] = source[-1]
+        keys = changed_settings(saved, given)
+        if keys:
+            key = keys[0]
+            more = f" (and {len(keys) - 1} more)" if len(keys) > 1 else ""
+            changed[run] = f"{key}={given[key]!r}, the run's {saved[key]!r}{more}"
+    return changed
+
+
+def refuse_changed(changed: Mapping[PlannedRun, str]) -> None:
+    """Raise :class:`Refused` naming the first of the ``changed`` runs (:func:`changed_runs`)
+    and its first differing setting; nothing where none changed."""
+    if not changed:
+        return
+    run, what = next(iter(changed.items()))
+    others = f" (and {len(changed) - 1} other run(s))" if len(changed) > 1 else ""
+    raise Refused(
+        f"{run.run_dir}{others}: written with other settings than the spec now gives it: "
+        f"{what}. Re-run the changed runs with --rerun_changed=true (each old run is set "
+        "aside in <run>.changed<n>, never deleted), or give the spec another out"
+    )
+
+
+def set_aside_changed_run(run_dir: Path) -> Path:
+    """Move a run whose settings the spec changed out of the way, to ``<run>.changed<n>``
+    (never delete what was written); returns where."""
+    with holding(run_dir, None):
+        for n in range(1, 1000):
+            target = run_dir.with_name(f"{run_dir.name}.changed{n}")
+            if not target.exists():
+                run_dir.rename(target)
+                return target
+    raise Refused(f"{run_dir}: too many changed copies beside it")
+
+
 def execute(
     runs: Sequence[PlannedRun],
     rounds: Mapping[PlannedRun, int],
@@ -75,12 +138,17 @@ def execute(
     log: Callable[[str], None] = print,
     jobs: int = 1,
     children: Children | None = None,
+    settings: Mapping[PlannedRun, dict[str, Any]] | None = None,
+    rerun_changed: bool = False,
 ) -> dict[str, int]:
     """Run what is not finished, ``jobs`` at a time; returns how many runs were run, resumed
     and skipped. With ``jobs > 1`` a failed run stops new ones from starting, lets the running
     ones finish, then raises; ``children``, the processes ``fit`` starts, are stopped with
     the comparison (:meth:`Children.forwarding_signals`). Raises :class:`Refused` before
-    anything runs if a live process holds a run directory's lock."""
+    anything runs if a live process holds a run directory's lock, or if a run written already
+    has other settings than the spec gives it (``settings``: each run's flat config;
+    :func:`changed_runs`), naming the run and the first setting that differs; with
+    ``rerun_changed``, such a run is set aside in ``<run>.changed<n>`` and run afresh."""
     counts = {"run": 0, "resumed": 0, "skipped": 0}
     todo: list[list[str]] = []
     for run in runs:  # a run directory a live process writes: refused before anything runs
@@ -91,6 +159,12 @@ def execute(
             raise Refused(
                 f"{err} (a fit of an earlier fedlit compare may still be running)"
             ) from None
+    changed = changed_runs(runs, rounds, settings or {})
+    if not rerun_changed:
+        refuse_changed(changed)
+    for run in changed:
+        aside = set_aside_changed_run(run.run_dir)
+        log(f"{run.setting} {run.method} seed {run.seed}: settings changed, set aside in {aside}")
     for i, run in enumerate(runs, start=1):
         state = run_state(run, rounds[run])
         head = f"[{i}/{len(runs)}] {run.setting} {run.method} seed {run.seed}"
@@ -148,6 +222,8 @@ def run_comparison(
     rounds: Callable[[Sequence[str]], int],
     partition: Callable[[Sequence[str], int], np.ndarray],
     log: Callable[[str], None] = print,
+    settings: Callable[[Sequence[str]], dict[str, Any]] | None = None,
+    rerun_changed: bool = False,
 ) -> dict[str, Path]:
     """Check every recipe x setting, run what is not finished, then write the report and
     show its main tables (``log``).
@@ -160,21 +236,31 @@ def run_comparison(
             bad input, so every run is checked before the first one starts.
         partition: the (clients x classes) counts a run's data makes for a seed.
         log: where progress lines go.
+        settings: a run's flat config (as ``fedlit fit`` records it) from its ``fit``
+            arguments: a run written already is reused only where its settings are these
+            (:func:`execute`). None: not checked.
+        rerun_changed: run afresh a run written with other settings, the old one set aside.
 
     Returns:
         name -> path of every file of the report.
     """
     sources, runs = plan_sources(comparison), plan(comparison)
     configured: dict[tuple[str, str], int] = {}
+    flat: dict[tuple[str, str], dict[str, Any]] = {}
     partitions: dict[str, np.ndarray] = {}
     for run in (*sources, *runs):
         key = (run.setting, str(run.run_dir.parent))
         if key not in configured:
             log(f"checking {run.setting}/{run.run_dir.parent.name}")
             configured[key] = rounds(run.args)
+            if settings is not None:
+                flat[key] = settings(run.args)
         if run.setting not in partitions:
             partitions[run.setting] = partition(run.args, run.seed)
     per_run = {run: configured[(run.setting, str(run.run_dir.parent))] for run in (*sources, *runs)}
+    given = {run: flat[(run.setting, str(run.run_dir.parent))] for run in (*sources, *runs) if flat}
+    if not rerun_changed:  # every run checked before the first one starts
+        refuse_changed(changed_runs((*sources, *runs), per_run, given))
     start = time.perf_counter()
     children = None
     if comparison.jobs > 1:
@@ -182,8 +268,8 @@ def run_comparison(
         children = Children()
         fit = fit_in_subprocess(Path(comparison.out) / "logs", threads, children)
     if sources:  # the runs the others start from, first
-        execute(sources, per_run, fit, log, comparison.jobs, children)
-    counts = execute(runs, per_run, fit, log, comparison.jobs, children)
+        execute(sources, per_run, fit, log, comparison.jobs, children, given, rerun_changed)
+    counts = execute(runs, per_run, fit, log, comparison.jobs, children, given, rerun_changed)
     minutes = (time.perf_counter() - start) / 60
     records = [load_run(run.run_dir) for run in runs]
     short = last_k_warning(records, comparison.last_k)

@@ -164,6 +164,18 @@ class RunCheckpoint:
         return cls(**values | {"hparams": current_keys(values["hparams"] or {})})
 
 
+def checkpoint_settings(path: Path) -> dict[str, Any]:
+    """The flat config a federation checkpoint of any format records (``hparams``; its
+    settings under their keys now, :func:`~fedlit.run_layout.current_keys`), empty where it
+    records none: what a resume, and a comparison about to reuse the run, compare."""
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:
+        raise ValueError(f"{path} is not a fedlit federation checkpoint: {err}") from err
+    hparams = ckpt.get("hparams") if isinstance(ckpt, dict) else None
+    return current_keys(dict(hparams)) if isinstance(hparams, dict) else {}
+
+
 def checkpoint_round(path: Path) -> int:
     """The last round a federation checkpoint of any format finished (enough to tell a
     finished run from one to resume, also for runs written by an earlier fedlit)."""

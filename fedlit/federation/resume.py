@@ -23,6 +23,24 @@ def _covers(allowed: str, key: str) -> bool:
     return key == allowed or key.startswith(allowed + ".")
 
 
+def changed_settings(
+    saved: dict[str, Any], current: dict[str, Any], allowed: tuple[str, ...] = RESUME_MAY_CHANGE
+) -> list[str]:
+    """The keys, sorted, whose values differ between a run's recorded flat config (``saved``)
+    and the one that would continue or reuse it (``current``), besides the settings
+    ``allowed`` to differ (each a key or a group holding it). Keys only one side has (settings
+    added by a newer version) are not compared, nor anything where either side records
+    nothing. The one comparison of a resume (:meth:`Checkpointer.check`) and of a comparison
+    reusing a run (``fedlit compare``)."""
+    if not saved or not current:
+        return []
+    return [
+        key
+        for key in sorted(saved.keys() & current.keys())
+        if saved[key] != current[key] and not any(_covers(a, key) for a in allowed)
+    ]
+
+
 def check_may_change(config: FederationConfig, hparams: dict[str, Any]) -> None:
     """Refuse a ``federation.resume_may_change`` entry that names no setting of ``hparams``
     (the run's flat config; checked on every fit, not only on a resume)."""
@@ -112,13 +130,7 @@ class Checkpointer:
         ``federation.resume_may_change`` may differ. Keys only one side has (settings added
         by a newer version) are not compared."""
         allowed = (*RESUME_MAY_CHANGE, *config.resume_may_change)
-        if not saved or not self.hparams:
-            return
-        changed = [
-            key
-            for key in sorted(saved.keys() & self.hparams.keys())
-            if saved[key] != self.hparams[key] and not any(_covers(a, key) for a in allowed)
-        ]
+        changed = changed_settings(saved, self.hparams, allowed)
         if changed:
             assert config.resume is not None
             run_config = checkpoint_run_dir(config.resume) / CONFIG_FILE
