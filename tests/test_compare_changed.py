@@ -123,3 +123,56 @@ def test_a_warm_started_comparison_of_two_seeds_is_reused_unchanged(
     capsys.readouterr()
     main(["compare", f"--config={spec}"])
     assert capsys.readouterr().out.count("finished, skipped") == 4
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (
+            {"recipe_overrides": {"server_sl": ["--seed_everything=5"]}},
+            "recipe_overrides.server_sl: '--seed_everything=5' sets seed_everything, which this "
+            "comparison sets itself (the comparison gives each run its seed: list them in `seeds`)",
+        ),
+        (
+            {"overrides": ["--trainer.default_root_dir=/elsewhere"]},
+            "overrides: '--trainer.default_root_dir=/elsewhere' sets trainer.default_root_dir",
+        ),
+        ({"settings": {"a": ["--seed_everything", "5"]}}, "settings.a: '--seed_everything'"),
+        (
+            {"recipe_overrides": {"server_sl": ["--federation.labels={method: x}"]}},
+            "sets federation.labels",
+        ),
+        (
+            {
+                "init_from": {
+                    "recipe": "recipes/server_sl.yaml",
+                    "overrides": ["--federation.init_from=r"],
+                }
+            },
+            "init_from.overrides: '--federation.init_from=r' sets federation.init_from",
+        ),
+        (
+            {"wandb": {"offline": True}, "overrides": ["--trainer.logger.init_args.name=x"]},
+            "sets trainer.logger, which this comparison sets itself",
+        ),
+    ],
+)
+def test_an_override_of_what_the_comparison_sets_is_refused_by_name(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    extra: dict[str, object],
+    message: str,
+) -> None:
+    """A seed, a run directory, a run's labels, its resume, its warm start's source (with the
+    spec's ``init_from``) and its logger (with ``wandb``) are the comparison's to give each
+    run: an override of one would be overridden (``--seed_everything=5`` ran with seed 0)
+    while the report listed it, so it is refused, naming where and what, before anything
+    runs."""
+    monkeypatch.chdir(REPO)
+    spec = {"name": "c", "recipes": ["recipes/server_sl.yaml"], "out": str(tmp_path / "out")}
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec | extra))
+    err = refused(["compare", f"--config={path}"], capsys)
+    assert message in err, err
+    assert not (tmp_path / "out").exists()

@@ -9,6 +9,36 @@ from pathlib import Path
 from fedlit.run_layout import MAX_SEED, write_path_error
 
 
+#: The ``fedlit fit`` settings a comparison gives each run itself, and what to give instead:
+#: an override of one would be overridden in turn (or the run would go elsewhere), while the
+#: report listed it as given.
+COMPARISON_SETS = {
+    "seed_everything": "the comparison gives each run its seed: list them in `seeds`",
+    "trainer.default_root_dir": "the comparison puts each run in `out`",
+    "federation.labels": "the comparison names each run by its recipe, setting and seed",
+    "federation.resume": "the comparison resumes an interrupted run itself",
+}
+
+
+def _set_key(arg: str) -> str:
+    """The setting a ``fedlit fit`` argument sets (``--a.b=1`` and ``--a.b`` -> ``a.b``)."""
+    return arg[2:].split("=", 1)[0] if arg.startswith("--") else ""
+
+
+def owned_override(
+    where: str, args: list[str], owned: dict[str, str]
+) -> str | None:
+    """The refusal of the first of ``args`` (the overrides at ``where``) that sets one of the
+    settings the comparison sets itself (``owned``: setting -> why), or a key inside it;
+    None where none does."""
+    for arg in args:
+        key = _set_key(arg)
+        for name, why in owned.items():
+            if key == name or key.startswith(name + "."):
+                return f"{where}: {arg!r} sets {name}, which this comparison sets itself ({why})"
+    return None
+
+
 @dataclass(frozen=True)
 class WandbSettings:
     """Where a comparison's runs go on W&B: one ``group`` per comparison.
@@ -120,6 +150,9 @@ class Comparison:
                 raise ValueError(
                     f"init_from.folder={folder!r}: name one folder that is no recipe's ({stems})"
                 )
+        error = self._owned_override()
+        if error:
+            raise ValueError(error)
         unknown = [stem for stem in self.recipe_overrides if stem not in stems]
         if unknown:
             raise ValueError(f"recipe_overrides: {unknown[0]!r} is not one of the recipes {stems}")
@@ -143,6 +176,29 @@ class Comparison:
                 break
         if error:
             raise ValueError(error)
+
+    def _owned_override(self) -> str | None:
+        """The refusal of an override of a setting the comparison gives each run itself
+        (:data:`COMPARISON_SETS`; the warm start's source with ``init_from``, the logger with
+        ``wandb``), in ``overrides``, ``settings``, ``recipe_overrides`` or ``init_from``'s
+        overrides; None where there is none."""
+        owned = dict(COMPARISON_SETS)
+        if self.init_from is not None:
+            owned["federation.init_from"] = "the spec's init_from gives each run its source"
+        if self.wandb is not None:
+            owned["trainer.logger"] = "the spec's wandb sets each run's logger"
+        places = [
+            ("overrides", self.overrides),
+            *((f"settings.{name}", args) for name, args in self.settings.items()),
+            *((f"recipe_overrides.{stem}", args) for stem, args in self.recipe_overrides.items()),
+        ]
+        if self.init_from is not None:
+            places.append(("init_from.overrides", self.init_from.overrides))
+        for where, args in places:
+            error = owned_override(where, list(args), owned)
+            if error:
+                return error
+        return None
 
     def run_dir(self, setting: str, folder: str, seed: int) -> Path:
         """Where the run of ``setting``, ``folder`` (a recipe's stem, or ``init_from``'s
