@@ -4,11 +4,17 @@ that records none has an unknown budget, flagged, never a measured 0."""
 
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 
 import pytest
+import yaml
+from conftest import tiny_overrides
+from test_compare_changed import digits_folder
 from test_reporting import _budget_run, write_run
+
+from fedlit.cli import main
 
 from fedlit.data import FederatedDataModule
 from fedlit.federation import Federation, FederationConfig
@@ -17,6 +23,13 @@ from fedlit.models import Architecture
 from fedlit.reporting import find_runs, load_run, summarize, to_markdown
 from fedlit.reporting.confounds import MIXED_WARM_START, UNKNOWN_BUDGET, server_budget
 from fedlit.run_layout import BUDGET_KEY
+
+REPO = Path(__file__).parents[1]
+
+
+def _csv(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
 
 
 def _data(root: Path) -> FederatedDataModule:
@@ -125,3 +138,72 @@ def test_the_record_wins_over_the_config(tmp_path: Path, record: dict[str, objec
     (run_dir / "run.json").write_text(json.dumps(meta))
     (row,) = summarize([load_run(run_dir)])
     assert row.server_epochs == (15.0 if record else 6.0)
+
+
+def _example_spec() -> dict[str, object]:
+    """docs/comparing.md's example spec, as the page gives it."""
+    page = (REPO / "docs" / "comparing.md").read_text()
+    text = page.split("cat > my_comparison.yaml <<'YAML'\n", 1)[1].split("\nYAML\n", 1)[0]
+    return dict(yaml.safe_load(text))
+
+
+def test_the_example_spec_of_the_comparing_page_has_equal_budgets(
+    fmnist_root: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The page's example compares FedAvg-FixMatch and FedSEAL at equal server budgets by its
+    ``recipe_overrides`` (FedSEAL without its bootstrap, FedAvg-FixMatch's two server steps a
+    round at half the epochs): run on tiny data (its budgets as they are, one round, one
+    setting), no row is flagged for its server budget."""
+    spec = _example_spec()
+    tiny = [a for a in tiny_overrides(fmnist_root) if not a.startswith("--federation.server_")]
+    spec |= {
+        "out": str(tmp_path / "out"),
+        "seeds": [0],
+        "settings": {"iid": []},
+        "overrides": [*spec["overrides"], *tiny],  # type: ignore[list-item]
+        "wandb": None,
+    }
+    path = tmp_path / "example.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    monkeypatch.chdir(REPO)
+    main(["compare", f"--config={path}"])
+    shown = capsys.readouterr().out
+    assert "| fedavg_fixmatch | 10 (2 x 5) |" in shown and "| fedseal | 10 (1 x 10) |" in shown
+    assert "server budget" not in shown
+
+
+def test_the_folder_spec_flags_the_budgets_its_page_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """recipes/comparisons/your_folder_warm.yaml on a digits-like folder (one round, one
+    setting and seed, a short plateau): the rows flagged for their server budget are those
+    docs/which-method.md names, FedAvg-FixMatch and the joint centralized reference (a server
+    step and a fine-tune a round against the others' one)."""
+    spec = dict(yaml.safe_load((REPO / "recipes/comparisons/your_folder_warm.yaml").read_text()))
+    data = digits_folder(tmp_path / "digits", per_class=20)
+    init = dict(spec["init_from"])  # type: ignore[arg-type]
+    init["overrides"] = [*init["overrides"], "--federation.server_epochs=2"]
+    small = ["--data.num_clients=2", "--data.labeled_per_class=3", "--data.val_per_class=1"]
+    small += ["--data.client_batch_size=8", "--data.hflip=false", "--federation.rounds=1"]
+    small += ["--federation.clients_per_round=2", f"--data.root={tmp_path / 'cache'}"]
+    spec |= {
+        "out": str(tmp_path / "out"),
+        "seeds": [0],
+        "jobs": 1,
+        "settings": {"iid": []},
+        "init_from": init,
+        "overrides": [*spec["overrides"], f"--data.path={data}", *small],  # type: ignore[list-item]
+    }
+    path = tmp_path / "folder.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    monkeypatch.chdir(REPO)
+    main(["compare", f"--config={path}"])
+    rows = {row["method"]: row["flags"] for row in _csv(tmp_path / "out" / "your_folder_warm.csv")}
+    flagged = {method for method, flags in rows.items() if "server budget" in flags}
+    assert flagged == {"fedavg_fixmatch", "centralized_fixmatch_joint"}, rows
+    assert rows["centralized_fixmatch_joint"].startswith("server budget: 2 epochs vs 1 epochs")
+    page = (REPO / "docs" / "which-method.md").read_text()
+    assert "`server budget: 20 epochs vs 10 epochs`" in page
