@@ -111,18 +111,27 @@ def test_a_warm_started_comparison_of_two_seeds_is_reused_unchanged(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The settings a run is checked by are its own: its seed and its seed's warm start
-    (``init_from``), not the first seed's; a re-run of the same spec skips every run."""
-    spec = _spec(
-        tmp_path,
-        seeds=[0, 1],
-        recipes=[str(REPO / "recipes/server_sl.yaml")],
-        baseline=None,
-        init_from={"recipe": str(REPO / "recipes/server_sl.yaml")},
-    )
+    (``init_from``), not the first seed's; a re-run of the same spec skips every run. A
+    changed source run is refused; re-run on request, the runs that start from it are run
+    afresh too (their settings did not change, their source did)."""
+    source = {"recipe": str(REPO / "recipes/server_sl.yaml"), "folder": "plateau"}
+    given = {"seeds": [0, 1], "recipes": [str(REPO / "recipes/server_sl.yaml")], "baseline": None}
+    spec = _spec(tmp_path, **given, init_from=source)
     main(["compare", f"--config={spec}"])
     capsys.readouterr()
     main(["compare", f"--config={spec}"])
     assert capsys.readouterr().out.count("finished, skipped") == 4
+    longer = source | {"overrides": ["--federation.server_epochs=2"]}
+    spec = _spec(tmp_path, **given, init_from=longer)
+    err = refused(["compare", f"--config={spec}"], capsys)
+    plateau = tmp_path / "out" / "default" / "plateau" / "seed0"
+    assert f"{plateau} (and 1 other run(s)): written with other settings" in err
+    main(["compare", f"--config={spec}", "--rerun_changed=true"])
+    shown = capsys.readouterr().out
+    assert "finished, skipped" not in shown
+    for folder in ("plateau", "server_sl"):
+        for seed in (0, 1):
+            assert (tmp_path / "out" / "default" / folder / f"seed{seed}.changed1").is_dir()
 
 
 @pytest.mark.parametrize(

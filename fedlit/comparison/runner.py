@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from pathlib import Path
@@ -82,15 +82,23 @@ def changed_runs(
     runs: Sequence[PlannedRun],
     rounds: Mapping[PlannedRun, int],
     settings: Mapping[PlannedRun, dict[str, Any]],
+    renewed: Collection[tuple[str, int]] = (),
 ) -> dict[PlannedRun, str]:
     """The runs written already (finished, or to resume) whose recorded settings (their
     checkpoint's flat config) differ from what the spec now gives them (``settings``: each
     run's flat config as ``fedlit fit`` would record it), each with its first differing
-    setting in words. The comparison is a resume's (:func:`changed_settings`); the seed is
-    the run's own."""
+    setting in words. The comparison is a resume's
+    (:func:`~fedlit.federation.resume.changed_settings`); the seed and the warm start's
+    source are the run's own. A run of a setting and seed in ``renewed``, whose warm start's
+    source is run afresh, has changed too."""
     changed = {}
     for run in runs:
-        if run not in settings or run_state(run, rounds[run]) not in ("finished", "resumable"):
+        if run_state(run, rounds[run]) not in ("finished", "resumable"):
+            continue
+        if (run.setting, run.seed) in renewed:
+            changed[run] = "its warm start's source (federation.init_from) is run afresh"
+            continue
+        if run not in settings:
             continue
         saved = checkpoint_settings(run.run_dir / CHECKPOINT)
         given = settings[run] | {"seed_everything": run.seed}
@@ -140,6 +148,7 @@ def execute(
     children: Children | None = None,
     settings: Mapping[PlannedRun, dict[str, Any]] | None = None,
     rerun_changed: bool = False,
+    renewed: Collection[tuple[str, int]] = (),
 ) -> dict[str, int]:
     """Run what is not finished, ``jobs`` at a time; returns how many runs were run, resumed
     and skipped. With ``jobs > 1`` a failed run stops new ones from starting, lets the running
@@ -148,7 +157,8 @@ def execute(
     anything runs if a live process holds a run directory's lock, or if a run written already
     has other settings than the spec gives it (``settings``: each run's flat config;
     :func:`changed_runs`), naming the run and the first setting that differs; with
-    ``rerun_changed``, such a run is set aside in ``<run>.changed<n>`` and run afresh."""
+    ``rerun_changed``, such a run is set aside in ``<run>.changed<n>`` and run afresh, as is
+    one whose warm start's source is (``renewed``: its setting and seed)."""
     counts = {"run": 0, "resumed": 0, "skipped": 0}
     todo: list[list[str]] = []
     for run in runs:  # a run directory a live process writes: refused before anything runs
@@ -159,7 +169,7 @@ def execute(
             raise Refused(
                 f"{err} (a fit of an earlier fedlit compare may still be running)"
             ) from None
-    changed = changed_runs(runs, rounds, settings or {})
+    changed = changed_runs(runs, rounds, settings or {}, renewed)
     if not rerun_changed:
         refuse_changed(changed)
     for run in changed:
@@ -267,9 +277,13 @@ def run_comparison(
         threads = max(1, available_cores() // comparison.jobs)
         children = Children()
         fit = fit_in_subprocess(Path(comparison.out) / "logs", threads, children)
+    # a source run afresh: the runs that start from it, too
+    renewed = {(r.setting, r.seed) for r in changed_runs(sources, per_run, given)}
     if sources:  # the runs the others start from, first
         execute(sources, per_run, fit, log, comparison.jobs, children, given, rerun_changed)
-    counts = execute(runs, per_run, fit, log, comparison.jobs, children, given, rerun_changed)
+    counts = execute(
+        runs, per_run, fit, log, comparison.jobs, children, given, rerun_changed, renewed
+    )
     minutes = (time.perf_counter() - start) / 60
     records = [load_run(run.run_dir) for run in runs]
     short = last_k_warning(records, comparison.last_k)
