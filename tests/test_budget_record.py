@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -140,7 +141,7 @@ def test_the_record_wins_over_the_config(tmp_path: Path, record: dict[str, objec
     assert row.server_epochs == (15.0 if record else 6.0)
 
 
-def _example_spec() -> dict[str, object]:
+def _example_spec() -> dict[str, Any]:
     """docs/comparing.md's example spec, as the page gives it."""
     page = (REPO / "docs" / "comparing.md").read_text()
     text = page.split("cat > my_comparison.yaml <<'YAML'\n", 1)[1].split("\nYAML\n", 1)[0]
@@ -163,7 +164,7 @@ def test_the_example_spec_of_the_comparing_page_has_equal_budgets(
         "out": str(tmp_path / "out"),
         "seeds": [0],
         "settings": {"iid": []},
-        "overrides": [*spec["overrides"], *tiny],  # type: ignore[list-item]
+        "overrides": [*spec["overrides"], *tiny],
         "wandb": None,
     }
     path = tmp_path / "example.yaml"
@@ -182,9 +183,10 @@ def test_the_folder_spec_flags_the_budgets_its_page_names(
     setting and seed, a short plateau): the rows flagged for their server budget are those
     docs/which-method.md names, FedAvg-FixMatch and the joint centralized reference (a server
     step and a fine-tune a round against the others' one)."""
-    spec = dict(yaml.safe_load((REPO / "recipes/comparisons/your_folder_warm.yaml").read_text()))
+    recipe = REPO / "recipes/comparisons/your_folder_warm.yaml"
+    spec: dict[str, Any] = yaml.safe_load(recipe.read_text())
     data = digits_folder(tmp_path / "digits", per_class=20)
-    init = dict(spec["init_from"])  # type: ignore[arg-type]
+    init = dict(spec["init_from"])
     init["overrides"] = [*init["overrides"], "--federation.server_epochs=2"]
     small = ["--data.num_clients=2", "--data.labeled_per_class=3", "--data.val_per_class=1"]
     small += ["--data.client_batch_size=8", "--data.hflip=false", "--federation.rounds=1"]
@@ -195,7 +197,7 @@ def test_the_folder_spec_flags_the_budgets_its_page_names(
         "jobs": 1,
         "settings": {"iid": []},
         "init_from": init,
-        "overrides": [*spec["overrides"], f"--data.path={data}", *small],  # type: ignore[list-item]
+        "overrides": [*spec["overrides"], f"--data.path={data}", *small],
     }
     path = tmp_path / "folder.yaml"
     path.write_text(yaml.safe_dump(spec))
