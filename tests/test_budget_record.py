@@ -16,7 +16,6 @@ from test_compare_changed import digits_folder
 from test_reporting import _budget_run, write_run
 
 from fedlit.cli import main
-
 from fedlit.data import FederatedDataModule
 from fedlit.federation import Federation, FederationConfig
 from fedlit.methods import FedAvgFixMatch, FedSEAL, ServerSL

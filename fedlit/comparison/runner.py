@@ -36,8 +36,8 @@ from fedlit.comparison.plan import (
 )
 from fedlit.comparison.report import about_lines, log_to_wandb, terminal_table, write_report
 from fedlit.comparison.spec import Comparison
-from fedlit.federation.children import Children
 from fedlit.federation.checkpoint import checkpoint_settings
+from fedlit.federation.children import Children
 from fedlit.federation.console import warn
 from fedlit.federation.resume import changed_settings
 from fedlit.federation.rundir import holding, set_aside_dead_run

@@ -8,7 +8,6 @@ from pathlib import Path
 
 from fedlit.run_layout import MAX_SEED, write_path_error
 
-
 #: The ``fedlit fit`` settings a comparison gives each run itself, and what to give instead:
 #: an override of one would be overridden in turn (or the run would go elsewhere), while the
 #: report listed it as given.
@@ -25,9 +24,7 @@ def _set_key(arg: str) -> str:
     return arg[2:].split("=", 1)[0] if arg.startswith("--") else ""
 
 
-def owned_override(
-    where: str, args: list[str], owned: dict[str, str]
-) -> str | None:
+def owned_override(where: str, args: list[str], owned: dict[str, str]) -> str | None:
     """The refusal of the first of ``args`` (the overrides at ``where``) that sets one of the
     settings the comparison sets itself (``owned``: setting -> why), or a key inside it;
     None where none does."""
