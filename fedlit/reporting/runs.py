@@ -3,7 +3,8 @@
 A run directory holds ``config.yaml`` (the resolved config), ``metrics.csv`` (one row per
 logged round; round 0 is the partition summary) and, when the comparison command made it,
 ``run.json`` naming its method, setting and seed (the federation driver writes the method,
-seed and rounds there too, so runs made through the Python API, without config.yaml, read back).
+seed and rounds there too, and the server's budget, so runs made through the Python API,
+without config.yaml, read back).
 """
 
 from __future__ import annotations
