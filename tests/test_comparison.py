@@ -277,43 +277,89 @@ def _wandb_records(run_file: Path) -> list[dict]:
 
 
 def test_compare_logs_to_wandb_offline(
-    fmnist_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    fmnist_root: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
 ) -> None:
     monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.delenv("WANDB_SILENT", raising=False)  # W&B's own console lines are checked
+    monkeypatch.delenv("WANDB_QUIET", raising=False)
     spec = _spec(
         tmp_path,
         fmnist_root,
-        recipes=[str(REPO / "recipes/fedavg_fixmatch.yaml")],
+        recipes=[str(REPO / "recipes/server_sl.yaml"), str(REPO / "recipes/fedavg_fixmatch.yaml")],
         seeds=[0, 1],
+        baseline="server_sl",
         wandb={"project": "fedlit-test", "offline": True},
     )
     main(["compare", f"--config={spec}"])
-    for seed in (0, 1):  # each run of the comparison is a W&B run of its own, in one group
-        run_dir = tmp_path / f"out/default/fedavg_fixmatch/seed{seed}"
-        (run_file,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
-        records = _wandb_records(run_file)
-        run = next(r["run"] for r in records if r["type"] == "run")
-        assert run["run_group"] == "tiny"
-        assert {"fedavg_fixmatch", "default", f"seed{seed}"} <= set(run["tags"])
-        config: dict = {}
-        for r in records:
-            if r["type"] == "run":
-                config |= r["run"].get("config", {}).get("update", {})
-            if r["type"] == "config":
-                config |= r["config"].get("update", {})
-        assert config["seed_everything"] == seed  # the full resolved config
-        assert config["model.init_args.loss.tau"] == 0.9  # the recipe's
-        assert config["data.examples_per_client"] == 32
-        history = [r["history"]["item"] for r in records if r["type"] == "history"]
-        assert any("partition/R" in h for h in history)  # the partition summary
-        assert sum("test/acc" in h for h in history) == 2  # two rounds, this run's only
-        files = [f["path"] for r in records if r["type"] == "files" for f in r["files"]["files"]]
-        assert any(p.startswith("media/images/partition") for p in files)  # partition plot
+    console = capfd.readouterr()
+    shown = console.out + console.err
+    assert "wandb: Run data is saved locally" in shown  # W&B spoke, in its essentials only:
+    assert "Run summary" not in shown and "Run history" not in shown  # no per-run block
+    assert "anonymous" not in shown  # no warning of a setting nobody gave
+    assert "environment variables will be ignored" not in shown
+    out_lines = [line for line in console.out.splitlines() if line.strip()]
+    assert out_lines[-1].startswith("{") and out_lines[-2].startswith("| ")  # the table last
+    for method in ("server_sl", "fedavg_fixmatch"):
+        for seed in (0, 1):  # each run of the comparison is a W&B run of its own, in one group
+            run_dir = tmp_path / f"out/default/{method}/seed{seed}"
+            (run_file,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
+            records = _wandb_records(run_file)
+            run = next(r["run"] for r in records if r["type"] == "run")
+            assert run["run_group"] == "tiny"
+            assert run["job_type"] == method  # W&B's runs table groups each method's runs
+            assert {method, "default", f"seed{seed}"} <= set(run["tags"])
+            config: dict = {}
+            for r in records:
+                if r["type"] == "run":
+                    config |= r["run"].get("config", {}).get("update", {})
+                if r["type"] == "config":
+                    config |= r["config"].get("update", {})
+            assert config["seed_everything"] == seed  # the full resolved config
+            assert config["setting"] == "default" and config["method"] == method
+            assert config["data.examples_per_client"] == 32
+            declared = {
+                r["metric"]["name"]: r["metric"].get("summary")
+                for r in records
+                if r["type"] == "metric" and "name" in r["metric"]
+            }
+            assert declared["val/acc"] == {"max": True}
+            assert declared["test/acc"] == {"last": True}
+            summary: dict = {}
+            for r in records:
+                if r["type"] == "summary":
+                    summary |= r["summary"].get("update", {})
+            vals = [
+                float(row["val/acc"])
+                for row in _csv(run_dir / "metrics.csv")
+                if row.get("val/acc")
+            ]
+            assert summary["val/acc"] == {"max": pytest.approx(max(vals))}
+            history = [r["history"]["item"] for r in records if r["type"] == "history"]
+            assert any("partition/R" in h for h in history)  # the partition summary
+            assert sum("test/acc" in h for h in history) == 2  # two rounds, this run's only
+            files = [
+                f["path"] for r in records if r["type"] == "files" for f in r["files"]["files"]
+            ]
+            assert any(p.startswith("media/images/partition") for p in files)  # partition plot
     (results,) = (tmp_path / "out").glob("wandb/offline-run-*/files/media/table/results_*.json")
     table = json.loads(results.read_text())
-    assert table["columns"][:2] == ["method", "setting"]
-    assert [row[:2] for row in table["data"]] == [["fedavg_fixmatch", "default"]]
+    rows = {row[0]: dict(zip(table["columns"], row, strict=True)) for row in table["data"]}
+    assert table["columns"][:2] == ["method", "setting"] and set(rows) == {
+        "server_sl",
+        "fedavg_fixmatch",
+    }
+    (csv_row,) = [r for r in _csv(tmp_path / "out" / "tiny.csv") if r["method"] == "fedavg_fixmatch"]
+    fixmatch = rows["fedavg_fixmatch"]  # the report's units: percent, points, the bounds
+    assert fixmatch["final_mean"] == pytest.approx(float(csv_row["final_mean"]))
+    assert fixmatch["final_mean"] > 1  # percent, not a fraction
+    mean, half = float(csv_row["delta_mean"]), float(csv_row["delta_ci95"])
+    assert "delta_ci95" not in fixmatch
+    assert fixmatch["delta_ci95_low"] == pytest.approx(mean - half)
+    assert fixmatch["delta_ci95_high"] == pytest.approx(mean + half)
+    assert fixmatch["seeds"] == "0 1"
 
 
 def test_report_and_partition_commands(

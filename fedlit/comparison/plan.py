@@ -110,6 +110,10 @@ def _planned(
 def _wandb_args(
     comparison: Comparison, setting: str, method: str, seed: int, run_dir: Path
 ) -> list[str]:
+    """The run's W&B logger: in the comparison's group, its ``job_type`` the recipe's stem
+    (W&B's runs table groups by it: each method's runs together), the method, setting and seed
+    in its config and tags. (The comparison runs its fits with W&B's ``quiet`` setting:
+    :func:`~fedlit.federation.loggers.quiet_wandb`.)"""
     if comparison.wandb is None:
         return []
     return [
@@ -119,6 +123,7 @@ def _wandb_args(
         f"--trainer.logger.init_args.save_dir={run_dir}",
         f"--trainer.logger.init_args.offline={str(comparison.wandb.offline).lower()}",
         f"--trainer.logger.dict_kwargs.group={comparison.name}",
+        f"--trainer.logger.dict_kwargs.job_type={method}",
         f"--trainer.logger.dict_kwargs.tags=[{method}, {setting}, seed{seed}]",
         f"--trainer.logger.dict_kwargs.config={{method: {method}, setting: {setting}}}",
     ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +14,7 @@ from fedlit.comparison.plan import PlannedRun
 from fedlit.comparison.spec import Comparison
 from fedlit.reporting import (
     FINAL_EVAL_KEYS,
+    ResultRow,
     RunRecord,
     differing_settings,
     load_run,
@@ -25,6 +26,7 @@ from fedlit.reporting import (
     to_markdown,
     write_csv,
 )
+from fedlit.reporting.table import PERCENT_FIELDS
 
 
 def write_report(
@@ -162,8 +164,7 @@ def log_to_wandb(
     import wandb
 
     rows = summarize(runs, target=target, baseline=baseline, last_k=last_k)
-    columns = list(asdict(rows[0]))
-    data: list[list[Any]] = [[_plain(v) for v in asdict(row).values()] for row in rows]
+    columns, data = wandb_table(rows)
     run = wandb.init(
         project=project,
         group=group,
@@ -172,6 +173,7 @@ def log_to_wandb(
         dir=str(save_dir),
         mode="offline" if offline else "online",
         config={"runs": len(runs)},
+        settings={"quiet": True},  # no summary block: the terminal's table comes last
     )
     media: dict[str, Any] = {"results": wandb.Table(columns=list[str | int](columns), data=data)}
     for name, path in written.items():
@@ -183,8 +185,31 @@ def log_to_wandb(
     return directory
 
 
-def _plain(value: Any) -> Any:
-    return list(value) if isinstance(value, tuple) else value
+def wandb_table(rows: Sequence[ResultRow]) -> tuple[list[str], list[list[Any]]]:
+    """The results table as W&B shows it, in the report's units: the columns of
+    ``results.csv`` (the accuracies and their stds in percent, the paired differences in
+    points), except that the paired difference's 95% interval is given by its bounds,
+    ``delta_ci95_low`` and ``delta_ci95_high`` (points), not by its half-width, and the
+    clients' confident fraction is in percent too; seeds, rounds and marks space-joined, flags
+    "; "-joined. Returns the columns and the rows' cells."""
+    columns: list[str] = []
+    for f in fields(ResultRow):
+        columns += ["delta_ci95_low", "delta_ci95_high"] if f.name == "delta_ci95" else [f.name]
+    data = []
+    for row in rows:
+        cells: list[Any] = []
+        for f in fields(ResultRow):
+            value = getattr(row, f.name)
+            if f.name == "delta_ci95":
+                cells += [100 * (row.delta_mean - value), 100 * (row.delta_mean + value)]
+                continue
+            if f.name in PERCENT_FIELDS or f.name == "client_activity":
+                value = 100 * value
+            elif isinstance(value, tuple):
+                value = ("; " if f.name == "flags" else " ").join(map(str, value))
+            cells.append(value)
+        data.append(cells)
+    return columns, data
 
 
 def about_lines(

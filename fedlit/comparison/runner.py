@@ -30,6 +30,7 @@ from fedlit.comparison.report import about_lines, log_to_wandb, terminal_table, 
 from fedlit.comparison.spec import Comparison
 from fedlit.federation.children import Children
 from fedlit.federation.console import warn
+from fedlit.federation.loggers import quiet_wandb
 from fedlit.federation.rundir import holding, set_aside_dead_run
 from fedlit.machine import available_cores
 from fedlit.reporting import last_k_warning, load_run
@@ -181,9 +182,10 @@ def run_comparison(
         threads = max(1, available_cores() // comparison.jobs)
         children = Children()
         fit = fit_in_subprocess(Path(comparison.out) / "logs", threads, children)
-    if sources:  # the runs the others start from, first
-        execute(sources, per_run, fit, log, comparison.jobs, children)
-    counts = execute(runs, per_run, fit, log, comparison.jobs, children)
+    with quiet_wandb():  # no W&B summary block after each run: the table comes last
+        if sources:  # the runs the others start from, first
+            execute(sources, per_run, fit, log, comparison.jobs, children)
+        counts = execute(runs, per_run, fit, log, comparison.jobs, children)
     minutes = (time.perf_counter() - start) / 60
     records = [load_run(run.run_dir) for run in runs]
     short = last_k_warning(records, comparison.last_k)
