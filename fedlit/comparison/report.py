@@ -41,6 +41,7 @@ def write_report(
     baseline: str | None = None,
     last_k: int = 1,
     name: str | None = None,
+    calibration: float | None = None,
 ) -> dict[str, Path]:
     """Write ``results.csv``, ``results.md`` and the plots (``curves.png``, ...) into ``out``,
     or with ``name`` ``<name>.csv``, ``<name>.md`` and ``<name>_curves.png``, ..., so that
@@ -59,6 +60,7 @@ def write_report(
         baseline: the method every other is compared with, seed by seed.
         last_k: each run's score is the mean of its last ``last_k`` rounds' accuracy.
         name: what the files written into ``out`` are named after (None: ``results``).
+        calibration: the protocol's calibration (points): each setting's verdict in words.
 
     Returns:
         name -> path of everything written (``csv``, ``markdown``, ``curves``, ...).
@@ -77,7 +79,9 @@ def write_report(
         written[f"partition_{setting}"] = plot_partition(
             counts, out / f"{prefix}partition_{setting}.png", title=f"partition: {setting}"
         )
-    table = to_markdown(rows, target=target, published=published, baseline=baseline)
+    table = to_markdown(
+        rows, target=target, published=published, baseline=baseline, calibration=calibration
+    )
     table += differing_settings(runs) + warm_starts(runs)
     written["markdown"] = out / f"{stem}.md"
     written["markdown"].write_text(_document(title, about, table, written, out))
@@ -99,11 +103,13 @@ def terminal_table(
     target: float | None = None,
     baseline: str | None = None,
     last_k: int = 1,
+    calibration: float | None = None,
 ) -> str:
     """The report's main tables as the terminal shows them: each setting's results with their
-    flags, summary and server budgets (:func:`~fedlit.reporting.to_markdown`)."""
+    flags, summary (and calibration verdict) and server budgets
+    (:func:`~fedlit.reporting.to_markdown`)."""
     rows = summarize(runs, target=target, baseline=baseline, last_k=last_k)
-    return to_markdown(rows, target=target, baseline=baseline)
+    return to_markdown(rows, target=target, baseline=baseline, calibration=calibration)
 
 
 def warm_starts(runs: Sequence[RunRecord]) -> str:

@@ -204,6 +204,7 @@ def run_comparison(
         baseline=comparison.baseline,
         last_k=comparison.last_k,
         name=comparison.name,
+        calibration=comparison.calibration,
     )
     if comparison.wandb is not None:
         log_to_wandb(
@@ -217,5 +218,8 @@ def run_comparison(
             baseline=comparison.baseline,
             last_k=comparison.last_k,
         )
-    log(terminal_table(records, comparison.target, comparison.baseline, comparison.last_k))
+    table = terminal_table(
+        records, comparison.target, comparison.baseline, comparison.last_k, comparison.calibration
+    )
+    log(table)
     return written
