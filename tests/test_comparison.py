@@ -100,6 +100,7 @@ def test_compare_two_recipes_two_seeds(
     assert float(delta["delta_std"]) == pytest.approx(100 * np.std(diffs, ddof=1))
     text = report.read_text()
     assert "fedlit compare" in text and "80.25" in text and "Tiny protocol." in text
+    assert "4 runs (4 new, 0 resumed, 0 finished before;" in text  # not "4 run"
     assert "| vs server_sl (paired, 95% CI) |" in text and "| baseline |" in text
     assert (report.parent / "tiny_curves.png").is_file()  # the report's plots travel with it
 

@@ -218,6 +218,17 @@ def wandb_table(rows: Sequence[ResultRow]) -> tuple[list[str], list[list[Any]]]:
     return columns, data
 
 
+def run_counts(total: int, counts: Mapping[str, int]) -> str:
+    """How a report's runs came to be, opening a parenthesis its caller closes:
+    ``4 runs (3 new, 1 resumed, 0 finished before`` (``counts``: the runs run,
+    resumed and skipped)."""
+    runs = f"{total} run" + ("" if total == 1 else "s")
+    return (
+        f"{runs} ({counts['run']} new, {counts['resumed']} resumed, {counts['skipped']} "
+        "finished before"
+    )
+
+
 def about_lines(
     comparison: Comparison,
     records: Sequence[RunRecord],
@@ -238,10 +249,9 @@ def about_lines(
     about = [
         *comparison.description,
         "",
-        f"Made by `{command}`: {len(records)} runs ({counts['run']} run, {counts['resumed']} "
-        f"resumed, {counts['skipped']} finished before; this invocation took {minutes:.1f} "
-        f"min; the runs' rounds took {compute:.1f} min in all). Every number below comes "
-        "from those runs.",
+        f"Made by `{command}`: {run_counts(len(records), counts)}; this invocation took "
+        f"{minutes:.1f} min; the runs' rounds took {compute:.1f} min in all). Every number "
+        "below comes from those runs.",
         "",
         f"- recipes: {', '.join(f'`{r}`' for r in comparison.recipes)}",
         f"- seeds: {list(comparison.seeds)}",
@@ -290,7 +300,9 @@ def _source_lines(comparison: Comparison, sources: Sequence[PlannedRun]) -> list
         f"- *warm start*: every run starts (`federation.init_from`) from the final network of "
         f"`{source.recipe}` with `{' '.join(source.overrides) or '(no overrides)'}` (after "
         "the comparison's and the setting's overrides), run once per setting and seed, before "
-        f"the others, in `{comparison.out}/<setting>/{source.folder}/seed<k>`; its test/acc "
+        f"the others, in `{comparison.out}/<setting>/{source.folder}/seed<k>` (one for "
+        "the settings that change only the clients' partition, where it trains no clients: "
+        "the same server data, the same weights); its test/acc "
         f"(%): {'; '.join(scores)}. The *Warm starts* table names each source's weights by "
         "their SHA-256.",
     ]

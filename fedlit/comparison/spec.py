@@ -28,6 +28,8 @@ class SourceRun:
     """The run every run of a comparison starts from (``federation.init_from``): the recipe
     run once per setting and seed, before the others, in ``<out>/<setting>/<folder>/seed<k>``,
     with the comparison's overrides, the setting's, then its own (which win), and the seed.
+    Settings that differ only in the clients' partition share one, seed by seed, where its
+    method trains no clients (:func:`~fedlit.comparison.plan.source_settings`).
 
     Args:
         recipe: its recipe file (e.g. a Server-SL trained to its plateau).
