@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -264,6 +265,19 @@ def test_compare_bad_input_stops_before_any_run(
         main(["compare", f"--config={_spec(tmp_path, fmnist_root, name='a/b')}"])
     assert exc.value.code == 2 and "name='a/b'" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_calibration_needs_a_baseline_and_a_number(tmp_path: Path) -> None:
+    """``calibration`` (points) judges the oracle's difference from the baseline: without a
+    baseline, or not a finite number, the spec is refused naming it."""
+    recipes = [str(REPO / "recipes/server_sl.yaml"), str(REPO / "recipes/fedavg_sl.yaml")]
+    spec = {"name": "c", "recipes": recipes, "out": str(tmp_path / "out")}
+    with pytest.raises(ValueError, match=r"calibration=5: give a baseline"):
+        Comparison(**spec, calibration=5)
+    for bad in ("five", math.nan, True):
+        with pytest.raises(ValueError, match=r"calibration must be a number of points"):
+            Comparison(**spec, baseline="server_sl", calibration=bad)
+    assert Comparison(**spec, baseline="server_sl", calibration=5).calibration == 5
 
 
 def _wandb_records(run_file: Path) -> list[dict]:

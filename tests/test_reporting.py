@@ -578,6 +578,11 @@ def test_the_calibration_verdict_reads_the_oracles_interval(tmp_path: Path) -> N
     text = to_markdown(rows, baseline="B", calibration=5)
     assert "- " + calibration_verdict(rows, 5) in text  # under the setting's table
     assert "Calibration" not in to_markdown(rows, baseline="B")  # only where asked
+    from fedlit.cli import main
+
+    out = tmp_path.parent / f"{tmp_path.name}_report"
+    main(["report", str(tmp_path), "--baseline=B", "--calibration=5", f"--out={out}"])
+    assert calibration_verdict(rows, 5) in (out / "results.md").read_text()
 
 
 def _flat_run(
