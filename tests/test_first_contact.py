@@ -90,7 +90,7 @@ def test_fit_says_what_it_does_before_importing_torch(tmp_path: Path) -> None:
     assert starting_line(["report", "runs/x"]) is None
     assert starting_line(["fit", "--model.help", "FedSEAL"]) is None
     compare = starting_line(["compare", "--config", "spec.yaml"])  # 6-10 s of imports follow
-    assert compare is not None and compare.startswith("fedlit compare: a comparison")
+    assert compare is not None and compare.startswith("fedlit compare: running a comparison from spec.yaml;")
     assert "spec.yaml" in compare
     process = subprocess.Popen(
         [sys.executable, "-m", "fedlit", "fit", "--config", "recipes/quickstart.yaml"],

@@ -227,7 +227,7 @@ def config_paths(argv: Sequence[str]) -> Iterator[str]:
 _DOING = {
     "fit": "training a federation",
     "test": "testing a checkpoint",
-    "compare": "a comparison, each run checked before the first starts",
+    "compare": "running a comparison",
 }
 
 
