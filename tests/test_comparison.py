@@ -347,9 +347,7 @@ def test_compare_logs_to_wandb_offline(
                 if r["type"] == "summary":
                     summary |= r["summary"].get("update", {})
             vals = [
-                float(row["val/acc"])
-                for row in _csv(run_dir / "metrics.csv")
-                if row.get("val/acc")
+                float(row["val/acc"]) for row in _csv(run_dir / "metrics.csv") if row.get("val/acc")
             ]
             assert summary["val/acc"] == {"max": pytest.approx(max(vals))}
             history = [r["history"]["item"] for r in records if r["type"] == "history"]
@@ -366,7 +364,8 @@ def test_compare_logs_to_wandb_offline(
         "server_sl",
         "fedavg_fixmatch",
     }
-    (csv_row,) = [r for r in _csv(tmp_path / "out" / "tiny.csv") if r["method"] == "fedavg_fixmatch"]
+    csv_rows = _csv(tmp_path / "out" / "tiny.csv")
+    (csv_row,) = [r for r in csv_rows if r["method"] == "fedavg_fixmatch"]
     fixmatch = rows["fedavg_fixmatch"]  # the report's units: percent, points, the bounds
     assert fixmatch["final_mean"] == pytest.approx(float(csv_row["final_mean"]))
     assert fixmatch["final_mean"] > 1  # percent, not a fraction

@@ -55,7 +55,9 @@ def test_version_fit_help_and_a_misspelt_command_answer_without_torch(
     setting is listed) and ``fedlit fitt`` (refused naming every command, and the nearest)
     import neither torch nor Lightning."""
     for argv in (["--version"], ["fit", "--help"], ["fitt"]):
-        code = f"from fedlit.cli import main\ntry:\n    main({argv!r})\nexcept SystemExit:\n    pass"
+        code = (
+            f"from fedlit.cli import main\ntry:\n    main({argv!r})\nexcept SystemExit:\n    pass"
+        )
         assert not _imports(code) & {"torch", "lightning", "jsonargparse"}, argv
     with pytest.raises(SystemExit) as end:
         main(["--version"])
@@ -90,7 +92,8 @@ def test_fit_says_what_it_does_before_importing_torch(tmp_path: Path) -> None:
     assert starting_line(["report", "runs/x"]) is None
     assert starting_line(["fit", "--model.help", "FedSEAL"]) is None
     compare = starting_line(["compare", "--config", "spec.yaml"])  # 6-10 s of imports follow
-    assert compare is not None and compare.startswith("fedlit compare: running a comparison from spec.yaml;")
+    assert compare is not None
+    assert compare.startswith("fedlit compare: running a comparison from spec.yaml;")
     assert "spec.yaml" in compare
     process = subprocess.Popen(
         [sys.executable, "-m", "fedlit", "fit", "--config", "recipes/quickstart.yaml"],

@@ -564,8 +564,10 @@ def test_the_calibration_verdict_reads_the_oracles_interval(tmp_path: Path) -> N
     assert calibration_verdict(rows, 5) == (
         need + "**calibrated**: O's +10.00 [+7.52, +12.48], its whole interval at or above +5."
     )
-    assert "**calibrated on the mean only**: O's +10.00 [+7.52, +12.48], the mean at or above "
-    "+9 but the interval reaching below it." in calibration_verdict(rows, 9)
+    assert (
+        "**calibrated on the mean only**: O's +10.00 [+7.52, +12.48], the mean at or above "
+        "+9 but the interval reaching below it."
+    ) in calibration_verdict(rows, 9)
     assert "**not calibrated**: O's +10.00 [+7.52, +12.48] is below +11." in calibration_verdict(
         rows, 11
     )

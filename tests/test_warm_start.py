@@ -473,8 +473,8 @@ def _same_state(a: object, b: object) -> bool:
     if isinstance(a, torch.Tensor):
         return isinstance(b, torch.Tensor) and torch.equal(a, b)
     if isinstance(a, dict):
-        return isinstance(b, dict) and a.keys() == b.keys() and all(
-            _same_state(a[k], b[k]) for k in a
+        return (
+            isinstance(b, dict) and a.keys() == b.keys() and all(_same_state(a[k], b[k]) for k in a)
         )
     if isinstance(a, (list, tuple)):
         return len(a) == len(b) and all(map(_same_state, a, b))  # type: ignore[arg-type]

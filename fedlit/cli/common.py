@@ -176,4 +176,3 @@ def closing_lines(
             "(docs: Which method?)"
         )
     return lines
-

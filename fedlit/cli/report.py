@@ -32,8 +32,8 @@ def report_parser() -> OneLineParser:
 
 def report_main(argv: Sequence[str]) -> None:
     """``fedlit report RUN_OR_FOLDER... [--target 0.8] [--baseline M] [--last_k K]
-    [--calibration POINTS] [--out DIR] [--title T]``: writes the report into ``--out``, prints its main tables, then the written
-    files as JSON."""
+    [--calibration POINTS] [--out DIR] [--title T]``: writes the report into ``--out``,
+    prints its main tables, then the written files as JSON."""
     from fedlit.comparison.report import terminal_table, write_report
     from fedlit.reporting import find_runs, last_k_warning, summarize
 

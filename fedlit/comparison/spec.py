@@ -138,9 +138,11 @@ class Comparison:
                     f"calibration={self.calibration}: give a baseline (the oracle's difference "
                     "from it is what is calibrated)"
                 )
-            if isinstance(self.calibration, bool) or not isinstance(
-                self.calibration, (int, float)
-            ) or not math.isfinite(self.calibration):
+            if (
+                isinstance(self.calibration, bool)
+                or not isinstance(self.calibration, (int, float))
+                or not math.isfinite(self.calibration)
+            ):
                 raise ValueError(
                     f"calibration must be a number of points, got {self.calibration!r}"
                 )

@@ -252,11 +252,11 @@ def to_markdown(
     their 95% interval, ``*`` where it excludes 0). A
     "paper" column is added when ``published`` is given; "finetune" and "linear" columns when
     some row has those final evaluations. With ``baseline``, each table is followed by its
-    ``summary`` (with ``calibration``, its calibration verdict). A "flags" column after the paired difference (without a baseline, after
-    the final accuracy and its mean of the last ``last_k``) says what else could explain a
-    row's result where some row has a flag (:func:`~fedlit.reporting.confounds.row_flags`);
-    each table is followed by its rows' server budgets and clients' contribution
-    (:func:`budget_table`)."""
+    ``summary`` (with ``calibration``, its calibration verdict). A "flags" column after the
+    paired difference (without a baseline, after the final accuracy and its mean of the last
+    ``last_k``) says what else could explain a row's result where some row has a flag
+    (:func:`~fedlit.reporting.confounds.row_flags`); each table is followed by its rows'
+    server budgets and clients' contribution (:func:`budget_table`)."""
     target_label = f"rounds to {100 * target:g}%" if target is not None else "rounds to target"
     last_k = rows[0].last_k if rows else 1
     header = ["method", "seeds", "rounds", "final test/acc"]
