@@ -126,7 +126,8 @@ def plan_sources(comparison: Comparison) -> list[PlannedRun]:
 
 def plan(comparison: Comparison) -> list[PlannedRun]:
     """Every run of ``comparison``, setting by setting, recipe by recipe, seed by seed (each
-    started from its setting's and seed's source run where ``init_from`` is given)."""
+    started from its seed's source run where ``init_from`` is given: its setting's, or the one
+    its setting shares, :func:`source_settings`)."""
     owners = source_settings(comparison)
     return [
         _planned(comparison, recipe, setting, seed, owner=owners[setting])
