@@ -40,6 +40,7 @@ import numpy as np
 from fedlit.cli import main as fedlit_main
 from fedlit.cli import resolve
 from fedlit.comparison.plan import ROOT_DIR_ARG, PlannedRun
+from fedlit.comparison.report import run_counts
 from fedlit.comparison.runner import execute, fit_in_subprocess
 from fedlit.reporting import load_run
 from fedlit.reporting.runs import RunRecord
@@ -382,10 +383,9 @@ def main(argv: Sequence[str] | None = None) -> Path:
     header = [
         "# FedSEAL diagnosis",
         "",
-        f"Made by `{command}`: {len(runs)} runs ({counts['run']} run, {counts['resumed']} "
-        f"resumed, {counts['skipped']} finished before; this invocation took {minutes:.1f} "
-        f"min, the runs' rounds {compute:.1f} min in all). Every number below comes from "
-        "those runs.",
+        f"Made by `{command}`: {run_counts(len(runs), counts)}; this invocation took "
+        f"{minutes:.1f} min, the runs' rounds {compute:.1f} min in all). Every number below "
+        "comes from those runs.",
         "",
         f"- FedSEAL recipe: `{args.recipe}`; lower bound: `{args.baseline}`",
         f"- seeds: {args.seeds}; every run: `{' '.join(overrides) or '(no overrides)'}`; "

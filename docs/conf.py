@@ -66,7 +66,8 @@ html_theme_options = {
     "page_width": "1100px",
 }
 html_title = f"fedlit {release}"
-html_static_path: list[str] = []
+html_static_path = ["_static"]
+html_css_files = ["fedlit.css"]  # code blocks wrap their long lines
 html_show_sourcelink = False
 # Signatures name types in full (``typing.Any``, not ``~typing.Any``, which a string annotation
 # could not carry) and show them short where they link.

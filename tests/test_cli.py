@@ -113,8 +113,16 @@ def test_recipe_runs_one_tiny_round(
     run_dir = tmp_path / "run"
     tiny_round = tiny(tmp_path / "data", run_dir, recipe, dataset="synthetic")
     main(["fit", f"--config={recipe}", *tiny_round])
-    final = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    printed = capsys.readouterr()
+    final = json.loads(printed.out.strip().splitlines()[-1])
     assert 0.0 <= final["test/acc"] <= 1.0
+    # then, in words: the rounds, test/acc in percent, and the baseline to beat and how
+    closing = printed.err.strip().splitlines()
+    rounds = int(final["round"])
+    done = [line for line in closing if line.startswith(f"fedlit fit: {rounds} rounds in ")]
+    assert done and f"test/acc {100 * final['test/acc']:.2f}% at the last round" in done[0]
+    server_only = "fedlit.methods.ServerSL" in recipe.read_text()
+    assert any("--model=fedlit.methods.ServerSL" in line for line in closing) != server_only
     assert (run_dir / "metrics.csv").is_file()
     assert (run_dir / "config.yaml").is_file()
     assert (run_dir / "checkpoints" / "last.ckpt").is_file()

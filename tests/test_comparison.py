@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -100,6 +101,7 @@ def test_compare_two_recipes_two_seeds(
     assert float(delta["delta_std"]) == pytest.approx(100 * np.std(diffs, ddof=1))
     text = report.read_text()
     assert "fedlit compare" in text and "80.25" in text and "Tiny protocol." in text
+    assert "4 runs (4 new, 0 resumed, 0 finished before;" in text  # not "4 run"
     assert "| vs server_sl (paired, 95% CI) |" in text and "| baseline |" in text
     assert (report.parent / "tiny_curves.png").is_file()  # the report's plots travel with it
 
@@ -269,6 +271,19 @@ def test_compare_bad_input_stops_before_any_run(
     assert not (tmp_path / "out").exists()
 
 
+def test_a_calibration_needs_a_baseline_and_a_number(tmp_path: Path) -> None:
+    """``calibration`` (points) judges the oracle's difference from the baseline: without a
+    baseline, or not a finite number, the spec is refused naming it."""
+    recipes = [str(REPO / "recipes/server_sl.yaml"), str(REPO / "recipes/fedavg_sl.yaml")]
+    spec = {"name": "c", "recipes": recipes, "out": str(tmp_path / "out")}
+    with pytest.raises(ValueError, match=r"calibration=5: give a baseline"):
+        Comparison(**spec, calibration=5)
+    for bad in ("five", math.nan, True):
+        with pytest.raises(ValueError, match=r"calibration must be a number of points"):
+            Comparison(**spec, baseline="server_sl", calibration=bad)
+    assert Comparison(**spec, baseline="server_sl", calibration=5).calibration == 5
+
+
 def _wandb_records(run_file: Path) -> list[dict]:
     """The records of an offline run's transaction log, read by wandb's own inspector."""
     out = subprocess.run(
@@ -281,43 +296,88 @@ def _wandb_records(run_file: Path) -> list[dict]:
 
 
 def test_compare_logs_to_wandb_offline(
-    fmnist_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    fmnist_root: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
 ) -> None:
     monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.delenv("WANDB_SILENT", raising=False)  # W&B's own console lines are checked
+    monkeypatch.delenv("WANDB_QUIET", raising=False)
     spec = _spec(
         tmp_path,
         fmnist_root,
-        recipes=[str(REPO / "recipes/fedavg_fixmatch.yaml")],
+        recipes=[str(REPO / "recipes/server_sl.yaml"), str(REPO / "recipes/fedavg_fixmatch.yaml")],
         seeds=[0, 1],
+        baseline="server_sl",
         wandb={"project": "fedlit-test", "offline": True},
     )
     main(["compare", f"--config={spec}"])
-    for seed in (0, 1):  # each run of the comparison is a W&B run of its own, in one group
-        run_dir = tmp_path / f"out/default/fedavg_fixmatch/seed{seed}"
-        (run_file,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
-        records = _wandb_records(run_file)
-        run = next(r["run"] for r in records if r["type"] == "run")
-        assert run["run_group"] == "tiny"
-        assert {"fedavg_fixmatch", "default", f"seed{seed}"} <= set(run["tags"])
-        config: dict = {}
-        for r in records:
-            if r["type"] == "run":
-                config |= r["run"].get("config", {}).get("update", {})
-            if r["type"] == "config":
-                config |= r["config"].get("update", {})
-        assert config["seed_everything"] == seed  # the full resolved config
-        assert config["model.init_args.loss.tau"] == 0.9  # the recipe's
-        assert config["data.examples_per_client"] == 32
-        history = [r["history"]["item"] for r in records if r["type"] == "history"]
-        assert any("partition/R" in h for h in history)  # the partition summary
-        assert sum("test/acc" in h for h in history) == 2  # two rounds, this run's only
-        files = [f["path"] for r in records if r["type"] == "files" for f in r["files"]["files"]]
-        assert any(p.startswith("media/images/partition") for p in files)  # partition plot
+    console = capfd.readouterr()
+    shown = console.out + console.err
+    assert "wandb: Run data is saved locally" in shown  # W&B spoke, in its essentials only:
+    assert "Run summary" not in shown and "Run history" not in shown  # no per-run block
+    assert "anonymous" not in shown  # no warning of a setting nobody gave
+    assert "environment variables will be ignored" not in shown
+    out_lines = [line for line in console.out.splitlines() if line.strip()]
+    assert out_lines[-1].startswith("{") and out_lines[-2].startswith("| ")  # the table last
+    for method in ("server_sl", "fedavg_fixmatch"):
+        for seed in (0, 1):  # each run of the comparison is a W&B run of its own, in one group
+            run_dir = tmp_path / f"out/default/{method}/seed{seed}"
+            (run_file,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
+            records = _wandb_records(run_file)
+            run = next(r["run"] for r in records if r["type"] == "run")
+            assert run["run_group"] == "tiny"
+            assert run["job_type"] == method  # W&B's runs table groups each method's runs
+            assert {method, "default", f"seed{seed}"} <= set(run["tags"])
+            config: dict = {}
+            for r in records:
+                if r["type"] == "run":
+                    config |= r["run"].get("config", {}).get("update", {})
+                if r["type"] == "config":
+                    config |= r["config"].get("update", {})
+            assert config["seed_everything"] == seed  # the full resolved config
+            assert config["setting"] == "default" and config["method"] == method
+            assert config["data.examples_per_client"] == 32
+            declared = {
+                r["metric"]["name"]: r["metric"].get("summary")
+                for r in records
+                if r["type"] == "metric" and "name" in r["metric"]
+            }
+            assert declared["val/acc"] == {"max": True}
+            assert declared["test/acc"] == {"last": True}
+            summary: dict = {}
+            for r in records:
+                if r["type"] == "summary":
+                    summary |= r["summary"].get("update", {})
+            vals = [
+                float(row["val/acc"]) for row in _csv(run_dir / "metrics.csv") if row.get("val/acc")
+            ]
+            assert summary["val/acc"] == {"max": pytest.approx(max(vals))}
+            history = [r["history"]["item"] for r in records if r["type"] == "history"]
+            assert any("partition/R" in h for h in history)  # the partition summary
+            assert sum("test/acc" in h for h in history) == 2  # two rounds, this run's only
+            files = [
+                f["path"] for r in records if r["type"] == "files" for f in r["files"]["files"]
+            ]
+            assert any(p.startswith("media/images/partition") for p in files)  # partition plot
     (results,) = (tmp_path / "out").glob("wandb/offline-run-*/files/media/table/results_*.json")
     table = json.loads(results.read_text())
-    assert table["columns"][:2] == ["method", "setting"]
-    assert [row[:2] for row in table["data"]] == [["fedavg_fixmatch", "default"]]
+    rows = {row[0]: dict(zip(table["columns"], row, strict=True)) for row in table["data"]}
+    assert table["columns"][:2] == ["method", "setting"] and set(rows) == {
+        "server_sl",
+        "fedavg_fixmatch",
+    }
+    csv_rows = _csv(tmp_path / "out" / "tiny.csv")
+    (csv_row,) = [r for r in csv_rows if r["method"] == "fedavg_fixmatch"]
+    fixmatch = rows["fedavg_fixmatch"]  # the report's units: percent, points, the bounds
+    assert fixmatch["final_mean"] == pytest.approx(float(csv_row["final_mean"]))
+    assert fixmatch["final_mean"] > 1  # percent, not a fraction
+    mean, half = float(csv_row["delta_mean"]), float(csv_row["delta_ci95"])
+    assert "delta_ci95" not in fixmatch
+    assert fixmatch["delta_ci95_low"] == pytest.approx(mean - half)
+    assert fixmatch["delta_ci95_high"] == pytest.approx(mean + half)
+    assert fixmatch["seeds"] == "0 1"
 
 
 def test_report_and_partition_commands(

@@ -65,7 +65,7 @@ def test_diagnosis_runs_the_ablations_and_reports_their_rows(
     written = script.main(argv)
     text = written.read_text()
     assert (tmp_path / "docs" / "fedseal.md").read_text() == text
-    assert "4 runs (4 run, 0 resumed, 0 finished before" in text
+    assert "4 runs (4 new, 0 resumed, 0 finished before" in text
     # the FedSEAL runs got their own override, Server-SL did not (it would refuse it)
     full = _rows(out / "full" / "seed0")
     ablation = _rows(out / "no_negative_learning" / "seed0")
@@ -104,7 +104,7 @@ def test_diagnosis_runs_the_ablations_and_reports_their_rows(
     # a second invocation finds every run finished and runs nothing
     capsys.readouterr()
     again = script.main(argv).read_text()
-    assert "4 runs (0 run, 0 resumed, 4 finished before" in again
+    assert "4 runs (0 new, 0 resumed, 4 finished before" in again
 
 
 @pytest.mark.parametrize(

@@ -18,6 +18,7 @@ import yaml
 from test_image_cache import SIZE, photo, write_png
 from test_progress import _tiny
 
+import fedlit
 from fedlit.cli import main, starting_line
 from fedlit.data import FederatedDataModule
 from fedlit.federation.callbacks import Announce
@@ -47,6 +48,35 @@ def test_fedlit_help_imports_neither_torch_nor_lightning() -> None:
     assert not loaded & {"torch", "lightning", "jsonargparse", "numpy"}
 
 
+def test_version_fit_help_and_a_misspelt_command_answer_without_torch(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``fedlit --version``, ``fedlit fit --help`` (the recipe's groups, and where every
+    setting is listed) and ``fedlit fitt`` (refused naming every command, and the nearest)
+    import neither torch nor Lightning."""
+    for argv in (["--version"], ["fit", "--help"], ["fitt"]):
+        code = (
+            f"from fedlit.cli import main\ntry:\n    main({argv!r})\nexcept SystemExit:\n    pass"
+        )
+        assert not _imports(code) & {"torch", "lightning", "jsonargparse"}, argv
+    with pytest.raises(SystemExit) as end:
+        main(["--version"])
+    assert end.value.code == 0 and capsys.readouterr().out == f"fedlit {fedlit.__version__}\n"
+    with pytest.raises(SystemExit) as end:
+        main(["fit", "--help"])
+    shown = capsys.readouterr().out
+    assert end.value.code == 0 and len(shown.splitlines()) < 40
+    for group in ("model", "data", "federation", "trainer", "seed_everything"):
+        assert f"\n  {group} " in shown, group
+    assert "fedlit fit --config recipes/quickstart.yaml --help" in shown
+    with pytest.raises(SystemExit) as end:
+        main(["fitt", "--config", "recipes/quickstart.yaml"])
+    err = capsys.readouterr().err
+    assert end.value.code == 2
+    assert "'fitt' is not a command (choose from fit, test, compare, report, partition)" in err
+    assert "did you mean 'fit'?" in err
+
+
 def test_fit_says_what_it_does_before_importing_torch(tmp_path: Path) -> None:
     """The first line comes from ``fedlit.cli`` alone; ``--help`` and ``--print_config`` only
     print, and say nothing first."""
@@ -60,6 +90,11 @@ def test_fit_says_what_it_does_before_importing_torch(tmp_path: Path) -> None:
     assert starting_line(["fit", "--config=r.yaml", "--print_config"]) is None
     assert starting_line(["fit", "--help"]) is None
     assert starting_line(["report", "runs/x"]) is None
+    assert starting_line(["fit", "--model.help", "FedSEAL"]) is None
+    compare = starting_line(["compare", "--config", "spec.yaml"])  # 6-10 s of imports follow
+    assert compare is not None
+    assert compare.startswith("fedlit compare: running a comparison from spec.yaml;")
+    assert "spec.yaml" in compare
     process = subprocess.Popen(
         [sys.executable, "-m", "fedlit", "fit", "--config", "recipes/quickstart.yaml"],
         cwd=REPO,

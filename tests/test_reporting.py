@@ -8,6 +8,7 @@ import math
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +28,7 @@ from fedlit.reporting import (
     to_markdown,
     write_csv,
 )
-from fedlit.reporting.table import summary, t_quantile
+from fedlit.reporting.table import calibration_verdict, summary, t_quantile
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 ROUNDS = 4
@@ -544,6 +545,46 @@ def test_summary_names_what_the_intervals_separate(tmp_path: Path) -> None:
     assert "does not reach 71%" in summary(rows, "B", target=0.71)
     assert text.strip() in to_markdown(rows, target=0.695, baseline="B")
     assert "Above" not in to_markdown(rows)  # no baseline, no summary
+
+
+def test_the_calibration_verdict_reads_the_oracles_interval(tmp_path: Path) -> None:
+    """The rule of docs/comparing.md: calibrated where the oracle's paired 95% interval lies at
+    or above the threshold, on the mean only where its mean does but not its lower bound (or
+    one seed gives no interval), not calibrated where its mean is below."""
+    base = [0.700, 0.710, 0.690]
+    oracle = [0.100, 0.110, 0.090]  # +10.00 [+7.52, +12.48]
+    for seed in range(3):
+        for method, acc in (("B", base[seed]), ("O", base[seed] + oracle[seed])):
+            meta = {"method": method, "seed": seed, "setting": "s"}
+            meta["marks"] = ["oracle"] if method == "O" else []
+            rows = [{"round": 0.0}, {"round": 1.0, "test/acc": acc}]
+            write_run(tmp_path / f"{method}{seed}", rows, rounds=1, run_json=meta)
+    rows = summarize(find_runs([tmp_path]), baseline="B")
+    need = "Calibration (the oracle at least +5 points above the baseline): "
+    assert calibration_verdict(rows, 5) == (
+        need + "**calibrated**: O's +10.00 [+7.52, +12.48], its whole interval at or above +5."
+    )
+    assert (
+        "**calibrated on the mean only**: O's +10.00 [+7.52, +12.48], the mean at or above "
+        "+9 but the interval reaching below it."
+    ) in calibration_verdict(rows, 9)
+    assert "**not calibrated**: O's +10.00 [+7.52, +12.48] is below +11." in calibration_verdict(
+        rows, 11
+    )
+    one_seed = [replace(r, delta_ci95=math.nan, delta_seeds=1) for r in rows]
+    assert "on the mean only**: O's +10.00 is at or above +5, from one seed" in (
+        calibration_verdict(one_seed, 5)
+    )
+    without = [replace(r, marks=()) for r in rows]
+    assert "not judged, no oracle row" in calibration_verdict(without, 5)
+    text = to_markdown(rows, baseline="B", calibration=5)
+    assert "- " + calibration_verdict(rows, 5) in text  # under the setting's table
+    assert "Calibration" not in to_markdown(rows, baseline="B")  # only where asked
+    from fedlit.cli import main
+
+    out = tmp_path.parent / f"{tmp_path.name}_report"
+    main(["report", str(tmp_path), "--baseline=B", "--calibration=5", f"--out={out}"])
+    assert calibration_verdict(rows, 5) in (out / "results.md").read_text()
 
 
 def _flat_run(

@@ -466,3 +466,67 @@ def test_a_warm_start_keeps_the_networks_image_size(fmnist_root: Path, tmp_path:
         "that takes 2704 features, this run's backbone gives 3600 at "
         "model.init_args.network.image_size=32: the source's images were of another size"
     )
+
+
+def _same_state(a: object, b: object) -> bool:
+    """Whether two checkpoints' method states hold the same values, tensor by tensor."""
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and torch.equal(a, b)
+    if isinstance(a, dict):
+        return (
+            isinstance(b, dict) and a.keys() == b.keys() and all(_same_state(a[k], b[k]) for k in a)
+        )
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(map(_same_state, a, b))  # type: ignore[arg-type]
+    return a == b
+
+
+def test_settings_that_change_only_the_partition_share_one_source_run_per_seed(
+    fmnist_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Server-SL source trains on the server's data alone, which the partition does not
+    change: IID and Dirichlet share one source run per seed (the first setting's), with the
+    weights the non-IID source would have had. A source that trains clients, or a setting that
+    changes the server's data, keeps one source per setting; so does a setting whose own
+    source folder holds a run already."""
+    from fedlit.comparison import Comparison, SourceRun, plan
+    from fedlit.comparison.plan import plan_sources, source_settings
+
+    dirichlet = [
+        "--data.partitioner=fedlit.data.partition.Dirichlet",
+        "--data.partitioner.init_args.alpha=0.5",
+    ]
+    values: dict = {
+        "name": "share",
+        "out": str(tmp_path / "out"),
+        "recipes": [str(REPO / "recipes/server_sl.yaml")],
+        "seeds": [0],
+        "settings": {"iid": [], "noniid": dirichlet, "fewer": ["--data.labeled_per_class=3"]},
+        "overrides": [*tiny_overrides(fmnist_root), "--federation.final_eval=[]"],
+    }
+    source = {"recipe": str(REPO / "recipes/server_sl.yaml"), "folder": "plateau"}
+    comparison = Comparison(**values, init_from=SourceRun(**source))
+    assert source_settings(comparison) == {"iid": "iid", "noniid": "iid", "fewer": "fewer"}
+    assert [(s.setting, s.seed) for s in plan_sources(comparison)] == [("iid", 0), ("fewer", 0)]
+    plateau = tmp_path / "out" / "iid" / "plateau" / "seed0"
+    (noniid,) = [r for r in plan(comparison) if r.setting == "noniid"]
+    assert f"--federation.init_from={plateau}" in noniid.args
+    clients = SourceRun(**source | {"recipe": str(REPO / "recipes/fedavg_sl.yaml")})
+    federated = Comparison(**values, init_from=clients)
+    assert source_settings(federated) == {"iid": "iid", "noniid": "noniid", "fewer": "fewer"}
+    # the premise: the non-IID source, run on its own, has the shared source's weights
+    (shared,) = [s for s in plan_sources(comparison) if s.setting == "iid"]
+    assert shared.args[-1].startswith("--trainer.default_root_dir=")
+    own = tmp_path / "own_noniid_source"
+    main(["fit", *shared.args[:-1], *dirichlet, f"--trainer.default_root_dir={own}"])
+    main(["fit", *shared.args[:-1], f"--trainer.default_root_dir={tmp_path / 'iid_source'}"])
+    states = [
+        RunCheckpoint.load(d / "checkpoints" / "last.ckpt").method_state
+        for d in (own, tmp_path / "iid_source")
+    ]
+    assert _same_state(*states)
+    # a setting whose own source folder holds a run keeps it
+    kept = tmp_path / "out" / "noniid" / "plateau" / "seed0"
+    kept.mkdir(parents=True)
+    (kept / "metrics.csv").write_text("round\n")
+    assert source_settings(comparison)["noniid"] == "noniid"

@@ -642,6 +642,11 @@ class FedlitHelp(SphinxDirective):
         from fedlit.cli import main
 
         words = self.arguments[0].split() if self.arguments else []
+        root = Path(__file__).resolve().parents[2]  # a recipe named from the repository's root
+        words = [
+            f"--config={root / w.split('=', 1)[1]}" if w.startswith("--config=") else w
+            for w in words
+        ]
         out = io.StringIO()
         old = os.environ.get("COLUMNS")
         os.environ["COLUMNS"] = "100"

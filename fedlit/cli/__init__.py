@@ -62,6 +62,7 @@ __all__ = [
     "EXECUTOR_GROUPS",
     "FIT_GROUPS",
     "FIT_HELP",
+    "FIT_USAGE",
     "INTERRUPTED",
     "LIGHTNING_ONLY",
     "PARTITION_HELP",
@@ -150,7 +151,34 @@ commands:
   partition  plot and summarise a recipe's partition, without training:
                fedlit partition --config recipe.yaml [--out partition.png]
 
-fedlit COMMAND --help lists a command's settings.
+fedlit COMMAND --help lists a command's settings; fedlit --version prints the version.
+"""
+
+#: ``fedlit fit --help``: the recipe's groups and where their settings are listed, printed
+#: at once. Every setting (about 700 lines, after the seconds of importing torch and
+#: Lightning): ``fedlit fit --config RECIPE --help``.
+FIT_USAGE = """usage: fedlit fit --config RECIPE [--GROUP.KEY=VALUE ...]
+
+Train a federation from a recipe (a YAML file) and dotted overrides, or continue one with
+--federation.resume. The run directory is trainer.default_root_dir.
+
+a recipe's groups, each overridden key by key (e.g. --federation.rounds=5):
+  model            the method and its settings: --model=fedlit.methods.FedSEAL,
+                   --model.init_args.optim.server_lr=0.01, --model.init_args.network.backbone=...
+  data             the data set, the labels at the server and the clients' partition:
+                   --data.dataset, --data.labeled_per_class, --data.partitioner, --data.hflip
+  federation       the rounds and the clients: --federation.rounds, clients_per_round,
+                   local_epochs, server_epochs, init_from, resume, executor
+  trainer          the run directory, loggers (W&B), accelerator and precision:
+                   --trainer.default_root_dir, --trainer.logger
+  seed_everything  the seed: the partition, the sampling and the initial network
+
+every setting with its default and help, a recipe's values filled in:
+  fedlit fit --config recipes/quickstart.yaml --help
+a method's own settings:
+  fedlit fit --model.help FedSEAL
+the resolved config, without training:
+  fedlit fit --config recipes/quickstart.yaml --print_config
 """
 
 #: The words after ``fedlit fit`` that only print (help, the resolved config): no start line.
@@ -195,21 +223,41 @@ def config_paths(argv: Sequence[str]) -> Iterator[str]:
             yield arg.split("=", 1)[1]
 
 
+#: What each command that says so first does, in the line it starts with.
+_DOING = {
+    "fit": "training a federation",
+    "test": "testing a checkpoint",
+    "compare": "running a comparison",
+}
+
+
 def starting_line(argv: Sequence[str]) -> str | None:
-    """The line ``fedlit fit`` and ``fedlit test`` print first, before the seconds of importing
-    torch and Lightning: what the command does and with which recipe; None where the command
-    only prints (``--help``, ``--print_config``) or is another one."""
-    if not argv or argv[0] not in ("fit", "test"):
+    """The line ``fedlit fit``, ``fedlit test`` and ``fedlit compare`` print first, before the
+    seconds of importing torch and Lightning: what the command does and with which recipe or
+    spec; None where the command only prints (``--help``, ``--print_config``) or is another
+    one."""
+    if not argv or argv[0] not in _DOING:
         return None
-    if any(word.split("=", 1)[0] in _PRINT_ONLY for word in argv[1:]):
+    keys = [word.split("=", 1)[0] for word in argv[1:]]
+    if any(key in _PRINT_ONLY or key.endswith(".help") for key in keys):
         return None
     configs = list(config_paths(argv))
-    what = "training a federation" if argv[0] == "fit" else "testing a checkpoint"
     recipe = f" from {', '.join(configs)}" if configs else ""
     return (
-        f"fedlit {argv[0]}: {what}{recipe}; importing torch and Lightning first "
+        f"fedlit {argv[0]}: {_DOING[argv[0]]}{recipe}; importing torch and Lightning first "
         "(seconds to a minute on a busy machine)"
     )
+
+
+def unknown_command(word: str) -> str:
+    """The refusal of ``fedlit WORD`` where WORD is no command: every command named, and the
+    nearest one where WORD looks like a misspelling of it."""
+    import difflib
+
+    names = ["fit", "test", *COMMANDS]
+    near = difflib.get_close_matches(word, names, n=1)
+    hint = f"; did you mean {near[0]!r}?" if near else ""
+    return f"fedlit: error: {word!r} is not a command (choose from {', '.join(names)}){hint}"
 
 
 def main(args: Sequence[str] | None = None) -> None:
@@ -219,6 +267,18 @@ def main(args: Sequence[str] | None = None) -> None:
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE, end="", file=sys.stdout if argv else sys.stderr)
         raise SystemExit(0 if argv else 2)
+    if argv[0] in ("-V", "--version"):
+        from fedlit import __version__
+
+        print(f"fedlit {__version__}")
+        raise SystemExit(0)
+    if argv[0] == "fit" and argv[1:] in (["-h"], ["--help"]):  # the groups, no imports
+        print(FIT_USAGE, end="")
+        raise SystemExit(0)
+    if not argv[0].startswith("-") and argv[0] not in ("fit", "test", *COMMANDS):
+        print(USAGE.splitlines()[0], file=sys.stderr)
+        print(unknown_command(argv[0]), file=sys.stderr)
+        raise SystemExit(2)
     line = starting_line(argv)
     if line is not None:
         print(line, file=sys.stderr, flush=True)

@@ -148,3 +148,31 @@ def _nested(config: dict[str, Any], key: str) -> Any:
             return None
         value = value.get(part)
     return value
+
+
+def closing_lines(
+    history: Sequence[dict[str, float]], run_dir: Path, trains_clients: bool
+) -> list[str]:
+    """What ``fedlit fit`` says in words after its JSON line: the rounds run, the last
+    round's test accuracy and the best validation accuracy's round, in percent; and, for a
+    method that trains clients, how to run the baseline it must beat (Server-SL on the same
+    labels: the same command with ``--model=fedlit.methods.ServerSL``)."""
+    rounds = [row for row in history if row.get("round", 0) >= 1]
+    if not rounds:
+        return []
+    last = rounds[-1]
+    text = f"fedlit fit: {int(last['round'])} rounds in {run_dir}"
+    if "test/acc" in last:
+        text += f": test/acc {100 * last['test/acc']:.2f}% at the last round"
+    vals = [row for row in rounds if "val/acc" in row]
+    if vals:
+        best = max(vals, key=lambda row: row["val/acc"])  # the first best round
+        text += f", val/acc best {100 * best['val/acc']:.2f}% (round {int(best['round'])})"
+    lines = [text + "."]
+    if trains_clients:
+        lines.append(
+            "fedlit fit: the baseline to beat is Server-SL on the same labels: the same command "
+            f"with --model=fedlit.methods.ServerSL --trainer.default_root_dir={run_dir}_server_sl "
+            "(docs: Which method?)"
+        )
+    return lines

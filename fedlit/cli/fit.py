@@ -16,7 +16,13 @@ from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 
-from fedlit.cli.common import CONFIG_MODE, config_file_error, json_line, not_a_group
+from fedlit.cli.common import (
+    CONFIG_MODE,
+    closing_lines,
+    config_file_error,
+    json_line,
+    not_a_group,
+)
 from fedlit.cli.test import TEST_HELP, run_test
 from fedlit.data.datamodule import FederatedDataModule
 from fedlit.federation import Federation, FederationConfig, TrainerTemplate, load_checkpoint
@@ -28,6 +34,7 @@ from fedlit.federation.rundir import free_config_name
 from fedlit.federation.trainers import stop_on_sigterm
 from fedlit.machine import available_cores
 from fedlit.methods import FederatedMethod
+from fedlit.methods.plan import SERVER_ONLY
 from fedlit.refusals import OneLineLightningParser, one_line
 from fedlit.run_layout import MAX_SEED, flat_config, write_path_error
 
@@ -315,7 +322,10 @@ class FedlitCLI(LightningCLI):
             raise SystemExit(INTERRUPTED) from None
         finally:
             federation.close()
-        print(json_line({"run_dir": str(run_dir), **result.final}))
+        print(json_line({"run_dir": str(run_dir), **result.final}), flush=True)
+        trains_clients = model.round_plan() != SERVER_ONLY
+        for line in closing_lines(result.history, run_dir, trains_clients):
+            print(line, file=sys.stderr, flush=True)
 
 
 #: Each executor's own settings group: given with another executor, it is not used.

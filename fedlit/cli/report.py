@@ -19,15 +19,21 @@ def report_parser() -> OneLineParser:
     parser.add_argument("--target", type=float | None, default=None)
     parser.add_argument("--baseline", type=str | None, default=None, help="method to compare with")
     parser.add_argument("--last_k", type=int, default=1, help="score: mean of the last K rounds")
+    parser.add_argument(
+        "--calibration",
+        type=float | None,
+        default=None,
+        help="points: each setting's verdict on the oracle's difference from the baseline",
+    )
     parser.add_argument("--out", type=str, default="report")
     parser.add_argument("--title", type=str, default="fedlit runs")
     return parser
 
 
 def report_main(argv: Sequence[str]) -> None:
-    """``fedlit report RUN_OR_FOLDER... [--target 0.8] [--baseline M] [--last_k K] [--out DIR]
-    [--title T]``: writes the report into ``--out``, prints its main tables, then the written
-    files as JSON."""
+    """``fedlit report RUN_OR_FOLDER... [--target 0.8] [--baseline M] [--last_k K]
+    [--calibration POINTS] [--out DIR] [--title T]``: writes the report into ``--out``,
+    prints its main tables, then the written files as JSON."""
     from fedlit.comparison.report import terminal_table, write_report
     from fedlit.reporting import find_runs, last_k_warning, summarize
 
@@ -36,6 +42,11 @@ def report_main(argv: Sequence[str]) -> None:
     error = write_path_error(cfg.out, "--out", "folder")
     if error:
         parser.error(error)
+    if cfg.calibration is not None and cfg.baseline is None:
+        parser.error(
+            f"--calibration={cfg.calibration}: give a --baseline (the oracle's difference "
+            "from it is what is calibrated)"
+        )
     try:
         runs = find_runs(cfg.paths)
         # a bad baseline or last_k fails before anything is written
@@ -58,7 +69,13 @@ def report_main(argv: Sequence[str]) -> None:
     if short:
         warn(short)
     written = write_report(
-        runs, cfg.out, cfg.title, target=cfg.target, baseline=cfg.baseline, last_k=cfg.last_k
+        runs,
+        cfg.out,
+        cfg.title,
+        target=cfg.target,
+        baseline=cfg.baseline,
+        last_k=cfg.last_k,
+        calibration=cfg.calibration,
     )
-    print(terminal_table(runs, cfg.target, cfg.baseline, cfg.last_k))
+    print(terminal_table(runs, cfg.target, cfg.baseline, cfg.last_k, cfg.calibration))
     print(json.dumps({k: str(v) for k, v in written.items()}))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +14,7 @@ from fedlit.comparison.plan import PlannedRun
 from fedlit.comparison.spec import Comparison
 from fedlit.reporting import (
     FINAL_EVAL_KEYS,
+    ResultRow,
     RunRecord,
     differing_settings,
     load_run,
@@ -25,6 +26,7 @@ from fedlit.reporting import (
     to_markdown,
     write_csv,
 )
+from fedlit.reporting.table import PERCENT_FIELDS
 
 
 def write_report(
@@ -39,6 +41,7 @@ def write_report(
     baseline: str | None = None,
     last_k: int = 1,
     name: str | None = None,
+    calibration: float | None = None,
 ) -> dict[str, Path]:
     """Write ``results.csv``, ``results.md`` and the plots (``curves.png``, ...) into ``out``,
     or with ``name`` ``<name>.csv``, ``<name>.md`` and ``<name>_curves.png``, ..., so that
@@ -57,6 +60,7 @@ def write_report(
         baseline: the method every other is compared with, seed by seed.
         last_k: each run's score is the mean of its last ``last_k`` rounds' accuracy.
         name: what the files written into ``out`` are named after (None: ``results``).
+        calibration: the protocol's calibration (points): each setting's verdict in words.
 
     Returns:
         name -> path of everything written (``csv``, ``markdown``, ``curves``, ...).
@@ -75,7 +79,9 @@ def write_report(
         written[f"partition_{setting}"] = plot_partition(
             counts, out / f"{prefix}partition_{setting}.png", title=f"partition: {setting}"
         )
-    table = to_markdown(rows, target=target, published=published, baseline=baseline)
+    table = to_markdown(
+        rows, target=target, published=published, baseline=baseline, calibration=calibration
+    )
     table += differing_settings(runs) + warm_starts(runs)
     written["markdown"] = out / f"{stem}.md"
     written["markdown"].write_text(_document(title, about, table, written, out))
@@ -97,11 +103,13 @@ def terminal_table(
     target: float | None = None,
     baseline: str | None = None,
     last_k: int = 1,
+    calibration: float | None = None,
 ) -> str:
     """The report's main tables as the terminal shows them: each setting's results with their
-    flags, summary and server budgets (:func:`~fedlit.reporting.to_markdown`)."""
+    flags, summary (and calibration verdict) and server budgets
+    (:func:`~fedlit.reporting.to_markdown`)."""
     rows = summarize(runs, target=target, baseline=baseline, last_k=last_k)
-    return to_markdown(rows, target=target, baseline=baseline)
+    return to_markdown(rows, target=target, baseline=baseline, calibration=calibration)
 
 
 def warm_starts(runs: Sequence[RunRecord]) -> str:
@@ -162,8 +170,7 @@ def log_to_wandb(
     import wandb
 
     rows = summarize(runs, target=target, baseline=baseline, last_k=last_k)
-    columns = list(asdict(rows[0]))
-    data: list[list[Any]] = [[_plain(v) for v in asdict(row).values()] for row in rows]
+    columns, data = wandb_table(rows)
     run = wandb.init(
         project=project,
         group=group,
@@ -172,6 +179,7 @@ def log_to_wandb(
         dir=str(save_dir),
         mode="offline" if offline else "online",
         config={"runs": len(runs)},
+        settings={"quiet": True},  # no summary block: the terminal's table comes last
     )
     media: dict[str, Any] = {"results": wandb.Table(columns=list[str | int](columns), data=data)}
     for name, path in written.items():
@@ -183,8 +191,42 @@ def log_to_wandb(
     return directory
 
 
-def _plain(value: Any) -> Any:
-    return list(value) if isinstance(value, tuple) else value
+def wandb_table(rows: Sequence[ResultRow]) -> tuple[list[str], list[list[Any]]]:
+    """The results table as W&B shows it, in the report's units: the columns of
+    ``results.csv`` (the accuracies and their stds in percent, the paired differences in
+    points), except that the paired difference's 95% interval is given by its bounds,
+    ``delta_ci95_low`` and ``delta_ci95_high`` (points), not by its half-width, and the
+    clients' confident fraction is in percent too; seeds, rounds and marks space-joined, flags
+    "; "-joined. Returns the columns and the rows' cells."""
+    columns: list[str] = []
+    for f in fields(ResultRow):
+        columns += ["delta_ci95_low", "delta_ci95_high"] if f.name == "delta_ci95" else [f.name]
+    data = []
+    for row in rows:
+        cells: list[Any] = []
+        for f in fields(ResultRow):
+            value = getattr(row, f.name)
+            if f.name == "delta_ci95":
+                cells += [100 * (row.delta_mean - value), 100 * (row.delta_mean + value)]
+                continue
+            if f.name in PERCENT_FIELDS or f.name == "client_activity":
+                value = 100 * value
+            elif isinstance(value, tuple):
+                value = ("; " if f.name == "flags" else " ").join(map(str, value))
+            cells.append(value)
+        data.append(cells)
+    return columns, data
+
+
+def run_counts(total: int, counts: Mapping[str, int]) -> str:
+    """How a report's runs came to be, opening a parenthesis its caller closes:
+    ``4 runs (3 new, 1 resumed, 0 finished before`` (``counts``: the runs run,
+    resumed and skipped)."""
+    runs = f"{total} run" + ("" if total == 1 else "s")
+    return (
+        f"{runs} ({counts['run']} new, {counts['resumed']} resumed, {counts['skipped']} "
+        "finished before"
+    )
 
 
 def about_lines(
@@ -207,10 +249,9 @@ def about_lines(
     about = [
         *comparison.description,
         "",
-        f"Made by `{command}`: {len(records)} runs ({counts['run']} run, {counts['resumed']} "
-        f"resumed, {counts['skipped']} finished before; this invocation took {minutes:.1f} "
-        f"min; the runs' rounds took {compute:.1f} min in all). Every number below comes "
-        "from those runs.",
+        f"Made by `{command}`: {run_counts(len(records), counts)}; this invocation took "
+        f"{minutes:.1f} min; the runs' rounds took {compute:.1f} min in all). Every number "
+        "below comes from those runs.",
         "",
         f"- recipes: {', '.join(f'`{r}`' for r in comparison.recipes)}",
         f"- seeds: {list(comparison.seeds)}",
@@ -259,7 +300,9 @@ def _source_lines(comparison: Comparison, sources: Sequence[PlannedRun]) -> list
         f"- *warm start*: every run starts (`federation.init_from`) from the final network of "
         f"`{source.recipe}` with `{' '.join(source.overrides) or '(no overrides)'}` (after "
         "the comparison's and the setting's overrides), run once per setting and seed, before "
-        f"the others, in `{comparison.out}/<setting>/{source.folder}/seed<k>`; its test/acc "
+        f"the others, in `{comparison.out}/<setting>/{source.folder}/seed<k>` (one for "
+        "the settings that change only the clients' partition, where it trains no clients: "
+        "the same server data, the same weights); its test/acc "
         f"(%): {'; '.join(scores)}. The *Warm starts* table names each source's weights by "
         "their SHA-256.",
     ]

@@ -39,6 +39,7 @@ from fedlit.comparison.spec import Comparison
 from fedlit.federation.checkpoint import checkpoint_settings
 from fedlit.federation.children import Children
 from fedlit.federation.console import warn
+from fedlit.federation.loggers import quiet_wandb
 from fedlit.federation.resume import changed_settings
 from fedlit.federation.rundir import holding, set_aside_dead_run
 from fedlit.machine import available_cores
@@ -279,11 +280,12 @@ def run_comparison(
         fit = fit_in_subprocess(Path(comparison.out) / "logs", threads, children)
     # a source run afresh: the runs that start from it, too
     renewed = {(r.setting, r.seed) for r in changed_runs(sources, per_run, given)}
-    if sources:  # the runs the others start from, first
-        execute(sources, per_run, fit, log, comparison.jobs, children, given, rerun_changed)
-    counts = execute(
-        runs, per_run, fit, log, comparison.jobs, children, given, rerun_changed, renewed
-    )
+    with quiet_wandb():  # no W&B summary block after each run: the table comes last
+        if sources:  # the runs the others start from, first
+            execute(sources, per_run, fit, log, comparison.jobs, children, given, rerun_changed)
+        counts = execute(
+            runs, per_run, fit, log, comparison.jobs, children, given, rerun_changed, renewed
+        )
     minutes = (time.perf_counter() - start) / 60
     records = [load_run(run.run_dir) for run in runs]
     short = last_k_warning(records, comparison.last_k)
@@ -302,6 +304,7 @@ def run_comparison(
         baseline=comparison.baseline,
         last_k=comparison.last_k,
         name=comparison.name,
+        calibration=comparison.calibration,
     )
     if comparison.wandb is not None:
         log_to_wandb(
@@ -315,5 +318,8 @@ def run_comparison(
             baseline=comparison.baseline,
             last_k=comparison.last_k,
         )
-    log(terminal_table(records, comparison.target, comparison.baseline, comparison.last_k))
+    table = terminal_table(
+        records, comparison.target, comparison.baseline, comparison.last_k, comparison.calibration
+    )
+    log(table)
     return written

@@ -3,6 +3,7 @@ as it is built, before anything runs (:class:`Comparison`), and where each run g
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -54,6 +55,8 @@ class SourceRun:
     """The run every run of a comparison starts from (``federation.init_from``): the recipe
     run once per setting and seed, before the others, in ``<out>/<setting>/<folder>/seed<k>``,
     with the comparison's overrides, the setting's, then its own (which win), and the seed.
+    Settings that differ only in the clients' partition share one, seed by seed, where its
+    method trains no clients (:func:`~fedlit.comparison.plan.source_settings`).
 
     Args:
         recipe: its recipe file (e.g. a Server-SL trained to its plateau).
@@ -87,6 +90,9 @@ class Comparison:
         target: report the first round each run reaches this test accuracy.
         baseline: a recipe stem (e.g. ``server_sl``) every method is compared with, seed by
             seed: the paired difference of the score, in points, with its 95% interval.
+        calibration: the protocol's calibration, in points: each setting's summary says
+            whether the oracle (the recipe marked so: FedAvg-SL) is that far above ``baseline``
+            (:func:`~fedlit.reporting.table.calibration_verdict`; needs ``baseline``).
         last_k: a run's score is the mean of its last ``last_k`` rounds' test accuracy.
         report: also write the Markdown report here (plots beside it).
         published: recipe stem -> setting -> a paper's accuracy (percent), shown beside ours.
@@ -110,6 +116,7 @@ class Comparison:
     out: str = "runs/compare"
     target: float | None = None
     baseline: str | None = None
+    calibration: float | None = None
     last_k: int = 1
     report: str | None = None
     published: dict[str, dict[str, float]] = field(default_factory=dict)
@@ -155,6 +162,20 @@ class Comparison:
             raise ValueError(f"recipe_overrides: {unknown[0]!r} is not one of the recipes {stems}")
         if self.baseline is not None and self.baseline not in stems:
             raise ValueError(f"baseline: {self.baseline!r} is not one of the recipes {stems}")
+        if self.calibration is not None:
+            if self.baseline is None:
+                raise ValueError(
+                    f"calibration={self.calibration}: give a baseline (the oracle's difference "
+                    "from it is what is calibrated)"
+                )
+            if (
+                isinstance(self.calibration, bool)
+                or not isinstance(self.calibration, (int, float))
+                or not math.isfinite(self.calibration)
+            ):
+                raise ValueError(
+                    f"calibration must be a number of points, got {self.calibration!r}"
+                )
         if isinstance(self.last_k, bool) or not isinstance(self.last_k, int) or self.last_k < 1:
             raise ValueError(f"last_k must be a positive integer, got {self.last_k!r}")
         if isinstance(self.jobs, bool) or not isinstance(self.jobs, int) or self.jobs < 1:

@@ -28,7 +28,7 @@ from fedlit.data.datamodule import FederatedDataModule
 from fedlit.federation.config import FederationConfig
 from fedlit.federation.console import note, warn
 from fedlit.federation.faults import ROUND_FAILED, ClientFault
-from fedlit.federation.loggers import RoundCSVLogger
+from fedlit.federation.loggers import RoundCSVLogger, start_wandb
 from fedlit.federation.resume import Checkpointer
 from fedlit.federation.warmstart import WarmStart
 from fedlit.methods.base import FederatedMethod, marks
@@ -293,15 +293,18 @@ class Contribution(Callback):
 
 
 class Rows(Callback):
-    """The rows of ``metrics.csv`` and of the run's other loggers (W&B): the hyperparameters
-    and row 0 at the start, one row per round, finalized (and a W&B run finished, so the next
-    run starts its own) at the end."""
+    """The rows of ``metrics.csv`` and of the run's other loggers (W&B, its run started with
+    :func:`~fedlit.federation.loggers.start_wandb`): the hyperparameters and row 0 at the
+    start, one row per round, finalized (and a W&B run finished, so the next run starts its
+    own) at the end."""
 
     def __init__(self, loggers: Sequence[Logger]) -> None:
         self.loggers = list(loggers)
 
     def on_run_start(self, run: RunView) -> None:
         self.loggers = [RoundCSVLogger(run.run_dir), *self.loggers]
+        for logger in self.loggers:
+            start_wandb(logger)  # its summaries declared before its first row
 
     def on_first_row(self, run: RunView, row0: dict[str, float]) -> None:
         for logger in self.loggers:

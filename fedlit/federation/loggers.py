@@ -4,12 +4,58 @@ from __future__ import annotations
 
 import csv
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
-from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 
 from fedlit.federation.checkpoint import WriteFailed, write_atomically, write_error
+from fedlit.run_layout import TEST_ACC, VAL_ACC
+
+#: How a W&B run summarises fedlit's metrics (its runs table, its charts' legends): the best
+#: validation accuracy (the round a run may select without the test set) and the last test
+#: accuracy (the report's final value).
+WANDB_SUMMARIES = {VAL_ACC: "max", TEST_ACC: "last"}
+
+
+def start_wandb(logger: Logger) -> None:
+    """Start a :class:`~lightning.pytorch.loggers.WandbLogger`'s run (other loggers are left
+    alone) with :data:`WANDB_SUMMARIES` declared (``define_metric``), and, inside
+    :func:`quiet_wandb`, W&B's ``quiet`` setting. Lightning passes W&B an ``anonymous``
+    setting even where none was given, and W&B warns of every one that it has no effect: one
+    left unset (None) is not passed."""
+    if not isinstance(logger, WandbLogger):
+        return
+    if logger._experiment is None:  # what Lightning passes wandb.init, the run not started
+        init = logger._wandb_init
+        if init.get("anonymous", False) is None:
+            del init["anonymous"]
+        if _quiet and init.get("settings") is None:
+            init["settings"] = {"quiet": True}
+    for key, summary in WANDB_SUMMARIES.items():
+        logger.experiment.define_metric(key, summary=summary)
+
+
+_quiet = False
+
+
+@contextmanager
+def quiet_wandb() -> Iterator[None]:
+    """W&B's ``quiet`` setting for the W&B runs :func:`start_wandb` starts inside, in this
+    process (unless their logger was given settings of its own): W&B prints no block of a
+    run's history and last values when the run ends, only its essential lines. A comparison's
+    runs are quiet, so that its results table is the last thing it prints. (Not W&B's
+    ``WANDB_QUIET``: W&B warns when its variables change after its first run, and passed
+    through the CLI as ``wandb.init``'s ``settings`` the setting becomes a whole
+    ``wandb.Settings`` of defaults, ``mode`` online among them.)"""
+    global _quiet
+    before, _quiet = _quiet, True
+    try:
+        yield
+    finally:
+        _quiet = before
 
 
 class _AppendingWriter(ExperimentWriter):

@@ -23,6 +23,7 @@ __all__ = [
     "ci95",
     "config_groups",
     "budget_table",
+    "calibration_verdict",
     "last_k_warning",
     "score",
     "setting_differences",
@@ -128,12 +129,18 @@ def _significance(row: ResultRow) -> int:
 REFERENCE_MARKS = ("oracle", "centralized")
 
 
-def summary(rows: Sequence[ResultRow], baseline: str, target: float | None = None) -> str:
+def summary(
+    rows: Sequence[ResultRow],
+    baseline: str,
+    target: float | None = None,
+    calibration: float | None = None,
+) -> str:
     """What one setting's rows show against ``baseline``, in words, from the rows alone: the
     baseline's score (mean ± std over seeds) and whether its mean reaches ``target``; each
-    reference's (oracle's, centralized reference's) paired difference; and which methods the
-    95% interval puts above the baseline, below it, or does not separate from it (each group
-    by descending difference)."""
+    reference's (oracle's, centralized reference's) paired difference; with ``calibration``
+    (points) the protocol's calibration verdict (:func:`calibration_verdict`); and which
+    methods the 95% interval puts above the baseline, below it, or does not separate from it
+    (each group by descending difference)."""
     base = [row for row in rows if row.method == baseline]
     others = sorted(
         (row for row in rows if row.method != baseline and row.delta_seeds),
@@ -155,6 +162,8 @@ def summary(rows: Sequence[ResultRow], baseline: str, target: float | None = Non
         for mark in REFERENCE_MARKS:
             if mark in row.marks:
                 lines.append(f"- {row.method} ({mark}) vs {baseline}: {_points(row, baseline)}.")
+    if calibration is not None:
+        lines.append(f"- {calibration_verdict(rows, calibration)}")
     groups = {1: "above", -1: "below", 0: "not separated from"}
     for sign, words in groups.items():
         names = [
@@ -166,6 +175,46 @@ def summary(rows: Sequence[ResultRow], baseline: str, target: float | None = Non
         lines.append(f"- {words.capitalize()} {baseline} (paired 95% CI): "
                      + (", ".join(names) if names else "none") + ".")  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def calibration_verdict(rows: Sequence[ResultRow], threshold: float) -> str:
+    """The calibration verdict of one setting's rows, in words: whether the oracle (the row
+    marked ``oracle``: true labels at the clients) is at least ``threshold`` points above the
+    baseline, by its paired difference (docs/comparing.md, *The calibration verdict*):
+    *calibrated* where its 95% interval's lower bound is at or above the threshold;
+    *calibrated on the mean only* where its mean is, but not its lower bound (or it has no
+    interval: one seed); *not calibrated* where its mean is below. Says so where no row is an
+    oracle compared with the baseline."""
+    oracles = [row for row in rows if "oracle" in row.marks and row.delta_seeds]
+    need = f"the oracle at least {threshold:+g} points above the baseline"
+    if not oracles:
+        return f"Calibration ({need}): not judged, no oracle row compared with the baseline."
+    row = oracles[0]
+    mean = 100 * row.delta_mean
+    shown = f"{row.method}'s {mean:+.2f}"
+    if math.isfinite(row.delta_ci95) and row.delta_seeds >= 2:
+        low, high = mean - 100 * row.delta_ci95, mean + 100 * row.delta_ci95
+        shown += f" [{low:+.2f}, {high:+.2f}]"
+    else:
+        low = math.nan
+    if mean < threshold:
+        verdict = (
+            f"**not calibrated**: {shown} is below {threshold:+g}. At this budget the clients' "
+            "images cannot add what the protocol asks, so no method's row can show it either"
+        )
+    elif math.isfinite(low) and low >= threshold:
+        verdict = f"**calibrated**: {shown}, its whole interval at or above {threshold:+g}"
+    elif math.isfinite(low):
+        verdict = (
+            f"**calibrated on the mean only**: {shown}, the mean at or above {threshold:+g} "
+            "but the interval reaching below it"
+        )
+    else:
+        verdict = (
+            f"**calibrated on the mean only**: {shown} is at or above {threshold:+g}, from "
+            "one seed (no interval)"
+        )
+    return f"Calibration ({need}): {verdict}."
 
 
 def _n_seeds(n: int) -> str:
@@ -192,6 +241,7 @@ def to_markdown(
     target: float | None = None,
     published: Mapping[str, Mapping[str, float]] | None = None,
     baseline: str | None = None,
+    calibration: float | None = None,
 ) -> str:
     """Markdown tables, one per setting (``### <setting>``, settings in first-appearance
     order), rows sorted by score (the mean of the last ``last_k`` values) descending;
@@ -202,11 +252,11 @@ def to_markdown(
     their 95% interval, ``*`` where it excludes 0). A
     "paper" column is added when ``published`` is given; "finetune" and "linear" columns when
     some row has those final evaluations. With ``baseline``, each table is followed by its
-    ``summary``. A "flags" column after the paired difference (without a baseline, after
-    the final accuracy and its mean of the last ``last_k``) says what else could explain a
-    row's result where some row has a flag (:func:`~fedlit.reporting.confounds.row_flags`);
-    each table is followed by its rows' server budgets and clients' contribution
-    (:func:`budget_table`)."""
+    ``summary`` (with ``calibration``, its calibration verdict). A "flags" column after the
+    paired difference (without a baseline, after the final accuracy and its mean of the last
+    ``last_k``) says what else could explain a row's result where some row has a flag
+    (:func:`~fedlit.reporting.confounds.row_flags`); each table is followed by its rows'
+    server budgets and clients' contribution (:func:`budget_table`)."""
     target_label = f"rounds to {100 * target:g}%" if target is not None else "rounds to target"
     last_k = rows[0].last_k if rows else 1
     header = ["method", "seeds", "rounds", "final test/acc"]
@@ -262,7 +312,7 @@ def to_markdown(
                 cells.append("" if paper is None else f"{paper:.2f}")
             lines.append("| " + " | ".join(cells) + " |")
         if baseline is not None:
-            lines += ["", summary(group, baseline, target).rstrip()]
+            lines += ["", summary(group, baseline, target, calibration).rstrip()]
         budgets = budget_table(ordered)
         if budgets:
             lines += ["", budgets.rstrip()]
