@@ -17,7 +17,8 @@ import numpy as np
 
 from fedlit.data.datasets import DatasetSpec, ImageSplit, load_split
 from fedlit.data.partition import Partitioner
-from fedlit.data.pool import ClientPool, check_pool_size, deal_labeled
+from fedlit.data.pool import ClientPool, deal_labeled
+from fedlit.data.pool_images import check_pool_size
 from fedlit.data.server import ServerData
 from fedlit.data.sources import CLIENT_POOLS, Source
 

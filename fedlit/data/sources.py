@@ -37,7 +37,7 @@ from fedlit.data.own.folders import FolderListing, list_folders, read_folders
 from fedlit.data.own.read import CLIENTS, ReadImages
 from fedlit.data.own.torch_datasets import read_torch_datasets
 from fedlit.data.partition import IID, Partitioner
-from fedlit.data.pool import PoolImages
+from fedlit.data.pool_images import PoolImages
 
 #: Every ``data.client_pool`` there is; each source offers some of them.
 CLIENT_POOLS = ("train", "unlabeled", "folders")
