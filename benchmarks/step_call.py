@@ -8,7 +8,7 @@ rounds that alternate the measurements (so that the machine's load falls on each
 - the views' draws, eager: :meth:`~fedlit.data.loaders.RawBatch.draw` (every view's random
   parameters from torch's global CPU generator, packed and moved in one transfer);
 - the views' draws, compiled: the same from the fit's
-  :class:`~fedlit.data.fit_draws.FitDraws` (a chunk of steps drawn at once, each step its
+  :class:`~fedlit.data.augment.FitDraws` (a chunk of steps drawn at once, each step its
   slice; the chunk's draw counted in the step that makes it);
 - the step's plain call: the objective's eager ``step`` on the drawn batch (its views
   computed), ``backward`` and the optimiser's step;

@@ -20,8 +20,9 @@ from fedlit.machine import available_cores
 
 # The tests run in fp32 on every CPU (the default is bf16 on a CPU that computes it natively):
 # their numbers do not depend on the machine. Set in the environment, so that the `fedlit`
-# subprocesses and the pool's and Ray's workers the tests start inherit it.
-os.environ[CPU_BF16_ENV] = "0"
+# subprocesses and the pool's and Ray's workers the tests start inherit it; set it to 1 before
+# pytest to run the suite with the CPU's bf16.
+os.environ.setdefault(CPU_BF16_ENV, "0")
 
 # pytest-xdist's workers (setup.cfg: ``-n auto``, a worker per core) each take an equal share
 # of the cores, they and the processes they start: processes that each take every core slow

@@ -16,11 +16,12 @@ import pytest
 import torch
 import torch._dynamo
 from conftest import tiny_overrides
+from test_one_call_step import SmoothNet
 from torch._dynamo.utils import counters
 
 from fedlit.cli.fit import federation_of, resolve
 from fedlit.data import ImageBatches, dataset_spec, load_split
-from fedlit.data.fit_draws import FitDraws
+from fedlit.data.augment import FitDraws
 from fedlit.federation import compiled, trainers
 from fedlit.federation.callbacks import Callback, RunView
 from fedlit.federation.compiled import whole_step_compiled
@@ -125,27 +126,29 @@ def test_whole_step_compiles_without_a_break_once_per_objective_and_network(
 
 def test_compiled_steps_equal_eager_ones_to_float32_rounding(fmnist_root: Path) -> None:
     """Three FixMatch client steps and three server steps from the same weights and the same
-    draws (a compiled fit's :class:`~fedlit.data.fit_draws.FitDraws`, set for the eager run
-    too), eager and compiled by inductor: losses within 1e-4 relative, every weight and
-    buffer within 2e-4 (absolute), where the steps move them by more than 1e-2.
+    draws (a compiled fit's :class:`~fedlit.data.augment.FitDraws`, set for the eager run
+    too), eager and compiled by inductor: the compiled steps are as close to the same steps
+    run eagerly in float64 as the eager float32 steps are (4x their measured error: the
+    greatest of thousands of rounding errors varies from one run to another), in the losses
+    and in every weight and buffer, where the steps move the weights a thousand times more.
 
     Why not bit for bit: inductor fuses the views, the loss and the backward into kernels that
-    sum float32 terms in another order, and the optimiser is the fused one. A convolution
-    weight's gradient sums 16 x 28 x 28 = 12,544 products per view; summed in another order it
-    differs by up to about n x 2^-24 of the terms' scale, and momentum SGD at lr 0.03 carries
-    that into the weights. Measured here: losses within 2e-6 relative, weights within 5e-5
-    (the first convolution's, after three steps), BatchNorm's running statistics within 3e-5.
-    The thresholds are about four times those."""
+    sum float32 terms in another order, and the optimiser is the fused one. The network is
+    smooth (:class:`~test_one_call_step.SmoothNet`): with ReLU and max pooling two float32 runs
+    that differ by a rounding can cross a kink and part by far more, on some CPUs and thread
+    counts."""
     images = load_split("fashion_mnist", fmnist_root, train=False, download=False).images[:96]
     labels = torch.arange(96) % 10
     spec = dataset_spec("fashion_mnist")
     torch.manual_seed(0)
-    network = build_classifier("small_cnn", 10, 1)
+    network = SmoothNet()
 
-    def run(objective_type: type, mode: str | None) -> tuple[list[float], torch.nn.Module]:
+    def run(
+        objective_type: type, mode: str | None, dtype: torch.dtype = torch.float32
+    ) -> tuple[list[float], torch.nn.Module]:
         torch.manual_seed(1)  # the same batches and the same views' draws for both:
         fit_draws = FitDraws()  # a compiled fit's, given to the eager run too
-        net = copy.deepcopy(network)
+        net = copy.deepcopy(network).to(dtype)
         if objective_type is FixMatch:
             objective = FixMatch(net, lr=0.03, loss=FixMatchLoss(tau=0.0))  # every image
             loader = ImageBatches(images, spec, ("weak", "strong"), 16, shuffle=True)
@@ -169,17 +172,27 @@ def test_compiled_steps_equal_eager_ones_to_float32_rounding(fmnist_root: Path) 
         return losses, net
 
     for objective_type in (FixMatch, SupervisedCE):
+        reference_losses, reference = run(objective_type, None, torch.float64)
         eager_losses, eager = run(objective_type, None)
         compiled_losses, fast = run(objective_type, "default")
-        assert compiled_losses == pytest.approx(eager_losses, rel=1e-4)
-        for a, b in zip(eager.state_dict().values(), fast.state_dict().values(), strict=True):
-            assert torch.allclose(a.float(), b.float(), atol=2e-4, rtol=0), objective_type
-        # and the steps did train: the weights moved far more than the tolerance
+        exact = {k: v for k, v in reference.state_dict().items() if v.is_floating_point()}
+        error = max(
+            (eager.state_dict()[k].double() - v).abs().max().item() for k, v in exact.items()
+        )
+        for k, v in exact.items():
+            torch.testing.assert_close(fast.state_dict()[k].double(), v, rtol=0, atol=4 * error)
+        assert fast.state_dict().keys() == reference.state_dict().keys()
+        for ours, eager_loss, exact_loss in zip(
+            compiled_losses, eager_losses, reference_losses, strict=True
+        ):
+            bound = 4 * max(abs(eager_loss - exact_loss), error)
+            assert ours == pytest.approx(exact_loss, rel=0, abs=bound), objective_type
+        # and the steps did train: the weights moved far more than the rounding
         moved = max(
             (a.float() - b.float()).abs().max().item()
             for a, b in zip(network.state_dict().values(), eager.state_dict().values(), strict=True)
         )
-        assert moved > 1e-2
+        assert moved > 1e3 * error
 
 
 def test_fedmatch_refuses_a_compiled_step_before_any_work(

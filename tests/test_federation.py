@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from fedlit.aggregation import state_bytes
 from fedlit.data import ClientData, FederatedDataModule, ImageSplit
-from fedlit.data.fit_draws import FitDraws
+from fedlit.data.augment import FitDraws
 from fedlit.federation import (
     Callback,
     Federation,

@@ -1,4 +1,4 @@
-"""A compiled fit's views' draws (:class:`~fedlit.data.fit_draws.FitDraws`): seeded from the
+"""A compiled fit's views' draws (:class:`~fedlit.data.augment.FitDraws`): seeded from the
 run, independent per batch shape, with the distributions of the eager draws; eager fits keep
 their per-batch draws on torch's global generator."""
 
@@ -8,8 +8,7 @@ import pytest
 import torch
 
 from fedlit.data import ImageBatches, dataset_spec
-from fedlit.data.augment import CUTOUT_SCALE, BatchView, batch_view
-from fedlit.data.fit_draws import FitDraws
+from fedlit.data.augment import CUTOUT_SCALE, BatchView, FitDraws, batch_view
 from fedlit.data.loaders import AugmentsOnDevice, DrawnBatch, RawBatch, draw_batches
 from fedlit.federation import compiled
 from fedlit.federation.compiled import whole_step_compiled

@@ -30,14 +30,8 @@ from fedlit.cli import main
 from fedlit.data import FederatedDataModule
 from fedlit.data.mapped import MappedImages, as_tensor
 from fedlit.data.own import decode as decode_module
-from fedlit.data.own.cache import (
-    CACHE_FOLDER,
-    ImageCache,
-    content_key,
-    folder_splits,
-    read_folders,
-)
-from fedlit.data.own.folders import FolderListing, list_folders
+from fedlit.data.own.cache import CACHE_FOLDER, ImageCache, content_key
+from fedlit.data.own.folders import FolderListing, folder_splits, list_folders, read_folders
 from fedlit.data.own.statistics import file_stamps
 from fedlit.data.own.stored import STAGE_LIMIT_ENV
 from fedlit.data.sources import Clients, make_source
@@ -102,7 +96,7 @@ def cache_of(listing: FolderListing, data_root: Path, size: int = SIZE) -> Image
     files, labels, extra = folder_splits(listing)
     stamps = {split: file_stamps(names, listing.root) for split, names in files.items()}
     content = content_key(stamps, labels, size, extra)
-    return ImageCache.of(data_root / CACHE_FOLDER, listing.kind, listing.root, content)
+    return ImageCache.of(data_root / CACHE_FOLDER, listing.kind, listing.path, content)
 
 
 def no_decoding(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -547,6 +541,31 @@ def test_two_kinds_over_one_folder_keep_their_own_caches(
         assert cache_of(each, data_root).read({"train": 18, "test": 6}) is not None
     no_decoding(monkeypatch)
     for each in (listing, other, listing):
+        _, read = read_folders(each, SIZE, data_root / CACHE_FOLDER)
+        expected = torch.tensor([label for label, files in each.train for _ in files])
+        assert torch.equal(read(Path(), "train", False)[1], expected)
+    assert len(caches(data_root)) == 2
+
+
+def test_two_listings_in_one_folder_keep_their_own_caches(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two listings of one kind in one folder (two CSV files, say, each its listing's source)
+    are read in turn: each keeps a cache and a statistics file of its own, named by its
+    source; neither removes the other's, so from the third read on nothing is decoded."""
+    root, data_root = photo_folder(tmp_path / "photos"), tmp_path / "data"
+    listing = list_folders("folder", root)
+    for name in ("a.csv", "b.csv"):
+        (root / name).write_text("the rows a source reads\n")
+    a = replace(listing, kind="listed", source=root / "a.csv")
+    b = replace(_relabelled(listing, "listed"), source=root / "b.csv")
+    for each in (a, b):
+        read_folders(each, SIZE, data_root / CACHE_FOLDER)[1].save_statistics()
+    assert caches(data_root) == sorted(cache_of(each, data_root).folder for each in (a, b))
+    assert (root / "a.csv.fedlit-stats.json").is_file()
+    assert (root / "b.csv.fedlit-stats.json").is_file()
+    no_decoding(monkeypatch)
+    for each in (a, b, a, b):
         _, read = read_folders(each, SIZE, data_root / CACHE_FOLDER)
         expected = torch.tensor([label for label, files in each.train for _ in files])
         assert torch.equal(read(Path(), "train", False)[1], expected)

@@ -4,7 +4,15 @@ replaces (the compiled step, autograd's backward, the optimiser's step), to floa
 where something must run between those calls, the fit keeps them apart.
 
 The graphs run on the ``aot_eager`` backend (traced as inductor's are, run by eager kernels)
-to keep the suite fast; one case runs inductor's kernels."""
+to keep the suite fast; one case runs inductor's kernels.
+
+How close "to float32 rounding" is, is measured, not typed in: the same fit run in float64 is
+the reference, and the one-call fit must be as close to it as the three calls are. The network
+is smooth (SiLU, average pooling, no bias that a BatchNorm cancels): with ReLU and max pooling
+a training is only piecewise smooth, and two float32 fits whose weights differ by a rounding
+cross a kink (a unit's sign, a pooling window's maximum) in some runs and not in others,
+depending on the CPU's kernels and thread count (measured: 6e-8 after 2 steps, 1.4e-5 at the
+third, 3e-3 after 10, on 2 threads of an AVX-512 CPU and not on 1)."""
 
 from __future__ import annotations
 
@@ -27,22 +35,33 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "sgd": ({}, {"momentum": 0.9, "weight_decay": 5e-4}),
     "sgd, a schedule": ({}, {"momentum": 0.9, "schedule": WarmupCosine(warmup=0.2)}),
     "sgd without momentum": ({}, {"momentum": 0.0, "weight_decay": 5e-4}),
-    # (on a linear network: Adam turns the rounding-level gradient of a bias that BatchNorm
-    # cancels into steps of the learning rate's size, whichever way the step is called)
     "adam": ({}, {"optimizer": "adam", "weight_decay": 1e-4}),
     "bf16 mixed": ({"precision": "bf16-mixed"}, {"momentum": 0.9}),
 }
 
 
-class LinearNet(torch.nn.Module):
-    """Images (N, 1, 28, 28) -> logits (N, 10) by one linear layer."""
+class SmoothNet(torch.nn.Module):
+    """Images (N, 1, 28, 28) -> logits (N, 10): two convolutions with BatchNorm, SiLU and
+    average pooling, then a linear layer; smooth in its weights. The images are cast to the
+    weights' dtype (a float64 copy is the reference)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.fc = torch.nn.Linear(784, 10)
+        self.body = torch.nn.Sequential(
+            torch.nn.Conv2d(1, 16, 3, padding=1, bias=False),
+            torch.nn.BatchNorm2d(16),
+            torch.nn.SiLU(),
+            torch.nn.AvgPool2d(2),
+            torch.nn.Conv2d(16, 32, 3, padding=1, bias=False),
+            torch.nn.BatchNorm2d(32),
+            torch.nn.SiLU(),
+            torch.nn.AdaptiveAvgPool2d(1),
+            torch.nn.Flatten(),
+            torch.nn.Linear(32, 10),
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(x.flatten(1))
+        return self.body(x.to(self.body[0].weight.dtype))
 
 
 def _fit(
@@ -71,10 +90,7 @@ def test_one_call_trains_as_the_three_calls_it_replaces(
         accelerator="cpu", compile="default", **{"precision": "32-true", **settings}
     )
     torch.manual_seed(0)
-    if "adam" in case:
-        network: torch.nn.Module = LinearNet()
-    else:
-        network = Architecture(10, 1).build()
+    network = SmoothNet()
     network.unused = torch.nn.Linear(3, 3)  # a layer the loss never uses
     calls = []
     build = lean.one_call_step
@@ -89,16 +105,26 @@ def test_one_call_trains_as_the_three_calls_it_replaces(
     assert calls and all(c is not None for c in calls)
     monkeypatch.setattr(lean, "one_call_step", lambda *args: None)
     three = _fit(network, template, objective_kw)
+    reference = _fit(copy.deepcopy(network).double(), template, objective_kw)  # float64
 
     assert all(p.grad is None for p in one.parameters())
     assert any(p.grad is not None for p in three.parameters())
-    exact = {"rtol": 0, "atol": 0}
-    close = {"rtol": 1e-4, "atol": 1e-5} if "bf16" not in case else {"rtol": 2e-2, "atol": 2e-3}
-    for name, value in one.network.state_dict().items():
-        tol = exact if name.startswith("unused") else close
-        torch.testing.assert_close(value, three.network.state_dict()[name], **tol)
+    states = [f.network.state_dict() for f in (one, three, reference)]
+    floats = [k for k, v in states[2].items() if v.is_floating_point()]
+    # the three calls' own rounding error (float32, or bf16 mixed), measured against float64
+    error = max((states[1][k].double() - states[2][k]).abs().max().item() for k in floats)
+    for name in floats:
         if name.startswith("unused"):
-            torch.testing.assert_close(value, network.unused.state_dict()[name[7:]], **exact)
+            torch.testing.assert_close(states[0][name], states[1][name], rtol=0, atol=0)
+            torch.testing.assert_close(
+                states[0][name], network.unused.state_dict()[name[7:]], rtol=0, atol=0
+            )
+            continue
+        # the one-call fit is as close to float64 as the three calls (4x: the greatest of
+        # thousands of rounding errors varies from one fit to another)
+        torch.testing.assert_close(
+            states[0][name].double(), states[2][name], rtol=0, atol=4 * error
+        )
     moved = max(
         (a.float() - b.float()).abs().max().item()
         for (k, a), b in zip(
@@ -106,11 +132,13 @@ def test_one_call_trains_as_the_three_calls_it_replaces(
         )
         if not k.startswith("num_batches")
     )
-    assert moved > 1e-2  # it trained, far beyond the tolerance
-    one_metrics, three_metrics = one.epoch_metrics(), three.epoch_metrics()
-    assert one_metrics.keys() == three_metrics.keys()
-    for name, value in one_metrics.items():
-        assert value == pytest.approx(three_metrics[name], rel=1e-4 if "bf16" not in case else 2e-2)
+    assert moved > 1e3 * error  # it trained, far beyond the rounding
+    metrics = [f.epoch_metrics() for f in (one, three, reference)]
+    assert metrics[0].keys() == metrics[1].keys()
+    for name, value in metrics[0].items():
+        # a metric moves with the weights (their error) and rounds in its own sums
+        bound = 4 * max(abs(metrics[1][name] - metrics[2][name]), error)
+        assert value == pytest.approx(metrics[2][name], rel=0, abs=bound), name
 
 
 def _fit_of(objective: SupervisedCE, **settings: Any) -> _Fit:

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import suppress
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -350,6 +351,51 @@ def test_sigterm_of_a_pool_fit_ends_every_process_within_3_s(moment: str, tmp_pa
     assert not alive, [" ".join(p.cmdline()) for p in alive]
     assert "Traceback" not in log and "Error" not in log, log
     assert moment == "start-up" or len(list(started.iterdir())) == 2
+
+
+def _gone(process: psutil.Process) -> bool:
+    """Ended: no such process, or one that ended and waits to be reaped (a zombie)."""
+    try:
+        return process.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+@pytest.mark.parametrize("moment", ["set-up", "clients"])
+def test_a_sigkilled_drivers_workers_end_within_1_s(moment: str, tmp_path: Path) -> None:
+    """``fedlit fit`` on a pool of 2 workers, killed with SIGKILL (no chance to stop its pool)
+    half a second after its first worker process appears (the workers still import torch:
+    seconds) or once both workers run a client: every worker is gone within a second."""
+    started = tmp_path / "started"
+    started.mkdir()
+    fit = _fit_on_a_pool(tmp_path / "run", started)
+    driver = psutil.Process(fit.pid)
+    workers: list[psutil.Process] = []
+    try:
+        deadline = time.monotonic() + 400
+        while fit.poll() is None and time.monotonic() < deadline:
+            if (moment == "set-up" and _workers(driver)) or len(list(started.iterdir())) == 2:
+                break
+            time.sleep(0.01)
+        if moment == "set-up":
+            time.sleep(0.5)
+        workers = _workers(driver)
+        assert fit.poll() is None and workers, (tmp_path / "fit.log").read_text()
+        assert moment == "clients" or not list(started.iterdir())  # still starting
+        fit.kill()
+        killed = time.monotonic()
+        fit.wait()
+        while not all(_gone(w) for w in workers) and time.monotonic() < killed + 10:
+            time.sleep(0.01)
+        ended = time.monotonic() - killed
+    finally:
+        if fit.poll() is None:
+            fit.kill()
+        for worker in workers:
+            with suppress(psutil.NoSuchProcess):
+                worker.kill()
+    assert all(_gone(w) for w in workers)
+    assert ended < 1, ended
 
 
 def _alive(pid: int) -> bool:

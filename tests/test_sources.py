@@ -23,7 +23,7 @@ from fedlit.data import Dirichlet, FederatedDataModule, ImageSplit, sources
 from fedlit.data.datasets import DatasetSpec, Images, synthetic_images
 from fedlit.data.own.read import ReadImages
 from fedlit.data.partition import IID, Partitioner
-from fedlit.data.pool import PoolImages
+from fedlit.data.pool_images import PoolImages
 
 SITES = ("north", "east", "south")
 

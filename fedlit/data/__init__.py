@@ -1,6 +1,5 @@
 """Data: data sets by name, augmentations, the server's data, the client pool and sampling."""
 
-from fedlit.data.client import ClientData
 from fedlit.data.datamodule import FederatedDataModule
 from fedlit.data.datasets import SPECS, DatasetSpec, ImageSplit, dataset_spec, load_split
 from fedlit.data.loaders import ImageBatches
@@ -14,7 +13,7 @@ from fedlit.data.partition import (
     class_counts,
     non_iid_metric,
 )
-from fedlit.data.pool import ClientPool
+from fedlit.data.pool import ClientData, ClientPool
 from fedlit.data.sampling import sample_clients, visit_number
 from fedlit.data.server import ServerData
 from fedlit.data.transforms import build_transform

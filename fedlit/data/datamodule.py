@@ -17,13 +17,12 @@ import lightning as L
 import numpy as np
 from torch.utils.data import Dataset
 
-from fedlit.data.client import ClientData
 from fedlit.data.datasets import DatasetSpec, ImageSplit
 from fedlit.data.draw import DataSettings, check_sizes, draw
 from fedlit.data.loaders import ImageBatches
 from fedlit.data.own.read import ReadImages
 from fedlit.data.partition import IID, Partitioner
-from fedlit.data.pool import ClientPool
+from fedlit.data.pool import ClientData, ClientPool
 from fedlit.data.server import ServerData
 from fedlit.data.sources import Source, make_source
 

@@ -27,9 +27,8 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from fedlit.data.augment import VIEWS, BatchView, batch_view
+from fedlit.data.augment import VIEWS, BatchView, FitDraws, batch_view
 from fedlit.data.datasets import DatasetSpec
-from fedlit.data.fit_draws import FitDraws
 from fedlit.data.mapped import MappedImages, Pixels, as_tensor
 
 

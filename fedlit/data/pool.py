@@ -1,67 +1,106 @@
 """The client pool: every client's shard (and labeled examples), and what a client sees.
 
-A data set's source gives the images the shards are taken from (:class:`PoolImages`), which
-the partitioner (:mod:`fedlit.data.partition`) divides among the clients; labels-at-client, the
-draw (:mod:`fedlit.data.draw`) deals the labeled set out (:func:`deal_labeled`).
-:class:`ClientPool` holds the result and gives each client its
-:class:`~fedlit.data.client.ClientData` for one visit.
+A data set's source gives the images the shards are taken from
+(:class:`~fedlit.data.pool_images.PoolImages`), which the partitioner
+(:mod:`fedlit.data.partition`) divides among the clients; labels-at-client, the draw
+(:mod:`fedlit.data.draw`) deals the labeled set out (:func:`deal_labeled`). :class:`ClientPool`
+holds the result and gives each client its :class:`ClientData` for one visit.
+
+What one client holds in one round, and nothing else, is its :class:`ClientData`: its own
+shard's loaders. A method's client side (:class:`~fedlit.methods.client_side.ClientSide`:
+``loader``, ``objective``, ``receive``) receives one built from that client's own tensors, not
+the data module: no other client's images, the server's labeled set or the test set are
+reachable from it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from torch import Tensor
 
-from fedlit.data.client import ClientData
 from fedlit.data.datasets import DatasetSpec, ImageSplit
-from fedlit.data.partition import Partitioner, class_counts, non_iid_metric
+from fedlit.data.loaders import ImageBatches
+from fedlit.data.partition import class_counts, non_iid_metric
+from fedlit.data.pool_images import PoolImages
 
 
 @dataclass(frozen=True)
-class PoolImages:
-    """The images the clients' shards are taken from: ``split``'s examples at ``index``.
+class ClientData:
+    """Client ``client_id``'s data on its ``visit``-th selection.
 
-    The partitioner divides them by ``labels`` (one per entry of ``index``; zeros where the
-    images have none) into ``num_classes`` columns, unless ``shards`` has divided them already
-    (each client's positions in ``index``); ``where`` names them in a message about their size.
+    Attributes:
+        client_id, visit: who and which selection (streaming data shows a new chunk each).
+        shard: the unlabeled images the client sees this visit, with the labels the simulation
+            keeps aside: only the FedAvg-SL oracle trains on them, and diagnostics
+            (``hidden_labels``) compare pseudo-labels with them after the fact.
+        labeled: the client's own labeled examples (labels at the clients), else None.
+        spec: the data set's sizes and statistics, for the views.
+        batch_size: the batch size of labeled loaders; ``client_batch_size`` of unlabeled ones.
+        eval_batch_size: the batch size of un-augmented passes.
     """
 
-    split: ImageSplit
-    index: np.ndarray
-    labels: np.ndarray
-    num_classes: int
-    where: str = ""
-    shards: list[np.ndarray] | None = None
+    client_id: int
+    visit: int
+    shard: ImageSplit
+    labeled: ImageSplit | None
+    spec: DatasetSpec
+    batch_size: int
+    client_batch_size: int
+    eval_batch_size: int
 
-    def divide(
-        self,
-        partitioner: Partitioner,
-        num_clients: int,
-        examples_per_client: int | None,
-        rng: np.random.Generator,
-    ) -> list[np.ndarray]:
-        """Each client's positions in :attr:`index`: :attr:`shards`, or the partitioner's
-        division; ValueError naming the keys when ``examples_per_client`` asks for more than
-        the pool holds."""
-        if self.shards is not None:
-            return self.shards
-        check_pool_size(len(self.index), num_clients, examples_per_client, self.where)
-        return partitioner(self.labels, num_clients, self.num_classes, rng, examples_per_client)
+    def __len__(self) -> int:
+        """n_k: the examples the client sees this visit (its FedAvg weight)."""
+        return len(self.shard)
 
-
-def check_pool_size(
-    size: int, num_clients: int, examples_per_client: int | None, where: str
-) -> None:
-    """ValueError naming the keys when ``examples_per_client`` for each of ``num_clients``
-    asks for more than a pool of ``size`` examples (``where``: which pool) holds."""
-    if examples_per_client is not None and num_clients * examples_per_client > size:
-        raise ValueError(
-            f"data.examples_per_client={examples_per_client} x data.num_clients="
-            f"{num_clients} = {num_clients * examples_per_client} exceeds the {size} "
-            f"unlabeled examples {where}; set data.examples_per_client=null to divide them "
-            f"all (about {size // num_clients} a client)"
+    def dataloader(self, views: Sequence[str], with_index: bool = False) -> ImageBatches:
+        """Shuffled batches of ``views`` of the unlabeled images, ``(index?, x_1, ..., x_n)``;
+        no labels."""
+        return ImageBatches(
+            self.shard.images,
+            self.spec,
+            views,
+            self.client_batch_size,
+            shuffle=True,
+            with_index=with_index,
         )
+
+    def plain_dataloader(self) -> ImageBatches:
+        """The unlabeled images un-augmented, in order: batches ``(x,)``."""
+        return ImageBatches(self.shard.images, self.spec, ("plain",), self.eval_batch_size, False)
+
+    def oracle_dataloader(self, view: str = "weak") -> ImageBatches:
+        """The shard WITH its true labels, ``(x, y)``: only for the FedAvg-SL oracle."""
+        return ImageBatches(
+            self.shard.images,
+            self.spec,
+            (view,),
+            self.client_batch_size,
+            shuffle=True,
+            labels=self.shard.labels,
+        )
+
+    def labeled_dataloader(self, views: Sequence[str] = ("weak",)) -> ImageBatches:
+        """The client's own labeled examples (labels at the clients), ``(x_1, ..., x_n, y)``.
+
+        Raises ValueError when the labels are at the server."""
+        if self.labeled is None:
+            raise ValueError("data.labels_at='server': clients hold no labeled examples")
+        return ImageBatches(
+            self.labeled.images,
+            self.spec,
+            views,
+            self.batch_size,
+            shuffle=True,
+            labels=self.labeled.labels,
+        )
+
+    @property
+    def hidden_labels(self) -> Tensor:
+        """The shard's true labels, for diagnostics only (never a loss's input)."""
+        return self.shard.labels
 
 
 def stream_chunks(

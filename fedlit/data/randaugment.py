@@ -3,7 +3,7 @@ middle stage (:mod:`fedlit.data.augment` computes the views).
 
 torchvision's ``RandAugment(num_ops=2, magnitude=10)`` as FixMatch uses it, drawn per image on
 the CPU (torch's global generator, or a compiled fit's own:
-:class:`~fedlit.data.fit_draws.FitDraws`), computed as the same whole-batch stages whatever was
+:class:`~fedlit.data.augment.FitDraws`), computed as the same whole-batch stages whatever was
 drawn, on whatever device the batch is on.
 """
 

@@ -1,91 +1,16 @@
 """The server's data: its labeled, validation and unlabeled sets, the test set, their loaders.
 
-:func:`split_by_class` draws the server's sets out of the training split;
-:class:`ServerData` holds them with the test set (:func:`load_test`) and serves their loaders.
+:class:`ServerData` holds the sets the draw made (:mod:`fedlit.data.draw`: the server's sets
+split by class, the test set) and serves their loaders.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
-import numpy as np
-
-from fedlit.data.datasets import DatasetSpec, ImageSplit, load_split
+from fedlit.data.datasets import DatasetSpec, ImageSplit
 from fedlit.data.loaders import ImageBatches
-
-TEST_SUBSET_SEED = 0x7E57
-
-
-def load_test(
-    dataset: str | DatasetSpec,
-    root: Path,
-    download: bool,
-    test_subset: int | None,
-    num_classes: int,
-) -> ImageSplit:
-    """Data set ``dataset``'s (a name or a spec) test split, or ``test_subset`` of its images:
-    a class-balanced draw, the same for every run (:data:`TEST_SUBSET_SEED`)."""
-    test = load_split(dataset, root, train=False, download=download)
-    if test_subset is None or test_subset >= len(test):
-        return test
-    rng = np.random.default_rng(TEST_SUBSET_SEED)  # the same subset for every run
-    labels = test.labels.numpy()
-    per_class = [rng.permutation(np.flatnonzero(labels == c)) for c in range(num_classes)]
-    quota = np.full(num_classes, test_subset // num_classes)
-    quota[: test_subset % num_classes] += 1
-    idx = np.sort(np.concatenate([p[:q] for p, q in zip(per_class, quota, strict=True)]))
-    return ImageSplit(test.images[idx], test.labels[idx])
-
-
-def split_by_class(
-    labels: np.ndarray,
-    rng: np.random.Generator,
-    dataset: str,
-    num_classes: int,
-    *,
-    labeled_per_class: int | None,
-    labeled_fraction: float | None,
-    val_per_class: int,
-    server_unlabeled_fraction: float,
-    class_names: Sequence[str] | None = None,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """The training split's indices, per class in a random order: labeled
-    (``labeled_per_class``, or ``labeled_fraction`` of the class, or, both None, all that the
-    validation and server-unlabeled images leave), validation, server-unlabeled
-    (``server_unlabeled_fraction`` of the class), and the rest, the client pool; each sorted.
-
-    Raises ValueError, naming the keys and the class (by its name in ``class_names``, a
-    folder's for the user's data), when a class has too few examples.
-    """
-    labeled, val, unlabeled, pool = [], [], [], []
-    for c in range(num_classes):
-        idx = rng.permutation(np.flatnonzero(labels == c))
-        n_unl = int(server_unlabeled_fraction * len(idx))
-        if labeled_per_class is not None:
-            n_lab = labeled_per_class
-            key = f"data.labeled_per_class={labeled_per_class}"
-        elif labeled_fraction is not None:
-            n_lab = max(1, int(labeled_fraction * len(idx)))
-            key = f"data.labeled_fraction={labeled_fraction}"
-        else:  # all of it (clients as folders: the labeled folder)
-            n_lab = max(1, len(idx) - val_per_class - n_unl)
-            key = "data.labeled_per_class=None (the whole class)"
-        if n_lab + val_per_class + n_unl > len(idx):
-            raise ValueError(
-                f"{key} (+ data.val_per_class={val_per_class}, + data.server_unlabeled_"
-                f"fraction={server_unlabeled_fraction}) asks for more examples than "
-                f"class {c}{f' ({class_names[c]!r})' if class_names else ''} of {dataset} "
-                f"has ({len(idx)})"
-            )
-        cuts = np.cumsum([n_lab, val_per_class, n_unl])
-        labeled.append(idx[: cuts[0]])
-        val.append(idx[cuts[0] : cuts[1]])
-        unlabeled.append(idx[cuts[1] : cuts[2]])
-        pool.append(idx[cuts[2] :])
-    parts = (labeled, val, unlabeled, pool)
-    return tuple(np.sort(np.concatenate(part)) for part in parts)  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)

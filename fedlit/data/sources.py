@@ -32,12 +32,12 @@ from fedlit.data.datasets import (
     load_unlabeled_split,
 )
 from fedlit.data.own.arrays import read_arrays
-from fedlit.data.own.cache import CACHE_FOLDER, read_folders
-from fedlit.data.own.folders import CLIENTS, FolderListing, list_folders
-from fedlit.data.own.read import ReadImages
+from fedlit.data.own.cache import CACHE_FOLDER
+from fedlit.data.own.folders import FolderListing, list_folders, read_folders
+from fedlit.data.own.read import CLIENTS, ReadImages
 from fedlit.data.own.torch_datasets import read_torch_datasets
 from fedlit.data.partition import IID, Partitioner
-from fedlit.data.pool import PoolImages
+from fedlit.data.pool_images import PoolImages
 
 #: Every ``data.client_pool`` there is; each source offers some of them.
 CLIENT_POOLS = ("train", "unlabeled", "folders")

@@ -1,14 +1,10 @@
-"""Child processes that end with the process that started them: "die with the parent", for
-``fedlit compare``'s ``fedlit fit`` processes (:class:`Children`, Linux's parent-death signal
-set between fork and exec: :func:`die_with_parent`) and for the pool's workers
-(:func:`exit_with_parent`, a thread that waits on the parent's sentinel: a worker that
-multiprocessing starts has no exec to set a signal before)."""
+"""``fedlit compare``'s ``fedlit fit`` processes, stopped with it (:class:`Children`): a signal
+is passed on to them, and each is tied to the comparison's life
+(:func:`~fedlit.lifeline.die_with_parent`)."""
 
 from __future__ import annotations
 
-import ctypes
 import functools
-import multiprocessing
 import os
 import signal
 import subprocess
@@ -16,21 +12,9 @@ import sys
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
-from multiprocessing.connection import wait
 from types import FrameType
 
-#: ``prctl``'s option that sends the calling process a signal when its parent dies.
-PR_SET_PDEATHSIG = 1
-_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
-
-
-def die_with_parent(parent: int) -> None:
-    """In a child, between fork and exec: receive SIGTERM when the parent dies (Linux), and
-    end at once if it already has."""
-    if _LIBC is not None:
-        _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    if os.getppid() != parent:
-        os._exit(128 + signal.SIGTERM)
+from fedlit.lifeline import die_with_parent
 
 
 class Children:
@@ -97,18 +81,3 @@ class Children:
                 flush=True,
             )
             raise SystemExit(128 + self.stopped_by)
-
-
-def exit_with_parent() -> None:
-    """In a worker multiprocessing started: end it as soon as the process that started it
-    is gone (killed, not only stopped)."""
-    parent = multiprocessing.parent_process()
-    if parent is None or parent.sentinel is None:
-        return
-    sentinel = parent.sentinel
-
-    def watch() -> None:
-        wait([sentinel])
-        os._exit(1)
-
-    threading.Thread(target=watch, name="fedlit-parent-watch", daemon=True).start()

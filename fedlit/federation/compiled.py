@@ -12,7 +12,7 @@ AOTAutograd's and the optimiser's step runs fused (one kernel over all parameter
 ``reduce-overhead`` records the graphs as CUDA graphs and replays them.
 
 What stays outside is what must: the random draws. They are the fit's
-(:class:`~fedlit.data.fit_draws.FitDraws`): a generator of its own, seeded by one draw from
+(:class:`~fedlit.data.augment.FitDraws`): a generator of its own, seeded by one draw from
 torch's global CPU generator, draws a chunk of steps at once and moves it to the device in one
 transfer; each step takes its slice. They have the distributions of eager's per-batch draws,
 not their values.
@@ -43,7 +43,7 @@ from torch import Tensor, nn
 from torch.optim.adam import adam
 from torch.optim.sgd import sgd
 
-from fedlit.data.fit_draws import FitDraws
+from fedlit.data.augment import FitDraws
 from fedlit.data.loaders import expand_batches
 from fedlit.objectives.base import Objective, Step
 

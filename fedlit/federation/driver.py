@@ -111,14 +111,10 @@ class Federation:
         else:
             start_afresh(self.method, self.data, self.seed, self.source)
         self.runner = ClientRunner(
-            client=self.method.client_side(),
-            data=self.data,
-            trainer=self.trainer,
-            seed=self.seed,
-            total_rounds=cfg.rounds,
-            local_epochs=cfg.local_epochs,
+            client=self.method.client_side(), data=self.data, trainer=self.trainer,
+            seed=self.seed, total_rounds=cfg.rounds, local_epochs=cfg.local_epochs,
             local_steps=cfg.local_steps,
-        )
+        )  # fmt: skip
         self.server = Server(
             self.method, self.data, cfg, self.trainer, self.seed, self.checkpoint_path
         )

@@ -36,9 +36,9 @@ from typing import TYPE_CHECKING, Any
 
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from fedlit.federation.children import exit_with_parent
 from fedlit.federation.faults import WorkerDied
 from fedlit.federation.trainers import TERMINATED
+from fedlit.lifeline import parent_death_signal, run_tied
 from fedlit.machine import available_cores
 
 if TYPE_CHECKING:
@@ -95,9 +95,10 @@ def _serve(conn: Connection, threads: int) -> None:
     """A worker's life: its start (:func:`_start_worker`, with the runner the driver sends
     first), then one request after another, each ``(function, args)`` pickled, answered with
     ``(True, result)`` or ``(False, exception)`` pickled, until the driver closes the pipe or
-    is gone."""
+    is gone. Started by :func:`~fedlit.lifeline.run_tied`: tied to the driver's life from its
+    first line, by the parent-death signal while it starts (its imports hold the interpreter
+    for seconds), by a thread after."""
     _leave_signals_to_the_driver()
-    exit_with_parent()
     try:
         runner = conn.recv_bytes()
         try:
@@ -105,6 +106,9 @@ def _serve(conn: Connection, threads: int) -> None:
             broken: Exception | None = None
         except Exception as err:  # every request gets it: its clients' faults, not a dead worker
             broken = err
+        # set up: the thread watches the driver from now on (the signal would also come when
+        # the driver's thread that started this worker ends)
+        parent_death_signal(0)
         while True:
             function, args = pickle.loads(conn.recv_bytes())
             try:
@@ -205,7 +209,8 @@ class ProcessPool:
     :class:`~fedlit.federation.faults.WorkerDied`, its client's fault; the other workers' jobs
     are not touched. A SIGTERM or Ctrl-C in the driver stops the run as in-process and kills
     every worker at once (workers ignore both signals themselves); workers end by themselves
-    if the driver's process dies.
+    if the driver's process dies, within a second, also while they start
+    (:mod:`fedlit.lifeline`).
     """
 
     def __init__(self, runner: ClientRunner, settings: PoolSettings, clients_per_round: int):
@@ -308,7 +313,9 @@ class ProcessPool:
         for _ in range(count):
             ours, theirs = self._context.Pipe(duplex=True)
             process = self._context.Process(
-                target=_serve, args=(theirs, self.settings.threads), name="fedlit-pool-worker"
+                target=run_tied,  # its imports after the tie to the driver
+                args=(f"{__name__}:_serve", theirs, self.settings.threads),
+                name="fedlit-pool-worker",
             )
             with _signals_deferred():  # every process started is in the pool, to be killed
                 process.start()

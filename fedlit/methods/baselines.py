@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedlit.data.client import ClientData
 from fedlit.data.loaders import ImageBatches
+from fedlit.data.pool import ClientData
 from fedlit.methods.base import FederatedMethod, Payload
 from fedlit.methods.client_side import ClientSide
 from fedlit.methods.plan import SERVER_LAST, SERVER_ONLY, RoundPlan

@@ -19,8 +19,8 @@ from lightning.pytorch.utilities import CombinedLoader
 from torch import Tensor
 
 from fedlit.aggregation.payloads import MODEL, Payload, StateDict, detached_copy, state_part
-from fedlit.data.client import ClientData
 from fedlit.data.loaders import ImageBatches
+from fedlit.data.pool import ClientData
 from fedlit.models import Architecture, Classifier
 from fedlit.objectives import Objective, Optimization
 from fedlit.objectives.base import KeptOptimizers

@@ -12,9 +12,9 @@ from torch import nn
 
 from fedlit.aggregation import Mean
 from fedlit.aggregation.payloads import StateDict, host_copy
-from fedlit.data.client import ClientData
 from fedlit.data.datamodule import FederatedDataModule
 from fedlit.data.loaders import ImageBatches
+from fedlit.data.pool import ClientData
 from fedlit.methods.base import DEFAULT_OPTIMIZATION, FederatedMethod, Payload, seed_classifier
 from fedlit.methods.client_side import ClientSetup, ClientSide
 from fedlit.models import Architecture

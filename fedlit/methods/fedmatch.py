@@ -14,10 +14,10 @@ from torch import Tensor, nn
 from fedlit.aggregation import Aggregated, Mean
 from fedlit.aggregation.payloads import state_part
 from fedlit.data.augment import batch_view
-from fedlit.data.client import ClientData
 from fedlit.data.datamodule import FederatedDataModule
 from fedlit.data.datasets import DatasetSpec
 from fedlit.data.loaders import ImageBatches
+from fedlit.data.pool import ClientData
 from fedlit.methods.base import (
     DEFAULT_OPTIMIZATION,
     FederatedMethod,

@@ -9,9 +9,9 @@ import torch
 
 from fedlit.aggregation import Mean
 from fedlit.aggregation.payloads import StateDict, tensor_part
-from fedlit.data.client import ClientData
 from fedlit.data.datamodule import FederatedDataModule
 from fedlit.data.loaders import ImageBatches
+from fedlit.data.pool import ClientData
 from fedlit.evaluation import recalibrate
 from fedlit.methods.base import DEFAULT_OPTIMIZATION, FederatedMethod, Payload, seed_classifier
 from fedlit.methods.client_side import ClientSetup, ClientSide

@@ -8,8 +8,8 @@ from torch import nn
 
 from fedlit.aggregation import GroupwiseWithServer
 from fedlit.aggregation.payloads import state_part
-from fedlit.data.client import ClientData
 from fedlit.data.datamodule import FederatedDataModule
+from fedlit.data.pool import ClientData
 from fedlit.methods.base import (
     DEFAULT_OPTIMIZATION,
     Payload,

@@ -11,9 +11,9 @@ from lightning.pytorch.utilities import CombinedLoader
 
 from fedlit.aggregation import Aggregated, Mean, weighted_average
 from fedlit.aggregation.payloads import StateDict, detached_copy, state_part
-from fedlit.data.client import ClientData
 from fedlit.data.datamodule import FederatedDataModule
 from fedlit.data.loaders import ImageBatches
+from fedlit.data.pool import ClientData
 from fedlit.methods.base import DEFAULT_OPTIMIZATION, FederatedMethod, Payload, seed_classifier
 from fedlit.methods.client_side import ClientSetup, ClientSide, ClientUpdate
 from fedlit.methods.plan import SERVER_LAST, RoundPlan

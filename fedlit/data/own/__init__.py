@@ -15,14 +15,14 @@ streaming and every executor work on them as on the built-in data sets.
 - a torch ``Dataset`` (``data.dataset`` and ``data.test_dataset``,
   :mod:`~fedlit.data.own.torch_datasets`).
 
-The modules, from the ground up: :mod:`~fedlit.data.own.folders` lists folders (no image
-read); :mod:`~fedlit.data.own.decode` decodes and fits images (one at a time, or files in
-worker processes); :mod:`~fedlit.data.own.statistics` measures and caches the normalisation
-statistics; :mod:`~fedlit.data.own.stored` reads a split the cache stored (its checksum
-checked); :mod:`~fedlit.data.own.read` holds a data set read (``ReadImages``) and builds its
-spec; :mod:`~fedlit.data.own.arrays` and :mod:`~fedlit.data.own.torch_datasets` read those
-kinds; :mod:`~fedlit.data.own.cache` decodes image files once into a cache and reads a
-folder data set through it, handing ``ReadImages`` the stored splits to read again.
+The modules, from the ground up: :mod:`~fedlit.data.own.decode` decodes and fits images (one at a
+time, or files in worker processes); :mod:`~fedlit.data.own.statistics` measures and caches the
+normalisation statistics; :mod:`~fedlit.data.own.stored` reads a split the cache stored (its
+checksum checked); :mod:`~fedlit.data.own.read` holds a data set read (``ReadImages``) and builds
+its spec; :mod:`~fedlit.data.own.arrays` and :mod:`~fedlit.data.own.torch_datasets` read those
+kinds; :mod:`~fedlit.data.own.cache` decodes image files once into a cache;
+:mod:`~fedlit.data.own.folders` lists folders (no image read) and reads a listing through the cache,
+handing ``ReadImages`` the stored splits to read again.
 
 Anything wrong is a ValueError naming the file or the key, raised before anything is written.
 """

@@ -17,7 +17,7 @@ from torch import Tensor
 from fedlit.data.datasets import DatasetSpec
 from fedlit.data.own.decode import LooseImage, uniform_images
 from fedlit.data.own.read import ReadImages, check_labels, user_spec
-from fedlit.data.own.statistics import StatisticsCache, fingerprint
+from fedlit.data.own.statistics import StatisticsCache, fingerprint, stats_file
 
 ARRAY_KEYS = ("x_train", "y_train", "x_test", "y_test")
 
@@ -116,8 +116,7 @@ def read_arrays(path: Path, image_size: int | None) -> tuple[DatasetSpec, ReadIm
     )
     images, channels, size, made_rgb = uniform_images(loose, image_size)
     splits = {split: (images[split], labels[split]) for split in ("train", "test")}
-    cache_file = path.with_name(f"{path.name}.fedlit-stats.json")
-    stats = StatisticsCache(cache_file, fingerprint([path], path.parent, image_size))
+    stats = StatisticsCache(stats_file(path), fingerprint([path], path.parent, image_size))
     read = ReadImages(splits, cache=stats, made_rgb=made_rgb)
     spec = user_spec("arrays", read, classes, channels, size, hflip=True, num_classes=num_classes)
     return spec, read

@@ -1,27 +1,27 @@
-"""The user's image files decoded once, in parallel, into a cache at ``data.image_size``, and
-a folder data set read through it.
+"""The user's image files decoded once, in parallel, into a cache at ``data.image_size`` (a
+folder data set is read through it by :func:`~fedlit.data.own.folders.read_folders`).
 
-The cache (:class:`ImageCache`) lives under ``data.root``, in ``<data.root>/fedlit-cache/``,
-beside the data sets fedlit downloads there: the place a recipe already names for data fedlit
-writes, shared by the runs that name it, and one folder to delete to clear it (the user's
-data folder stays untouched). A data set's cache is a folder named by its kind, its path and
-a digest of everything that decides its splits' content (:func:`content_key`): each split's
-files in the listing's order (their names, sizes and modification times: a changed, added,
-removed or moved file is a new cache), their labels (a relabel is a new cache, never stale
-labels), the image size and what its writer adds (the clients' folders). So any source that
-lists files and labels may read through it. It holds per split ``<split>.npy`` (uint8
-images, N, C, S, S), ``<split>-labels.npy`` and ``meta.json``, which holds each file's CRC-32
-(:func:`~fedlit.data.own.stored.checksum`, taken as the cache is written and checked each time
-a file is read: a file changed since, its header intact, is not trained on). It is written
-under a temporary name of its own, while holding ``<cache>/.<name>.lock``, and renamed into
-place whole: a run that finds it being written waits for it, a leftover temporary folder (a
-run killed while writing) is never read and is removed by the next writer. A second run with
-the same files, labels and size reads the cache and decodes nothing; one it cannot read whole
-(a file missing, cut short, or unlike its checksum, a ``meta.json`` unlike the data set's
-splits) is written again, a line saying why. A cache written replaces those it makes stale:
-the same kind of data at the same path and size (its files or labels since changed), a
-cache of an older version of the same data, and those of data whose folder is gone are
-removed, unless another run is writing them.
+The cache (:class:`ImageCache`) lives under ``data.root``, in ``<data.root>/fedlit-cache/``, beside
+the data sets fedlit downloads there: the place a recipe already names for data fedlit writes,
+shared by the runs that name it, and one folder to delete to clear it (the user's data folder stays
+untouched). A data set's cache is a folder named by its kind, its source (``data.path``: the folder,
+or the file that lists the images, so that two listings in one folder keep a cache each) and a
+digest of everything that decides its splits' content (:func:`content_key`): each split's files in
+the listing's order (their names, sizes and modification times: a changed, added, removed or moved
+file is a new cache), their labels (a relabel is a new cache, never stale labels), the image size
+and what its writer adds (the clients' folders). So any source that lists files and labels may read
+through it. It holds per split ``<split>.npy`` (uint8 images, N, C, S, S), ``<split>-labels.npy``
+and ``meta.json``, which holds each file's CRC-32 (:func:`~fedlit.data.own.stored.checksum`, taken
+as the cache is written and checked each time a file is read: a file changed since, its header
+intact, is not trained on). It is written under a temporary name of its own, while holding
+``<cache>/.<name>.lock``, and renamed into place whole: a run that finds it being written waits for
+it, a leftover temporary folder (a run killed while writing) is never read and is removed by the
+next writer. A second run with the same files, labels and size reads the cache and decodes nothing;
+one it cannot read whole (a file missing, cut short, or unlike its checksum, a ``meta.json`` unlike
+the data set's splits) is written again, a line saying why. A cache written replaces those it makes
+stale: the same kind of data from the same source and size (its files or labels since changed), a
+cache of an older version of the same data, and those of data whose source is gone are removed,
+unless another run is writing them.
 
 A split that fits its cap (:func:`~fedlit.data.own.stored.stage_limit`:
 ``FEDLIT_STAGE_LIMIT_BYTES``, else half of the memory free) is read into memory; a larger one
@@ -52,12 +52,8 @@ from filelock import FileLock, Timeout
 from torch import Tensor
 from tqdm import tqdm  # text, also in notebooks (no widget: no ipywidgets needed)
 
-from fedlit.data.datasets import DatasetSpec
 from fedlit.data.mapped import Pixels
 from fedlit.data.own.decode import decode_files
-from fedlit.data.own.folders import CLIENTS, FolderListing
-from fedlit.data.own.read import ReadImages, user_spec
-from fedlit.data.own.statistics import STATS_FILE, StatisticsCache, file_stamps, fingerprint
 from fedlit.data.own.stored import StoredSplit, checked, checksum, npy, stage_limit, written_sum
 from fedlit.run_layout import created_mode
 
@@ -214,9 +210,9 @@ class ImageCache:
         return self.read(counts)
 
     def _prune(self, image_size: int | None) -> None:
-        """Remove the caches this one replaces: of the same kind of data at the same path and
-        ``image_size`` (its files or labels since changed), of an older version of the same
-        data, and of data whose folder is gone; another kind's cache of the same files (a
+        """Remove the caches this one replaces: of the same kind of data from the same source
+        and ``image_size`` (its files or labels since changed), of an older version of the same
+        data, and of data whose source is gone; another kind's cache of the same files (a
         source that labels them otherwise) stays. A cache another run is writing (its lock
         taken) is left."""
         for folder in self.root.iterdir():
@@ -286,64 +282,3 @@ class ImageCache:
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-
-
-def _labels_of(folders: list[tuple[int, list[Path]]]) -> Tensor:
-    return torch.tensor([label for label, files in folders for _ in files], dtype=torch.int64)
-
-
-def folder_splits(
-    listing: FolderListing,
-) -> tuple[dict[str, list[Path]], dict[str, Tensor], dict[str, Any]]:
-    """What ``listing`` caches: each split's files in order (``train``, ``test`` and the
-    clients' images one client after the other), the labels of those that have them, and
-    the meta's ``extra`` (the clients' folders and their sizes)."""
-    clients = listing.clients
-    files = {
-        "train": [p for _, files in listing.train for p in files],
-        "test": [p for _, files in listing.test for p in files],
-        **({CLIENTS: [p for _, files in clients for p in files]} if clients else {}),
-    }
-    labels = {"train": _labels_of(listing.train), "test": _labels_of(listing.test)}
-    return files, labels, {"clients": [[name, len(files)] for name, files in clients]}
-
-
-def read_folders(
-    listing: FolderListing, image_size: int | None, cache_root: Path | None = None
-) -> tuple[DatasetSpec, ReadImages]:
-    """A data set of image files, as ``listing`` lists them (a ``folder`` or
-    ``client_folders`` data set, or any listing of files and labels), its images decoded
-    once into the cache under ``cache_root`` (:class:`ImageCache`, keyed by the files, their
-    labels and order: read from it after) or, None (or a cache that cannot be written), into
-    memory."""
-    kind, root, clients = listing.kind, listing.root, listing.clients
-    files, labels, extra = folder_splits(listing)
-    stamps = {split: file_stamps(names, root) for split, names in files.items()}
-    key = fingerprint((), root, image_size, [s for split in stamps.values() for s in split])
-    cached = None
-    if cache_root is not None:
-        cache = ImageCache.of(
-            cache_root, kind, root, content_key(stamps, labels, image_size, extra)
-        )
-        counts = {split: len(names) for split, names in files.items()}
-        cached = cache.read(counts) or cache.write(files, labels, image_size, extra)
-    if cached is not None:
-        images = cached.images
-        channels, size = int(cached.meta["channels"]), int(cached.meta["size"])
-        made_rgb = int(cached.meta.get("made_rgb", 0))
-    else:
-        decoded = decode_files(files, image_size)
-        images = {split: torch.from_numpy(array) for split, array in decoded.arrays.items()}
-        channels, size, made_rgb = decoded.channels, decoded.size, decoded.made_rgb
-    splits = {"train": (images["train"], labels["train"]), "test": (images["test"], labels["test"])}
-    read = ReadImages(
-        splits,
-        images.get(CLIENTS),
-        [name for name, _ in clients],
-        [len(files) for _, files in clients],
-        StatisticsCache(root / STATS_FILE, key),
-        made_rgb=made_rgb,
-        stored=None if cached is None else cached.stored,  # read again where handed over
-    )
-    spec = user_spec(kind, read, listing.classes, channels, size, hflip=True)
-    return spec, read

@@ -1,5 +1,6 @@
 """The user's image folders listed, no image read: what the checks that need no pixels read
-(the classes and their sizes, the clients' folders) and what is decoded after.
+(the classes and their sizes, the clients' folders) and what is decoded after; a listing's
+images read through the image cache (:func:`read_folders`).
 
 - ``folder`` (``data.path``): ``train/<class>/*`` and ``test/<class>/*``, torchvision's
   ``ImageFolder`` layout: the classes are ``train``'s folder names, sorted (``test`` may lack
@@ -16,16 +17,22 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import torch
+from torch import Tensor
+
+from fedlit.data.datasets import DatasetSpec
+from fedlit.data.own.cache import ImageCache, content_key
+from fedlit.data.own.decode import decode_files
+from fedlit.data.own.read import CLIENTS, ReadImages, user_spec
+from fedlit.data.own.statistics import StatisticsCache, file_stamps, fingerprint, stats_file
 
 #: The file endings read as images (others, and hidden files, are left alone).
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".gif", ".webp")
 #: The splits of a folder data set, by data set: (the labeled training split, the test split).
 FOLDER_SPLITS = {"folder": ("train", "test"), "client_folders": ("labeled", "test")}
-#: The folder of the clients' folders in a ``client_folders`` data set (and the name of the
-#: split of their images).
-CLIENTS = "clients"
 
 
 def image_files(folder: Path, seen: dict[str, str] | None = None) -> list[Path]:
@@ -127,6 +134,9 @@ class FolderListing:
         classes: the class names, the training split's folder names, sorted.
         test: the test split's class folders, (label, image files).
         clients: the clients' folders (``client_folders``), (name, image files).
+        source: what ``data.path`` names, where it is not ``root``: the file that lists the
+            images (a CSV, say). The image cache and the statistics are named by it, so two
+            listings in one folder keep their own.
     """
 
     kind: str
@@ -135,6 +145,12 @@ class FolderListing:
     classes: tuple[str, ...]
     test: list[tuple[int, list[Path]]]
     clients: list[tuple[str, list[Path]]]
+    source: Path | None = None
+
+    @property
+    def path(self) -> Path:
+        """The data set's source: :attr:`source`, else :attr:`root`."""
+        return self.root if self.source is None else self.source
 
     @property
     def train_labels(self) -> np.ndarray:
@@ -156,3 +172,64 @@ def list_folders(kind: str, root: Path) -> FolderListing:
     test = class_folders(root / test_name, classes, seen)
     clients = client_folders(root / CLIENTS, seen) if kind == "client_folders" else []
     return FolderListing(kind, root, train, classes, test, clients)
+
+
+def _labels_of(folders: list[tuple[int, list[Path]]]) -> Tensor:
+    return torch.tensor([label for label, files in folders for _ in files], dtype=torch.int64)
+
+
+def folder_splits(
+    listing: FolderListing,
+) -> tuple[dict[str, list[Path]], dict[str, Tensor], dict[str, Any]]:
+    """What ``listing`` caches: each split's files in order (``train``, ``test`` and the
+    clients' images one client after the other), the labels of those that have them, and
+    the meta's ``extra`` (the clients' folders and their sizes)."""
+    clients = listing.clients
+    files = {
+        "train": [p for _, files in listing.train for p in files],
+        "test": [p for _, files in listing.test for p in files],
+        **({CLIENTS: [p for _, files in clients for p in files]} if clients else {}),
+    }
+    labels = {"train": _labels_of(listing.train), "test": _labels_of(listing.test)}
+    return files, labels, {"clients": [[name, len(files)] for name, files in clients]}
+
+
+def read_folders(
+    listing: FolderListing, image_size: int | None, cache_root: Path | None = None
+) -> tuple[DatasetSpec, ReadImages]:
+    """A data set of image files, as ``listing`` lists them (a ``folder`` or
+    ``client_folders`` data set, or any listing of files and labels), its images decoded
+    once into the cache under ``cache_root`` (:class:`~fedlit.data.own.cache.ImageCache`,
+    named by the listing's source and keyed by the files, their labels and order: read from it
+    after) or, None (or a cache that cannot be written), into memory."""
+    kind, root, clients, source = listing.kind, listing.root, listing.clients, listing.path
+    files, labels, extra = folder_splits(listing)
+    stamps = {split: file_stamps(names, root) for split, names in files.items()}
+    key = fingerprint((), root, image_size, [s for split in stamps.values() for s in split])
+    cached = None
+    if cache_root is not None:
+        cache = ImageCache.of(
+            cache_root, kind, source, content_key(stamps, labels, image_size, extra)
+        )
+        counts = {split: len(names) for split, names in files.items()}
+        cached = cache.read(counts) or cache.write(files, labels, image_size, extra)
+    if cached is not None:
+        images = cached.images
+        channels, size = int(cached.meta["channels"]), int(cached.meta["size"])
+        made_rgb = int(cached.meta.get("made_rgb", 0))
+    else:
+        decoded = decode_files(files, image_size)
+        images = {split: torch.from_numpy(array) for split, array in decoded.arrays.items()}
+        channels, size, made_rgb = decoded.channels, decoded.size, decoded.made_rgb
+    splits = {"train": (images["train"], labels["train"]), "test": (images["test"], labels["test"])}
+    read = ReadImages(
+        splits,
+        images.get(CLIENTS),
+        [name for name, _ in clients],
+        [len(files) for _, files in clients],
+        StatisticsCache(stats_file(source), key),
+        made_rgb=made_rgb,
+        stored=None if cached is None else cached.stored,  # read again where handed over
+    )
+    spec = user_spec(kind, read, listing.classes, channels, size, hflip=True)
+    return spec, read

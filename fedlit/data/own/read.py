@@ -12,9 +12,12 @@ from torch import Tensor
 
 from fedlit.data.datasets import DatasetSpec, Images
 from fedlit.data.mapped import Pixels
-from fedlit.data.own.folders import CLIENTS
 from fedlit.data.own.statistics import Statistics, StatisticsCache, channel_statistics
 from fedlit.data.own.stored import StoredSplit
+
+#: The split of the clients' images (and, in a ``client_folders`` data set, the folder of the
+#: clients' folders).
+CLIENTS = "clients"
 
 
 class ReadImages:
@@ -26,7 +29,7 @@ class ReadImages:
     data are not shipped twice; calling it there raises RuntimeError.
 
     A data set that can be read again (from the image cache: ``stored`` holds, by split,
-    ``train``, ``test`` and :data:`~fedlit.data.own.folders.CLIENTS`, where the cache stored
+    ``train``, ``test`` and :data:`CLIENTS`, where the cache stored
     it, :class:`~fedlit.data.own.stored.StoredSplit`) is handed over rather than kept:
     the first call for a split (the draw's) gets the images read and this object drops them,
     so that the clients' shards and the server's sets drawn from them are the only copy a run

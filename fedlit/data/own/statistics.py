@@ -28,6 +28,16 @@ from fedlit.run_layout import created_mode
 
 #: The statistics cache's name inside a folder data set.
 STATS_FILE = "fedlit-stats.json"
+
+
+def stats_file(source: Path) -> Path:
+    """Where the statistics of the data at ``source`` are cached: :data:`STATS_FILE` in a
+    folder, ``<file>.fedlit-stats.json`` beside a file."""
+    if source.is_dir():
+        return source / STATS_FILE
+    return source.with_name(f"{source.name}.fedlit-stats.json")
+
+
 STATS_VERSION = 1
 
 
