@@ -175,6 +175,10 @@ def run_comparison(
         if run.setting not in partitions:
             partitions[run.setting] = partition(run.args, run.seed)
     per_run = {run: configured[(run.setting, str(run.run_dir.parent))] for run in (*sources, *runs)}
+    if comparison.tune is not None:  # every study's settings parse, before anything runs
+        from fedlit.comparison.studies import check_spaces
+
+        check_spaces(comparison, rounds)
     start = time.perf_counter()
     children = None
     if comparison.jobs > 1:
@@ -183,6 +187,12 @@ def run_comparison(
         fit = fit_in_subprocess(Path(comparison.out) / "logs", threads, children)
     if sources:  # the runs the others start from, first
         execute(sources, per_run, fit, log, comparison.jobs, children)
+    tuning = None
+    if comparison.tune is not None:  # the studies, then their best settings on `seeds`
+        from fedlit.comparison.tuned import tune_runs
+
+        tuning = tune_runs(comparison, runs, per_run, rounds, fit, log, children)
+        runs = tuning.runs
     counts = execute(runs, per_run, fit, log, comparison.jobs, children)
     minutes = (time.perf_counter() - start) / 60
     records = [load_run(run.run_dir) for run in runs]
@@ -190,6 +200,8 @@ def run_comparison(
     if short:
         warn(short)
     about = about_lines(comparison, records, sources, counts, minutes, command)
+    if tuning is not None:
+        about += tuning.lines()
     written = write_report(
         records,
         comparison.out,
@@ -215,5 +227,7 @@ def run_comparison(
             baseline=comparison.baseline,
             last_k=comparison.last_k,
         )
+        if tuning is not None:
+            tuning.log_to_wandb()
     log(terminal_table(records, comparison.target, comparison.baseline, comparison.last_k))
     return written

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from fedlit.search_space import CLIENT_SPACE
 from fedlit.data.client import ClientData
 from fedlit.data.loaders import ImageBatches
 from fedlit.methods.base import FederatedMethod, Payload
@@ -29,6 +30,8 @@ class FedAvgSL(FederatedMethod):
     it marks how far the unlabeled methods are from full supervision. Aggregation is FedAvg
     weighted by n_k, then the server trains on its labeled set (paper 002 section 5.1).
     """
+
+    search_space = CLIENT_SPACE
 
     oracle = True
 

@@ -12,6 +12,7 @@ from typing import ClassVar
 
 from lightning.pytorch.utilities import CombinedLoader
 
+from fedlit.search_space import CLIENT_SPACE
 from fedlit.data.datamodule import FederatedDataModule
 from fedlit.data.loaders import ImageBatches
 from fedlit.data.mapped import joined
@@ -64,6 +65,9 @@ class CentralizedConsistency(FederatedMethod):
             unlabeled loss alone, as the federated clients train.
         The others: see :class:`FederatedMethod`.
     """
+
+    #: its unlabeled steps run at the clients' learning rate
+    search_space = CLIENT_SPACE
 
     centralized = True
     #: The unlabeled loss, trained on the pooled images.

@@ -10,6 +10,7 @@ from lightly.models.modules.heads import ProjectionHead
 from lightning.pytorch.utilities import CombinedLoader
 from torch import nn
 
+from fedlit.search_space import CLIENT_SPACE
 from fedlit.aggregation import Mean
 from fedlit.aggregation.payloads import StateDict, host_copy
 from fedlit.data.client import ClientData
@@ -53,6 +54,8 @@ class FedCon(FederatedMethod):
             through the trained backbone; the paper draws it.
         The others: see :class:`FederatedMethod`.
     """
+
+    search_space = CLIENT_SPACE
 
     def __init__(
         self,

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
+from fedlit.search_space import CLIENT_SPACE
 from fedlit.aggregation import Aggregated, Mean
 from fedlit.aggregation.payloads import state_part
 from fedlit.data.augment import batch_view
@@ -251,6 +252,8 @@ class FedMatch(FederatedMethod):
         server_augment: the server trains on weak views instead of un-augmented images.
         The others: see :class:`FederatedMethod`.
     """
+
+    search_space = CLIENT_SPACE
 
     private = False
 

@@ -7,6 +7,7 @@ import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from fedlit.search_space import CLIENT_SPACE
 from fedlit.aggregation import Aggregated, GroupwiseWithServer, MeanWithServer
 from fedlit.aggregation.payloads import MODEL
 from fedlit.methods.base import (
@@ -70,6 +71,8 @@ class FedRGD(FederatedMethod):
             fewer clients than S uses one group per client).
         The others: see :class:`FederatedMethod`.
     """
+
+    search_space = CLIENT_SPACE
 
     def __init__(
         self,

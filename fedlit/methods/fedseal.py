@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from fedlit.search_space import CLIENT_SPACE, log_uniform, uniform
 from fedlit.aggregation import Mean
 from fedlit.aggregation.payloads import StateDict, tensor_part
 from fedlit.data.client import ClientData
@@ -59,6 +60,14 @@ class FedSEAL(FederatedMethod):
             "w/o self-ensemble learning", 5.2.5).
         The others: see :class:`FederatedMethod`.
     """
+
+    #: theta (paper 002: 0.05), lambda_max (1) and the share of the run lambda ramps over.
+    search_space = {
+        **CLIENT_SPACE,
+        "model.init_args.loss.theta": log_uniform(0.01, 0.2),
+        "model.init_args.loss.lambda_max": log_uniform(0.25, 4.0),
+        "model.init_args.loss.ramp": uniform(0.0, 0.5),
+    }
 
     def __init__(
         self,

@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 
 from torch import nn
 
+from fedlit.search_space import CLIENT_SPACE
 from fedlit.methods.base import DEFAULT_OPTIMIZATION, FederatedMethod
 from fedlit.methods.client_side import Architecture, ClientSide, ObjectiveClientSide
 from fedlit.methods.plan import SERVER_FIRST_AND_FINETUNE, RoundPlan
@@ -55,6 +56,8 @@ class FedAvgSSL(FederatedMethod):
         proj_dim: projection (and prediction) width; None: :func:`default_proj_dim`.
         The others: see :class:`FederatedMethod`.
     """
+
+    search_space = CLIENT_SPACE
 
     ssl_kind: ClassVar[str]
     #: The clients' objective class.

@@ -1,0 +1,252 @@
+"""A tuned comparison (``tune``): studies through the real CLI, resumed after a stop, scored
+on seeds the tuning never saw; its refusals; the methods' search spaces."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import optuna
+import pytest
+import yaml
+from conftest import refused, stop_in_round, tiny_overrides
+
+from fedlit.cli import main
+from fedlit.comparison.selection import accuracy_se, flip_rate
+from fedlit.comparison.tune import method_class
+from fedlit.search_space import SERVER_EPOCHS, SERVER_LR, Distribution, space_table
+
+REPO = Path(__file__).parents[1]
+RECIPES = [str(REPO / "recipes/server_sl.yaml"), str(REPO / "recipes/fedavg_fixmatch.yaml")]
+
+
+def _spec(tmp_path: Path, root: Path, out: str = "out", **tune: Any) -> Path:
+    spec = {
+        "name": "tuned",
+        "out": str(tmp_path / out),
+        "recipes": tune.pop("recipes", RECIPES),
+        "seeds": [0],
+        "overrides": tiny_overrides(root, rounds=2, test_subset=100),
+        "baseline": "server_sl",
+        "tune": {"trials": 3, "seeds": [100], "sampler_seed": 7, **tune},
+    }
+    path = tmp_path / f"{out}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def _trials(out: Path, name: str = "tuned") -> dict[str, list[tuple[str, dict[str, Any], Any]]]:
+    storage = optuna.storages.JournalStorage(
+        optuna.storages.journal.JournalFileBackend(str(out / "tune" / "studies.journal"))
+    )
+    studies = {}
+    for summary in optuna.get_all_study_summaries(storage):
+        study = optuna.load_study(study_name=summary.study_name, storage=storage)
+        studies[summary.study_name.removeprefix(f"{name}/")] = [
+            (t.state.name, t.params, t.value) for t in study.get_trials()
+        ]
+    return studies
+
+
+def test_a_tuned_comparison_scores_the_best_settings_on_unseen_seeds(
+    fmnist_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = _spec(tmp_path, fmnist_root)
+    main(["compare", f"--config={spec}"])
+    out = tmp_path / "out"
+    studies = _trials(out)
+    assert sorted(studies) == ["default/fedavg_fixmatch", "default/server_sl"]
+    for name, trials in studies.items():
+        assert len(trials) == 3 and all(s in ("COMPLETE", "PRUNED") for s, _, _ in trials)
+        method = name.split("/")[1]
+        # every trial ran on the tuning seed only, in its own directory
+        for number in range(3):
+            assert (out / "tune" / "default" / method / f"trial{number}" / "seed100").is_dir()
+        assert not (out / "tune" / "default" / method / "trial0" / "seed0").exists()
+        best = max((t for t in trials if t[0] == "COMPLETE"), key=lambda t: t[2])
+        # the scored run (seed 0) took the best trial's settings
+        config = yaml.safe_load((out / "default" / method / "seed0" / "config.yaml").read_text())
+        lr = config["model"]["init_args"]["optim"]["server_lr"]
+        assert lr == pytest.approx(best[1][SERVER_LR])
+        assert config["federation"]["server_epochs"] == best[1][SERVER_EPOCHS]
+        # a trial's score is its val/acc, never its test/acc
+        run = out / "tune" / "default" / method / f"trial{trials.index(best)}" / "seed100"
+        rows = [r for r in _csv(run / "metrics.csv") if r.get("val/acc")]
+        assert best[2] == pytest.approx(float(rows[-1]["val/acc"]))
+    fixmatch = studies["default/fedavg_fixmatch"]
+    assert all("model.init_args.loss.tau" in params for _, params, _ in fixmatch)
+    report = (out / "tuned.md").read_text()
+    assert "### Tuning" in report and "| default | fedavg_fixmatch |" in report
+    assert "tuning seeds [100]" in report and "scored on [0]" in report
+    # run again: nothing runs, no study grows
+    journal = (out / "tune" / "studies.journal").read_bytes()
+    capsys.readouterr()
+    main(["compare", f"--config={spec}"])
+    log = capsys.readouterr().out
+    assert "tuning default" not in log and "finished, skipped" in log
+    assert (out / "tune" / "studies.journal").read_bytes() == journal
+
+
+def _csv(path: Path) -> list[dict[str, str]]:
+    import csv
+
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_a_stopped_study_resumes_to_the_same_trials(
+    fmnist_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stopped inside a trial's second round (SIGINT's KeyboardInterrupt, as a kill leaves
+    the trial running in the study with its run's checkpoint after round 1), then run again:
+    the same settings tried, each trial told once, the same best, as without the stop."""
+    recipes = RECIPES[:1]
+    whole = _spec(tmp_path, fmnist_root, "whole", recipes=recipes, pruner="none")
+    main(["compare", f"--config={whole}"])
+    stopped = _spec(tmp_path, fmnist_root, "stopped", recipes=recipes, pruner="none")
+    undo = stop_in_round(monkeypatch, 2)
+    with pytest.raises(SystemExit):
+        main(["compare", f"--config={stopped}"])
+    undo()
+    mid = _trials(tmp_path / "stopped")["default/server_sl"]
+    assert [s for s, _, _ in mid] == ["RUNNING"]  # trial 0 stopped in its round 2
+    main(["compare", f"--config={stopped}"])
+    assert _trials(tmp_path / "stopped") == _trials(tmp_path / "whole")
+
+
+def test_pruned_trials_stop_early_and_count_their_rounds(
+    fmnist_root: Path, tmp_path: Path
+) -> None:
+    """With the median rule from the first trial on, a trial below the first one's round-1
+    score stops after round 1: its run has one round, it is PRUNED, the report counts it."""
+    spec = _spec(
+        tmp_path, fmnist_root, recipes=RECIPES[:1], trials=4, startup_trials=1, warmup_rounds=0
+    )
+    main(["compare", f"--config={spec}"])
+    out = tmp_path / "out"
+    trials = _trials(out)["default/server_sl"]
+    rounds = [
+        len(_csv(out / "tune" / "default" / "server_sl" / f"trial{n}" / "seed100" / "metrics.csv"))
+        for n in range(4)
+    ]
+    for (state, _, _), n in zip(trials, rounds, strict=True):
+        # metrics.csv: round 0's row, then one per round run
+        assert n == (2 if state == "PRUNED" else 3)
+    pruned = sum(s == "PRUNED" for s, _, _ in trials)
+    total = sum(r - 1 for r in rounds)
+    assert f"| default | server_sl | {4 - pruned} / {pruned} | {total} |" in (
+        out / "tuned.md"
+    ).read_text()
+
+
+@pytest.mark.parametrize(
+    ("tune", "named"),
+    [
+        ({"objective": "test/acc"}, "tune.objective='test/acc'"),
+        ({"trials": 0}, "tune.trials"),
+        ({"spaces": {"server_sl": {}}}, "tune.spaces.server_sl: an empty space"),
+        ({"spaces": {"server_sl": {"model.init_args.loss.tau": {"low": 0.5, "high": 0.9}}}},
+         "tune.spaces.server_sl.model.init_args.loss.tau: not a setting ServerSL tunes"),
+        ({"spaces": {"server_sl": {"": {"low": 0.5, "high": 0.9}}}}, "an empty key"),
+        ({"seeds": [0, 100]}, "tune.seeds: [0] are also the comparison's seeds"),
+        ({"spaces": {"server_sl": {SERVER_LR: {"low": 0.1, "high": 0.01}}}},
+         f"tune.spaces.server_sl.{SERVER_LR}: low=0.1 is above high=0.01"),
+        ({"spaces": {"nope": {SERVER_LR: {"low": 0.01, "high": 0.1}}}}, "'nope'"),
+    ],
+)
+def test_refused_by_name_before_anything_is_written(
+    fmnist_root: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    tune: dict[str, Any],
+    named: str,
+) -> None:
+    spec = _spec(tmp_path, fmnist_root, **tune)
+    err = refused(["compare", f"--config={spec}"], capsys)
+    assert named in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_replaced_space_with_a_key_no_recipe_has_is_refused_by_the_parser(
+    fmnist_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = _spec(
+        tmp_path,
+        fmnist_root,
+        spaces={"server_sl": {"model.init_args.optim.no_such": {"low": 0.1, "high": 0.2}}},
+        replace=["server_sl"],
+    )
+    err = refused(["compare", f"--config={spec}"], capsys)
+    assert "no_such" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_every_recipe_method_declares_a_space_its_recipe_takes() -> None:
+    """Each top-level recipe's method tunes the server's rate and epochs; every key of its
+    space is a setting of its recipe, at both ends of its range."""
+    from fedlit.cli.fit import resolve
+
+    for recipe in sorted((REPO / "recipes").glob("*.yaml")):
+        space = method_class(str(recipe)).search_space
+        assert {SERVER_LR, SERVER_EPOCHS} <= set(space), recipe.name
+        for end in ("low", "high"):
+            args = [f"--config={recipe}", "--data.root=/nonexistent"]
+            for key, dist in space.items():
+                value = getattr(dist, end)
+                args.append(f"--{key}={int(value) if dist.integer else value}")
+            config = resolve(args).config
+            for key, dist in space.items():
+                node: Any = config
+                for part in key.split("."):
+                    node = node[part]
+                assert node == pytest.approx(getattr(dist, end)), (recipe.name, key)
+
+
+def test_the_method_pages_list_each_space() -> None:
+    """docs/methods/<page>.md shows each method's search space as the code declares it."""
+    import fedlit.methods as methods
+
+    pages = {p.stem: p.read_text() for p in (REPO / "docs" / "methods").glob("*.md")}
+    for name in methods.__all__:
+        cls = getattr(methods, name)
+        page = [text for text in pages.values() if f"fedlit.methods.{name} -->" in text]
+        if page:
+            assert space_table(cls.search_space) in page[0], name
+
+
+def test_distribution_refusals_and_optuna_ranges() -> None:
+    with pytest.raises(ValueError, match="low=2 is above high=1"):
+        Distribution(2, 1)
+    with pytest.raises(ValueError, match="log range needs low > 0"):
+        Distribution(0, 1, log=True)
+    with pytest.raises(ValueError, match="unknown field 'hi'"):
+        Distribution.parse({"low": 0, "hi": 1})
+    assert Distribution.parse({"low": 1, "high": 3, "integer": True}).to_optuna() == (
+        optuna.distributions.IntDistribution(1, 3)
+    )
+    assert Distribution.parse({"choices": ["a", "b"]}).describe() == "one of `a`, `b`"
+
+
+def test_flip_rate_counts_resamples_where_the_runner_up_wins() -> None:
+    rng = np.random.default_rng(0)
+    same = rng.random(50) < 0.7
+    assert flip_rate([same], [same], draws=200) == 1.0  # ties go to the runner-up
+    better, worse = np.ones(40, bool), np.zeros(40, bool)
+    assert flip_rate([better], [worse], draws=200) == 0.0
+    # one image apart out of 40: the runner-up ties or wins whenever that image is not drawn
+    a, b = np.ones(40, bool), np.ones(40, bool)
+    b[0] = False
+    expected = (39 / 40) ** 40
+    assert flip_rate([a], [b], draws=4000) == pytest.approx(expected, abs=0.03)
+    assert accuracy_se(0.8, 100) == pytest.approx(0.04)
+
+
+def test_a_trial_run_names_its_study_in_run_json(fmnist_root: Path, tmp_path: Path) -> None:
+    spec = _spec(tmp_path, fmnist_root, recipes=RECIPES[:1], trials=1)
+    main(["compare", f"--config={spec}"])
+    info = json.loads(
+        (tmp_path / "out/tune/default/server_sl/trial0/seed100/run.json").read_text()
+    )
+    assert info["trial"] == "0" and info["study"] == "tuned/default/server_sl"
