@@ -205,15 +205,23 @@ def test_every_recipe_method_declares_a_space_its_recipe_takes() -> None:
 
 
 def test_the_method_pages_list_each_space() -> None:
-    """docs/methods/<page>.md shows each method's search space as the code declares it."""
+    """Each method page shows, after each method's settings table (and FedAvg-SL's beside
+    Server-SL's), that method's search space as the code declares it."""
+    import re
+
     import fedlit.methods as methods
 
-    pages = {p.stem: p.read_text() for p in (REPO / "docs" / "methods").glob("*.md")}
-    for name in methods.__all__:
-        cls = getattr(methods, name)
-        page = [text for text in pages.values() if f"fedlit.methods.{name} -->" in text]
-        if page:
-            assert space_table(cls.search_space) in page[0], name
+    shown = []
+    for page in (REPO / "docs" / "methods").glob("*.md"):
+        text = page.read_text()
+        for name in re.findall(r"<!-- fedlit-settings fedlit\.methods\.(\w+) -->", text):
+            shown.append(name)
+            block = f"{name}'s search space, what a tuned comparison varies"
+            table = space_table(getattr(methods, name).search_space)
+            assert f"{block} ([`tune`](../tuning.md)):\n\n{table}\n" in text, name
+        if page.name == "baselines.md":
+            assert space_table(methods.FedAvgSL.search_space) in text
+    assert len(shown) >= 14
 
 
 def test_distribution_refusals_and_optuna_ranges() -> None:
@@ -250,3 +258,77 @@ def test_a_trial_run_names_its_study_in_run_json(fmnist_root: Path, tmp_path: Pa
         (tmp_path / "out/tune/default/server_sl/trial0/seed100/run.json").read_text()
     )
     assert info["trial"] == "0" and info["study"] == "tuned/default/server_sl"
+
+
+def _wandb_run(run_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """An offline W&B run's run record and config, read by wandb's own inspector."""
+    import subprocess
+    import sys
+
+    (run_file,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
+    out = subprocess.run(
+        [sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(run_file)],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    records = [json.loads(line) for line in out.splitlines() if line.strip()]
+    run = next(r["run"] for r in records if r["type"] == "run")
+    config: dict[str, Any] = {}
+    for r in records:
+        if r["type"] == "run":
+            config |= r["run"].get("config", {}).get("update", {})
+        if r["type"] == "config":
+            config |= r["config"].get("update", {})
+    return run, config
+
+
+def test_trials_and_final_runs_are_told_apart_on_wandb_offline(
+    fmnist_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    spec = _spec(tmp_path, fmnist_root, recipes=RECIPES[:1], trials=2)
+    values = yaml.safe_load(spec.read_text())
+    values["wandb"] = {"project": "fedlit-test", "offline": True}
+    spec.write_text(yaml.safe_dump(values))
+    main(["compare", f"--config={spec}"])
+    out = tmp_path / "out"
+    for number in range(2):
+        run, config = _wandb_run(out / f"tune/default/server_sl/trial{number}/seed100")
+        assert run["run_group"] == "tuned"
+        assert {"trial", "server_sl", "default"} <= set(run["tags"])
+        assert config["trial"] == number and config["seed"] == 100
+        assert config["setting"] == "default" and config["method"] == "server_sl"
+        assert f"tuned/{SERVER_LR}" in config and config["seed_everything"] == 100
+    run, config = _wandb_run(out / "default/server_sl/seed0")
+    assert run["run_group"] == "tuned" and "final" in run["tags"] and "trial" not in run["tags"]
+    (table,) = out.glob("wandb/offline-run-*/files/media/table/tuning_*.json")
+    summary = json.loads(table.read_text())
+    assert summary["columns"][:4] == ["setting", "method", "complete", "pruned"]
+    assert [row[:2] for row in summary["data"]] == [["default", "server_sl"]]
+
+
+def test_the_tuned_warm_spec_is_the_calibrated_protocol_tuned() -> None:
+    """fmnist_warm_tuned: fmnist_warm_long_lr02's protocol (overrides, settings, warm start,
+    score), its four main recipes, each tuned with >= 12 trials on a seed it is not scored on."""
+    from fedlit.comparison import Comparison
+    from fedlit.comparison.tune import TuneSettings
+
+    folder = REPO / "recipes/comparisons"
+    tuned = yaml.safe_load((folder / "fmnist_warm_tuned.yaml").read_text())
+    untuned = yaml.safe_load((folder / "fmnist_warm_long_lr02.yaml").read_text())
+    for key in ("overrides", "settings", "init_from", "last_k", "baseline"):
+        assert tuned[key] == untuned[key], key
+    assert set(tuned["recipes"]) <= set(untuned["recipes"])
+    stems = [Path(r).stem for r in tuned["recipes"]]
+    assert {"server_sl", "fedavg_sl", "fedavg_fixmatch", "fedseal"} <= set(stems)
+    tune = TuneSettings(**tuned.pop("tune"))
+    assert tune.trials >= 12 and tune.pruner != "none" and tune.objective == "val/acc"
+    assert len(tuned["seeds"]) == 3 and not set(tune.seeds) & set(tuned["seeds"])
+    tuned["recipes"] = [str(REPO / r) for r in tuned["recipes"]]
+    tuned["init_from"]["recipe"] = str(REPO / tuned["init_from"]["recipe"])
+    from fedlit.comparison.spec import SourceRun
+
+    tuned["init_from"] = SourceRun(**tuned["init_from"])
+    Comparison(**tuned, tune=tune)  # checked as fedlit compare checks it
