@@ -14,7 +14,7 @@ import yaml
 from conftest import refused, stop_in_round, tiny_overrides
 
 from fedlit.cli import main
-from fedlit.comparison.selection import accuracy_se, flip_rate
+from fedlit.comparison.selection import accuracy_se, flip_rate, val_correct
 from fedlit.comparison.tune import method_class
 from fedlit.search_space import SERVER_EPOCHS, SERVER_LR, Distribution, space_table
 
@@ -75,11 +75,15 @@ def test_a_tuned_comparison_scores_the_best_settings_on_unseen_seeds(
         run = out / "tune" / "default" / method / f"trial{trials.index(best)}" / "seed100"
         rows = [r for r in _csv(run / "metrics.csv") if r.get("val/acc")]
         assert best[2] == pytest.approx(float(rows[-1]["val/acc"]))
+        # the selection noise's image-by-image scoring is the run's own last val/acc
+        right = val_correct([f"--config={run / 'config.yaml'}"], run, 100)
+        assert right.shape == (20,) and right.mean() == pytest.approx(best[2])
     fixmatch = studies["default/fedavg_fixmatch"]
     assert all("model.init_args.loss.tau" in params for _, params, _ in fixmatch)
     report = (out / "tuned.md").read_text()
     assert "### Tuning" in report and "| default | fedavg_fixmatch |" in report
     assert "tuning seeds [100]" in report and "scored on [0]" in report
+    assert "| 20, " in report  # 20 validation images, the SE of an accuracy on them beside
     # run again: nothing runs, no study grows
     journal = (out / "tune" / "studies.journal").read_bytes()
     capsys.readouterr()
@@ -240,13 +244,13 @@ def test_distribution_refusals_and_optuna_ranges() -> None:
 def test_flip_rate_counts_resamples_where_the_runner_up_wins() -> None:
     rng = np.random.default_rng(0)
     same = rng.random(50) < 0.7
-    assert flip_rate([same], [same], draws=200) == 1.0  # ties go to the runner-up
+    assert flip_rate([same], [same], draws=200) == 0.5  # a tie is a coin toss
     better, worse = np.ones(40, bool), np.zeros(40, bool)
     assert flip_rate([better], [worse], draws=200) == 0.0
-    # one image apart out of 40: the runner-up ties or wins whenever that image is not drawn
+    # one image apart out of 40: a tie whenever that image is not drawn, else the chosen wins
     a, b = np.ones(40, bool), np.ones(40, bool)
     b[0] = False
-    expected = (39 / 40) ** 40
+    expected = 0.5 * (39 / 40) ** 40
     assert flip_rate([a], [b], draws=4000) == pytest.approx(expected, abs=0.03)
     assert accuracy_se(0.8, 100) == pytest.approx(0.04)
 
@@ -332,3 +336,40 @@ def test_the_tuned_warm_spec_is_the_calibrated_protocol_tuned() -> None:
 
     tuned["init_from"] = SourceRun(**tuned["init_from"])
     Comparison(**tuned, tune=tune)  # checked as fedlit compare checks it
+
+
+def test_a_tune_section_that_is_no_mapping_is_refused(
+    fmnist_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = _spec(tmp_path, fmnist_root)
+    values = yaml.safe_load(spec.read_text())
+    values["tune"] = 12
+    spec.write_text(yaml.safe_dump(values))
+    err = refused(["compare", f"--config={spec}"], capsys)
+    assert "tune=12: a group of settings is a mapping" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_budget_further_than_10_percent_from_the_baselines_is_flagged() -> None:
+    from fedlit.comparison import Comparison
+    from fedlit.comparison.studies import StudyResult
+    from fedlit.comparison.tune import TuneSettings
+    from fedlit.comparison.tune_report import tuning_lines
+
+    comparison = Comparison(
+        name="c", recipes=RECIPES, baseline="server_sl", tune=TuneSettings(trials=3)
+    )
+    results = [
+        StudyResult("default", "server_sl", complete=3, rounds=100),
+        StudyResult("default", "fedavg_fixmatch", complete=3, rounds=111),
+        StudyResult("other", "server_sl", complete=3, rounds=100),
+        StudyResult("other", "fedavg_fixmatch", complete=3, rounds=109),
+    ]
+    rows = [line for line in tuning_lines(comparison, results, {}) if line.startswith("| ")]
+    flagged = {tuple(row.split(" | ")[:2]): "!" in row.split(" | ")[3] for row in rows[1:]}
+    assert flagged == {
+        ("| default", "server_sl"): False,
+        ("| default", "fedavg_fixmatch"): True,
+        ("| other", "server_sl"): False,
+        ("| other", "fedavg_fixmatch"): False,
+    }

@@ -46,17 +46,18 @@ def flip_rate(
 ) -> float:
     """How often the runner-up would have been chosen: the share of ``draws`` bootstrap
     resamples of the validation images (each tuning seed's split resampled on its own, the
-    same images for both trials) on which the runner-up scores at least as high as the chosen
-    trial. ``chosen`` and ``runner_up``: per tuning seed, the (n_val,) correctness of each."""
+    same images for both trials) on which the runner-up scores higher than the chosen trial,
+    a tie counting half (a coin toss). ``chosen`` and ``runner_up``: per tuning seed, the
+    (n_val,) correctness of each."""
     rng = np.random.default_rng(seed)
-    flips = 0
+    flips = 0.0
     for _ in range(draws):
         a = b = 0.0
         for mine, other in zip(chosen, runner_up, strict=True):
             pick = rng.integers(0, len(mine), len(mine))
             a += mine[pick].mean()
             b += other[pick].mean()
-        flips += b >= a
+        flips += 1.0 if b > a else 0.5 if b == a else 0.0
     return flips / draws
 
 

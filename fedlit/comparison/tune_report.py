@@ -87,8 +87,9 @@ def tuning_lines(
         "trains no client).",
         "- *val n, SE*: the validation images the choice was made on (over the tuning seeds) "
         "and the standard error of the chosen trial's accuracy on them, sqrt(p(1-p)/n).",
-        "- *flip*: how often the runner-up scores at least as high as the chosen trial on "
-        "the validation images resampled with replacement (2000 draws, their final networks).",
+        "- *flip*: how often the runner-up scores higher than the chosen trial (a tie counts "
+        "half) on the validation images resampled with replacement (2000 draws, the two "
+        "trials' final networks scored image by image).",
         "",
         "| setting | method | trials (done / pruned) | rounds | seconds | best val | "
         "val n, SE | flip | chosen settings |",
