@@ -71,6 +71,8 @@ def test_a_tuned_comparison_scores_the_best_settings_on_unseen_seeds(
         lr = config["model"]["init_args"]["optim"]["server_lr"]
         assert lr == pytest.approx(best[1][SERVER_LR])
         assert config["federation"]["server_epochs"] == best[1][SERVER_EPOCHS]
+        info = json.loads((out / "tune/default" / method / "trial0/seed100/run.json").read_text())
+        assert info["trial"] == "0" and info["study"] == f"tuned/default/{method}"
         # a trial's score is its val/acc, never its test/acc
         run = out / "tune" / "default" / method / f"trial{trials.index(best)}" / "seed100"
         rows = [r for r in _csv(run / "metrics.csv") if r.get("val/acc")]
@@ -90,6 +92,13 @@ def test_a_tuned_comparison_scores_the_best_settings_on_unseen_seeds(
     main(["compare", f"--config={spec}"])
     log = capsys.readouterr().out
     assert "tuning default" not in log and "finished, skipped" in log
+    assert (out / "tune" / "studies.journal").read_bytes() == journal
+    # the same out with another sampler seed: refused, the studies left as they are
+    values = yaml.safe_load(spec.read_text())
+    values["tune"]["sampler_seed"] = 8
+    spec.write_text(yaml.safe_dump(values))
+    err = refused(["compare", f"--config={spec}"], capsys)
+    assert "tuned/default/server_sl" in err and "another sampler" in err
     assert (out / "tune" / "studies.journal").read_bytes() == journal
 
 
@@ -253,15 +262,6 @@ def test_flip_rate_counts_resamples_where_the_runner_up_wins() -> None:
     expected = 0.5 * (39 / 40) ** 40
     assert flip_rate([a], [b], draws=4000) == pytest.approx(expected, abs=0.03)
     assert accuracy_se(0.8, 100) == pytest.approx(0.04)
-
-
-def test_a_trial_run_names_its_study_in_run_json(fmnist_root: Path, tmp_path: Path) -> None:
-    spec = _spec(tmp_path, fmnist_root, recipes=RECIPES[:1], trials=1)
-    main(["compare", f"--config={spec}"])
-    info = json.loads(
-        (tmp_path / "out/tune/default/server_sl/trial0/seed100/run.json").read_text()
-    )
-    assert info["trial"] == "0" and info["study"] == "tuned/default/server_sl"
 
 
 def _wandb_run(run_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:

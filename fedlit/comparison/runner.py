@@ -176,9 +176,12 @@ def run_comparison(
             partitions[run.setting] = partition(run.args, run.seed)
     per_run = {run: configured[(run.setting, str(run.run_dir.parent))] for run in (*sources, *runs)}
     if comparison.tune is not None:  # every study's settings parse, before anything runs
-        from fedlit.comparison.studies import check_spaces
+        from fedlit.comparison.studies import check_spaces, check_studies
 
         check_spaces(comparison, rounds)
+        refusal = check_studies(comparison)
+        if refusal:
+            raise Refused(refusal)
     start = time.perf_counter()
     children = None
     if comparison.jobs > 1:

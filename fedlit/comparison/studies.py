@@ -188,7 +188,8 @@ def run_studies(
             bases = [r for r in runs if r.setting == setting and r.method == stem]
             space = tune.space(recipe)
             total = rounds(bases[0].args)
-            study = _study(storage, study_name(comparison, setting, stem), pruner_rule(tune))
+            terms = study_terms(comparison, recipe, bases)
+            study = _study(storage, study_name(comparison, setting, stem), pruner_rule(tune), terms)
             distributions = {key: dist.to_optuna() for key, dist in space.items()}
 
             def one(number: int, params: dict[str, Any]) -> tuple[int, float | None]:
@@ -223,17 +224,68 @@ def run_studies(
     return results
 
 
-def _study(storage: Any, name: str, rule: str) -> Any:
-    """The study ``name``, created on first use (a study that exists is loaded, and its
-    journal gets no record)."""
+def _study(storage: Any, name: str, rule: str, terms: dict[str, Any]) -> Any:
+    """The study ``name``, created on first use with its ``terms`` (a study that exists is
+    loaded, and its journal gets no record)."""
     import optuna
 
     try:
         return optuna.load_study(study_name=name, storage=storage, pruner=make_pruner(rule))
     except KeyError:
-        return optuna.create_study(
+        study = optuna.create_study(
             study_name=name, storage=storage, direction="maximize", pruner=make_pruner(rule)
         )
+        study.set_user_attr(TERMS, terms)
+        return study
+
+
+#: A study's user attribute holding what its trials were run with (:func:`study_terms`).
+TERMS = "fedlit_terms"
+
+
+def study_terms(comparison: Comparison, recipe: str, bases: Sequence[PlannedRun]) -> dict[str, Any]:
+    """What a study's trials depend on, but the number of trials: its space, seeds, score,
+    pruner, sampler and its runs' arguments. A study run with other terms is refused."""
+    assert comparison.tune is not None
+    tune = comparison.tune
+    args = [[a for a in b.args if not a.startswith(LOGGER_ARG)] for b in bases]
+    return {
+        "space": {key: repr(dist) for key, dist in tune.space(recipe).items()},
+        "seeds": list(tune.seeds),
+        "objective": [tune.objective, tune.last_k],
+        "pruner": pruner_rule(tune),
+        "sampler": [tune.sampler_seed, tune.startup],
+        "runs": args,
+    }
+
+
+def check_studies(comparison: Comparison) -> str | None:
+    """Why the studies already in ``out`` cannot go on under this spec (a study whose terms
+    differ from this spec's, named with the first term that does), or None."""
+    import optuna
+
+    path = storage_path(comparison)
+    if not path.is_file():
+        return None
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    storage = open_storage(path)
+    names = {s.study_name: s for s in optuna.get_all_study_summaries(storage)}
+    runs = plan(tuning_comparison(comparison))
+    for setting in comparison.settings:
+        for recipe in comparison.recipes:
+            name = study_name(comparison, setting, Path(recipe).stem)
+            if name not in names:
+                continue
+            bases = [r for r in runs if r.setting == setting and r.method == Path(recipe).stem]
+            terms = study_terms(comparison, recipe, bases)
+            stored = names[name].user_attrs.get(TERMS, {})
+            for key, value in terms.items():
+                if json.loads(json.dumps(value)) != stored.get(key):
+                    return (
+                        f"tune: the study {name} in {path} ran with another {key} than this "
+                        "spec's; give the comparison another name or out to start afresh"
+                    )
+    return None
 
 
 def _draw_seed(seed: int, number: int) -> int:
