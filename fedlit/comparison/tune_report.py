@@ -69,17 +69,22 @@ def tuning_lines(
     assert comparison.tune is not None
     tune = comparison.tune
     base = {r.setting: r for r in results if r.method == comparison.baseline}
+    score = (
+        f"the mean of its last {tune.last_k} rounds' `{tune.objective}`"
+        if tune.last_k > 1
+        else f"its last round's `{tune.objective}`"
+    )
     lines = [
         "",
         "### Tuning",
         "",
         f"Every recipe was tuned in every setting with the same budget: {tune.trials} trials "
-        f"of Optuna's TPE sampler (seed {tune.sampler_seed}, {tune.startup} random trials "
-        f"first), pruned by the `{tune.pruner}` rule over rounds, on the tuning seeds "
-        f"{list(tune.seeds)} (the results above are scored on {list(comparison.seeds)}, "
-        f"which the tuning never saw). A trial's score: the mean of its last {tune.last_k} "
-        f"rounds' `{tune.objective}` on the server's validation set (mean over the tuning "
-        "seeds); the test set is never read. The runs above take the best trial's settings.",
+        f"of Optuna's TPE sampler (seed {tune.sampler_seed}; random draws for the first "
+        f"{tune.startup}), pruned by the `{tune.pruner}` rule over rounds, on the tuning seeds "
+        f"{list(tune.seeds)} (the results are scored on {list(comparison.seeds)}, which the "
+        f"tuning never saw). A trial's score: {score} on the server's validation set (mean "
+        "over the tuning seeds); the test set is never read. The scored runs take the best "
+        "trial's settings.",
         "",
         "- *budget*: trials completed / pruned, rounds run by all of a study's trials and their "
         "wall-clock seconds; `!` where the rounds differ from the baseline's by more than "
