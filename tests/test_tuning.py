@@ -11,7 +11,7 @@ import numpy as np
 import optuna
 import pytest
 import yaml
-from conftest import refused, stop_in_round, tiny_overrides
+from conftest import refused, tiny_overrides
 
 from fedlit.cli import main
 from fedlit.comparison.selection import accuracy_se, flip_rate, val_correct
@@ -112,21 +112,35 @@ def _csv(path: Path) -> list[dict[str, str]]:
 def test_a_stopped_study_resumes_to_the_same_trials(
     fmnist_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Stopped inside a trial's second round (SIGINT's KeyboardInterrupt, as a kill leaves
-    the trial running in the study with its run's checkpoint after round 1), then run again:
-    the same settings tried, each trial told once, the same best, as without the stop."""
+    """Stopped inside trial 1's second round (SIGINT's KeyboardInterrupt: trial 0 told, trial
+    1 left running in the study with its run's checkpoint after round 1, as a kill leaves it),
+    then run again: the same settings tried, each trial told once, the same best, as without
+    the stop."""
+    from fedlit.federation import Federation
+
     recipes = RECIPES[:1]
     whole = _spec(tmp_path, fmnist_root, "whole", recipes=recipes, pruner="none")
     main(["compare", f"--config={whole}"])
     stopped = _spec(tmp_path, fmnist_root, "stopped", recipes=recipes, pruner="none")
-    undo = stop_in_round(monkeypatch, 2)
+    original, calls = Federation.run_round, []
+
+    def stopping(self: Federation, index: int) -> dict[str, float]:
+        calls.append(index)
+        if len(calls) == 4:  # trial 0's rounds 1 and 2, trial 1's round 1, then this
+            raise KeyboardInterrupt
+        return original(self, index)
+
+    monkeypatch.setattr(Federation, "run_round", stopping)
     with pytest.raises(SystemExit):
         main(["compare", f"--config={stopped}"])
-    undo()
+    monkeypatch.setattr(Federation, "run_round", original)
     mid = _trials(tmp_path / "stopped")["default/server_sl"]
-    assert [s for s, _, _ in mid] == ["RUNNING"]  # trial 0 stopped in its round 2
+    assert [s for s, _, _ in mid] == ["COMPLETE", "RUNNING"]
+    trial1 = tmp_path / "stopped/tune/default/server_sl/trial1/seed100"
+    assert len(_csv(trial1 / "metrics.csv")) == 2  # round 0 and round 1: it resumes
     main(["compare", f"--config={stopped}"])
     assert _trials(tmp_path / "stopped") == _trials(tmp_path / "whole")
+    assert len(_csv(trial1 / "metrics.csv")) == 3  # round 2 was added, round 1 not run again
 
 
 def test_pruned_trials_stop_early_and_count_their_rounds(
