@@ -388,3 +388,22 @@ def test_a_budget_further_than_10_percent_from_the_baselines_is_flagged() -> Non
         ("| other", "server_sl"): False,
         ("| other", "fedavg_fixmatch"): False,
     }
+
+
+def test_trials_in_child_processes_match_trials_in_this_one(
+    fmnist_root: Path, tmp_path: Path
+) -> None:
+    """``jobs: 2`` runs a batch's two trials at once, each in its own ``fedlit fit`` process,
+    reporting to the journal from there: with every draw random (``startup_trials``), the
+    trials are those of one process (one thread each, as ``jobs: 2`` gives on 2 cores)."""
+    kw: dict[str, Any] = {"recipes": RECIPES[:1], "trials": 2, "startup_trials": 2}
+    one = _spec(tmp_path, fmnist_root, "one", pruner="none", **kw)
+    main(["compare", f"--config={one}"])
+    two = _spec(tmp_path, fmnist_root, "two", pruner="none", **kw)
+    values = yaml.safe_load(two.read_text())
+    values["jobs"] = 2
+    two.write_text(yaml.safe_dump(values))
+    main(["compare", f"--config={two}"])
+    assert _trials(tmp_path / "two") == _trials(tmp_path / "one")
+    logs = list((tmp_path / "two" / "logs").glob("*_two_tune_default_server_sl_trial*.log"))
+    assert len(logs) == 2  # each trial ran in a child process
