@@ -407,3 +407,32 @@ def test_trials_in_child_processes_match_trials_in_this_one(
     assert _trials(tmp_path / "two") == _trials(tmp_path / "one")
     logs = list((tmp_path / "two" / "logs").glob("*_two_tune_default_server_sl_trial*.log"))
     assert len(logs) == 2  # each trial ran in a child process
+
+
+def test_a_trial_whose_round_fails_is_a_failed_trial_of_the_budget(
+    fmnist_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A trial whose run has a failed round (a diverged setting: the global model no longer
+    finite) is told FAIL and counted in the budget; the study goes on, and run again the
+    comparison runs nothing."""
+    from fedlit.federation import Federation
+    from fedlit.federation.faults import RoundFailed
+
+    original = Federation.run_round
+
+    def diverging(self: Federation, index: int) -> dict[str, float]:
+        if "trial1" in str(self.run_dir) and index == 2:
+            raise RoundFailed("the global model is no longer finite")
+        return original(self, index)
+
+    monkeypatch.setattr(Federation, "run_round", diverging)
+    spec = _spec(tmp_path, fmnist_root, recipes=RECIPES[:1], pruner="none")
+    main(["compare", f"--config={spec}"])
+    out = tmp_path / "out"
+    trials = _trials(out)["default/server_sl"]
+    assert [s for s, _, _ in trials] == ["COMPLETE", "FAIL", "COMPLETE"]
+    assert (out / "tune/default/server_sl/trial1/seed100/failed.json").is_file()
+    assert "| default | server_sl | 2 / 0 / 1 failed | 5 |" in (out / "tuned.md").read_text()
+    journal = (out / "tune" / "studies.journal").read_bytes()
+    main(["compare", f"--config={spec}"])
+    assert (out / "tune" / "studies.journal").read_bytes() == journal

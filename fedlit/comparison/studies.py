@@ -34,6 +34,7 @@ from fedlit.comparison.tune import TuneSettings, overrides
 from fedlit.federation.children import Children
 from fedlit.federation.trial import (
     OBJECTIVE,
+    FAILED_FILE,
     PRUNED_FILE,
     PRUNER,
     STEP,
@@ -73,6 +74,7 @@ class StudyResult:
     runner_up_value: float | None = None
     complete: int = 0
     pruned: int = 0
+    failed: int = 0
     rounds: int = 0
     seconds: float = 0.0
     best_trial: int | None = None
@@ -192,7 +194,7 @@ def run_studies(
             study = _study(storage, study_name(comparison, setting, stem), pruner_rule(tune), terms)
             distributions = {key: dist.to_optuna() for key, dist in space.items()}
 
-            def one(number: int, params: dict[str, Any]) -> tuple[int, float | None]:
+            def one(number: int, params: dict[str, Any]) -> tuple[int, float | str | None]:
                 return number, _run_trial(comparison, bases, number, params, total, fit, log)
 
             while True:
@@ -215,9 +217,11 @@ def run_studies(
                 ]
                 log(f"tuning {setting}/{stem}: trials {[n for n, _ in batch]} of {tune.trials}")
                 told = _in_parallel(batch, one, comparison.jobs, children)
-                for number, value in sorted(told):
+                for number, value in sorted(told, key=lambda told: told[0]):
                     if value is None:
                         study.tell(number, state=optuna.trial.TrialState.PRUNED)
+                    elif value == FAILED:
+                        study.tell(number, state=optuna.trial.TrialState.FAIL)
                     else:
                         study.tell(number, value)
             results.append(_result(comparison, study, bases, setting, stem))
@@ -294,10 +298,10 @@ def _draw_seed(seed: int, number: int) -> int:
 
 def _in_parallel(
     batch: Sequence[tuple[int, dict[str, Any]]],
-    one: Callable[[int, dict[str, Any]], tuple[int, float | None]],
+    one: Callable[[int, dict[str, Any]], tuple[int, float | str | None]],
     jobs: int,
     children: Children | None,
-) -> list[tuple[int, float | None]]:
+) -> list[tuple[int, float | str | None]]:
     if jobs == 1 or len(batch) == 1:
         return [one(number, params) for number, params in batch]
     stopping = children.forwarding_signals() if children is not None else nullcontext()
@@ -314,18 +318,33 @@ def _run_trial(
     total: int,
     fit: FitFn,
     log: Callable[[str], None],
-) -> float | None:
-    """Run (or resume) trial ``number`` on every tuning seed; its score, None if pruned."""
+) -> float | str | None:
+    """Run (or resume) trial ``number`` on every tuning seed; its score, None if pruned,
+    :data:`FAILED` if a round of its run failed (every client left out: a diverged setting,
+    a trial of the budget all the same). Any other error of its run is raised, the trial left
+    running in the study, to be resumed."""
     assert comparison.tune is not None
     scores = []
     for base in bases:
         run = trial_run(comparison, base, number, params)
-        if not (run.run_dir / PRUNED_FILE).is_file():
-            execute([run], {run: total}, fit, lambda line: log(f"  trial {number}: {line}"))
+        marks = (run.run_dir / PRUNED_FILE, run.run_dir / FAILED_FILE)
+        if not any(mark.is_file() for mark in marks):
+            try:
+                execute([run], {run: total}, fit, lambda line: log(f"  trial {number}: {line}"))
+            except (Exception, SystemExit):
+                if not (run.run_dir / FAILED_FILE).is_file():
+                    raise
         if (run.run_dir / PRUNED_FILE).is_file():
             return None
+        if (run.run_dir / FAILED_FILE).is_file():
+            log(f"  trial {number}: a round failed ({run.run_dir / FAILED_FILE})")
+            return FAILED
         scores.append(trial_score(run.run_dir, comparison.tune.objective, comparison.tune.last_k))
     return float(np.mean(scores))
+
+
+#: What :func:`_run_trial` returns for a trial whose run had a failed round.
+FAILED = "failed"
 
 
 def trial_dirs(comparison: Comparison, setting: str, method: str, number: int) -> list[Path]:
@@ -347,6 +366,7 @@ def _result(
     result = StudyResult(setting, stem)
     result.complete = len(done)
     result.pruned = sum(t.state == TrialState.PRUNED for t in trials)
+    result.failed = sum(t.state == TrialState.FAIL for t in trials)
     for t in trials:
         for run_dir in trial_dirs(comparison, setting, stem, t.number):
             if run_dir.is_dir():

@@ -86,7 +86,8 @@ def tuning_lines(
         "over the tuning seeds); the test set is never read. The scored runs take the best "
         "trial's settings.",
         "",
-        "- *budget*: trials completed / pruned, rounds run by all of a study's trials and their "
+        "- *budget*: trials completed / pruned (and failed: a round with every client left "
+        "out), rounds run by all of a study's trials and their "
         "wall-clock seconds; `!` where the rounds differ from the baseline's by more than "
         f"{BUDGET_TOLERANCE:.0%} (seconds differ by method by construction: the baseline "
         "trains no client).",
@@ -110,8 +111,9 @@ def tuning_lines(
         flip = f"{100 * n.flips:.0f}%" if n and n.flips is not None else "-"
         best = f"{100 * r.value:.2f}" if r.value is not None else "-"
         chosen = ", ".join(f"`{k.split('.')[-1]}={_short(v)}`" for k, v in r.params.items())
+        failed = f" / {r.failed} failed" if r.failed else ""
         lines.append(
-            f"| {r.setting} | {r.method} | {r.complete} / {r.pruned} | {r.rounds}{flag} | "
+            f"| {r.setting} | {r.method} | {r.complete} / {r.pruned}{failed} | {r.rounds}{flag} | "
             f"{r.seconds:.0f} | {best} | {val} | {flip} | {chosen or '-'} |"
         )
     return lines
@@ -133,6 +135,7 @@ def summary_rows(
             "method": r.method,
             "complete": r.complete,
             "pruned": r.pruned,
+            "failed": r.failed,
             "rounds": r.rounds,
             "seconds": round(r.seconds, 1),
             "best_val": r.value,

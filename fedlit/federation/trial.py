@@ -14,12 +14,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from fedlit.federation.callbacks import Callback, RunView
+from fedlit.federation.callbacks import Callback, Ending, RunView
 
 STUDY, STORAGE, TRIAL, STEP = "study", "storage", "trial", "step"
 OBJECTIVE, PRUNER = "objective", "pruner"
 #: Written into a run directory when its trial is pruned: the round it stopped after.
 PRUNED_FILE = "pruned.json"
+#: Written into a run directory when a round of its trial failed (every client left out).
+FAILED_FILE = "failed.json"
 
 
 class TrialPruned(Exception):
@@ -65,6 +67,12 @@ class ReportToStudy(Callback):
             marker = {"round": round_idx, "step": self.step + round_idx}
             (run.run_dir / PRUNED_FILE).write_text(json.dumps(marker))
             raise TrialPruned(f"trial {self.number} pruned after round {round_idx}")
+
+    def on_run_end(self, run: RunView, ending: Ending) -> None:
+        if ending == "failed":  # a diverged setting: the trial fails, its budget spent
+            rounds = [int(row["round"]) for row in run.history]
+            marker = {"rounds_run": max(rounds, default=0)}
+            (run.run_dir / FAILED_FILE).write_text(json.dumps(marker))
 
 
 def make_pruner(rule: str) -> Any:
