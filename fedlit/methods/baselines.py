@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedlit.search_space import CLIENT_SPACE
 from fedlit.data.client import ClientData
 from fedlit.data.loaders import ImageBatches
 from fedlit.methods.base import FederatedMethod, Payload
 from fedlit.methods.client_side import ClientSide
 from fedlit.methods.plan import SERVER_LAST, SERVER_ONLY, RoundPlan
 from fedlit.objectives import Objective, SupervisedCE
+from fedlit.search_space import CLIENT_SPACE
 
 
 class ServerSL(FederatedMethod):

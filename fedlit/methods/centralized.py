@@ -12,7 +12,6 @@ from typing import ClassVar
 
 from lightning.pytorch.utilities import CombinedLoader
 
-from fedlit.search_space import CLIENT_SPACE
 from fedlit.data.datamodule import FederatedDataModule
 from fedlit.data.loaders import ImageBatches
 from fedlit.data.mapped import joined
@@ -29,6 +28,7 @@ from fedlit.objectives import (
     UDALoss,
     WeakStrongObjective,
 )
+from fedlit.search_space import CLIENT_SPACE
 
 
 def pooled_loader(data: FederatedDataModule, views: tuple[str, ...]) -> ImageBatches:

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from fedlit.search_space import CLIENT_SPACE, log_uniform
 from fedlit.methods.base import DEFAULT_OPTIMIZATION, FederatedMethod
 from fedlit.methods.client_side import ObjectiveClientSide
 from fedlit.methods.plan import SERVER_FIRST_AND_FINETUNE, RoundPlan
 from fedlit.models import Architecture
 from fedlit.objectives import ConsistencyLoss, Objective, Optimization
+from fedlit.search_space import CLIENT_SPACE, log_uniform
 
 
 class FedAvgConsistency(FederatedMethod):

@@ -10,7 +10,6 @@ from lightly.models.modules.heads import ProjectionHead
 from lightning.pytorch.utilities import CombinedLoader
 from torch import nn
 
-from fedlit.search_space import CLIENT_SPACE
 from fedlit.aggregation import Mean
 from fedlit.aggregation.payloads import StateDict, host_copy
 from fedlit.data.client import ClientData
@@ -20,6 +19,7 @@ from fedlit.methods.base import DEFAULT_OPTIMIZATION, FederatedMethod, Payload, 
 from fedlit.methods.client_side import ClientSetup, ClientSide
 from fedlit.models import Architecture
 from fedlit.objectives import FedConClient, FedConServer, Objective, Optimization
+from fedlit.search_space import CLIENT_SPACE
 
 
 def fedcon_projector(feature_dim: int) -> nn.Module:

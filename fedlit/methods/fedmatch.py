@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
-from fedlit.search_space import CLIENT_SPACE
 from fedlit.aggregation import Aggregated, Mean
 from fedlit.aggregation.payloads import state_part
 from fedlit.data.augment import batch_view
@@ -37,6 +36,7 @@ from fedlit.objectives import (
     Optimization,
 )
 from fedlit.objectives.fedmatch import decompose, decomposed_parameters
+from fedlit.search_space import CLIENT_SPACE
 
 if TYPE_CHECKING:
     from fedlit.federation.config import FederationConfig

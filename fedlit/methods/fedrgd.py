@@ -7,7 +7,6 @@ import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from fedlit.search_space import CLIENT_SPACE
 from fedlit.aggregation import Aggregated, GroupwiseWithServer, MeanWithServer
 from fedlit.aggregation.payloads import MODEL
 from fedlit.methods.base import (
@@ -26,6 +25,7 @@ from fedlit.objectives import (
     Optimization,
     SelfTraining,
 )
+from fedlit.search_space import CLIENT_SPACE
 
 if TYPE_CHECKING:
     from fedlit.federation.config import FederationConfig

@@ -7,7 +7,6 @@ from typing import Any
 
 import torch
 
-from fedlit.search_space import CLIENT_SPACE, log_uniform, uniform
 from fedlit.aggregation import Mean
 from fedlit.aggregation.payloads import StateDict, tensor_part
 from fedlit.data.client import ClientData
@@ -26,6 +25,7 @@ from fedlit.objectives import (
     class_thresholds,
 )
 from fedlit.objectives.fedseal import predict_probabilities, self_ensemble
+from fedlit.search_space import CLIENT_SPACE, log_uniform, uniform
 
 THRESHOLDS = "thresholds"  # the payload part of the class-wise thresholds tau^t
 

@@ -18,12 +18,12 @@ from typing import Any, ClassVar
 
 from torch import nn
 
-from fedlit.search_space import CLIENT_SPACE
 from fedlit.methods.base import DEFAULT_OPTIMIZATION, FederatedMethod
 from fedlit.methods.client_side import Architecture, ClientSide, ObjectiveClientSide
 from fedlit.methods.plan import SERVER_FIRST_AND_FINETUNE, RoundPlan
 from fedlit.models import Classifier, ssl_heads
 from fedlit.objectives import BYOL, Objective, Optimization, SimCLR, SimSiam
+from fedlit.search_space import CLIENT_SPACE
 
 
 def default_proj_dim(backbone: str | nn.Module, feature_dim: int) -> int:

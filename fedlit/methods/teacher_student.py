@@ -9,7 +9,6 @@ from typing import Any, ClassVar
 import torch
 from lightning.pytorch.utilities import CombinedLoader
 
-from fedlit.search_space import CLIENT_SPACE, log_uniform, uniform
 from fedlit.aggregation import Aggregated, Mean, weighted_average
 from fedlit.aggregation.payloads import StateDict, detached_copy, state_part
 from fedlit.data.client import ClientData
@@ -26,6 +25,7 @@ from fedlit.objectives import (
     TeacherStudentLoss,
     ramped_decay,
 )
+from fedlit.search_space import CLIENT_SPACE, log_uniform, uniform
 
 TEACHER = "teacher"  # the payload / upload part of the teacher's weights
 #: FedSwitch's upload part of a client's eq 2 measures: its mean D_KL^T (``"teacher"``, when it

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from fedlit.search_space import CLIENT_SPACE, uniform
 from fedlit.methods.base import DEFAULT_OPTIMIZATION
 from fedlit.methods.consistency import FedAvgConsistency
 from fedlit.models import Architecture
 from fedlit.objectives import UDA, Optimization, UDALoss
+from fedlit.search_space import CLIENT_SPACE, uniform
 
 
 class FedAvgUDA(FedAvgConsistency):
