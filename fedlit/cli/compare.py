@@ -17,7 +17,7 @@ from fedlit.refusals import (
 )
 
 #: The groups of a comparison spec given as a mapping.
-COMPARE_GROUPS = ("settings", "recipe_overrides", "published", "wandb")
+COMPARE_GROUPS = ("settings", "recipe_overrides", "published", "wandb", "tune", "tune.spaces")
 
 
 def compare_main(argv: Sequence[str]) -> None:

@@ -32,6 +32,7 @@ from fedlit.federation.console import warn
 from fedlit.federation.faults import ROUND_FAILED, RoundFailed
 from fedlit.federation.rundir import free_config_name
 from fedlit.federation.trainers import stop_on_sigterm
+from fedlit.federation.trial import TrialPruned, trial_callbacks
 from fedlit.machine import available_cores
 from fedlit.methods import FederatedMethod
 from fedlit.methods.plan import SERVER_ONLY
@@ -294,6 +295,7 @@ class FedlitCLI(LightningCLI):
             trainer=self.trainer,
             loggers=loggers(init.trainer.logger, run_dir),
             hparams=self.flat_config(),
+            extra_callbacks=trial_callbacks(init.federation.labels),  # a tuning study's trial
         )
         try:
             federation.prepare()
@@ -317,6 +319,9 @@ class FedlitCLI(LightningCLI):
                 raise
             print(f"fedlit fit: error: {failed}", file=sys.stderr, flush=True)
             raise SystemExit(WRITE_FAILED) from None
+        except TrialPruned as pruned:  # its study stopped it: done, as the study wants
+            print(json_line({"run_dir": str(run_dir), "pruned": str(pruned)}))
+            return
         except KeyboardInterrupt:
             print(interrupted(federation, run_dir / name), file=sys.stderr, flush=True)
             raise SystemExit(INTERRUPTED) from None

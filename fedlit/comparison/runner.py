@@ -114,6 +114,20 @@ def changed_runs(
     return changed
 
 
+def chosen_settings(
+    runs: Sequence[PlannedRun], settings: Callable[[Sequence[str]], dict[str, Any]]
+) -> dict[PlannedRun, dict[str, Any]]:
+    """Each of a tuned comparison's scored ``runs``' flat config with its study's chosen
+    settings (``settings``: as ``fedlit fit`` would record it), resolved once per recipe and
+    setting."""
+    flat: dict[tuple[str, str], dict[str, Any]] = {}
+    for run in runs:
+        key = (run.setting, str(run.run_dir.parent))
+        if key not in flat:
+            flat[key] = settings(run.args)
+    return {run: flat[(run.setting, str(run.run_dir.parent))] for run in runs}
+
+
 def refuse_changed(changed: Mapping[PlannedRun, str]) -> None:
     """Raise :class:`Refused` naming the first of the ``changed`` runs (:func:`changed_runs`)
     and its first differing setting; nothing where none changed."""
@@ -270,8 +284,18 @@ def run_comparison(
             partitions[run.setting] = partition(run.args, run.seed)
     per_run = {run: configured[(run.setting, str(run.run_dir.parent))] for run in (*sources, *runs)}
     given = {run: flat[(run.setting, str(run.run_dir.parent))] for run in (*sources, *runs) if flat}
-    if not rerun_changed:  # every run checked before the first one starts
-        refuse_changed(changed_runs((*sources, *runs), per_run, given))
+    # every run checked before the first one starts; a tuned comparison's scored runs once
+    # their settings are chosen
+    checked = (*sources, *runs) if comparison.tune is None else sources
+    if not rerun_changed:
+        refuse_changed(changed_runs(checked, per_run, given))
+    if comparison.tune is not None:  # every study's settings parse, before anything runs
+        from fedlit.comparison.studies import check_spaces, check_studies
+
+        check_spaces(comparison, rounds)
+        refusal = check_studies(comparison)
+        if refusal:
+            raise Refused(refusal)
     start = time.perf_counter()
     children = None
     if comparison.jobs > 1:
@@ -280,9 +304,16 @@ def run_comparison(
         fit = fit_in_subprocess(Path(comparison.out) / "logs", threads, children)
     # a source run afresh: the runs that start from it, too
     renewed = {(r.setting, r.seed) for r in changed_runs(sources, per_run, given)}
+    tuning = None
     with quiet_wandb():  # no W&B summary block after each run: the table comes last
         if sources:  # the runs the others start from, first
             execute(sources, per_run, fit, log, comparison.jobs, children, given, rerun_changed)
+        if comparison.tune is not None:  # the studies, then their best settings on `seeds`
+            from fedlit.comparison.tuned import tune_runs
+
+            tuning = tune_runs(comparison, runs, per_run, rounds, fit, log, children)
+            runs = tuning.runs
+            given = chosen_settings(runs, settings) if settings is not None else {}
         counts = execute(
             runs, per_run, fit, log, comparison.jobs, children, given, rerun_changed, renewed
         )
@@ -292,6 +323,8 @@ def run_comparison(
     if short:
         warn(short)
     about = about_lines(comparison, records, sources, counts, minutes, command)
+    if tuning is not None:
+        about += tuning.lines()
     written = write_report(
         records,
         comparison.out,
@@ -318,6 +351,8 @@ def run_comparison(
             baseline=comparison.baseline,
             last_k=comparison.last_k,
         )
+        if tuning is not None:
+            tuning.log_to_wandb()
     table = terminal_table(
         records, comparison.target, comparison.baseline, comparison.last_k, comparison.calibration
     )

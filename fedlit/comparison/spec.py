@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fedlit.comparison.tune import TuneSettings
 from fedlit.run_layout import MAX_SEED, write_path_error
 
 #: The ``fedlit fit`` settings a comparison gives each run itself, and what to give instead:
@@ -105,6 +106,9 @@ class Comparison:
             its own ``fedlit fit`` process with torch limited to (CPU cores // jobs) threads
             (``OMP_NUM_THREADS``: processes that each take every core slow each other down
             many times over), its output in ``<out>/logs/``.
+        tune: tune every recipe in every setting before scoring it (:class:`TuneSettings`):
+            its studies' runs go to ``<out>/tune/``, and the runs on ``seeds`` take the best
+            trial's settings. None: the recipes as they are.
     """
 
     name: str
@@ -124,6 +128,7 @@ class Comparison:
     description: list[str] = field(default_factory=list)
     jobs: int = 1
     init_from: SourceRun | None = None
+    tune: TuneSettings | None = None
 
     def __post_init__(self) -> None:
         if not self.name or Path(self.name).name != self.name or self.name in (".", ".."):
@@ -182,6 +187,10 @@ class Comparison:
             raise ValueError(f"jobs must be a positive integer, got {self.jobs!r}")
         if self.target is not None and not 0 < self.target <= 1:
             raise ValueError(f"target must be in (0, 1], got {self.target}")
+        if self.tune is not None:
+            if "tune" in self.settings:
+                raise ValueError("settings: 'tune' names the tuning's folder; rename the setting")
+            self.tune.check(self.recipes, self.seeds)
         error = write_path_error(self.out, "out", "folder")
         if error is None and self.report is not None:
             error = write_path_error(self.report, "report", "file")

@@ -26,6 +26,7 @@ from fedlit.methods.client_side import ClientSetup, ClientSide, ClientUpdate
 from fedlit.methods.plan import SERVER_FIRST, RoundPlan
 from fedlit.models import Architecture, Backbone, Classifier, check_input_fits, describe
 from fedlit.objectives import Objective, Optimization, SupervisedCE
+from fedlit.search_space import SERVER_SPACE, Distribution
 
 if TYPE_CHECKING:
     from fedlit.federation.config import FederationConfig
@@ -97,6 +98,12 @@ class FederatedMethod(LightningModule):
     #: for what semi-supervised learning gives at the budget, not a federated method
     #: (announced and marked as the oracle is).
     centralized: ClassVar[bool] = False
+    #: What a tuning varies (:mod:`fedlit.search_space`): dotted ``fedlit fit`` key -> its
+    #: range. Every method tunes the server's learning rate and epochs; a method with clients
+    #: adds their learning rate, and each method its own settings, in ranges its paper uses.
+    search_space: ClassVar[dict[str, Distribution]] = SERVER_SPACE
+    #: Keys a comparison's ``tune.spaces`` may add with a range of its own (e.g. FedProx's mu).
+    optional_space: ClassVar[dict[str, Distribution]] = {}
 
     def __init__(self, network: Architecture, optim: Optimization = DEFAULT_OPTIMIZATION) -> None:
         super().__init__()

@@ -10,6 +10,7 @@ from fedlit.methods.base import FederatedMethod, Payload
 from fedlit.methods.client_side import ClientSide
 from fedlit.methods.plan import SERVER_LAST, SERVER_ONLY, RoundPlan
 from fedlit.objectives import Objective, SupervisedCE
+from fedlit.search_space import CLIENT_SPACE
 
 
 class ServerSL(FederatedMethod):
@@ -29,6 +30,8 @@ class FedAvgSL(FederatedMethod):
     it marks how far the unlabeled methods are from full supervision. Aggregation is FedAvg
     weighted by n_k, then the server trains on its labeled set (paper 002 section 5.1).
     """
+
+    search_space = CLIENT_SPACE
 
     oracle = True
 

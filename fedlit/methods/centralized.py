@@ -28,6 +28,7 @@ from fedlit.objectives import (
     UDALoss,
     WeakStrongObjective,
 )
+from fedlit.search_space import CLIENT_SPACE
 
 
 def pooled_loader(data: FederatedDataModule, views: tuple[str, ...]) -> ImageBatches:
@@ -64,6 +65,9 @@ class CentralizedConsistency(FederatedMethod):
             unlabeled loss alone, as the federated clients train.
         The others: see :class:`FederatedMethod`.
     """
+
+    #: its unlabeled steps run at the clients' learning rate
+    search_space = CLIENT_SPACE
 
     centralized = True
     #: The unlabeled loss, trained on the pooled images.

@@ -10,6 +10,7 @@ from fedlit.methods.client_side import ObjectiveClientSide
 from fedlit.methods.plan import SERVER_FIRST_AND_FINETUNE, RoundPlan
 from fedlit.models import Architecture
 from fedlit.objectives import ConsistencyLoss, Objective, Optimization
+from fedlit.search_space import CLIENT_SPACE, log_uniform
 
 
 class FedAvgConsistency(FederatedMethod):
@@ -26,6 +27,10 @@ class FedAvgConsistency(FederatedMethod):
         loss: the objective's settings (a :class:`~fedlit.objectives.ConsistencyLoss`).
         The others: see :class:`FederatedMethod`.
     """
+
+    search_space = CLIENT_SPACE
+    #: FedProx's mu (FedProx: 0.001-1): a spec adds it for a FedProx recipe.
+    optional_space = {"model.init_args.loss.mu": log_uniform(0.001, 1.0)}
 
     #: The clients' objective, built from the received model and ``loss``.
     objective_class: ClassVar[type[Objective]]

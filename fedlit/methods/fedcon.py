@@ -19,6 +19,7 @@ from fedlit.methods.base import DEFAULT_OPTIMIZATION, FederatedMethod, Payload, 
 from fedlit.methods.client_side import ClientSetup, ClientSide
 from fedlit.models import Architecture
 from fedlit.objectives import FedConClient, FedConServer, Objective, Optimization
+from fedlit.search_space import CLIENT_SPACE
 
 
 def fedcon_projector(feature_dim: int) -> nn.Module:
@@ -53,6 +54,8 @@ class FedCon(FederatedMethod):
             through the trained backbone; the paper draws it.
         The others: see :class:`FederatedMethod`.
     """
+
+    search_space = CLIENT_SPACE
 
     def __init__(
         self,

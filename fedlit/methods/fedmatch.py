@@ -36,6 +36,7 @@ from fedlit.objectives import (
     Optimization,
 )
 from fedlit.objectives.fedmatch import decompose, decomposed_parameters
+from fedlit.search_space import CLIENT_SPACE
 
 if TYPE_CHECKING:
     from fedlit.federation.config import FederationConfig
@@ -251,6 +252,8 @@ class FedMatch(FederatedMethod):
         server_augment: the server trains on weak views instead of un-augmented images.
         The others: see :class:`FederatedMethod`.
     """
+
+    search_space = CLIENT_SPACE
 
     private = False
 

@@ -25,6 +25,7 @@ from fedlit.objectives import (
     Optimization,
     SelfTraining,
 )
+from fedlit.search_space import CLIENT_SPACE
 
 if TYPE_CHECKING:
     from fedlit.federation.config import FederationConfig
@@ -70,6 +71,8 @@ class FedRGD(FederatedMethod):
             fewer clients than S uses one group per client).
         The others: see :class:`FederatedMethod`.
     """
+
+    search_space = CLIENT_SPACE
 
     def __init__(
         self,

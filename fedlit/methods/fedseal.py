@@ -25,6 +25,7 @@ from fedlit.objectives import (
     class_thresholds,
 )
 from fedlit.objectives.fedseal import predict_probabilities, self_ensemble
+from fedlit.search_space import CLIENT_SPACE, log_uniform, uniform
 
 THRESHOLDS = "thresholds"  # the payload part of the class-wise thresholds tau^t
 
@@ -59,6 +60,14 @@ class FedSEAL(FederatedMethod):
             "w/o self-ensemble learning", 5.2.5).
         The others: see :class:`FederatedMethod`.
     """
+
+    #: theta (paper 002: 0.05), lambda_max (1) and the share of the run lambda ramps over.
+    search_space = {
+        **CLIENT_SPACE,
+        "model.init_args.loss.theta": log_uniform(0.01, 0.2),
+        "model.init_args.loss.lambda_max": log_uniform(0.25, 4.0),
+        "model.init_args.loss.ramp": uniform(0.0, 0.5),
+    }
 
     def __init__(
         self,

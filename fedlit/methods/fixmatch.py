@@ -6,6 +6,7 @@ from fedlit.methods.base import DEFAULT_OPTIMIZATION
 from fedlit.methods.consistency import FedAvgConsistency
 from fedlit.models import Architecture
 from fedlit.objectives import FixMatch, FixMatchLoss, Optimization
+from fedlit.search_space import CLIENT_SPACE, uniform
 
 
 class FedAvgFixMatch(FedAvgConsistency):
@@ -18,6 +19,9 @@ class FedAvgFixMatch(FedAvgConsistency):
             (:class:`~fedlit.objectives.FixMatchLoss`).
         The others: see :class:`~fedlit.methods.FederatedMethod`.
     """
+
+    #: FixMatch's threshold: its paper's ablation spans 0.7-0.99 (0.95 its default).
+    search_space = {**CLIENT_SPACE, "model.init_args.loss.tau": uniform(0.7, 0.99)}
 
     objective_class = FixMatch
 

@@ -23,6 +23,7 @@ from fedlit.methods.client_side import Architecture, ClientSide, ObjectiveClient
 from fedlit.methods.plan import SERVER_FIRST_AND_FINETUNE, RoundPlan
 from fedlit.models import Classifier, ssl_heads
 from fedlit.objectives import BYOL, Objective, Optimization, SimCLR, SimSiam
+from fedlit.search_space import CLIENT_SPACE
 
 
 def default_proj_dim(backbone: str | nn.Module, feature_dim: int) -> int:
@@ -55,6 +56,8 @@ class FedAvgSSL(FederatedMethod):
         proj_dim: projection (and prediction) width; None: :func:`default_proj_dim`.
         The others: see :class:`FederatedMethod`.
     """
+
+    search_space = CLIENT_SPACE
 
     ssl_kind: ClassVar[str]
     #: The clients' objective class.

@@ -25,6 +25,7 @@ from fedlit.objectives import (
     TeacherStudentLoss,
     ramped_decay,
 )
+from fedlit.search_space import CLIENT_SPACE, log_uniform, uniform
 
 TEACHER = "teacher"  # the payload / upload part of the teacher's weights
 #: FedSwitch's upload part of a client's eq 2 measures: its mean D_KL^T (``"teacher"``, when it
@@ -55,6 +56,15 @@ class TeacherStudentEMA(FederatedMethod):
         client_ema_decay: the per-batch EMA decay of a client's local teacher.
         The others: see :class:`FederatedMethod`.
     """
+
+    #: paper 003's lambda_u (1) and tau (0.95), and the teacher's EMA rates (0.9, 0.99).
+    search_space = {
+        **CLIENT_SPACE,
+        "model.init_args.loss.lambda_u": log_uniform(0.25, 4.0),
+        "model.init_args.loss.tau": uniform(0.7, 0.99),
+        "model.init_args.ema_decay": uniform(0.5, 0.99),
+        "model.init_args.client_ema_decay": uniform(0.9, 0.999),
+    }
 
     supports_labels_at_client = True
     local_teacher_adaptation: ClassVar[bool] = False

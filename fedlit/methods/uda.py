@@ -6,6 +6,7 @@ from fedlit.methods.base import DEFAULT_OPTIMIZATION
 from fedlit.methods.consistency import FedAvgConsistency
 from fedlit.models import Architecture
 from fedlit.objectives import UDA, Optimization, UDALoss
+from fedlit.search_space import CLIENT_SPACE, uniform
 
 
 class FedAvgUDA(FedAvgConsistency):
@@ -18,6 +19,13 @@ class FedAvgUDA(FedAvgConsistency):
             (:class:`~fedlit.objectives.UDALoss`).
         The others: see :class:`~fedlit.methods.FederatedMethod`.
     """
+
+    #: UDA's sharpening temperature (its paper: 0.4) and confidence threshold (0.8).
+    search_space = {
+        **CLIENT_SPACE,
+        "model.init_args.loss.temperature": uniform(0.3, 1.0),
+        "model.init_args.loss.threshold": uniform(0.5, 0.95),
+    }
 
     objective_class = UDA
 

@@ -1,0 +1,66 @@
+"""How much a study's choice owes to its validation set's noise: the chosen trial and the
+runner-up, each final model scored example by example on the validation split once
+(:func:`val_correct`), then re-scored on resampled validation sets (:func:`flip_rate`)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+
+def val_correct(args: Sequence[str], run_dir: Path, seed: int) -> np.ndarray:
+    """Which validation images the final network of the run in ``run_dir`` (made by
+    ``fedlit fit args``) classifies right: a (n_val,) bool array, in the split's order. The
+    network is scored as every round scores it (BatchNorm statistics re-estimated on the
+    server's clean images, the evaluation's seed), so its mean is the run's last ``val/acc``."""
+    import torch
+
+    from fedlit.cli.fit import resolve
+    from fedlit.evaluation import scored
+    from fedlit.federation import load_checkpoint
+    from fedlit.federation.checks import loading_data
+    from fedlit.federation.seeding import EVAL, derive_seed, seed_all
+    from fedlit.run_layout import CHECKPOINT
+
+    kept = [a for a in args if not a.startswith("--trainer.logger")]
+    cli = resolve(kept)
+    model, data = cli.model, cli.datamodule
+    model.load_state_dict(load_checkpoint(run_dir / CHECKPOINT)["method_state"])
+    with loading_data(data):
+        data.setup_federation(seed)
+    seed_all(derive_seed(seed, 0, EVAL))
+    device = cli.trainer.device() if hasattr(cli.trainer, "device") else torch.device("cpu")
+    network = scored(model.eval_network(), data, device).eval()
+    right = []
+    with torch.no_grad():
+        for x, y in data.val_dataloader():
+            right.append((network(x.to(device)).argmax(dim=-1).cpu() == y).numpy())
+    return np.concatenate(right) if right else np.zeros(0, dtype=bool)
+
+
+def flip_rate(
+    chosen: Sequence[np.ndarray], runner_up: Sequence[np.ndarray], draws: int = 2000, seed: int = 0
+) -> float:
+    """How often the runner-up would have been chosen: the share of ``draws`` bootstrap
+    resamples of the validation images (each tuning seed's split resampled on its own, the
+    same images for both trials) on which the runner-up scores higher than the chosen trial,
+    a tie counting half (a coin toss). ``chosen`` and ``runner_up``: per tuning seed, the
+    (n_val,) correctness of each."""
+    rng = np.random.default_rng(seed)
+    flips = 0.0
+    for _ in range(draws):
+        a = b = 0.0
+        for mine, other in zip(chosen, runner_up, strict=True):
+            pick = rng.integers(0, len(mine), len(mine))
+            a += mine[pick].mean()
+            b += other[pick].mean()
+        flips += 1.0 if b > a else 0.5 if b == a else 0.0
+    return flips / draws
+
+
+def accuracy_se(p: float, n: int) -> float:
+    """The standard error of an accuracy ``p`` measured on ``n`` images, sqrt(p(1-p)/n)."""
+    return math.sqrt(p * (1 - p) / n) if n else float("nan")

@@ -1,0 +1,61 @@
+"""A tuned comparison's steps between its source runs and its scored runs
+(:func:`tune_runs`): the tuning's own source runs, the studies, their selection noise, and the
+scored runs with each study's chosen settings."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from fedlit.comparison.plan import PlannedRun
+from fedlit.comparison.runner import FitFn, execute
+from fedlit.comparison.spec import Comparison
+from fedlit.comparison.studies import StudyResult, final_runs, run_studies, tuning_sources
+from fedlit.comparison.tune_report import (
+    Noise,
+    log_tuning_to_wandb,
+    selection_noise,
+    tuning_lines,
+)
+from fedlit.federation.children import Children
+
+
+@dataclass
+class Tuning:
+    """What the tuning gives the rest of the comparison: its scored runs (with the chosen
+    settings), and what its report and W&B say of the studies."""
+
+    comparison: Comparison
+    runs: list[PlannedRun]
+    results: list[StudyResult]
+    noise: dict[tuple[str, str], Noise | None] = field(default_factory=dict)
+
+    def lines(self) -> list[str]:
+        return tuning_lines(self.comparison, self.results, self.noise)
+
+    def log_to_wandb(self) -> None:
+        log_tuning_to_wandb(self.comparison, self.results, self.noise)
+
+
+def tune_runs(
+    comparison: Comparison,
+    runs: Sequence[PlannedRun],
+    per_run: dict[PlannedRun, int],
+    rounds: Callable[[Sequence[str]], int],
+    fit: FitFn,
+    log: Callable[[str], None] = print,
+    children: Children | None = None,
+) -> Tuning:
+    """Run the tuning's source runs (``init_from`` on the tuning seeds) and every study,
+    measure each study's selection noise, and return the comparison's ``runs`` with the
+    chosen settings (``per_run`` learns their rounds)."""
+    sources = tuning_sources(comparison)
+    if sources:
+        configured = {s: rounds(s.args) for s in sources}
+        execute(sources, configured, fit, log, comparison.jobs, children)
+    results = run_studies(comparison, rounds, fit, log, children)
+    noise = {(r.setting, r.method): selection_noise(comparison, r) for r in results}
+    finals = final_runs(runs, results)
+    for run, final in zip(runs, finals, strict=True):
+        per_run[final] = per_run[run]
+    return Tuning(comparison, finals, results, noise)

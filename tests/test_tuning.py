@@ -1,0 +1,438 @@
+"""A tuned comparison (``tune``): studies through the real CLI, resumed after a stop, scored
+on seeds the tuning never saw; its refusals; the methods' search spaces."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import optuna
+import pytest
+import yaml
+from conftest import refused, tiny_overrides
+
+from fedlit.cli import main
+from fedlit.comparison.selection import accuracy_se, flip_rate, val_correct
+from fedlit.comparison.tune import method_class
+from fedlit.search_space import SERVER_EPOCHS, SERVER_LR, Distribution, space_table
+
+REPO = Path(__file__).parents[1]
+RECIPES = [str(REPO / "recipes/server_sl.yaml"), str(REPO / "recipes/fedavg_fixmatch.yaml")]
+
+
+def _spec(tmp_path: Path, root: Path, out: str = "out", **tune: Any) -> Path:
+    spec = {
+        "name": "tuned",
+        "out": str(tmp_path / out),
+        "recipes": tune.pop("recipes", RECIPES),
+        "seeds": [0],
+        # no final evaluations: server_sl's recipe asks for them, and a trial never reads them
+        "overrides": [*tiny_overrides(root, rounds=2), "--federation.final_eval=[]"],
+        "baseline": "server_sl",
+        "tune": {"trials": 3, "seeds": [100], "sampler_seed": 7, **tune},
+    }
+    path = tmp_path / f"{out}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def _trials(out: Path, name: str = "tuned") -> dict[str, list[tuple[str, dict[str, Any], Any]]]:
+    storage = optuna.storages.JournalStorage(
+        optuna.storages.journal.JournalFileBackend(str(out / "tune" / "studies.journal"))
+    )
+    studies = {}
+    for summary in optuna.get_all_study_summaries(storage):
+        study = optuna.load_study(study_name=summary.study_name, storage=storage)
+        studies[summary.study_name.removeprefix(f"{name}/")] = [
+            (t.state.name, t.params, t.value) for t in study.get_trials()
+        ]
+    return studies
+
+
+def test_a_tuned_comparison_scores_the_best_settings_on_unseen_seeds(
+    fmnist_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = _spec(tmp_path, fmnist_root)
+    main(["compare", f"--config={spec}"])
+    out = tmp_path / "out"
+    studies = _trials(out)
+    assert sorted(studies) == ["default/fedavg_fixmatch", "default/server_sl"]
+    for name, trials in studies.items():
+        assert len(trials) == 3 and all(s in ("COMPLETE", "PRUNED") for s, _, _ in trials)
+        method = name.split("/")[1]
+        # every trial ran on the tuning seed only, in its own directory
+        for number in range(3):
+            assert (out / "tune" / "default" / method / f"trial{number}" / "seed100").is_dir()
+        assert not (out / "tune" / "default" / method / "trial0" / "seed0").exists()
+        best = max((t for t in trials if t[0] == "COMPLETE"), key=lambda t: t[2])
+        # the scored run (seed 0) took the best trial's settings
+        config = yaml.safe_load((out / "default" / method / "seed0" / "config.yaml").read_text())
+        lr = config["model"]["init_args"]["optim"]["server_lr"]
+        assert lr == pytest.approx(best[1][SERVER_LR])
+        assert config["federation"]["server_epochs"] == best[1][SERVER_EPOCHS]
+        info = json.loads((out / "tune/default" / method / "trial0/seed100/run.json").read_text())
+        assert info["trial"] == "0" and info["study"] == f"tuned/default/{method}"
+        # a trial's score is its val/acc, never its test/acc
+        run = out / "tune" / "default" / method / f"trial{trials.index(best)}" / "seed100"
+        rows = [r for r in _csv(run / "metrics.csv") if r.get("val/acc")]
+        assert best[2] == pytest.approx(float(rows[-1]["val/acc"]))
+        # the selection noise's image-by-image scoring is the run's own last val/acc
+        right = val_correct([f"--config={run / 'config.yaml'}"], run, 100)
+        assert right.shape == (20,) and right.mean() == pytest.approx(best[2])
+    fixmatch = studies["default/fedavg_fixmatch"]
+    assert all("model.init_args.loss.tau" in params for _, params, _ in fixmatch)
+    report = (out / "tuned.md").read_text()
+    assert "### Tuning" in report and "| default | fedavg_fixmatch |" in report
+    assert "tuning seeds [100]" in report and "scored on [0]" in report
+    assert "| 20, " in report  # 20 validation images, the SE of an accuracy on them beside
+    # run again: nothing runs, no study grows
+    journal = (out / "tune" / "studies.journal").read_bytes()
+    capsys.readouterr()
+    main(["compare", f"--config={spec}"])
+    log = capsys.readouterr().out
+    assert "tuning default" not in log and "finished, skipped" in log
+    assert (out / "tune" / "studies.journal").read_bytes() == journal
+    # the same out with another sampler seed: refused, the studies left as they are
+    values = yaml.safe_load(spec.read_text())
+    values["tune"]["sampler_seed"] = 8
+    spec.write_text(yaml.safe_dump(values))
+    err = refused(["compare", f"--config={spec}"], capsys)
+    assert "tuned/default/server_sl" in err and "another sampler" in err
+    assert (out / "tune" / "studies.journal").read_bytes() == journal
+
+
+def _csv(path: Path) -> list[dict[str, str]]:
+    import csv
+
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_a_stopped_study_resumes_to_the_same_trials(
+    fmnist_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stopped inside trial 1's second round (SIGINT's KeyboardInterrupt: trial 0 told, trial
+    1 left running in the study with its run's checkpoint after round 1, as a kill leaves it),
+    then run again: the same settings tried, each trial told once, the same best, as without
+    the stop."""
+    from fedlit.federation import Federation
+
+    recipes = RECIPES[:1]
+    whole = _spec(tmp_path, fmnist_root, "whole", recipes=recipes, pruner="none")
+    main(["compare", f"--config={whole}"])
+    stopped = _spec(tmp_path, fmnist_root, "stopped", recipes=recipes, pruner="none")
+    original, calls = Federation.run_round, []
+
+    def stopping(self: Federation, index: int) -> dict[str, float]:
+        calls.append(index)
+        if len(calls) == 4:  # trial 0's rounds 1 and 2, trial 1's round 1, then this
+            raise KeyboardInterrupt
+        return original(self, index)
+
+    monkeypatch.setattr(Federation, "run_round", stopping)
+    with pytest.raises(SystemExit):
+        main(["compare", f"--config={stopped}"])
+    monkeypatch.setattr(Federation, "run_round", original)
+    mid = _trials(tmp_path / "stopped")["default/server_sl"]
+    assert [s for s, _, _ in mid] == ["COMPLETE", "RUNNING"]
+    trial1 = tmp_path / "stopped/tune/default/server_sl/trial1/seed100"
+    assert len(_csv(trial1 / "metrics.csv")) == 2  # round 0 and round 1: it resumes
+    main(["compare", f"--config={stopped}"])
+    assert _trials(tmp_path / "stopped") == _trials(tmp_path / "whole")
+    assert len(_csv(trial1 / "metrics.csv")) == 3  # round 2 was added, round 1 not run again
+
+
+def test_pruned_trials_stop_early_and_count_their_rounds(
+    fmnist_root: Path, tmp_path: Path
+) -> None:
+    """With the median rule from the first trial on, a trial below the first one's round-1
+    score stops after round 1: its run has one round, it is PRUNED, the report counts it."""
+    spec = _spec(
+        tmp_path, fmnist_root, recipes=RECIPES[:1], trials=4, startup_trials=1, warmup_rounds=0
+    )
+    main(["compare", f"--config={spec}"])
+    out = tmp_path / "out"
+    trials = _trials(out)["default/server_sl"]
+    rounds = [
+        len(_csv(out / "tune" / "default" / "server_sl" / f"trial{n}" / "seed100" / "metrics.csv"))
+        for n in range(4)
+    ]
+    for (state, _, _), n in zip(trials, rounds, strict=True):
+        # metrics.csv: round 0's row, then one per round run
+        assert n == (2 if state == "PRUNED" else 3)
+    pruned = sum(s == "PRUNED" for s, _, _ in trials)
+    total = sum(r - 1 for r in rounds)
+    assert f"| default | server_sl | {4 - pruned} / {pruned} | {total} |" in (
+        out / "tuned.md"
+    ).read_text()
+
+
+@pytest.mark.parametrize(
+    ("tune", "named"),
+    [
+        ({"objective": "test/acc"}, "tune.objective='test/acc'"),
+        ({"trials": 0}, "tune.trials"),
+        ({"spaces": {"server_sl": {}}}, "tune.spaces.server_sl: an empty space"),
+        ({"spaces": {"server_sl": {"model.init_args.loss.tau": {"low": 0.5, "high": 0.9}}}},
+         "tune.spaces.server_sl.model.init_args.loss.tau: not a setting ServerSL tunes"),
+        ({"spaces": {"server_sl": {"": {"low": 0.5, "high": 0.9}}}}, "an empty key"),
+        ({"seeds": [0, 100]}, "tune.seeds: [0] are also the comparison's seeds"),
+        ({"spaces": {"server_sl": {SERVER_LR: {"low": 0.1, "high": 0.01}}}},
+         f"tune.spaces.server_sl.{SERVER_LR}: low=0.1 is above high=0.01"),
+        ({"spaces": {"nope": {SERVER_LR: {"low": 0.01, "high": 0.1}}}}, "'nope'"),
+    ],
+)
+def test_refused_by_name_before_anything_is_written(
+    fmnist_root: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    tune: dict[str, Any],
+    named: str,
+) -> None:
+    spec = _spec(tmp_path, fmnist_root, **tune)
+    err = refused(["compare", f"--config={spec}"], capsys)
+    assert named in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_replaced_space_with_a_key_no_recipe_has_is_refused_by_the_parser(
+    fmnist_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = _spec(
+        tmp_path,
+        fmnist_root,
+        spaces={"server_sl": {"model.init_args.optim.no_such": {"low": 0.1, "high": 0.2}}},
+        replace=["server_sl"],
+    )
+    err = refused(["compare", f"--config={spec}"], capsys)
+    assert "no_such" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_every_recipe_method_declares_a_space_its_recipe_takes() -> None:
+    """Each top-level recipe's method tunes the server's rate and epochs; every key of its
+    space is a setting of its recipe, at both ends of its range."""
+    from fedlit.cli.fit import resolve
+
+    for recipe in sorted((REPO / "recipes").glob("*.yaml")):
+        space = method_class(str(recipe)).search_space
+        assert {SERVER_LR, SERVER_EPOCHS} <= set(space), recipe.name
+        for end in ("low", "high"):
+            args = [f"--config={recipe}", "--data.root=/nonexistent"]
+            for key, dist in space.items():
+                value = getattr(dist, end)
+                args.append(f"--{key}={int(value) if dist.integer else value}")
+            config = resolve(args).config
+            for key, dist in space.items():
+                node: Any = config
+                for part in key.split("."):
+                    node = node[part]
+                assert node == pytest.approx(getattr(dist, end)), (recipe.name, key)
+
+
+def test_the_method_pages_list_each_space() -> None:
+    """Each method page shows, after each method's settings table (and FedAvg-SL's beside
+    Server-SL's), that method's search space as the code declares it."""
+    import re
+
+    import fedlit.methods as methods
+
+    shown = []
+    for page in (REPO / "docs" / "methods").glob("*.md"):
+        text = page.read_text()
+        for name in re.findall(r"<!-- fedlit-settings fedlit\.methods\.(\w+) -->", text):
+            shown.append(name)
+            block = f"{name}'s search space, what a tuned comparison varies"
+            table = space_table(getattr(methods, name).search_space)
+            assert f"{block} ([`tune`](../tuning.md)):\n\n{table}\n" in text, name
+        if page.name == "baselines.md":
+            assert space_table(methods.FedAvgSL.search_space) in text
+    assert len(shown) >= 14
+
+
+def test_distribution_refusals_and_optuna_ranges() -> None:
+    with pytest.raises(ValueError, match="low=2 is above high=1"):
+        Distribution(2, 1)
+    with pytest.raises(ValueError, match="log range needs low > 0"):
+        Distribution(0, 1, log=True)
+    with pytest.raises(ValueError, match="unknown field 'hi'"):
+        Distribution.parse({"low": 0, "hi": 1})
+    assert Distribution.parse({"low": 1, "high": 3, "integer": True}).to_optuna() == (
+        optuna.distributions.IntDistribution(1, 3)
+    )
+    assert Distribution.parse({"choices": ["a", "b"]}).describe() == "one of `a`, `b`"
+
+
+def test_flip_rate_counts_resamples_where_the_runner_up_wins() -> None:
+    rng = np.random.default_rng(0)
+    same = rng.random(50) < 0.7
+    assert flip_rate([same], [same], draws=200) == 0.5  # a tie is a coin toss
+    better, worse = np.ones(40, bool), np.zeros(40, bool)
+    assert flip_rate([better], [worse], draws=200) == 0.0
+    # one image apart out of 40: a tie whenever that image is not drawn, else the chosen wins
+    a, b = np.ones(40, bool), np.ones(40, bool)
+    b[0] = False
+    expected = 0.5 * (39 / 40) ** 40
+    assert flip_rate([a], [b], draws=4000) == pytest.approx(expected, abs=0.03)
+    assert accuracy_se(0.8, 100) == pytest.approx(0.04)
+
+
+def _wandb_run(run_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """An offline W&B run's run record and config, read by wandb's own inspector."""
+    import subprocess
+    import sys
+
+    (run_file,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
+    out = subprocess.run(
+        [sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(run_file)],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    records = [json.loads(line) for line in out.splitlines() if line.strip()]
+    run = next(r["run"] for r in records if r["type"] == "run")
+    config: dict[str, Any] = {}
+    for r in records:
+        if r["type"] == "run":
+            config |= r["run"].get("config", {}).get("update", {})
+        if r["type"] == "config":
+            config |= r["config"].get("update", {})
+    return run, config
+
+
+def test_trials_and_final_runs_are_told_apart_on_wandb_offline(
+    fmnist_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    spec = _spec(tmp_path, fmnist_root, recipes=RECIPES[:1], trials=2)
+    values = yaml.safe_load(spec.read_text())
+    values["wandb"] = {"project": "fedlit-test", "offline": True}
+    spec.write_text(yaml.safe_dump(values))
+    main(["compare", f"--config={spec}"])
+    out = tmp_path / "out"
+    for number in range(2):
+        run, config = _wandb_run(out / f"tune/default/server_sl/trial{number}/seed100")
+        assert run["run_group"] == "tuned"
+        assert {"trial", "server_sl", "default"} <= set(run["tags"])
+        assert config["trial"] == number and config["seed"] == 100
+        assert config["setting"] == "default" and config["method"] == "server_sl"
+        assert f"tuned/{SERVER_LR}" in config and config["seed_everything"] == 100
+    run, config = _wandb_run(out / "default/server_sl/seed0")
+    assert run["run_group"] == "tuned" and "final" in run["tags"] and "trial" not in run["tags"]
+    (table,) = out.glob("wandb/offline-run-*/files/media/table/tuning_*.json")
+    summary = json.loads(table.read_text())
+    assert summary["columns"][:4] == ["setting", "method", "complete", "pruned"]
+    assert [row[:2] for row in summary["data"]] == [["default", "server_sl"]]
+
+
+def test_the_tuned_warm_spec_is_the_calibrated_protocol_tuned() -> None:
+    """fmnist_warm_tuned: fmnist_warm_long_lr02's protocol (overrides, settings, warm start,
+    score), its four main recipes, each tuned with >= 12 trials on a seed it is not scored on."""
+    from fedlit.comparison import Comparison
+    from fedlit.comparison.tune import TuneSettings
+
+    folder = REPO / "recipes/comparisons"
+    tuned = yaml.safe_load((folder / "fmnist_warm_tuned.yaml").read_text())
+    untuned = yaml.safe_load((folder / "fmnist_warm_long_lr02.yaml").read_text())
+    for key in ("overrides", "settings", "init_from", "last_k", "baseline"):
+        assert tuned[key] == untuned[key], key
+    assert set(tuned["recipes"]) <= set(untuned["recipes"])
+    stems = [Path(r).stem for r in tuned["recipes"]]
+    assert {"server_sl", "fedavg_sl", "fedavg_fixmatch", "fedseal"} <= set(stems)
+    tune = TuneSettings(**tuned.pop("tune"))
+    assert tune.trials >= 12 and tune.pruner != "none" and tune.objective == "val/acc"
+    assert len(tuned["seeds"]) == 3 and not set(tune.seeds) & set(tuned["seeds"])
+    tuned["recipes"] = [str(REPO / r) for r in tuned["recipes"]]
+    tuned["init_from"]["recipe"] = str(REPO / tuned["init_from"]["recipe"])
+    from fedlit.comparison.spec import SourceRun
+
+    tuned["init_from"] = SourceRun(**tuned["init_from"])
+    Comparison(**tuned, tune=tune)  # checked as fedlit compare checks it
+
+
+def test_a_tune_section_that_is_no_mapping_is_refused(
+    fmnist_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = _spec(tmp_path, fmnist_root)
+    values = yaml.safe_load(spec.read_text())
+    values["tune"] = 12
+    spec.write_text(yaml.safe_dump(values))
+    err = refused(["compare", f"--config={spec}"], capsys)
+    assert "tune=12: a group of settings is a mapping" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_budget_further_than_10_percent_from_the_baselines_is_flagged() -> None:
+    from fedlit.comparison import Comparison
+    from fedlit.comparison.studies import StudyResult
+    from fedlit.comparison.tune import TuneSettings
+    from fedlit.comparison.tune_report import tuning_lines
+
+    comparison = Comparison(
+        name="c", recipes=RECIPES, baseline="server_sl", tune=TuneSettings(trials=3)
+    )
+    results = [
+        StudyResult("default", "server_sl", complete=3, rounds=100),
+        StudyResult("default", "fedavg_fixmatch", complete=3, rounds=111),
+        StudyResult("other", "server_sl", complete=3, rounds=100),
+        StudyResult("other", "fedavg_fixmatch", complete=3, rounds=109),
+    ]
+    rows = [line for line in tuning_lines(comparison, results, {}) if line.startswith("| ")]
+    flagged = {tuple(row.split(" | ")[:2]): "!" in row.split(" | ")[3] for row in rows[1:]}
+    assert flagged == {
+        ("| default", "server_sl"): False,
+        ("| default", "fedavg_fixmatch"): True,
+        ("| other", "server_sl"): False,
+        ("| other", "fedavg_fixmatch"): False,
+    }
+
+
+def test_trials_in_child_processes_match_trials_in_this_one(
+    fmnist_root: Path, tmp_path: Path
+) -> None:
+    """``jobs: 2`` runs a batch's two trials at once, each in its own ``fedlit fit`` process,
+    reporting to the journal from there: with every draw random (``startup_trials``), the
+    trials are those of one process (one thread each, as ``jobs: 2`` gives on 2 cores)."""
+    kw: dict[str, Any] = {"recipes": RECIPES[:1], "trials": 2, "startup_trials": 2}
+    one = _spec(tmp_path, fmnist_root, "one", pruner="none", **kw)
+    main(["compare", f"--config={one}"])
+    two = _spec(tmp_path, fmnist_root, "two", pruner="none", **kw)
+    values = yaml.safe_load(two.read_text())
+    values["jobs"] = 2
+    two.write_text(yaml.safe_dump(values))
+    main(["compare", f"--config={two}"])
+    assert _trials(tmp_path / "two") == _trials(tmp_path / "one")
+    logs = list((tmp_path / "two" / "logs").glob("*_two_tune_default_server_sl_trial*.log"))
+    assert len(logs) == 2  # each trial ran in a child process
+
+
+def test_a_trial_whose_round_fails_is_a_failed_trial_of_the_budget(
+    fmnist_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A trial whose run has a failed round (a diverged setting: the global model no longer
+    finite) is told FAIL and counted in the budget; the study goes on, and run again the
+    comparison runs nothing."""
+    from fedlit.federation import Federation
+    from fedlit.federation.faults import RoundFailed
+
+    original = Federation.run_round
+
+    def diverging(self: Federation, index: int) -> dict[str, float]:
+        if "trial1" in str(self.run_dir) and index == 2:
+            raise RoundFailed("the global model is no longer finite")
+        return original(self, index)
+
+    monkeypatch.setattr(Federation, "run_round", diverging)
+    spec = _spec(tmp_path, fmnist_root, recipes=RECIPES[:1], pruner="none")
+    main(["compare", f"--config={spec}"])
+    out = tmp_path / "out"
+    trials = _trials(out)["default/server_sl"]
+    assert [s for s, _, _ in trials] == ["COMPLETE", "FAIL", "COMPLETE"]
+    assert (out / "tune/default/server_sl/trial1/seed100/failed.json").is_file()
+    assert "| default | server_sl | 2 / 0 / 1 failed | 5 |" in (out / "tuned.md").read_text()
+    journal = (out / "tune" / "studies.journal").read_bytes()
+    main(["compare", f"--config={spec}"])
+    assert (out / "tune" / "studies.journal").read_bytes() == journal
