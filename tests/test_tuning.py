@@ -73,6 +73,9 @@ def test_a_tuned_comparison_scores_the_best_settings_on_unseen_seeds(
         assert lr == pytest.approx(best[1][SERVER_LR])
         assert config["federation"]["server_epochs"] == best[1][SERVER_EPOCHS]
         info = json.loads((out / "tune/default" / method / "trial0/seed100/run.json").read_text())
+        trial = (out / "tune/default" / method / "trial0/seed100/config.yaml").read_text()
+        trial = yaml.safe_load(trial)
+        assert trial["federation"]["final_eval"] == []  # scored by its rounds' val/acc alone
         assert info["trial"] == "0" and info["study"] == f"tuned/default/{method}"
         # a trial's score is its val/acc, never its test/acc
         run = out / "tune" / "default" / method / f"trial{trials.index(best)}" / "seed100"

@@ -105,6 +105,10 @@ def with_settings(args: Sequence[str], extra: Sequence[str]) -> list[str]:
     return [*args[:at], *extra, *args[at:]]
 
 
+#: A trial's override: it skips ``federation.final_eval`` (its score is its rounds' ``val/*``).
+NO_FINAL_EVAL = "--federation.final_eval=[]"
+
+
 def trial_run(
     comparison: Comparison, base: PlannedRun, number: int, params: Mapping[str, Any]
 ) -> TrialRun:
@@ -114,7 +118,8 @@ def trial_run(
     run_dir = Path(comparison.out) / TUNE_DIR / base.setting / base.method / f"trial{number}"
     run_dir = run_dir / f"seed{base.seed}"
     kept = [a for a in base.args if not a.startswith((ROOT_DIR_ARG, LOGGER_ARG))]
-    args = [*with_settings(kept, overrides(params)), f"{ROOT_DIR_ARG}{run_dir}"]
+    # a trial is scored on the validation set each round: no evaluation after its last round
+    args = [*with_settings(kept, [*overrides(params), NO_FINAL_EVAL]), f"{ROOT_DIR_ARG}{run_dir}"]
     if comparison.wandb is not None:
         args += trial_wandb_args(comparison, base, number, params, run_dir)
     labels = {
