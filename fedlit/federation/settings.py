@@ -1,0 +1,148 @@
+"""The flat config of a run made through the Python API, in the form ``fedlit fit`` records
+(``hparams.yaml``: ``seed_everything``, ``trainer.*``, ``model.*``, ``data.*``,
+``federation.*``), read from the objects the run was given: the typed ``__init__`` arguments
+of the method and the data module are the config's schema. The method's values are its
+hyperparameters (Lightning's ``save_hyperparameters``), the data module's its checked
+settings (:class:`~fedlit.data.draw.DataSettings`), the federation's and the trainer's their
+dataclasses' fields. A value that cannot be known (a torch Dataset, a logger, an argument an
+object does not keep) is left out, never guessed."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+from dataclasses import fields, is_dataclass
+from importlib import import_module
+from pathlib import Path
+from typing import Any, Protocol
+
+from lightning.pytorch.loggers import Logger
+
+from fedlit.data.datamodule import FederatedDataModule
+from fedlit.data.sources import BuiltIn, Files, TorchDatasets
+from fedlit.federation.config import FederationConfig
+from fedlit.federation.trainers import TrainerTemplate
+from fedlit.methods.base import FederatedMethod
+from fedlit.run_layout import flat_config
+
+#: A value the record leaves out: it cannot be written as a setting.
+_UNKNOWN = object()
+
+#: The data module's arguments not kept under their names in its settings.
+_DATA_OWN = ("dataset", "root", "client_pool", "test_dataset")
+
+
+class Given(Protocol):
+    """What a run is given (:class:`~fedlit.federation.driver.Federation`'s fields)."""
+
+    @property
+    def method(self) -> FederatedMethod: ...
+    @property
+    def data(self) -> FederatedDataModule: ...
+    @property
+    def config(self) -> FederationConfig: ...
+    @property
+    def seed(self) -> int: ...
+    @property
+    def trainer(self) -> TrainerTemplate: ...
+    @property
+    def run_dir(self) -> Path: ...
+    @property
+    def loggers(self) -> Sequence[Logger]: ...
+
+
+def recorded_settings(run: Given) -> dict[str, Any]:
+    """The flat config of ``run``, dotted keys, as ``fedlit fit`` records it for the same run.
+
+    As the CLI records them, the network's ``num_classes``, ``in_channels`` and ``image_size``
+    are null where they are the data's own (the CLI sets them from the data), and
+    ``data.client_pool`` is null where it is the data set's default; ``trainer.logger`` is
+    false for a run without loggers and left out for one with loggers."""
+    method, data, trainer = run.method, run.data, run.trainer
+    settings: dict[str, Any] = {"seed_everything": run.seed}
+    tmpl = {f.name: getattr(trainer, f.name) for f in fields(trainer) if f.name != "compile"}
+    settings["trainer"] = tmpl | {"default_root_dir": str(run.run_dir)}
+    if not run.loggers:
+        settings["trainer"]["logger"] = False
+    settings["model"] = _as_class(method, dict(method.hparams))
+    network = settings["model"]["init_args"].get("network")
+    if isinstance(network, dict):
+        own = {"num_classes": data.num_classes, "in_channels": data.in_channels}
+        own["image_size"] = data.image_shape[-1]
+        network.update({key: None for key, value in own.items() if network.get(key) == value})
+    settings["data"] = _data_settings(data)
+    settings["federation"] = _value(run.config)
+    return flat_config(settings)
+
+
+def _data_settings(data: FederatedDataModule) -> dict[str, Any]:
+    """The data module's arguments, from its checked settings (the clients' number and size
+    as the data set decided them, as the CLI records them)."""
+    given = data.settings
+    source = given.source
+    values: dict[str, Any] = {}
+    for name in _init_args(type(data)):
+        if name == "dataset":
+            value = source.name if isinstance(source, BuiltIn | Files) else _UNKNOWN
+        elif name == "root":
+            value = str(given.root)
+        elif name == "client_pool":
+            default = source.client_pool(None, given.partitioner)
+            value = None if given.client_pool == default else given.client_pool
+        elif name == "test_dataset":
+            test = source.test if isinstance(source, TorchDatasets) else None
+            value = None if test is None else _UNKNOWN
+        else:
+            value = _value(getattr(given, name, _UNKNOWN))
+        if value is not _UNKNOWN:
+            values[name] = value
+    return values
+
+
+def _init_args(cls: type) -> list[str]:
+    """The names of ``cls``'s ``__init__`` arguments (its config schema), ``self`` aside."""
+    try:
+        params = inspect.signature(cls).parameters.values()
+    except (TypeError, ValueError):  # a class whose signature cannot be read
+        return []
+    return [p.name for p in params if p.kind == p.POSITIONAL_OR_KEYWORD]
+
+
+def _value(value: Any) -> Any:
+    """A value as the CLI's config holds it: a dataclass as its fields, a list as a tuple,
+    another object as its ``class_path`` and the ``init_args`` it keeps as attributes."""
+    if value is None or value is _UNKNOWN or isinstance(value, bool | int | float | str):
+        return value
+    if is_dataclass(value) and not isinstance(value, type):
+        items = {f.name: _value(getattr(value, f.name)) for f in fields(value) if f.init}
+        return {key: item for key, item in items.items() if item is not _UNKNOWN}
+    if isinstance(value, list | tuple):
+        listed = tuple(_value(item) for item in value)
+        return _UNKNOWN if any(item is _UNKNOWN for item in listed) else listed
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, dict):
+        items = {str(key): _value(item) for key, item in value.items()}
+        return {key: item for key, item in items.items() if item is not _UNKNOWN}
+    if inspect.isclass(value) or inspect.isroutine(value):
+        return _UNKNOWN  # a class or a function: not a setting the CLI writes so
+    args = {name: getattr(value, name, _UNKNOWN) for name in _init_args(type(value))}
+    return _as_class(value, args)
+
+
+def _as_class(obj: object, args: dict[str, Any]) -> dict[str, Any]:
+    """``obj`` as a class-typed setting: its class's import path and its known arguments."""
+    init_args = {name: _value(item) for name, item in args.items()}
+    known = {name: item for name, item in init_args.items() if item is not _UNKNOWN}
+    return {"class_path": import_path(type(obj)), "init_args": known}
+
+
+def import_path(cls: type) -> str:
+    """The shortest dotted path that imports ``cls`` (``fedlit.methods.FedAvgFixMatch``), as
+    the CLI's parser writes a ``class_path`` it resolved."""
+    parts = cls.__module__.split(".")
+    for end in range(1, len(parts) + 1):
+        module = ".".join(parts[:end])
+        if getattr(import_module(module), cls.__qualname__, None) is cls:
+            return f"{module}.{cls.__qualname__}"
+    return f"{cls.__module__}.{cls.__qualname__}"
