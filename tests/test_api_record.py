@@ -104,6 +104,29 @@ def test_an_api_run_records_what_the_cli_records_for_the_same_run(
     assert cli["data.partitioner.class_path"] == "fedlit.data.partition.IID"
 
 
+@pytest.mark.parametrize(
+    "recipe",
+    [
+        "centralized_fixmatch.yaml",  # keyword-only arguments
+        "fedseal.yaml",
+        "fedmatch.yaml",
+        "papers/fedcon_cifar10_noniid.yaml",  # a partitioner's arguments, labeled_fraction
+        "papers/fedavg_fixmatch_stl10.yaml",  # the data set's default client pool
+    ],
+)
+def test_recipes_built_by_hand_record_what_the_cli_records(recipe: str) -> None:
+    """The objects ``fedlit fit`` builds from a recipe, given to a Federation without its
+    flat config: the record read from them is the CLI's, key for key and in order, but for
+    the partitioner's path, which the recipes spell by its module."""
+    from fedlit.cli.fit import federation_of, resolve
+
+    cli = resolve(["--config", str(REPO / "recipes" / recipe), "--data.num_clients=2"])
+    mine, theirs = federation_of(cli).hparams, cli.flat_config()
+    assert list(mine) == list(theirs)
+    differ = {key for key in theirs if mine[key] != theirs[key]}
+    assert differ <= {"data.partitioner.class_path"}
+
+
 def test_a_report_lists_what_differs_between_an_api_run_and_a_cli_run(
     fmnist_root: Path, tmp_path: Path
 ) -> None:
@@ -149,3 +172,23 @@ def test_resuming_an_api_run_with_a_changed_setting_is_refused(
     same = FederationConfig(rounds=2, clients_per_round=2, server_epochs=1, resume=ckpt)
     result = Federation(ServerSL(Architecture(10, 1)), _data(fmnist_root), same, run_dir).run()
     assert [row["round"] for row in result.history] == [1.0, 2.0]
+
+
+def test_a_class_spelt_two_ways_is_one_setting(tmp_path: Path) -> None:
+    """A recipe's ``fedlit.data.partition.IID`` and the ``fedlit.data.IID`` a Python-API run
+    (or a resolved short name) records are one partitioner: the two seeds share a row."""
+    from test_reporting import synthetic_rows, write_run
+
+    from fedlit.reporting import find_runs, summarize
+    from fedlit.reporting.groups import one_class
+
+    assert one_class(["fedlit.data.partition.IID", "fedlit.data.IID"])
+    assert not one_class(["fedlit.data.partition.IID", "fedlit.data.Dirichlet"])
+    assert not one_class(["os.path.Path", "fedlit.data.IID"])  # only fedlit's are imported
+    assert not one_class(["fedlit.data.IID", 3]) and not one_class(["fedlit.data.IID"])
+    for seed, path in enumerate(("fedlit.data.partition.IID", "fedlit.data.IID")):
+        run = write_run(tmp_path / f"s{seed}", synthetic_rows("FedSEAL", [0.5, 0.6]), seed=seed)
+        flat = {"seed_everything": seed, "data.partitioner.class_path": path}
+        (run / "hparams.yaml").write_text(yaml.safe_dump(flat))
+    (row,) = summarize(find_runs([tmp_path]))
+    assert row.seeds == (0, 1)

@@ -64,7 +64,9 @@ def recorded_settings(run: Given) -> dict[str, Any]:
     settings["trainer"] = tmpl | {"default_root_dir": str(run.run_dir)}
     if not run.loggers:
         settings["trainer"]["logger"] = False
-    settings["model"] = _as_class(method, dict(method.hparams))
+    given = method.hparams  # its arguments, not what Lightning's CLI adds (``_class_path``)
+    args = {name: given[name] for name in _init_args(type(method)) if name in given}
+    settings["model"] = _as_class(method, args)
     network = settings["model"]["init_args"].get("network")
     if isinstance(network, dict):
         own = {"num_classes": data.num_classes, "in_channels": data.in_channels}
@@ -87,8 +89,7 @@ def _data_settings(data: FederatedDataModule) -> dict[str, Any]:
         elif name == "root":
             value = str(given.root)
         elif name == "client_pool":
-            default = source.client_pool(None, given.partitioner)
-            value = None if given.client_pool == default else given.client_pool
+            value = None if given.client_pool == _default_pool(data) else given.client_pool
         elif name == "test_dataset":
             test = source.test if isinstance(source, TorchDatasets) else None
             value = None if test is None else _UNKNOWN
@@ -99,13 +100,22 @@ def _data_settings(data: FederatedDataModule) -> dict[str, Any]:
     return values
 
 
+def _default_pool(data: FederatedDataModule) -> str | None:
+    """The client pool the data set gives where ``data.client_pool`` is unset (None where it
+    can give none with this partitioner: the pool was asked for)."""
+    try:
+        return data.settings.source.client_pool(None, data.settings.partitioner)
+    except ValueError:
+        return None
+
+
 def _init_args(cls: type) -> list[str]:
     """The names of ``cls``'s ``__init__`` arguments (its config schema), ``self`` aside."""
     try:
         params = inspect.signature(cls).parameters.values()
     except (TypeError, ValueError):  # a class whose signature cannot be read
         return []
-    return [p.name for p in params if p.kind == p.POSITIONAL_OR_KEYWORD]
+    return [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
 
 
 def _value(value: Any) -> Any:
