@@ -16,7 +16,9 @@ from importlib import import_module
 from pathlib import Path
 from typing import Any, Protocol
 
+import numpy as np
 from lightning.pytorch.loggers import Logger
+from torch import Tensor
 
 from fedlit.data.datamodule import FederatedDataModule
 from fedlit.data.sources import BuiltIn, Files, TorchDatasets
@@ -28,8 +30,8 @@ from fedlit.run_layout import flat_config
 #: A value the record leaves out: it cannot be written as a setting.
 _UNKNOWN = object()
 
-#: The data module's arguments not kept under their names in its settings.
-_DATA_OWN = ("dataset", "root", "client_pool", "test_dataset")
+#: How deep the record follows objects within objects.
+_DEPTH = 8
 
 
 class Given(Protocol):
@@ -65,7 +67,7 @@ def recorded_settings(run: Given) -> dict[str, Any]:
     if not run.loggers:
         settings["trainer"]["logger"] = False
     given = method.hparams  # its arguments, not what Lightning's CLI adds (``_class_path``)
-    args = {name: given[name] for name in _init_args(type(method)) if name in given}
+    args = {name: given[name] for name in _init_args(type(method)) or given if name in given}
     settings["model"] = _as_class(method, args)
     network = settings["model"]["init_args"].get("network")
     if isinstance(network, dict):
@@ -83,7 +85,7 @@ def _data_settings(data: FederatedDataModule) -> dict[str, Any]:
     given = data.settings
     source = given.source
     values: dict[str, Any] = {}
-    for name in _init_args(type(data)):
+    for name in _init_args(type(data)) or ():
         if name == "dataset":
             value = source.name if isinstance(source, BuiltIn | Files) else _UNKNOWN
         elif name == "root":
@@ -109,42 +111,56 @@ def _default_pool(data: FederatedDataModule) -> str | None:
         return None
 
 
-def _init_args(cls: type) -> list[str]:
-    """The names of ``cls``'s ``__init__`` arguments (its config schema), ``self`` aside."""
+def _init_args(cls: type) -> list[str] | None:
+    """The names of ``cls``'s ``__init__`` arguments (its config schema), ``self`` aside;
+    None where they cannot be named (``*args``, ``**kwargs``, no signature)."""
     try:
         params = inspect.signature(cls).parameters.values()
-    except (TypeError, ValueError):  # a class whose signature cannot be read
-        return []
-    return [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params):
+        return None
+    return [p.name for p in params if p.kind != p.POSITIONAL_ONLY]
 
 
-def _value(value: Any) -> Any:
+def _value(value: Any, depth: int = 0) -> Any:
     """A value as the CLI's config holds it: a dataclass as its fields, a list as a tuple,
-    another object as its ``class_path`` and the ``init_args`` it keeps as attributes."""
+    another object as its ``class_path`` and the ``init_args`` it keeps as attributes; an
+    array, a class, a function, or an object nested deeper than :data:`_DEPTH`, unknown."""
     if value is None or value is _UNKNOWN or isinstance(value, bool | int | float | str):
         return value
-    if is_dataclass(value) and not isinstance(value, type):
-        items = {f.name: _value(getattr(value, f.name)) for f in fields(value) if f.init}
-        return {key: item for key, item in items.items() if item is not _UNKNOWN}
-    if isinstance(value, list | tuple):
-        listed = tuple(_value(item) for item in value)
-        return _UNKNOWN if any(item is _UNKNOWN for item in listed) else listed
+    if isinstance(value, np.generic):
+        return _value(value.item(), depth)
+    if depth >= _DEPTH or isinstance(value, Tensor | np.ndarray):
+        return _UNKNOWN
+    if inspect.isclass(value) or inspect.isroutine(value):
+        return _UNKNOWN  # not a setting the CLI writes so
     if isinstance(value, Path):
         return str(value)
+    if is_dataclass(value):
+        items = {f.name: getattr(value, f.name) for f in fields(value) if f.init}
+        return _known(items, depth)
     if isinstance(value, dict):
-        items = {str(key): _value(item) for key, item in value.items()}
-        return {key: item for key, item in items.items() if item is not _UNKNOWN}
-    if inspect.isclass(value) or inspect.isroutine(value):
-        return _UNKNOWN  # a class or a function: not a setting the CLI writes so
-    args = {name: getattr(value, name, _UNKNOWN) for name in _init_args(type(value))}
-    return _as_class(value, args)
+        return _known({str(key): item for key, item in value.items()}, depth)
+    if isinstance(value, list | tuple):
+        listed = tuple(_value(item, depth + 1) for item in value)
+        return _UNKNOWN if any(item is _UNKNOWN for item in listed) else listed
+    names = _init_args(type(value))
+    kept = {name: getattr(value, name, _UNKNOWN) for name in names or ()}
+    known = _as_class(value, kept, depth)
+    complete = names is not None and len(known["init_args"]) == len(kept)
+    return known if complete else _UNKNOWN  # an argument it does not keep: unknown
 
 
-def _as_class(obj: object, args: dict[str, Any]) -> dict[str, Any]:
+def _known(items: dict[str, Any], depth: int) -> dict[str, Any]:
+    """``items``' values as the CLI's config holds them, the unknown left out."""
+    values = {key: _value(item, depth + 1) for key, item in items.items()}
+    return {key: item for key, item in values.items() if item is not _UNKNOWN}
+
+
+def _as_class(obj: object, args: dict[str, Any], depth: int = 0) -> dict[str, Any]:
     """``obj`` as a class-typed setting: its class's import path and its known arguments."""
-    init_args = {name: _value(item) for name, item in args.items()}
-    known = {name: item for name, item in init_args.items() if item is not _UNKNOWN}
-    return {"class_path": import_path(type(obj)), "init_args": known}
+    return {"class_path": import_path(type(obj)), "init_args": _known(args, depth)}
 
 
 def import_path(cls: type) -> str:
