@@ -47,8 +47,9 @@ def _data(root: Path) -> FederatedDataModule:
 
 
 def test_a_python_api_run_records_its_server_budget(fmnist_root: Path, tmp_path: Path) -> None:
-    """Runs made as notebooks/quickstart.ipynb makes them (no config.yaml): FedAvg-FixMatch trains the server twice a round (a server step and a fine-tune),
-    Server-SL once; the report reads their real epochs and steps and flags the difference."""
+    """Runs made as notebooks/quickstart.ipynb makes them (no config.yaml): FedAvg-FixMatch
+    trains the server twice a round (a server step and a fine-tune), Server-SL once; the
+    report reads their real epochs and steps and flags the difference."""
     config = FederationConfig(rounds=2, clients_per_round=2, server_epochs=3)
     methods = {"server_sl": ServerSL, "fedavg_fixmatch": FedAvgFixMatch}
     for name, method in methods.items():
