@@ -197,20 +197,33 @@ def test_a_class_spelt_two_ways_is_one_setting(tmp_path: Path) -> None:
     assert row.seeds == (0, 1)
 
 
-class _Own(ServerSL):
-    """A user's method with an argument the record can read (``scale``) and one it cannot
-    (a module that keeps no attribute per argument)."""
+class _Port:
+    """An object whose argument is a property that raises when read."""
 
-    def __init__(self, network: Architecture, head: nn.Module, scale: float = 2.0) -> None:
+    def __init__(self, port: int) -> None:
+        self._port = port
+
+    @property
+    def port(self) -> int:
+        raise RuntimeError("not connected")
+
+
+class _Own(ServerSL):
+    """A user's method with an argument the record can read (``scale``) and two it cannot
+    (a module that keeps no attribute per argument, an object whose argument raises)."""
+
+    def __init__(
+        self, network: Architecture, head: nn.Module, port: _Port, scale: float = 2.0
+    ) -> None:
         super().__init__(network)
-        self.head, self.scale = head, scale
+        self.head, self.link, self.scale = head, port, scale
 
 
 @pytest.mark.filterwarnings("ignore:Attribute 'head' is an instance of `nn.Module`")
 def test_what_cannot_be_known_is_left_out(tmp_path: Path) -> None:
-    """A torch Dataset (``data.dataset``, ``data.test_dataset``) and a module built from
-    ``*args`` have no value a config can hold: their keys are left out, not invented; the
-    settings beside them are recorded."""
+    """A torch Dataset (``data.dataset``, ``data.test_dataset``), a module built from
+    ``*args`` and an object whose argument cannot be read have no value a config can hold:
+    their keys are left out, not invented; the settings beside them are recorded."""
     images, labels = torch.zeros(40, 1, 8, 8), torch.arange(40) % 2
     data = FederatedDataModule(
         TensorDataset(images, labels),
@@ -218,10 +231,12 @@ def test_what_cannot_be_known_is_left_out(tmp_path: Path) -> None:
         num_clients=2,
         labeled_per_class=5,
     )
-    method = _Own(Architecture(2, 1), nn.Sequential(nn.Linear(4, 2)), scale=3.0)
+    method = _Own(Architecture(2, 1), nn.Sequential(nn.Linear(4, 2)), _Port(80), scale=3.0)
     got = Federation(method, data, FederationConfig(rounds=1), tmp_path / "run").hparams
     assert got["model.init_args.scale"] == 3.0
-    assert not [key for key in got if key.startswith("model.init_args.head")]
+    assert not [
+        key for key in got if key.startswith(("model.init_args.head", "model.init_args.port"))
+    ]
     assert "data.dataset" not in got and "data.test_dataset" not in got
     assert got["data.num_clients"] == 2 and got["data.labeled_per_class"] == 5
     assert got["model.class_path"].endswith("test_api_record._Own")

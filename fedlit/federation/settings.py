@@ -146,10 +146,19 @@ def _value(value: Any, depth: int = 0) -> Any:
         listed = tuple(_value(item, depth + 1) for item in value)
         return _UNKNOWN if any(item is _UNKNOWN for item in listed) else listed
     names = _init_args(type(value))
-    kept = {name: getattr(value, name, _UNKNOWN) for name in names or ()}
+    kept = {name: _attribute(value, name) for name in names or ()}
     known = _as_class(value, kept, depth)
     complete = names is not None and len(known["init_args"]) == len(kept)
     return known if complete else _UNKNOWN  # an argument it does not keep: unknown
+
+
+def _attribute(obj: object, name: str) -> Any:
+    """``obj``'s attribute ``name``, or unknown where reading it fails (a user's property
+    may raise anything)."""
+    try:
+        return getattr(obj, name)
+    except Exception:  # noqa: BLE001 - any failure means the value is not known
+        return _UNKNOWN
 
 
 def _known(items: dict[str, Any], depth: int) -> dict[str, Any]:
@@ -169,6 +178,10 @@ def import_path(cls: type) -> str:
     parts = cls.__module__.split(".")
     for end in range(1, len(parts) + 1):
         module = ".".join(parts[:end])
-        if getattr(import_module(module), cls.__qualname__, None) is cls:
+        try:
+            found = getattr(import_module(module), cls.__qualname__, None)
+        except ImportError:  # a module made at run time, not importable by its name
+            continue
+        if found is cls:
             return f"{module}.{cls.__qualname__}"
     return f"{cls.__module__}.{cls.__qualname__}"
