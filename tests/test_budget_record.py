@@ -47,9 +47,9 @@ def _data(root: Path) -> FederatedDataModule:
 
 
 def test_a_python_api_run_records_its_server_budget(fmnist_root: Path, tmp_path: Path) -> None:
-    """Runs made as notebooks/quickstart.ipynb makes them (no config.yaml, ``hparams.yaml``
-    ``{}``): FedAvg-FixMatch trains the server twice a round (a server step and a fine-tune),
-    Server-SL once; the report reads their real epochs and steps and flags the difference."""
+    """Runs made as notebooks/quickstart.ipynb makes them (no config.yaml): FedAvg-FixMatch
+    trains the server twice a round (a server step and a fine-tune), Server-SL once; the
+    report reads their real epochs and steps and flags the difference."""
     config = FederationConfig(rounds=2, clients_per_round=2, server_epochs=3)
     methods = {"server_sl": ServerSL, "fedavg_fixmatch": FedAvgFixMatch}
     for name, method in methods.items():
@@ -63,7 +63,6 @@ def test_a_python_api_run_records_its_server_budget(fmnist_root: Path, tmp_path:
         "batches_per_epoch": 1,
         "steps_per_round": ["server", "finetune"],
     }
-    assert (tmp_path / "server_sl" / "hparams.yaml").read_text().strip() == "{}"
     runs = [load_run(tmp_path / name) for name in methods]
     rows = {row.method: row for row in summarize(runs)}
     fixmatch, server = rows["FedAvgFixMatch"], rows["ServerSL"]

@@ -23,6 +23,7 @@ from fedlit.federation.resume import Checkpointer, check_may_change, load_resume
 from fedlit.federation.rounds import RoundContext, run_round
 from fedlit.federation.rundir import RunDirectory
 from fedlit.federation.server import Server
+from fedlit.federation.settings import recorded_settings
 from fedlit.federation.store import CLIENT_DIR, ClientStateStore
 from fedlit.federation.trainers import TrainerTemplate, stop_on_sigterm
 from fedlit.federation.warmstart import WarmStart, load_warm_start, start_afresh
@@ -49,7 +50,7 @@ class Federation:
     seed: int = 0
     trainer: TrainerTemplate = field(default_factory=TrainerTemplate)
     loggers: Sequence[Logger] = ()
-    hparams: dict[str, Any] = field(default_factory=dict)
+    hparams: dict[str, Any] = field(default_factory=dict)  # {}: read from the objects given
     progress: bool | None = None  # None: a bar on a terminal, plain lines otherwise
     #: Callbacks after :func:`~fedlit.federation.callbacks.default_callbacks` with ``loggers``.
     extra_callbacks: Sequence[Callback] = ()
@@ -58,6 +59,7 @@ class Federation:
         self.run_dir = Path(self.run_dir)
         self.directory = RunDirectory(self.run_dir)
         self.store = ClientStateStore(self.checkpoint_path.parent / CLIENT_DIR)
+        self.hparams = self.hparams or recorded_settings(self)
         self.checkpointer = Checkpointer(
             self.checkpoint_path, self.method, self.data, self.store, self.seed, self.hparams
         )

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from importlib import import_module
 from pathlib import Path
 
 from fedlit.reporting.runs import RunRecord
@@ -29,9 +30,29 @@ def setting_differences(runs: Sequence[RunRecord]) -> dict[str, list[tuple[objec
         if under(key, NOT_SETTING_KEYS):
             continue
         values = [(run.config[key], run.run_dir) for run in runs if key in run.config]
-        if len({repr(value) for value, _ in values}) > 1:
+        if len({repr(value) for value, _ in values}) > 1 and not one_class(v for v, _ in values):
             out[key] = values
     return out
+
+
+def one_class(values: Iterable[object]) -> bool:
+    """Whether ``values`` are paths of fedlit's that import one class, spelt two ways
+    (``fedlit.data.partition.IID`` as recipes write it, ``fedlit.data.IID`` as the parser
+    writes a name it resolved): one setting. Only ``fedlit.`` modules are imported."""
+    listed = list(values)
+    paths = {p for p in listed if isinstance(p, str) and p.startswith("fedlit.")}
+    if len(paths) < 2 or not all(isinstance(p, str) and p in paths for p in listed):
+        return False
+    if not all(_CLASS_PATH.fullmatch(path) for path in paths):
+        return False
+    found = set()
+    for path in paths:
+        module, name = path.rsplit(".", 1)
+        try:
+            found.add(id(getattr(import_module(module), name)))
+        except (ImportError, AttributeError):
+            return False
+    return len(found) == 1
 
 
 #: A class path as a value: its class's name is what a label writes.

@@ -48,7 +48,8 @@ class RunRecord:
         summary: the round-0 row (partition summary, bootstrap accuracy, ...).
         marks: what tables write beside the method (run.json ``marks``: ``oracle``).
         config: the run's flat config, dotted keys (``hparams.yaml``, else ``config.yaml``
-            flattened; empty for a run made through the Python API without either).
+            flattened; empty for a run without either, or one made through the Python API by
+            an earlier fedlit, whose ``hparams.yaml`` is ``{}``).
         init_from: a warm-started run's source (run.json ``init_from``: ``path``,
             ``sha256`` of its weights, ``method``, ``round``, ``test_acc``); empty otherwise.
         budget: the server's training budget the run recorded (run.json
