@@ -88,6 +88,9 @@ def current_keys(flat: dict[str, Any]) -> dict[str, Any]:
 #: The largest seed (``seed_everything``, a comparison's ``seeds``): numpy's seeds are 32-bit.
 MAX_SEED = 2**32 - 1
 
+#: The prefix of a warm-started run's evaluation before round 1, in row 0: the source's scored
+#: network as this run scores it (``warm_start_test/acc``, ``warm_start_test/loss``).
+WARM_START_EVAL = "warm_start_test"
 TEST_ACC = "test/acc"  # the scored model's test accuracy, every round
 VAL_ACC = "val/acc"  # its accuracy on the server's validation split: what selects a round
 BYTES_KEYS = ("comm/bytes_down", "comm/bytes_up")

@@ -28,11 +28,7 @@ from fedlit.federation.store import CLIENT_DIR, ClientStateStore
 from fedlit.federation.trainers import TrainerTemplate, stop_on_sigterm
 from fedlit.federation.warmstart import WarmStart, load_warm_start, start_afresh
 from fedlit.methods.base import FederatedMethod
-
-#: The prefix of a warm-started run's evaluation before round 1, in row 0: the source's scored
-#: network as this run scores it (``warm_start_test/acc``, ``warm_start_test/loss``).
-WARM_START_EVAL = "warm_start_test"
-
+from fedlit.run_layout import WARM_START_EVAL
 
 @dataclass
 class Federation:
@@ -66,8 +62,7 @@ class Federation:
         self.visits: dict[int, int] = {}  # client id -> rounds it has been selected in
         self.history: list[dict[str, float]] = []
         self.start_round, self._prepared = 1, False
-        #: the warm start's source (``federation.init_from``) of a run that starts afresh
-        self.source: WarmStart | None = None
+        self.source: WarmStart | None = None  # a fresh run's warm start (init_from)
         self._executor: ClientExecutor | None = None
         self.callbacks = Callbacks([*default_callbacks(self.loggers), *self.extra_callbacks], self)
 
@@ -77,8 +72,7 @@ class Federation:
 
     @property
     def server_budget(self) -> dict[str, Any]:
-        """The server's training budget ``run.json`` records
-        (:meth:`Server.budget <fedlit.federation.server.Server.budget>`); once prepared."""
+        """``run.json``'s server budget (:meth:`~fedlit.federation.server.Server.budget`)."""
         return self.server.budget()
 
     # --- checks and set-up ---------------------------------------------------------------
@@ -174,8 +168,7 @@ class Federation:
         ending: Ending = "stopped"
         try:
             if self.start_round == 1:
-                epochs = self.server.bootstrap_epochs()
-                if epochs:
+                if epochs := self.server.bootstrap_epochs():
                     self.callbacks.stage(0, f"bootstrap before round 1 (bootstrap_epochs={epochs})")
                 row0 = {"round": 0, **self.data.partition_summary(), **self.server.bootstrap()}
                 if self.source is not None:  # the network it starts from, as scored
@@ -192,7 +185,7 @@ class Federation:
         return FederationResult(list(self.history), self.run_dir, self.checkpoint_path)
 
     def run_round(self, round_idx: int) -> dict[str, float]:
-        """Round ``round_idx`` (:func:`fedlit.federation.rounds.run_round`); its metrics."""
+        """Round ``round_idx`` (:func:`~fedlit.federation.rounds.run_round`): its metrics."""
         return run_round(self.round_context, round_idx)
 
     def run_and_record_round(self, round_idx: int) -> dict[str, float]:
