@@ -59,9 +59,9 @@ from fedlit.data.augment import BatchView
 from fedlit.data.sampling import sample_clients
 from fedlit.evaluation import scored
 from fedlit.federation import Federation, TrainerTemplate
-from fedlit.federation.compiled import one_call_step, whole_step_compiled
+from fedlit.federation.fit.compiled import one_call_step, whole_step_compiled
 from fedlit.federation.seeding import EVAL, SERVER, derive_seed, seed_all
-from fedlit.federation.trainers import on_device
+from fedlit.federation.fit.loop import on_device
 from fedlit.methods.client_side import ClientUpdate
 from fedlit.methods.plan import Step
 from fedlit.models import Classifier

@@ -38,8 +38,8 @@ from host_round import federation, normalise_only
 
 from fedlit.data.augment import BatchView
 from fedlit.data.loaders import draw_batches, expand_batches
-from fedlit.federation.compiled import one_call_step, whole_step_compiled
-from fedlit.federation.trainers import on_device
+from fedlit.federation.fit.compiled import one_call_step, whole_step_compiled
+from fedlit.federation.fit.loop import on_device
 from fedlit.objectives import Objective
 
 

@@ -23,7 +23,7 @@ from fedlit.data import ImageBatches, dataset_spec, load_split
 from fedlit.data.fit_draws import FitDraws
 from fedlit.federation import compiled, trainers
 from fedlit.federation.callbacks import Callback, RunView
-from fedlit.federation.compiled import whole_step_compiled
+from fedlit.federation.fit.compiled import whole_step_compiled
 from fedlit.models import build_classifier
 from fedlit.objectives import FixMatch, FixMatchLoss, SupervisedCE
 

@@ -20,7 +20,7 @@ from fedlit.data.loaders import ImageBatches, staged
 from fedlit.federation import RaySettings
 from fedlit.federation.client import ClientRunner
 from fedlit.federation.seeding import derive_seed, rng_states, seed_all
-from fedlit.federation.trainers import TrainerTemplate
+from fedlit.federation.fit import TrainerTemplate
 from fedlit.methods import FedAvgFixMatch, FederatedMethod, FedSEAL, TSClientEMA
 from fedlit.methods.client_side import BUILD_SEED, ClientUpdate
 from fedlit.models import Architecture

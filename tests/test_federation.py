@@ -33,7 +33,7 @@ from fedlit.federation import (
 )
 from fedlit.federation.checkpoint import RunCheckpoint
 from fedlit.federation.server import Server
-from fedlit.federation.trainers import TrainerTemplate
+from fedlit.federation.fit import TrainerTemplate
 from fedlit.methods import (
     FedAvgFixMatch,
     FedAvgSL,

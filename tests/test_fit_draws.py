@@ -12,7 +12,7 @@ from fedlit.data.augment import CUTOUT_SCALE, BatchView, batch_view
 from fedlit.data.fit_draws import FitDraws
 from fedlit.data.loaders import AugmentsOnDevice, DrawnBatch, RawBatch, draw_batches
 from fedlit.federation import compiled
-from fedlit.federation.compiled import whole_step_compiled
+from fedlit.federation.fit.compiled import whole_step_compiled
 from fedlit.models import build_classifier
 from fedlit.objectives import SupervisedCE
 

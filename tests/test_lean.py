@@ -16,7 +16,7 @@ from ray_runs import differences, federation
 from fedlit.data.datasets import SPECS
 from fedlit.data.loaders import ImageBatches
 from fedlit.federation import RaySettings
-from fedlit.federation.trainers import TrainerTemplate
+from fedlit.federation.fit import TrainerTemplate
 from fedlit.methods import FedAvgBYOL, FederatedMethod, FedSEAL, TSClientEMA
 from fedlit.models import Architecture
 from fedlit.objectives import SupervisedCE

@@ -16,9 +16,9 @@ import torch
 from test_lean import _loader
 
 from fedlit.federation import compiled, lean
-from fedlit.federation.compiled import _optimizer_state, one_call_step, whole_step_compiled
+from fedlit.federation.fit.compiled import _optimizer_state, one_call_step, whole_step_compiled
 from fedlit.federation.lean import LeanSettings, _Fit
-from fedlit.federation.trainers import TrainerTemplate
+from fedlit.federation.fit import TrainerTemplate
 from fedlit.models import Architecture
 from fedlit.objectives import SupervisedCE
 from fedlit.objectives.schedules import WarmupCosine

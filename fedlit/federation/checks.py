@@ -9,7 +9,7 @@ from dataclasses import replace
 
 from fedlit.data.datamodule import FederatedDataModule
 from fedlit.federation.config import FederationConfig
-from fedlit.federation.trainers import TrainerTemplate, compile_toolchain_missing
+from fedlit.federation.fit import TrainerTemplate, compile_toolchain_missing
 from fedlit.methods.base import FederatedMethod
 
 

@@ -38,7 +38,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from fedlit.federation.children import exit_with_parent
 from fedlit.federation.faults import WorkerDied
-from fedlit.federation.trainers import TERMINATED
+from fedlit.federation.fit import TERMINATED
 from fedlit.machine import available_cores
 
 if TYPE_CHECKING:

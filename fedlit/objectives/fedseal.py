@@ -217,7 +217,7 @@ class FedSEALClient(Objective):
         diagnostics only, their true labels (never used by the loss)."""
         self.images, self.hidden_labels = images, hidden_labels
 
-    def on_train_start(self) -> None:
+    def before_fit(self) -> None:
         if self.images is None:
             raise RuntimeError("FedSEALClient needs attach() before training")
         probs, _ = predict_probabilities(self.network, self.images)
