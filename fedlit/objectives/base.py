@@ -241,14 +241,15 @@ class Objective(AugmentsOnDevice, LightningModule):
 
     def fit_step(self, batch: Any) -> Step:
         """:meth:`step`, FedProx's term added where the fit made one (:attr:`FitState.fedprox`):
-        to the loss and to each logged value that is the loss."""
+        to the loss, and to the logged ``loss`` where it is the loss."""
         loss, logged = self.step(batch)
         fedprox = self.fit_state.fedprox
         if fedprox is None:
             return loss, logged
         total = fedprox(self.network, loss)
         return total, tuple(
-            (w, {k: total if v is loss else v for k, v in values.items()}) for w, values in logged
+            (w, {k: total if k == "loss" and v is loss else v for k, v in values.items()})
+            for w, values in logged
         )
 
     def proximal_mu(self) -> float:
