@@ -302,14 +302,11 @@ def test_detect_anomaly_stops_at_the_backward_that_gave_nan() -> None:
 
 
 def test_the_private_torch_names_the_compiled_fit_reads_are_there() -> None:
-    """The fit reads these of torch's private modules (bounded in setup.cfg): this fails
-    where a torch release moves one."""
-    from torch._inductor import config as inductor_config
-
+    """The compiled fit calls these three of torch's private modules (torch is bounded in
+    setup.cfg): this fails where a torch release moves one."""
     assert isinstance(torch._dynamo.config.trace_autograd_ops, bool)
     assert callable(torch._dynamo.mark_static_address)
     assert isinstance(torch._inductor.list_mode_options("default"), dict)
-    assert isinstance(inductor_config.cpp.cxx, tuple)
 
 
 @pytest.mark.parametrize("cls", [FedSEAL, TSClientEMA, FedAvgBYOL])

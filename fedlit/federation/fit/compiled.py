@@ -319,7 +319,7 @@ class OneCallStep:
         if self.replay:
             torch.compiler.cudagraph_mark_step_begin()
         with torch.no_grad():  # an inference graph: the gradients are the graph's own
-            return self.compiled(  # type: ignore[no-any-return]
+            return self.compiled(
                 self.objective,
                 self.params,
                 self.state,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
@@ -136,7 +136,10 @@ def fit(
     lean = settings.loop()
     batches = loop.on_device(module, loader, lean.device)
     mode = settings.compile
-    with whole_step_compiled(module, mode) if mode else nullcontext({}) as compiled:
+    fields: AbstractContextManager[dict[str, Any]] = (
+        whole_step_compiled(module, mode) if mode else nullcontext({})
+    )
+    with fields as compiled:
         loop.fit(module, batches, epochs, max_steps, lean, compiled, how == "one call", kept)
     return module.epoch_metrics()
 

@@ -31,18 +31,15 @@ def compile_toolchain_missing(device: torch.device) -> str | None:
     here, or None: it compiles C++ on a CPU and Triton kernels on a GPU."""
     if device.type == "cuda":
         return None if importlib.util.find_spec("triton") else "the triton package is missing"
-    from torch._inductor import config as inductor_config
-
-    # inductor's own test of a compiler (``$CXX``, else g++): it answers ``--version``
-    compilers = [c for c in inductor_config.cpp.cxx if c]
-    for compiler in compilers:
-        try:
-            subprocess.run(
-                [*shlex.split(compiler), "--version"], capture_output=True, check=True, timeout=60
-            )
-            return None
-        except (OSError, ValueError, subprocess.SubprocessError):
-            continue
+    # inductor's own test of its compiler (``$CXX``, else g++): it answers ``--version``
+    compiler = os.environ.get("CXX") or "g++"
+    try:
+        subprocess.run(
+            [*shlex.split(compiler), "--version"], capture_output=True, check=True, timeout=60
+        )
+        return None
+    except (OSError, ValueError, subprocess.SubprocessError):
+        pass
     source = f"$CXX={os.environ['CXX']!r}" if os.environ.get("CXX") else "g++"
     return f"the C++ compiler inductor uses, {source}, does not run"
 
