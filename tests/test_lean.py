@@ -18,7 +18,7 @@ from fedlit.data.datasets import SPECS
 from fedlit.data.loaders import ImageBatches
 from fedlit.federation import RaySettings
 from fedlit.federation.fit import TrainerTemplate, how_to_fit
-from fedlit.methods import FedAvgBYOL, FederatedMethod, FedSEAL, TSClientEMA
+from fedlit.methods import FedAvgBYOL, FederatedMethod, FedSEAL, ServerSL, TSClientEMA
 from fedlit.models import Architecture
 from fedlit.objectives import SupervisedCE
 from fedlit.objectives.schedules import WarmupCosine
@@ -343,3 +343,41 @@ def test_the_template_takes_two_passes_a_step_in_bf16() -> None:
     objective = TwoPasses(network, lr=0.1, schedule=WarmupCosine(warmup=0.2))
     TrainerTemplate(accelerator="cpu", precision="bf16-mixed").fit(objective, _loader(), 1)
     assert any(not torch.equal(v, before[k]) for k, v in network.state_dict().items())
+
+
+class PlainServerStep(lightning.LightningModule):
+    """A user's own server objective: CE on the server's batches, logged with ``self.log``."""
+
+    def __init__(self, network: torch.nn.Module) -> None:
+        super().__init__()
+        self.network = network
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        loss = F.cross_entropy(self.network(x), y)
+        self.log("ce", loss)
+        return loss
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.05)
+
+
+class ServerSLOwnStep(ServerSL):
+    """Server-SL whose server step is the user's own LightningModule."""
+
+    def server_objective(self) -> Any:
+        return PlainServerStep(self.network)
+
+
+def test_a_users_plain_module_as_the_server_objective_trains_in_a_trainer(
+    fmnist_root: Path, tmp_path: Path
+) -> None:
+    """It once ended in AttributeError (no epoch_metrics) after its fit: now its ``self.log``
+    values are the server step's metrics, and the network trains."""
+    run = federation(str(fmnist_root), tmp_path / "run", ServerSLOwnStep, "local", RaySettings())
+    run.trainer = TrainerTemplate(accelerator="cpu")
+    before = copy.deepcopy(run.method.network.state_dict())
+    run.run()
+    assert all(h["server/ce"] > 0 for h in run.history)
+    after = run.method.network.state_dict()
+    assert any(not torch.equal(v, before[k]) for k, v in after.items())

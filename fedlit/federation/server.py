@@ -10,6 +10,7 @@ from pathlib import Path
 
 from fedlit.data.datamodule import FederatedDataModule
 from fedlit.evaluation import Evaluator, evaluate_encoder, scored
+from fedlit.federation.checks import check_batches
 from fedlit.federation.config import FederationConfig
 from fedlit.federation.faults import ClientFault, RoundFailed, name_list, nonfinite_tensors
 from fedlit.federation.seeding import CENTRAL, EVAL, FINETUNE, SERVER, derive_seed, seed_all
@@ -45,6 +46,9 @@ class Server:
     trainer: TrainerTemplate
     seed: int
     checkpoint_path: Path
+
+    def __post_init__(self) -> None:
+        check_batches(self.trainer, self.data)  # before any fit, nothing written yet
 
     def server_step(
         self, round_idx: int, epochs: int | None = None, stage: str = "server"
