@@ -4,20 +4,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import Any, TypeAlias
 
 import torch
 from lightning import LightningModule
 from torch import Tensor, nn
 
+from fedlit.data.fit_draws import FitDraws
 from fedlit.data.loaders import AugmentsOnDevice
 from fedlit.models import Classifier
 from fedlit.objectives.fedprox import FedProx
 from fedlit.objectives.optimization import OPTIMIZERS
 from fedlit.objectives.schedules import WarmupCosine
-
-if TYPE_CHECKING:
-    from fedlit.data.fit_draws import FitDraws
 
 #: What a training step logs: (weight, {name: value}) pairs, each added to the fit's running
 #: means by :meth:`Objective.accumulate` (values: scalar tensors or Python numbers).

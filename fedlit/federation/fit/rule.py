@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 from contextlib import AbstractContextManager, nullcontext
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol
 
 import torch
 from lightning import LightningModule
@@ -16,8 +16,27 @@ from fedlit.federation.fit import loop, trainer
 from fedlit.federation.fit.compiled import compiles_whole, whole_step_compiled
 from fedlit.objectives.base import Objective
 
-if TYPE_CHECKING:
-    from fedlit.federation.fit.settings import TrainerTemplate
+
+class FitSettings(Protocol):
+    """What the rule reads of a run's settings (:class:`~fedlit.federation.TrainerTemplate`)."""
+
+    @property
+    def compile(self) -> str | None: ...
+
+    @property
+    def gradient_clip_val(self) -> float | int | None: ...
+
+    @property
+    def detect_anomaly(self) -> bool: ...
+
+    def decided_precision(self) -> int | str: ...
+
+    def loop(self) -> loop.LoopSettings: ...
+
+    def resolved(self) -> Any: ...
+
+    def settings(self) -> dict[str, Any]: ...
+
 
 #: How a fit runs (:func:`how_to_fit`).
 How = Literal["trainer", "eager", "compiled", "one call"]
@@ -68,7 +87,7 @@ def one_call_asked() -> bool:
     return value != "0"
 
 
-def how_to_fit(module: nn.Module, settings: TrainerTemplate) -> How:
+def how_to_fit(module: nn.Module, settings: FitSettings) -> How:
     """How ``module`` is fitted (or tested) under ``settings``: the only place that decides.
 
     - A LightningModule of the user's own (not a fedlit
@@ -120,7 +139,7 @@ def how_to_fit(module: nn.Module, settings: TrainerTemplate) -> How:
 
 
 def fit(
-    settings: TrainerTemplate,
+    settings: FitSettings,
     module: LightningModule,
     loader: Iterable[Any],
     epochs: int,
@@ -144,7 +163,7 @@ def fit(
     return module.epoch_metrics()
 
 
-def test(settings: TrainerTemplate, module: LightningModule, loader: Iterable[Any]) -> None:
+def test(settings: FitSettings, module: LightningModule, loader: Iterable[Any]) -> None:
     """Test ``module`` as :func:`how_to_fit` says."""
     if how_to_fit(module, settings) == "trainer":
         trainer.test(module, loader, settings.resolved().settings())
