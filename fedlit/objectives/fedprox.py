@@ -17,8 +17,9 @@ class FedProx:
     parameters when it is made (a client's fit: the model it received).
 
     The fit makes it for every objective whose settings ``self.loss`` have a ``mu`` above 0
-    (:meth:`~fedlit.objectives.Objective.fit_step`), so an objective's own :meth:`step` never
-    adds it: a one-view objective written as the docs say honours ``loss.mu`` as FixMatch does.
+    (:meth:`~fedlit.objectives.Objective.fit_step`), so an objective's own
+    :meth:`~fedlit.objectives.Objective.step` never adds it: a one-view objective written as
+    the docs say honours ``loss.mu`` as FixMatch does.
     """
 
     def __init__(self, network: nn.Module, mu: float) -> None:
