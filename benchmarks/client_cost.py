@@ -27,7 +27,7 @@ from round_overhead import plain_train
 from fedlit.data import FederatedDataModule
 from fedlit.federation import Federation, FederationConfig, TrainerTemplate
 from fedlit.federation.seeding import derive_seed, seed_all
-from fedlit.federation.trainers import on_device
+from fedlit.federation.fit.loop import on_device
 from fedlit.methods import FedAvgFixMatch
 from fedlit.models import Architecture
 from fedlit.objectives import Optimization

@@ -18,7 +18,7 @@ validation and test sets) and nothing else: a hand-written loop over each object
 objective's hooks called directly, each client's upload a clone, its state kept in a dict.
 Compiled (``--compile default``), both run the same compiled step: the step, its backward
 and the optimiser's update as one call
-(:class:`~fedlit.federation.compiled.OneCallStep`, with the fit's own draws). What fedlit
+(:class:`~fedlit.federation.fit.compiled.OneCallStep`, with the fit's own draws). What fedlit
 does beyond the floor is its own: the lean loop's hooks, the client runner, the round's
 checkpoint and its CSV row.
 
@@ -58,14 +58,15 @@ from fedlit.cli.fit import federation_of, resolve
 from fedlit.data.augment import BatchView
 from fedlit.data.sampling import sample_clients
 from fedlit.evaluation import scored
-from fedlit.federation import Federation, TrainerTemplate
-from fedlit.federation.compiled import one_call_step, whole_step_compiled
+from fedlit.federation import Federation
+from fedlit.federation.fit.compiled import one_call_step, whole_step_compiled
 from fedlit.federation.seeding import EVAL, SERVER, derive_seed, seed_all
-from fedlit.federation.trainers import on_device
+from fedlit.federation.fit.loop import on_device, views
 from fedlit.methods.client_side import ClientUpdate
 from fedlit.methods.plan import Step
 from fedlit.models import Classifier
-from fedlit.objectives import Objective
+from fedlit.objectives import FedProx, FitState, Objective
+from fedlit.objectives.base import KeptOptimizers
 
 RECIPE = Path(__file__).parents[1] / "recipes" / "papers" / "paper002_fmnist" / "fedseal.yaml"
 
@@ -89,38 +90,45 @@ def normalise_only(self: BatchView, images: Tensor, drawn: Tensor) -> Tensor:
 
 
 # --- the floor: the same steps, written directly in PyTorch ----------------------------------
-def plain_fit(objective: Objective, loader: Iterable[Any], epochs: int) -> None:
-    """The objective's fit as a hand-written loop: its hooks called directly, its
-    ``training_step`` on each batch, zero_grad, backward, the optimiser's and the
+def plain_fit(
+    objective: Objective,
+    loader: Iterable[Any],
+    epochs: int,
+    kept: KeptOptimizers | None = None,
+    compiled: dict[str, Any] | None = None,
+) -> None:
+    """The objective's fit as a hand-written loop: its fit state, its hooks called directly,
+    its ``training_step`` on each batch, zero_grad, backward, the optimiser's and the
     scheduler's steps (compiled: the step, its backward and the optimiser's update as one
-    call, :class:`~fedlit.federation.compiled.OneCallStep`, as fedlit runs it)."""
+    call, :class:`~fedlit.federation.fit.compiled.OneCallStep`, as fedlit runs it)."""
     device = torch.device("cpu")
     batches = on_device(objective, loader, device)
     steps = epochs * len(batches)  # type: ignore[arg-type]
-    objective.on_fit_start()
+    mu = objective.proximal_mu()
+    fedprox = FedProx(objective.network, mu) if mu > 0 else None
+    state = FitState(steps, kept_optimizers=kept, fedprox=fedprox, **(compiled or {}))
+    objective.fit_state = state
     optimizer, scheduler = objective.optimizer_and_scheduler(steps)
-    one_call = one_call_step(objective, optimizer, None)  # compiled: the step as one call
-    objective.on_train_start()
+    one_call = one_call_step(objective, optimizer, None) if compiled else None
+    objective.before_fit()
     for _ in range(epochs):
-        objective.on_train_epoch_start()
         for i, raw in enumerate(batches):
-            batch = objective.on_after_batch_transfer(raw, 0)
+            batch = views(raw, device, state)
             if one_call is not None:
                 loss, logged = one_call(batch)
                 objective.record(logged)
-                objective.on_before_optimizer_step(optimizer)
             else:
                 loss = objective.training_step(batch, i)
                 optimizer.zero_grad()
                 loss.backward()
-                objective.on_before_optimizer_step(optimizer)
+            objective.accumulate(1.0, lr=float(optimizer.param_groups[0]["lr"]))
+            if one_call is None:
                 optimizer.step()
+            state.steps_taken += 1
             if scheduler is not None:
                 scheduler.step()
-            objective.on_train_batch_end(loss, batch, i)
-        objective.on_train_epoch_end()
-    objective.on_train_end()
-    objective.on_fit_end()
+            objective.after_step()
+    objective.after_fit()
 
 
 @torch.no_grad()
@@ -146,9 +154,14 @@ class Floor:
         self.side = fed.method.client_side()
         self.states: dict[int, Any] = {}
 
-    def fit(self, objective: Objective, loader: Iterable[Any], epochs: int) -> None:
-        with whole_step_compiled(objective, self.compile):
-            plain_fit(objective, loader, epochs)
+    def fit(
+        self, objective: Objective, loader: Iterable[Any], epochs: int, kept: Any = None
+    ) -> None:
+        if self.compile is None:
+            plain_fit(objective, loader, epochs, kept)
+            return
+        with whole_step_compiled(objective, self.compile) as compiled:
+            plain_fit(objective, loader, epochs, kept, compiled)
 
     def round(self, r: int) -> float:
         fed, side = self.fed, self.side
@@ -167,8 +180,8 @@ class Floor:
                     client = data.client_data(cid)
                     sent = method.client_payload(payload, cid)
                     objective = side.objective(sent, client, self.states.get(cid))
-                    objective.kept_optimizers = side.kept_optimizers
-                    self.fit(objective, side.loader(client), cfg.local_epochs)
+                    kept = side.kept_optimizers
+                    self.fit(objective, side.loader(client), cfg.local_epochs, kept)
                     shared = {
                         k: v.detach().clone()
                         for k, v in objective.network.state_dict().items()
@@ -323,12 +336,12 @@ def federation(args: argparse.Namespace, run_dir: Path) -> Federation:
 
 
 def trainer_per_fit() -> None:
-    """Every fit and test in a Lightning Trainer (the engine before the lean loop)."""
-
-    def never(self: TrainerTemplate, module: Any, lean_module: bool) -> None:
-        return None
-
-    TrainerTemplate.lean = never  # type: ignore[method-assign,assignment]
+    """Every fit in a Lightning Trainer: the engine before fedlit's loop, which fedlit no
+    longer has (its objectives always fit in fedlit's loop)."""
+    raise SystemExit(
+        "--trainer-per-fit: fedlit's objectives no longer fit in a Trainer; check out a "
+        "commit before fedlit.federation.fit to measure that engine"
+    )
 
 
 def main() -> None:

@@ -13,11 +13,11 @@ rounds that alternate the measurements (so that the machine's load falls on each
 - the step's plain call: the objective's eager ``step`` on the drawn batch (its views
   computed), ``backward`` and the optimiser's step;
 - the compiled step's calls: the same with the whole step compiled
-  (:func:`~fedlit.federation.compiled.compiled_step`, ``torch.compile`` in ``--mode``), then
+  (:func:`~fedlit.federation.fit.compiled.compiled_step`, ``torch.compile`` in ``--mode``), then
   ``backward`` and a fused optimiser's step (a compiled fit in a Trainer, and every compiled
   fit before the one-call step);
 - the compiled step as one call: the step, its backward and the optimiser's update in one
-  graph (:class:`~fedlit.federation.compiled.OneCallStep`, a compiled lean fit's step).
+  graph (:class:`~fedlit.federation.fit.compiled.OneCallStep`, a compiled lean fit's step).
 
 At near-zero arithmetic each is what the host pays for a step, whatever the device.
 
@@ -38,9 +38,9 @@ from host_round import federation, normalise_only
 
 from fedlit.data.augment import BatchView
 from fedlit.data.loaders import draw_batches, expand_batches
-from fedlit.federation.compiled import one_call_step, whole_step_compiled
-from fedlit.federation.trainers import on_device
-from fedlit.objectives import Objective
+from fedlit.federation.fit.compiled import one_call_step, whole_step_compiled
+from fedlit.federation.fit.loop import on_device
+from fedlit.objectives import FitState, Objective
 
 
 def per_step(work: Callable[[], object], steps: int, warmup: int) -> tuple[float, float]:
@@ -74,10 +74,9 @@ def main() -> None:
         side.on_round_start(1, 1)
         client = fed.data.client_data(0)
         objective: Objective = side.objective(fed.method.broadcast(), client, None)
-        objective.kept_optimizers = side.kept_optimizers
+        objective.fit_state = FitState(1, kept_optimizers=side.kept_optimizers)
         raw = next(iter(on_device(objective, side.loader(client), torch.device("cpu"))))
-        objective.on_fit_start()
-        objective.on_train_start()
+        objective.before_fit()
         optimizer, _ = objective.optimizer_and_scheduler(1)
         drawn = draw_batches(raw)
 
@@ -87,19 +86,21 @@ def main() -> None:
             loss.backward()
             optimizer.step()
 
-        with whole_step_compiled(objective, args.mode):
+        with whole_step_compiled(objective, args.mode) as fields:
+            objective.fit_state = FitState(1, kept_optimizers=side.kept_optimizers, **fields)
             fused, _ = objective.optimizer_and_scheduler(1)
             one_call = one_call_step(objective, fused, None)
             assert one_call is not None
 
             def compiled() -> None:
-                assert objective.compiled_step is not None
-                loss, _ = objective.compiled_step(objective, drawn)
+                step = objective.fit_state.compiled_step
+                assert step is not None
+                loss, _ = step(objective, drawn)
                 fused.zero_grad()
                 loss.backward()
                 fused.step()
 
-            fit_draws = objective.fit_draws
+            fit_draws = objective.fit_state.draws
             work = {
                 "views' draws, eager (each step's own)": lambda: draw_batches(raw),
                 "views' draws, compiled (the fit's, a chunk of steps at once)": lambda: (

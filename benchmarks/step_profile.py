@@ -226,7 +226,7 @@ def in_step(profile: Profile) -> Callable[[Any], Any]:
 def fedlit_phases(profile: Profile) -> Iterator[None]:
     from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
 
-    from fedlit.federation import lean
+    from fedlit.federation.fit import loop
 
     steps = rounds_module.STEPS
     with (
@@ -238,7 +238,7 @@ def fedlit_phases(profile: Profile) -> Iterator[None]:
         patched(Server, "bootstrap", in_phase(profile, "server set-up")),
         patched(Server, "evaluate", in_phase(profile, "evaluation")),
         patched(_TrainingEpochLoop, "advance", in_step(profile)),  # a fit in a Trainer
-        patched(lean._Fit, "advance", in_step(profile)),  # a fit in fedlit's lean loop
+        patched(loop.Fit, "step", in_step(profile)),  # a fit in fedlit's loop (its batch's step)
     ):
         yield
 
@@ -302,8 +302,7 @@ def plain_fit(
     """The objective's own loss and optimiser in a hand-written loop; each batch is a step."""
     objective.train()
     optimizer, scheduler = objective.optimizer_and_scheduler(epochs * len(loader))  # type: ignore[arg-type]
-    objective.on_fit_start()
-    objective.on_train_start()
+    objective.before_fit()
     for _ in range(epochs):
         batches = iter(loader)
         i = 0

@@ -6,10 +6,10 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
-from lightning import Trainer
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from fedlit.cli import COMMANDS, main
@@ -383,28 +383,28 @@ def test_a_run_stopped_by_sigterm_exits_with_143(monkeypatch: pytest.MonkeyPatch
     assert exc.value.code == 143
 
 
-def test_trainer_settings_reach_the_per_step_trainers_or_are_refused(
+def test_trainer_settings_reach_every_fit_or_are_refused(
     fmnist_root: Path,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A per-step ``trainer.*`` setting reaches every server and client Trainer; one the
-    federation would not apply (a Trainer's own length, callbacks, ...) exits 2 naming it,
-    before anything is written."""
+    """A ``trainer.*`` setting reaches every server and client fit and every evaluation (in
+    fedlit's loop); one the federation would not apply (a Trainer's own length, callbacks,
+    ...) exits 2 naming it, before anything is written."""
     run_dir = tmp_path / "run"
     base = ["fit", "--config=recipes/fedavg_fixmatch.yaml", *tiny(fmnist_root, run_dir)]
-    built: list[int] = []
-    original = TrainerTemplate.build
+    built: list[object] = []
+    original = TrainerTemplate.loop
 
-    def build(self: TrainerTemplate, **overrides: object) -> Trainer:
-        trainer = original(self, **overrides)
-        built.append(trainer.limit_train_batches)  # type: ignore[arg-type]
-        return trainer
+    def loop(self: TrainerTemplate) -> Any:
+        settings = original(self)
+        built.append(settings.limit_train_batches)
+        return settings
 
-    monkeypatch.setattr(TrainerTemplate, "build", build)
+    monkeypatch.setattr(TrainerTemplate, "loop", loop)
     main([*base, "--trainer.limit_train_batches=1"])
-    assert built and set(built) == {1}  # every server, client and evaluation Trainer
+    assert built and set(built) == {1}  # every server, client and evaluation fit
     for bad in ("--trainer.max_epochs=3", "--trainer.fast_dev_run=true", "--trainer.callbacks=[]"):
         other = tmp_path / "refused"
         with pytest.raises(SystemExit) as exit_info:

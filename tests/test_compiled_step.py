@@ -11,6 +11,7 @@ import copy
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -22,11 +23,11 @@ from torch._dynamo.utils import counters
 from fedlit.cli.fit import federation_of, resolve
 from fedlit.data import ImageBatches, dataset_spec, load_split
 from fedlit.data.augment import FitDraws
-from fedlit.federation import compiled, trainers
+from fedlit.federation.fit import compiled, loop, rule
 from fedlit.federation.callbacks import Callback, RunView
-from fedlit.federation.compiled import whole_step_compiled
+from fedlit.federation.fit.compiled import whole_step_compiled
 from fedlit.models import build_classifier
-from fedlit.objectives import FixMatch, FixMatchLoss, SupervisedCE
+from fedlit.objectives import FitState, FixMatch, FixMatchLoss, Objective, SupervisedCE
 
 REPO = Path(__file__).parents[1]
 #: Paper 002's Table 1: their client and server steps compile whole, with no graph break.
@@ -56,9 +57,9 @@ class StaticInputs:
         self.fits = 0
 
     @contextmanager
-    def __call__(self, module: torch.nn.Module, mode: str | None) -> Iterator[None]:
-        with whole_step_compiled(module, mode):
-            yield
+    def __call__(self, module: Objective, mode: str) -> Iterator[dict[str, Any]]:
+        with whole_step_compiled(module, mode) as fields:
+            yield fields
         self.fits += 1
         key = (type(module).__name__, id(module.network))
         now = {
@@ -96,7 +97,7 @@ def compiled_run(
     federation = federation_of(resolve(args), progress=False, extra_callbacks=[frames])
     with pytest.MonkeyPatch.context() as patch:
         if static is not None:
-            patch.setattr(trainers, "whole_step_compiled", static)
+            patch.setattr(rule, "whole_step_compiled", static)
         federation.run()  # prepares, locks the run directory, runs, closes
     return frames
 
@@ -155,16 +156,15 @@ def test_compiled_steps_equal_eager_ones_to_float32_rounding(fmnist_root: Path) 
         else:
             objective = SupervisedCE(net, lr=0.03)
             loader = ImageBatches(images, spec, ("weak",), 16, shuffle=True, labels=labels)
-        objective.fit_draws = fit_draws
-        if mode is not None:
-            objective.compiled_step = compiled.compiled_step(objective, mode)
-            objective.views_in_step = True
+        step = None if mode is None else compiled.compiled_step(objective, mode)
+        objective.fit_state = FitState(draws=fit_draws, compiled_step=step)
         optimizer, _ = objective.optimizer_and_scheduler(3)
         losses = []
         for k, raw in enumerate(loader.on_device()):
             if k == 3:
                 break
-            loss = objective.training_step(objective.on_after_batch_transfer(raw, 0), k)
+            batch = loop.views(raw, torch.device("cpu"), objective.fit_state)
+            loss = objective.training_step(batch, k)
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
@@ -215,7 +215,7 @@ def test_fedmatch_refuses_a_compiled_step_before_any_work(
 
 
 def test_step_input_is_the_value_eager_and_one_slot_overwritten_in_place_compiled() -> None:
-    """Eager, ``step_input`` sets the value itself. Compiled (``step_slots`` given), every
+    """Eager, ``step_input`` sets the value itself. Compiled (the fit state's slots), every
     objective of the worker gets the same slot, the value copied into it: a shorter value
     fills the first rows (the step indexes no further), a longer one or another dtype takes a
     new slot."""
@@ -228,7 +228,7 @@ def test_step_input_is_the_value_eager_and_one_slot_overwritten_in_place_compile
 
     slots: dict[str, torch.Tensor] = {}
     first, second = SupervisedCE(network, lr=0.1), SupervisedCE(network, lr=0.1)
-    first.step_slots = second.step_slots = slots
+    first.fit_state, second.fit_state = FitState(slots=slots), FitState(slots=slots)
     first.step_input("pseudo", torch.tensor([3, 1, 4]))
     first.step_input("lam", torch.tensor(0.5))
     second.step_input("pseudo", torch.tensor([2, 7]))

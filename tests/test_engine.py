@@ -20,7 +20,6 @@ from fedlit.data.loaders import ImageBatches, staged
 from fedlit.federation import RaySettings
 from fedlit.federation.client import ClientRunner
 from fedlit.federation.seeding import derive_seed, rng_states, seed_all
-from fedlit.federation.trainers import TrainerTemplate
 from fedlit.methods import FedAvgFixMatch, FederatedMethod, FedSEAL, TSClientEMA
 from fedlit.methods.client_side import BUILD_SEED, ClientUpdate
 from fedlit.models import Architecture
@@ -76,19 +75,6 @@ def test_seeding_a_unit_of_work_sets_every_global_generator_as_the_libraries_own
     torch.testing.assert_close(our_draw, their_draw, rtol=0, atol=0)
     seed_all(seed + 1)
     assert not torch.equal(torch.get_rng_state(), theirs["torch"])
-
-
-def test_per_step_trainers_do_not_probe_for_gpus_again(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Lightning's device lines come once per process and accelerator: later Trainers of the
-    same settings do not ask torch for the CUDA devices (an NVML probe each)."""
-    template = TrainerTemplate(accelerator="cpu")
-    template.build()
-    asked: list[int] = []
-    counted = torch.cuda.device_count
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: asked.append(1) or counted())
-    for _ in range(3):
-        template.build(max_epochs=1)
-    assert asked == []
 
 
 def test_a_worker_keeps_one_network_per_role_overwritten_in_place() -> None:

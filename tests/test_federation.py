@@ -27,13 +27,11 @@ from fedlit.federation import (
     Federation,
     FederationConfig,
     RunView,
-    compiled,
     load_checkpoint,
-    trainers,
 )
 from fedlit.federation.checkpoint import RunCheckpoint
 from fedlit.federation.server import Server
-from fedlit.federation.trainers import TrainerTemplate
+from fedlit.federation.fit import TrainerTemplate, compiled, rule
 from fedlit.methods import (
     FedAvgFixMatch,
     FedAvgSL,
@@ -420,30 +418,23 @@ def test_the_round_of_a_checkpoint_of_any_format_is_read(tmp_path: Path) -> None
 
 
 @contextmanager
-def _with_fit_draws(module: LightningModule, mode: str | None) -> Iterator[None]:
-    """An eager fit (``mode`` None) that takes its views' draws as a compiled fit does: from
-    a :class:`FitDraws` made at the same point of the global generator's stream."""
-    assert mode is None
-    if not compiled.compiles_whole(module):
-        yield
-        return
-    module.fit_draws = FitDraws()
-    try:
-        yield
-    finally:
-        module.fit_draws = None
+def _with_fit_draws(fields: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """An eager fit's state (``fields`` empty) that takes its views' draws as a compiled fit
+    does: from a :class:`FitDraws` made at the same point of the global generator's stream."""
+    assert fields == {}
+    yield {"draws": FitDraws()}
 
 
 def test_compile_setting_compiles_every_training_step_and_trains_as_eager(
     fmnist_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``federation.compile`` compiles the whole step of every client and server fit (the
-    views, the forward passes, the loss: :mod:`fedlit.federation.compiled`) and only while it
+    views, the forward passes, the loss: :mod:`fedlit.federation.fit.compiled`) and only while it
     trains. Here torch.compile traces with its "eager" backend (the graphs torch captures, run
     by torch's own kernels: seconds instead of inductor's minutes of C++), so the weights must
     equal those of an eager run given the compiled fits' draws (a compiled fit draws its
     views from a generator of its own) but for the update's rounding: a one-call step
-    (:class:`~fedlit.federation.compiled.OneCallStep`) runs torch's functional SGD with the
+    (:class:`~fedlit.federation.fit.compiled.OneCallStep`) runs torch's functional SGD with the
     learning rate as a tensor, which multiplies and then adds (two roundings, where the eager
     optimiser's add rounds once); a round's steps carry that to up to 2e-5 in the weights and
     2e-4 in BatchNorm's running means here. The same compiled run again gives the same
@@ -451,7 +442,7 @@ def test_compile_setting_compiles_every_training_step_and_trains_as_eager(
     small = {"examples_per_client": 64, "test_subset": 100}
     eager = _federation(fmnist_root, tmp_path / "eager", data_kw=small, rounds=1)
     with monkeypatch.context() as patch:
-        patch.setattr(trainers, "whole_step_compiled", _with_fit_draws)
+        patch.setattr(rule, "nullcontext", _with_fit_draws)
         eager.run()
     monkeypatch.setattr(compiled, "BACKEND", "eager")
     calls: list[str] = []
@@ -495,7 +486,7 @@ def test_compile_setting_refused_with_a_clear_error(
     def no_compiler(*args: object, **kwargs: object) -> None:
         raise FileNotFoundError("no such compiler")
 
-    monkeypatch.setattr("fedlit.federation.trainers.subprocess.run", no_compiler)
+    monkeypatch.setattr("fedlit.federation.fit.settings.subprocess.run", no_compiler)
     fed = _federation(fmnist_root, tmp_path / "r", compile="default")
     with pytest.raises(ValueError, match=r"federation\.compile='default'.*C\+\+ compiler"):
         fed.prepare()

@@ -10,10 +10,10 @@ import torch
 from fedlit.data import ImageBatches, dataset_spec
 from fedlit.data.augment import CUTOUT_SCALE, BatchView, FitDraws, batch_view
 from fedlit.data.loaders import AugmentsOnDevice, DrawnBatch, RawBatch, draw_batches
-from fedlit.federation import compiled
-from fedlit.federation.compiled import whole_step_compiled
+from fedlit.federation.fit import compiled, loop
+from fedlit.federation.fit.compiled import whole_step_compiled
 from fedlit.models import build_classifier
-from fedlit.objectives import SupervisedCE
+from fedlit.objectives import FitState, SupervisedCE
 
 SPEC = dataset_spec("fashion_mnist")
 CPU = torch.device("cpu")
@@ -145,35 +145,29 @@ def test_a_fit_through_the_loader_takes_the_fit_draws_step_by_step() -> None:
     loader = ImageBatches(images, SPEC, ("weak", "strong"), 16, shuffle=True)
     views = _views("weak", "strong")
     expected = _steps(_fit(9), views, 8)
-    hook = AugmentsOnDevice()
-    hook.views_in_step, hook.fit_draws = True, _fit(9)
-    computed = AugmentsOnDevice()
-    computed.fit_draws = _fit(9)
+    cpu = torch.device("cpu")
+    hook = FitState(draws=_fit(9), compiled_step=lambda objective, batch: batch)
+    computed = FitState(draws=_fit(9))
     steps = [raw for _ in range(2) for raw in loader.on_device()]
     for k, raw in enumerate(steps):
-        drawn = hook.on_after_batch_transfer(raw, 0)
+        drawn = loop.views(raw, cpu, hook)
         assert isinstance(drawn, DrawnBatch)
         assert torch.equal(torch.cat(drawn.draws), expected[k]), k
         assert [len(d) for d in drawn.draws] == [3, 8]
-        got = computed.on_after_batch_transfer(raw, 0)
+        got = loop.views(raw, cpu, computed)
         assert all(torch.equal(a, e) for a, e in zip(got, drawn.expand(), strict=True))
 
 
 def test_a_compiled_fit_has_draws_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``whole_step_compiled`` gives the objective new fit draws for each fit and takes them
-    away after it (also when the fit fails); eager fits (mode None) have none."""
+    """``whole_step_compiled`` gives each compiled fit's state new fit draws; an eager fit's
+    state has none."""
     monkeypatch.setattr(compiled, "BACKEND", "aot_eager")
     torch.manual_seed(0)
     objective = SupervisedCE(build_classifier("small_cnn", 10, 1), lr=0.1)
-    with whole_step_compiled(objective, None):
-        assert objective.fit_draws is None
+    assert objective.fit_state.draws is None
     seen = []
     for _ in range(2):
-        with whole_step_compiled(objective, "default"):
-            assert isinstance(objective.fit_draws, FitDraws)
-            seen.append(objective.fit_draws)
-        assert objective.fit_draws is None
+        with whole_step_compiled(objective, "default") as fields:
+            assert isinstance(fields["draws"], FitDraws)
+            seen.append(fields["draws"])
     assert seen[0] is not seen[1]
-    with pytest.raises(RuntimeError), whole_step_compiled(objective, "default"):
-        raise RuntimeError("the fit failed")
-    assert objective.fit_draws is None

@@ -660,7 +660,7 @@ def test_trainer_values_with_a_meaning_are_accepted() -> None:
         accelerator="cpu", gradient_clip_val=0, limit_train_batches=1.0, accumulate_grad_batches=1
     )
     accepted.check()
-    assert accepted.build().gradient_clip_val == 0
+    assert accepted.loop().gradient_clip_val == 0
     with pytest.raises(ValueError, match=r"^trainer\.gradient_clip_val=-0\.5: must be >= 0"):
         TrainerTemplate(accelerator="cpu", gradient_clip_val=-0.5).check()
 

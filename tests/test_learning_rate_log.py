@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from fedlit.federation.trainers import TrainerTemplate
+from fedlit.federation.fit import TrainerTemplate
 from fedlit.models import build_classifier
 from fedlit.objectives import SupervisedCE
 from fedlit.objectives.schedules import WarmupCosine

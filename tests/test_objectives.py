@@ -9,6 +9,8 @@ import torch
 from torch import nn
 
 from fedlit.objectives import (
+    FedProx,
+    FitState,
     UDA,
     FixMatch,
     FixMatchLoss,
@@ -58,6 +60,8 @@ def test_fixmatch_objective_adds_prox_after_a_step() -> None:
     torch.manual_seed(0)
     net = nn.Sequential(nn.Flatten(), nn.Linear(4, 3))
     obj = FixMatch(net, lr=0.1, loss=FixMatchLoss(tau=0.0, mu=1.0))
+    obj.fit_state = FitState(fedprox=FedProx(net, obj.proximal_mu()))  # as its fit makes it
+    anchor = obj.fit_state.fedprox.anchor  # type: ignore[union-attr]
     batch = (torch.randn(8, 1, 2, 2), torch.randn(8, 1, 2, 2))
     opt = obj.configure_optimizers()
     loss0 = obj.training_step(batch, 0)  # at the anchor: prox = 0
@@ -67,9 +71,9 @@ def test_fixmatch_objective_adds_prox_after_a_step() -> None:
     loss0.backward()
     opt.step()
     lw, ls = net(torch.cat(batch)).chunk(2)
-    expected = fixmatch_loss(lw, ls, 0.0)[0] + proximal_term(net, obj.anchor, 1.0)
+    expected = fixmatch_loss(lw, ls, 0.0)[0] + proximal_term(net, anchor, 1.0)
     assert obj.training_step(batch, 1).item() == pytest.approx(expected.item(), rel=1e-6)
-    assert proximal_term(net, obj.anchor, 1.0).item() > 0
+    assert proximal_term(net, anchor, 1.0).item() > 0
 
 
 def test_supervised_ce_and_metrics() -> None:
@@ -112,9 +116,11 @@ def test_uda_objective_with_prox_matches_its_parts() -> None:
     torch.manual_seed(0)
     net = nn.Sequential(nn.Flatten(), nn.Linear(4, 3))
     obj = UDA(net, lr=0.1, loss=UDALoss(temperature=0.4, threshold=0.0, mu=0.5))
+    obj.fit_state = FitState(fedprox=FedProx(net, obj.proximal_mu()))
+    anchor = obj.fit_state.fedprox.anchor  # type: ignore[union-attr]
     batch = (torch.randn(6, 1, 2, 2), torch.randn(6, 1, 2, 2))
     with torch.no_grad():
         net[1].weight.add_(0.1)  # move away from the anchor
     lw, ls = net(torch.cat(batch)).chunk(2)
-    expected = uda_loss(lw, ls, 0.4, 0.0)[0] + proximal_term(net, obj.anchor, 0.5)
+    expected = uda_loss(lw, ls, 0.4, 0.0)[0] + proximal_term(net, anchor, 0.5)
     assert obj.training_step(batch, 0).item() == pytest.approx(expected.item(), rel=1e-6)

@@ -1,4 +1,4 @@
-"""A compiled fit's optimiser step as one call (:class:`~fedlit.federation.compiled.OneCallStep`:
+"""A compiled fit's optimiser step as one call (:class:`~fedlit.federation.fit.compiled.OneCallStep`:
 the step, its backward and the optimiser's update in one graph) trains as the three calls it
 replaces (the compiled step, autograd's backward, the optimiser's step), to float32 rounding;
 where something must run between those calls, the fit keeps them apart.
@@ -17,18 +17,17 @@ third, 3e-3 after 10, on 2 threads of an AVX-512 CPU and not on 1)."""
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 from typing import Any
 
 import pytest
 import torch
 from test_lean import _loader
 
-from fedlit.federation import compiled, lean
-from fedlit.federation.compiled import _optimizer_state, one_call_step, whole_step_compiled
-from fedlit.federation.lean import LeanSettings, _Fit
-from fedlit.federation.trainers import TrainerTemplate
+from fedlit.federation.fit import TrainerTemplate, compiled, how_to_fit, loop
+from fedlit.federation.fit.compiled import _optimizer_state, one_call_step, whole_step_compiled
 from fedlit.models import Architecture
-from fedlit.objectives import SupervisedCE
+from fedlit.objectives import FitState, SupervisedCE
 from fedlit.objectives.schedules import WarmupCosine
 
 CASES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
@@ -93,17 +92,17 @@ def test_one_call_trains_as_the_three_calls_it_replaces(
     network = SmoothNet()
     network.unused = torch.nn.Linear(3, 3)  # a layer the loss never uses
     calls = []
-    build = lean.one_call_step
+    build = loop.one_call_step
 
     def counted(*args: Any) -> Any:
         step = build(*args)
         calls.append(step)
         return step
 
-    monkeypatch.setattr(lean, "one_call_step", counted)
+    monkeypatch.setattr(loop, "one_call_step", counted)
     one = _fit(network, template, objective_kw)
     assert calls and all(c is not None for c in calls)
-    monkeypatch.setattr(lean, "one_call_step", lambda *args: None)
+    monkeypatch.setattr(loop, "one_call_step", lambda *args: None)
     three = _fit(network, template, objective_kw)
     reference = _fit(copy.deepcopy(network).double(), template, objective_kw)  # float64
 
@@ -141,37 +140,28 @@ def test_one_call_trains_as_the_three_calls_it_replaces(
         assert value == pytest.approx(metrics[2][name], rel=0, abs=bound), name
 
 
-def _fit_of(objective: SupervisedCE, **settings: Any) -> _Fit:
-    settings = {"precision": "32-true", **settings}
-    return _Fit(objective, 4, LeanSettings(device=torch.device("cpu"), **settings))
-
-
-class HookedBackward(SupervisedCE):
-    """Looks at the gradients between the backward and the optimiser's step."""
-
-    def on_after_backward(self) -> None:
-        self.seen = [p.grad for p in self.parameters()]
-
-
 def test_the_calls_stay_apart_where_something_runs_between_them(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Eager; clipping (it reads the gradients); a hook between the backward and the step;
-    an fp16 gradient scaler; an optimiser whose update a graph does not hold here (AMSGrad,
-    SGD's dampening, two parameter groups); ``FEDLIT_ONE_CALL=0``: the fit calls the step, the
-    backward and the optimiser apart."""
+    """The rule (:func:`~fedlit.federation.fit.how_to_fit`): eager without
+    ``federation.compile``; compiled, one call, except where something runs between the calls
+    (clipping reads the gradients, anomaly detection, an fp16 gradient scaler) or
+    ``FEDLIT_ONE_CALL=0``; an optimiser whose update a graph does not hold here (AMSGrad,
+    SGD's dampening, two parameter groups) takes the three calls too."""
     torch.manual_seed(0)
     network = Architecture(10, 1).build()
-    assert _fit_of(SupervisedCE(network, lr=0.1)).one_call is None  # eager
-    with whole_step_compiled(objective := SupervisedCE(network, lr=0.1), "default"):
-        assert _fit_of(objective).one_call is not None
-        assert _fit_of(objective, gradient_clip_val=1.0).one_call is None
-        monkeypatch.setenv("FEDLIT_ONE_CALL", "0")
-        assert _fit_of(objective).one_call is None
-        monkeypatch.setenv("FEDLIT_ONE_CALL", "1")
-        assert _fit_of(objective).one_call is not None
-    with whole_step_compiled(hooked := HookedBackward(network, lr=0.1), "default"):
-        assert _fit_of(hooked).one_call is None
+    objective = SupervisedCE(network, lr=0.1)
+    eager = TrainerTemplate(accelerator="cpu", precision="32-true")
+    template = replace(eager, compile="default")
+    assert how_to_fit(objective, eager) == "eager"
+    assert how_to_fit(objective, template) == "one call"
+    assert how_to_fit(objective, replace(template, gradient_clip_val=1.0)) == "compiled"
+    assert how_to_fit(objective, replace(template, detect_anomaly=True)) == "compiled"
+    assert how_to_fit(objective, replace(template, precision="bf16-mixed")) == "one call"
+    monkeypatch.setenv("FEDLIT_ONE_CALL", "0")
+    assert how_to_fit(objective, template) == "compiled"
+    monkeypatch.setenv("FEDLIT_ONE_CALL", "1")
+    assert how_to_fit(objective, template) == "one call"
     params = list(network.parameters())
     for optimizer in (
         torch.optim.Adam(params, amsgrad=True),
@@ -180,12 +170,28 @@ def test_the_calls_stay_apart_where_something_runs_between_them(
         torch.optim.RMSprop(params),
     ):
         assert _optimizer_state(optimizer) is None
-    with whole_step_compiled(objective, "default"):
-        fp16 = _fit_of(objective, precision="16-mixed")
-        assert isinstance(fp16.plugin, lean.MixedPrecision) and fp16.plugin.scaler is not None
-        assert fp16.one_call is None
-        assert _fit_of(objective, precision="bf16-mixed").one_call is not None  # no scaler
+    with whole_step_compiled(objective, "default") as fields:
+        fp16 = loop.LoopSettings(torch.device("cpu"), "16-mixed")
+        run = loop.Fit(objective, FitState(4, **fields), fp16, one_call=True)
+        assert run.scaler is not None and run.one_call is None
+        bf16 = loop.LoopSettings(torch.device("cpu"), "bf16-mixed")
+        run = loop.Fit(objective, FitState(4, **fields), bf16, one_call=True)
+        assert run.scaler is None and run.one_call is not None
         assert one_call_step(objective, torch.optim.Adam(params, amsgrad=True), None) is None
+
+
+@pytest.mark.parametrize("value", ["no", "garbage", "2", "true"])
+def test_a_one_call_setting_other_than_0_or_1_is_refused_by_name(
+    value: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``FEDLIT_ONE_CALL`` other than 0 or 1 (``no`` once gave one call silently) is refused,
+    naming it, by the run's check of its settings before any work."""
+    monkeypatch.setenv("FEDLIT_ONE_CALL", value)
+    with pytest.raises(ValueError, match=f"FEDLIT_ONE_CALL='{value}'"):
+        TrainerTemplate(accelerator="cpu").check()
+    objective = SupervisedCE(Architecture(10, 1).build(), lr=0.1)
+    with pytest.raises(ValueError, match="FEDLIT_ONE_CALL"):
+        how_to_fit(objective, TrainerTemplate(accelerator="cpu", compile="default"))
 
 
 def test_a_new_optimisers_state_is_made_as_its_first_step_makes_it() -> None:

@@ -5,6 +5,7 @@ the real CLI without overriding the client side."""
 
 from __future__ import annotations
 
+import copy
 import csv
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,9 @@ from conftest import tiny_overrides
 from torch import Tensor
 
 from fedlit.cli import main
+from fedlit.data.datasets import SPECS
+from fedlit.data.loaders import ImageBatches
+from fedlit.federation.fit import TrainerTemplate
 from fedlit.methods import FedAvgConsistency
 from fedlit.methods.base import DEFAULT_OPTIMIZATION
 from fedlit.models import Architecture, Classifier
@@ -85,3 +89,44 @@ def test_a_one_view_method_trains_from_a_recipe(fmnist_root: Path, tmp_path: Pat
     assert [float(row["round"]) for row in rows] == [0, 1]  # the partition row, one round
     entropy = float(rows[-1]["client/entropy"])  # its objective ran on the clients
     assert 0 < entropy <= torch.log(torch.tensor(10.0)).item()
+
+
+class EntropyWithTheTermByHand(EntropyMinimisation):
+    """The entropy plus FedProx's term written out, from the weights it starts with."""
+
+    def __init__(self, network: Classifier, lr: float, mu: float) -> None:
+        super().__init__(network, lr, loss=NO_PROXIMAL_TERM)
+        self.mu = mu
+        self.start = [p.detach().clone() for p in network.parameters()]
+
+    def step(self, batch: tuple[Tensor, ...]) -> Step:
+        entropy, _ = super().step(batch)
+        params = list(self.network.parameters())
+        term = sum(((p - a) ** 2).sum() for p, a in zip(params, self.start, strict=True))
+        loss = entropy + 0.5 * self.mu * term
+        return loss, ((1, {"loss": loss}),)
+
+
+def test_a_one_view_objective_honours_loss_mu() -> None:
+    """``loss.mu`` 0.1 on the docs' one-view objective trains with FedProx's term: the
+    weights of the term written out by hand, bit for bit, and not those of mu 0 (the term
+    was once silently dropped for an objective other than the two-view base)."""
+    torch.manual_seed(0)
+    network = Architecture(num_classes=10, in_channels=1, image_size=28).build()
+    images = torch.randint(0, 256, (32, 1, 28, 28), dtype=torch.uint8)
+    template = TrainerTemplate(accelerator="cpu", precision="32-true")
+    fitted = {}
+    for name, make in {
+        "mu": lambda net: EntropyMinimisation(net, 0.5, loss=ConsistencyLoss(mu=0.1)),
+        "by hand": lambda net: EntropyWithTheTermByHand(net, 0.5, mu=0.1),
+        "no mu": lambda net: EntropyMinimisation(net, 0.5, loss=NO_PROXIMAL_TERM),
+    }.items():
+        objective = make(copy.deepcopy(network))
+        torch.manual_seed(1)
+        loader = ImageBatches(images, SPECS["fashion_mnist"], ("weak",), 8, shuffle=True)
+        template.fit(objective, loader, epochs=3)
+        fitted[name] = objective
+    mu, by_hand, no_mu = (fitted[k].network.state_dict() for k in ("mu", "by hand", "no mu"))
+    torch.testing.assert_close(mu, by_hand, rtol=0, atol=0)
+    assert any(not torch.equal(mu[k], no_mu[k]) for k in mu)
+    assert fitted["mu"].epoch_metrics()["loss"] > fitted["mu"].epoch_metrics()["entropy"]

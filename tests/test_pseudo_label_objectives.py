@@ -221,8 +221,8 @@ def test_teacher_pseudo_labels_and_local_adaptation() -> None:
     assert float(loss.detach()) == pytest.approx(float(expected), rel=1e-5)
     assert fixed.epoch_metrics()["kl/teacher"] == pytest.approx(math.log(2))
     before = teacher.bias.detach().clone()
-    fixed.on_train_batch_end(None, None, 0)
+    fixed.after_step()
     assert torch.equal(teacher.bias, before)  # TS-Server EMA: the teacher stays
     adapting = TeacherStudentClient(student, 0.1, teacher, num_classes=2, teacher_ema=0.9)
-    adapting.on_train_batch_end(None, None, 0)
+    adapting.after_step()
     torch.testing.assert_close(teacher.bias, 0.9 * before + 0.1 * student.bias.detach())

@@ -154,8 +154,13 @@ def test_run_level_schedule_values_at_known_steps(data: FederatedDataModule) -> 
     seen: list[float] = []
 
     class Recording(SupervisedCE):
+        def configure_optimizers(self):  # type: ignore[no-untyped-def]
+            conf = super().configure_optimizers()
+            self.optimizer = conf["optimizer"]
+            return conf
+
         def training_step(self, batch, batch_idx):  # type: ignore[no-untyped-def]
-            seen.append(self.optimizers().param_groups[0]["lr"])  # type: ignore[union-attr]
+            seen.append(self.optimizer.param_groups[0]["lr"])
             return super().training_step(batch, batch_idx)
 
     objective = Recording(method.network, **kw)

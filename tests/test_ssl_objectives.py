@@ -95,14 +95,14 @@ def test_byol_target_lives_only_during_local_training() -> None:
         batch_size=4,
     )
     seen: list[float] = []
-    original = objective.on_train_batch_end
+    original = objective.after_step
 
     def record(*args: object) -> None:
         assert objective.target is not None
         seen.append(float(objective.target.backbone.stages[0][0].weight.sum()))
         original(*args)
 
-    objective.on_train_batch_end = record  # type: ignore[method-assign]
+    objective.after_step = record  # type: ignore[method-assign]
     TrainerTemplate(accelerator="cpu").fit(objective, loader, epochs=1)
     assert objective.target is None  # discarded after local training
     assert len(seen) == 2

@@ -15,7 +15,7 @@ import torch
 
 from fedlit.data.augment import BatchView
 from fedlit.data.datasets import dataset_spec
-from fedlit.federation.trainers import (
+from fedlit.federation.fit import (
     CPU_BF16_ENV,
     TrainerTemplate,
     cpu_computes_bf16,

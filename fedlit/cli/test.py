@@ -9,7 +9,7 @@ from fedlit.data.datamodule import FederatedDataModule
 from fedlit.evaluation import Evaluator, scored
 from fedlit.federation import load_checkpoint
 from fedlit.federation.checks import loading_data
-from fedlit.federation.trainers import TrainerTemplate
+from fedlit.federation.fit import TrainerTemplate
 from fedlit.methods import FederatedMethod
 
 #: Data settings that change neither the split ``fedlit test`` re-draws nor the scoring.

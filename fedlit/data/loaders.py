@@ -138,20 +138,13 @@ def draw_batches(batch: Any, fit_draws: FitDraws | None = None) -> Any:
 
 class AugmentsOnDevice:
     """Mixin for the LightningModules that take these loaders' batches (objectives, the
-    evaluator): Lightning's ``on_after_batch_transfer`` hook computes the views of every
-    :class:`RawBatch` on the device the module runs on. Put it before ``LightningModule`` in
-    the bases."""
-
-    #: Whether the module computes the views inside its (compiled) training step: then this
-    #: hook only draws their random parameters (:func:`draw_batches`).
-    views_in_step: bool = False
-    #: The fit's draws (a compiled fit's, set for the fit): every batch's views' parameters
-    #: are taken from them; None (eager): drawn per batch from torch's global CPU generator.
-    fit_draws: FitDraws | None = None
+    evaluator): the views of every :class:`RawBatch` are computed on the device the module
+    runs on, after the transfer (fedlit's fit draws them, :mod:`fedlit.federation.fit`; in a
+    Lightning Trainer, its ``on_after_batch_transfer`` hook). Put it before
+    ``LightningModule`` in the bases."""
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        drawn = draw_batches(batch, self.fit_draws)
-        return drawn if self.views_in_step else expand_batches(drawn)
+        return expand_batches(draw_batches(batch))
 
 
 #: Each split's tensor staged on a device, by (id of the split's tensor, device); an entry is

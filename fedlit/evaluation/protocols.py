@@ -24,7 +24,7 @@ PROTOCOLS = ("finetune", "linear")
 class LinearProbe(SupervisedCE):
     """CE on a classifier whose backbone is frozen: parameters and BatchNorm statistics."""
 
-    def on_train_epoch_start(self) -> None:
+    def before_fit(self) -> None:
         self.network.backbone.eval()
 
 

@@ -10,7 +10,7 @@ from fedlit.federation.faults import ROUND_FAILED, ClientFault, RoundFailed
 from fedlit.federation.loggers import RoundCSVLogger
 from fedlit.federation.pool import PoolSettings, ProcessPool
 from fedlit.federation.store import ClientStateStore, load_client_states
-from fedlit.federation.trainers import TrainerTemplate
+from fedlit.federation.fit import TrainerTemplate
 
 __all__ = [
     "Callback",

@@ -9,7 +9,8 @@ from dataclasses import replace
 
 from fedlit.data.datamodule import FederatedDataModule
 from fedlit.federation.config import FederationConfig
-from fedlit.federation.trainers import TrainerTemplate, compile_toolchain_missing
+from fedlit.federation.fit import TrainerTemplate, compile_toolchain_missing
+from fedlit.federation.fit.loop import limited
 from fedlit.methods.base import FederatedMethod
 
 
@@ -31,6 +32,20 @@ def checked_trainer(
             f"for {device.type} here ({missing}); leave federation.compile null"
         )
     return replace(trainer, compile=config.compile)
+
+
+def check_batches(trainer: TrainerTemplate, data: FederatedDataModule) -> None:
+    """Refuse a ``trainer.limit_train_batches`` fraction that leaves a client's or the
+    server's loader no batch (:func:`~fedlit.federation.fit.loop.limited`), once the data are
+    loaded, before anything is trained."""
+    limit = trainer.limit_train_batches
+    if not isinstance(limit, float):
+        return
+    loaders = [data.client_data(k).dataloader(("weak",)) for k in range(data.num_clients)]
+    if data.labels_at != "client":
+        loaders.append(data.server_dataloader(("weak",)))
+    for loader in loaders:
+        limited(len(loader), limit)
 
 
 def check_fits(

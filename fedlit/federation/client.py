@@ -9,7 +9,7 @@ from typing import Any
 from fedlit.aggregation.payloads import Payload
 from fedlit.data.datamodule import FederatedDataModule
 from fedlit.federation.seeding import derive_seed, seed_all
-from fedlit.federation.trainers import TrainerTemplate
+from fedlit.federation.fit import TrainerTemplate
 from fedlit.methods.client_side import ClientSide, ClientUpdate
 
 
@@ -90,17 +90,16 @@ class ClientRunner:
         side.on_round_start(round_idx, self.total_rounds)
         client = self.data.client_data(client_id, visit)  # its own data, nothing else
         objective = side.objective(payload, client, state)
-        objective.kept_optimizers = side.kept_optimizers  # reset in place, not built anew
         loader = side.loader(client)
-        self.trainer.fit(
-            objective, loader, self.local_epochs, self.local_steps, stay_on_device=True
-        )
+        metrics = self.trainer.fit(
+            objective, loader, self.local_epochs, self.local_steps, kept=side.kept_optimizers
+        )  # the worker's optimisers: reset in place, not built anew
         return ClientUpdate(
             client_id=client_id,
             upload=side.upload(objective),
             num_examples=len(client),
             state=side.state(objective, state),
-            metrics=objective.epoch_metrics(),
+            metrics=metrics,
         )
 
     def receive(self, job: ReceiveJob) -> list[Any]:

@@ -10,7 +10,7 @@ from typing import Literal
 from fedlit.evaluation import PROTOCOLS
 from fedlit.federation.executors import RaySettings, check_executor
 from fedlit.federation.pool import PoolSettings
-from fedlit.federation.trainers import COMPILE_MODES
+from fedlit.federation.fit import COMPILE_MODES
 from fedlit.run_layout import PLACEMENT_KEYS
 
 #: Settings a resume may change without saying so: how long the run goes on, where it is
@@ -73,7 +73,7 @@ class FederationConfig:
             ``address``, ``workers``, ``cpus`` and ``gpus`` per client, ``max_retries``).
         compile: ``torch.compile``'s mode for every server and client training step, compiled
             whole: the views, the forward passes, the loss and the backward
-            (:mod:`~fedlit.federation.compiled`; "default", "reduce-overhead": CUDA graphs on
+            (:mod:`~fedlit.federation.fit.compiled`; "default", "reduce-overhead": CUDA graphs on
             a GPU, "max-autotune"); null (the default) runs eager. Results agree with eager's
             to rounding, not bit for bit.
         labels: names ``run.json`` records for this run beside what the run knows of itself

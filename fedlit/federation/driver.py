@@ -25,7 +25,7 @@ from fedlit.federation.rundir import RunDirectory
 from fedlit.federation.server import Server
 from fedlit.federation.settings import recorded_settings
 from fedlit.federation.store import CLIENT_DIR, ClientStateStore
-from fedlit.federation.trainers import TrainerTemplate, stop_on_sigterm
+from fedlit.federation.fit import TrainerTemplate, stop_on_sigterm
 from fedlit.federation.warmstart import WarmStart, load_warm_start, start_afresh
 from fedlit.methods.base import FederatedMethod
 from fedlit.run_layout import WARM_START_EVAL

@@ -11,10 +11,11 @@ from typing import Any
 
 from fedlit.data.datamodule import FederatedDataModule
 from fedlit.evaluation import Evaluator, evaluate_encoder, scored
+from fedlit.federation.checks import check_batches
 from fedlit.federation.config import FederationConfig
 from fedlit.federation.faults import ClientFault, RoundFailed, name_list, nonfinite_tensors
 from fedlit.federation.seeding import CENTRAL, EVAL, FINETUNE, SERVER, derive_seed, seed_all
-from fedlit.federation.trainers import TrainerTemplate
+from fedlit.federation.fit import TrainerTemplate
 from fedlit.methods.base import FederatedMethod
 from fedlit.methods.client_side import ClientUpdate
 from fedlit.methods.plan import CentralTraining, Step
@@ -47,6 +48,9 @@ class Server:
     seed: int
     checkpoint_path: Path
 
+    def __post_init__(self) -> None:
+        check_batches(self.trainer, self.data)  # before any fit, nothing written yet
+
     def server_step(
         self, round_idx: int, epochs: int | None = None, stage: str = "server"
     ) -> dict[str, float]:
@@ -59,10 +63,10 @@ class Server:
             return {}
         seed_all(derive_seed(self.seed, round_idx, FINETUNE if stage == "finetune" else SERVER))
         loader = self.method.server_loader(self.data)
-        self.trainer.fit(objective, loader, epochs or self.config.server_epochs)
+        metrics = self.trainer.fit(objective, loader, epochs or self.config.server_epochs)
         self.method.server_step_done(objective, self.data, self.trainer.device())
         self.check_finite(round_idx, f"the {stage} step")
-        return {f"{stage}/{k}": v for k, v in objective.epoch_metrics().items()}
+        return {f"{stage}/{k}": v for k, v in metrics.items()}
 
     def central_step(self, round_idx: int) -> dict[str, float]:
         """The plan's centralized step (:attr:`~fedlit.methods.plan.Step.CENTRAL`): the method's
@@ -78,9 +82,9 @@ class Server:
         objective = method.central_objective()
         steps = client_steps_per_round(self.config, self.data)
         seed_all(derive_seed(self.seed, round_idx, CENTRAL))
-        self.trainer.fit(objective, method.central_loader(self.data), 1, max_steps=steps)
+        fitted = self.trainer.fit(objective, method.central_loader(self.data), 1, max_steps=steps)
         self.check_finite(round_idx, "the centralized step")
-        metrics = {f"central/{k}": v for k, v in objective.epoch_metrics().items()}
+        metrics = {f"central/{k}": v for k, v in fitted.items()}
         return metrics | {"central/steps": float(steps)}
 
     def bootstrap(self) -> dict[str, float]:

@@ -23,7 +23,7 @@ from torch import Tensor
 from fedlit.data.datamodule import FederatedDataModule
 from fedlit.data.sources import BuiltIn, Files, TorchDatasets
 from fedlit.federation.config import FederationConfig
-from fedlit.federation.trainers import TrainerTemplate
+from fedlit.federation.fit import TrainerTemplate
 from fedlit.methods.base import FederatedMethod
 from fedlit.run_layout import flat_config
 

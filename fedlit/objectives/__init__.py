@@ -1,9 +1,10 @@
 """Training objectives: every server and client loss is a LightningModule."""
 
-from fedlit.objectives.base import Objective
-from fedlit.objectives.consistency import ConsistencyLoss, WeakStrongObjective, proximal_term
+from fedlit.objectives.base import FitState, Objective
+from fedlit.objectives.consistency import ConsistencyLoss, WeakStrongObjective
 from fedlit.objectives.ema import copy_buffers, frozen_copy
 from fedlit.objectives.fedcon import FedConClient, FedConServer
+from fedlit.objectives.fedprox import FedProx, proximal_term
 from fedlit.objectives.fedmatch import FedMatchClient, FedMatchLoss, FedMatchServer
 from fedlit.objectives.fedseal import (
     FedSEALClient,
@@ -47,6 +48,8 @@ __all__ = [
     "FedSEALClient",
     "FedSupClient",
     "FixMatch",
+    "FedProx",
+    "FitState",
     "Objective",
     "SelfTraining",
     "SimCLR",

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TypeAlias
 
 import torch
 from lightning import LightningModule
 from torch import Tensor, nn
 
+from fedlit.data.augment import FitDraws
 from fedlit.data.loaders import AugmentsOnDevice
 from fedlit.models import Classifier
+from fedlit.objectives.fedprox import FedProx
 from fedlit.objectives.optimization import OPTIMIZERS
 from fedlit.objectives.schedules import WarmupCosine
 
@@ -19,16 +22,6 @@ from fedlit.objectives.schedules import WarmupCosine
 Logged: TypeAlias = tuple[tuple[float, dict[str, Tensor | float]], ...]
 #: A training step's result: the loss to minimise and what the step logs.
 Step: TypeAlias = tuple[Tensor, Logged]
-
-
-class FitProgress:
-    """The fit a loop without a Lightning Trainer runs (:mod:`fedlit.federation.lean`), as
-    an objective reads it: the optimiser steps it plans and those taken so far (a Trainer's
-    ``estimated_stepping_batches`` and ``global_step``)."""
-
-    def __init__(self, planned_steps: int) -> None:
-        self.planned_steps = planned_steps
-        self.steps_taken = 0
 
 
 class KeptOptimizers:
@@ -88,20 +81,70 @@ def _same_parameters(optimizer: torch.optim.Optimizer, params: list[nn.Parameter
     )
 
 
+@dataclass
+class FitState:
+    """What an objective reads of the fit that runs it: made by the fit
+    (:mod:`fedlit.federation.fit`) and handed over whole as ``objective.fit_state``; nothing
+    else writes it. Outside a fit it is the default: no step planned, eager, no FedProx.
+
+    Args:
+        planned_steps: the optimiser steps the fit plans.
+        steps_taken: those taken so far (the fit counts them; they stay after it).
+        kept_optimizers: a worker's optimisers to reuse (a client's objective on persistent
+            networks), or None: a new optimiser every fit.
+        compiled_step: the compiled whole step, ``(objective, drawn batch) -> Step``, where the
+            fit runs compiled (:mod:`fedlit.federation.fit.compiled`); None: eager.
+        compiled_mode: torch.compile's mode of a compiled fit.
+        slots: where a compiled fit keeps the tensors :meth:`Objective.step_input` sets, one
+            slot a name, the same for every fit of the worker's objective class and network.
+        draws: a compiled fit's draws of its views' parameters; None: drawn per batch.
+        fedprox: FedProx's term (:class:`~fedlit.objectives.fedprox.FedProx`), made by the fit
+            where ``loss.mu`` > 0; None: none.
+    """
+
+    planned_steps: int = 0
+    steps_taken: int = 0
+    kept_optimizers: KeptOptimizers | None = None
+    compiled_step: Callable[[Objective, Any], Step] | None = None
+    compiled_mode: str | None = None
+    slots: dict[str, Tensor] | None = None
+    draws: FitDraws | None = None
+    fedprox: FedProx | None = None
+
+    @property
+    def views_in_step(self) -> bool:
+        """Whether the views are computed inside the (compiled) step, not before it."""
+        return self.compiled_step is not None
+
+
 class Objective(AugmentsOnDevice, LightningModule):
-    """One training objective on ``network``: a loss in ``training_step`` and its optimiser.
+    """One training objective on ``network``: a loss in :meth:`step` and its optimiser.
 
     Objectives are built afresh by a method for every server step and every client step, so the
     round-dependent parts (loss weights, learning-rate decay across rounds) are given to them by
-    the federation driver, never read from Lightning's ``global_step``, which restarts with every
-    Trainer. Metrics are accumulated here (no ``self.log``: client Trainers run bare) and read by
-    the driver with :meth:`epoch_metrics`.
+    the federation driver. Metrics are accumulated here (:meth:`accumulate`) and read by the
+    driver with :meth:`epoch_metrics`.
 
-    Batches arrive as the loaders of :mod:`fedlit.data.loaders` make them: augmented on the
-    device the objective trains on, right after the transfer. A subclass computes its loss in
-    :meth:`step`, tensor work alone (what it logs is returned, not stored), so that the whole
-    step (the views, every forward pass, the loss and its backward) can run as one compiled
-    graph (``federation.compile``: :attr:`compiled_step`).
+    fedlit's loop fits an objective (:mod:`fedlit.federation.fit`), never a Lightning Trainer,
+    and calls these methods, in this order, and no other of LightningModule's:
+
+    1. ``configure_optimizers()``: one optimiser, or a dict of it and one ``lr_scheduler``
+       (the rules: :func:`fedlit.federation.fit.loop.optimizer_and_scheduler`);
+    2. :meth:`before_fit`, once the fit's first batches are drawn;
+    3. for each batch: its views (:mod:`fedlit.data.loaders`), ``training_step`` (:meth:`step`
+       with FedProx's term where ``loss.mu`` > 0: :meth:`fit_step`), the backward, the
+       optimiser's step, a per-step scheduler's step, then :meth:`after_step`; after each
+       epoch's last batch, a per-epoch scheduler's step;
+    4. :meth:`after_fit`.
+
+    A subclass that overrides another of LightningModule's hooks (``on_train_batch_end``,
+    ``optimizer_step``, ...) is refused by name before its fit. What a fit hands over is one
+    object, :attr:`fit_state` (:class:`FitState`): the steps planned and taken, the compiled
+    step and its slots, the draws, the kept optimisers, FedProx's anchor.
+
+    A subclass computes its loss in :meth:`step`, tensor work alone (what it logs is returned,
+    not stored), so that the whole step (the views, every forward pass, the loss and its
+    backward) can run as one compiled graph (``federation.compile``).
 
     ``schedule`` (optional) scales the learning rate every step by ``schedule(p)``, where p moves
     linearly over ``progress`` = (start, end), the fraction of the whole run this fit covers.
@@ -132,33 +175,27 @@ class Objective(AugmentsOnDevice, LightningModule):
         self._sums: dict[tuple[str, ...], Tensor] = {}
         self._host_sums: dict[str, float] = {}
         self._weights: dict[str, float] = {}
-        #: A worker's optimisers to reuse (a client's objective on persistent networks), or
-        #: None: a new optimiser every fit.
-        self.kept_optimizers: KeptOptimizers | None = None
-        #: The compiled whole step, ``(objective, drawn batch) -> Step``, where the fit runs
-        #: compiled (:mod:`fedlit.federation.compiled`); None: :meth:`step`, eager.
-        self.compiled_step: Callable[[Objective, Any], Step] | None = None
-        #: torch.compile's mode of a compiled fit (where :attr:`compiled_step` is set).
-        self.compiled_mode: str | None = None
-        #: Where a compiled fit keeps the tensors :meth:`step_input` sets, one slot a name,
-        #: the same for every fit of the worker's objective class and network (set by
-        #: :func:`~fedlit.federation.compiled.whole_step_compiled`); None: eager.
-        self.step_slots: dict[str, Tensor] | None = None
-        #: The fit being run, or last run, where no Trainer ran it (set by the lean loop);
-        #: None: a Trainer's fit, or none yet.
-        self.fit_progress: FitProgress | None = None
+        #: The fit being run, or last run (:class:`FitState`), set by the fit alone.
+        self.fit_state = FitState()
 
     def planned_steps(self) -> int:
-        """The optimiser steps of the fit being run (``trainer.estimated_stepping_batches``
-        under a Trainer)."""
-        if self.fit_progress is not None:
-            return self.fit_progress.planned_steps
-        return int(self.trainer.estimated_stepping_batches)
+        """The optimiser steps of the fit being run."""
+        return self.fit_state.planned_steps
 
     def steps_taken(self) -> int:
-        """The optimiser steps taken so far in the fit being run (``global_step`` under a
-        Trainer)."""
-        return self.fit_progress.steps_taken if self.fit_progress is not None else self.global_step
+        """The optimiser steps taken so far in the fit being run (this one counted in
+        :meth:`after_step`)."""
+        return self.fit_state.steps_taken
+
+    def before_fit(self) -> None:
+        """Called once a fit has its optimiser and its first batches, before its first step
+        (a round's inputs set with :meth:`step_input`, a target network copied)."""
+
+    def after_step(self) -> None:
+        """Called after each optimiser step, and a per-step scheduler's (an EMA's update)."""
+
+    def after_fit(self) -> None:
+        """Called after the fit's last step (what the fit alone needed let go)."""
 
     def step_input(self, name: str, value: Tensor) -> None:
         """Sets ``self.<name>`` to ``value`` on the objective's device: a tensor that
@@ -166,15 +203,16 @@ class Objective(AugmentsOnDevice, LightningModule):
         pseudo-labels).
 
         Eager, it is ``value`` itself. Compiled, it is a slot kept for every fit of the worker
-        (:attr:`step_slots`), ``value`` copied into it: a compiled step reads an nn.Module's
+        (:attr:`FitState.slots`), ``value`` copied into it: a compiled step reads an nn.Module's
         tensor attributes as static inputs, whose memory a CUDA graph records
         (``reduce-overhead``), so a new tensor every fit would record the graphs anew every
         fit. A slot keeps its shape: ``value`` (N, ...) fills its first N rows where the slot
         has as many or more (rows past N are a longer earlier value's: the step indexes the
         first N alone), and a longer ``value`` takes a new slot (one more recording)."""
         value = value.to(self.device)
-        if self.step_slots is not None:
-            slot = self.step_slots.get(name)
+        slots = self.fit_state.slots
+        if slots is not None:
+            slot = slots.get(name)
             fits = (
                 slot is not None
                 and slot.dtype == value.dtype
@@ -189,7 +227,7 @@ class Objective(AugmentsOnDevice, LightningModule):
                 assert slot is not None
                 (slot if value.dim() == 0 else slot[: len(value)]).copy_(value)
             else:
-                slot = self.step_slots[name] = value.clone()
+                slot = slots[name] = value.clone()
             value = slot
         setattr(self, name, value)
 
@@ -199,12 +237,29 @@ class Objective(AugmentsOnDevice, LightningModule):
         compiled fit traces it whole, with the views before it)."""
         raise NotImplementedError(f"{type(self).__name__} defines no step")
 
+    def fit_step(self, batch: Any) -> Step:
+        """:meth:`step`, FedProx's term added where the fit made one (:attr:`FitState.fedprox`):
+        to the loss, and to the logged ``loss`` where it is the loss."""
+        loss, logged = self.step(batch)
+        fedprox = self.fit_state.fedprox
+        if fedprox is None:
+            return loss, logged
+        total = fedprox(self.network, loss)
+        return total, tuple(
+            (w, {k: total if k == "loss" and v is loss else v for k, v in values.items()})
+            for w, values in logged
+        )
+
+    def proximal_mu(self) -> float:
+        """FedProx's coefficient: ``self.loss.mu`` where the objective keeps settings that
+        have one, else 0."""
+        return float(getattr(getattr(self, "loss", None), "mu", 0.0) or 0.0)
+
     def training_step(self, batch: Any, batch_idx: int) -> Tensor:
-        """:meth:`step` (or the compiled whole step), its logs added to the running means."""
-        if self.compiled_step is None:
-            loss, logged = self.step(batch)
-        else:
-            loss, logged = self.compiled_step(self, batch)
+        """:meth:`fit_step` (or the compiled whole step), its logs added to the running
+        means."""
+        compiled = self.fit_state.compiled_step
+        loss, logged = self.fit_step(batch) if compiled is None else compiled(self, batch)
         self.record(logged)
         return loss
 
@@ -225,8 +280,9 @@ class Objective(AugmentsOnDevice, LightningModule):
         settings: dict[str, float] = {"lr": self.lr, "weight_decay": self.weight_decay}
         if self.optimizer_name != "adam":
             settings["momentum"] = self.momentum
-        optimizer = (self.kept_optimizers or KeptOptimizers()).get(
-            self.optimizer_name, params, settings, fused=self.compiled_step is not None
+        state = self.fit_state
+        optimizer = (state.kept_optimizers or KeptOptimizers()).get(
+            self.optimizer_name, params, settings, fused=state.compiled_step is not None
         )
         if self.schedule is None:
             return optimizer, None
@@ -248,11 +304,6 @@ class Objective(AugmentsOnDevice, LightningModule):
             "optimizer": optimizer,
             "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
         }
-
-    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        """Log the learning rate each optimiser step uses: ``lr`` is its mean over the fit
-        (``server/lr``, ``client/lr`` in a round's row)."""
-        self.accumulate(1.0, lr=float(optimizer.param_groups[0]["lr"]))
 
     def accumulate(self, weight: float = 1.0, **values: Tensor | float) -> None:
         """Add ``values`` (scalar tensors or Python numbers), weighted by ``weight``, to the

@@ -8,17 +8,10 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 from fedlit.models import Classifier
 from fedlit.objectives.base import Objective, Step
-
-
-def proximal_term(network: nn.Module, anchor: list[Tensor], mu: float) -> Tensor:
-    """FedProx: (mu / 2) * ||w - w_global||^2 over the trainable parameters (Li et al. 2020)."""
-    params = [p for p in network.parameters() if p.requires_grad]
-    sq = sum(((p - a) ** 2).sum() for p, a in zip(params, anchor, strict=True))
-    return 0.5 * mu * sq  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
@@ -26,7 +19,9 @@ class ConsistencyLoss:
     """The hyperparameters every consistency objective shares, validated here once.
 
     Args:
-        mu: FedProx's coefficient (Li et al. 2020); 0: no proximal term.
+        mu: FedProx's coefficient (Li et al. 2020); 0: no proximal term. Every objective
+            that keeps these settings as ``self.loss`` honours it: its fit adds the term
+            (:class:`~fedlit.objectives.fedprox.FedProx`).
     """
 
     mu: float = 0.0
@@ -38,8 +33,8 @@ class ConsistencyLoss:
 
 class WeakStrongObjective(Objective):
     """One forward pass over (weak, strong) views of unlabeled images, the subclass's
-    :meth:`unlabeled_loss`, plus (mu/2)||w - w_global||^2 when ``mu > 0`` (FedProx), the anchor
-    being the model the client received this round.
+    :meth:`unlabeled_loss` (plus FedProx's term when ``loss.mu > 0``, which the fit adds:
+    :meth:`~fedlit.objectives.Objective.fit_step`).
 
     Batches: (weak (B, C, H, W), strong (B, C, H, W)).
 
@@ -51,23 +46,10 @@ class WeakStrongObjective(Objective):
     def __init__(self, network: Classifier, lr: float, loss: ConsistencyLoss, **kw: Any) -> None:
         super().__init__(network, lr, **kw)
         self.loss = loss
-        self.anchor = (
-            [p.detach().clone() for p in network.parameters() if p.requires_grad]
-            if loss.mu > 0
-            else []
-        )
 
     def unlabeled_loss(self, logits_weak: Tensor, logits_strong: Tensor) -> tuple[Tensor, Tensor]:
         """(loss, mask (B,)) from the two views' logits (B, K)."""
         raise NotImplementedError
-
-    def on_fit_start(self) -> None:
-        self.anchor = [a.to(self.device) for a in self.anchor]
-
-    def proximal(self, loss: Tensor) -> Tensor:
-        """``loss`` plus FedProx's term when ``mu > 0``."""
-        mu = self.loss.mu
-        return loss + proximal_term(self.network, self.anchor, mu) if mu > 0 else loss
 
     def step(self, batch: tuple[Tensor, Tensor] | dict[str, tuple[Tensor, ...]]) -> Step:
         if isinstance(batch, dict):
@@ -75,7 +57,6 @@ class WeakStrongObjective(Objective):
         weak, strong = batch
         logits_weak, logits_strong = self.network(torch.cat([weak, strong])).chunk(2)
         loss, mask = self.unlabeled_loss(logits_weak, logits_strong)
-        loss = self.proximal(loss)
         return loss, ((len(weak), {"loss": loss, "mask_rate": mask.mean()}),)
 
     def joint_step(self, unlabeled: tuple[Tensor, ...], labeled: tuple[Tensor, ...]) -> Step:
@@ -93,5 +74,5 @@ class WeakStrongObjective(Objective):
         logits_x, logits_weak, logits_strong = logits.split([len(x), len(weak), len(strong)])
         ce = F.cross_entropy(logits_x.float(), y)
         unsupervised, mask = self.unlabeled_loss(logits_weak, logits_strong)
-        loss = self.proximal(ce + unsupervised)
+        loss = ce + unsupervised
         return loss, ((len(weak), {"loss": loss, "ce": ce, "mask_rate": mask.mean()}),)

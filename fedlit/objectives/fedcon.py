@@ -81,7 +81,7 @@ class FedConServer(Objective):
         loss, ce, consistency = server_loss(c1, c2, t1, t2, y)
         return loss, ((len(y), {"loss": loss, "ce": ce, "consistency": consistency}),)
 
-    def on_train_batch_end(self, outputs: object, batch: object, batch_idx: int) -> None:
+    def after_step(self) -> None:
         update_momentum(self.network, self.target, ramped_decay(self.steps_done, self.ema_decay))
         self.steps_done += 1
 
@@ -109,5 +109,5 @@ class FedConClient(Objective):
         loss = (projection_mse(z1, t2) + projection_mse(z2, t1)) / 2
         return loss, ((len(v1), {"loss": loss}),)
 
-    def on_train_batch_end(self, outputs: object, batch: object, batch_idx: int) -> None:
+    def after_step(self) -> None:
         update_momentum(self.network.backbone, self.target_backbone, self.ema_decay)

@@ -171,7 +171,7 @@ class FedSEALLoss:
 class FedSEALClient(Objective):
     """FedSEAL's client objective, paper 002 eqs 13-15: L = lambda L+ + L-.
 
-    Before training (:meth:`on_train_start`) the received model w^t predicts every example of
+    Before training (:meth:`before_fit`) the received model w^t predicts every example of
     the client's data (un-augmented, eval mode); the predictions enter the client's running
     self-ensemble (eq 8) and give the positive and negative sets. Each batch then adds
     lambda x the mean CE(y+, f(A(x))) over its positive examples (eq 14) and the mean
@@ -217,7 +217,7 @@ class FedSEALClient(Objective):
         diagnostics only, their true labels (never used by the loss)."""
         self.images, self.hidden_labels = images, hidden_labels
 
-    def on_train_start(self) -> None:
+    def before_fit(self) -> None:
         if self.images is None:
             raise RuntimeError("FedSEALClient needs attach() before training")
         probs, _ = predict_probabilities(self.network, self.images)

@@ -43,10 +43,8 @@ class FedSupClient(Objective):
         self.mse_weight_tensor = torch.tensor(mse_weight)
         self.criterion = NegativeCosineSimilarity()
 
-    def on_fit_start(self) -> None:
+    def before_fit(self) -> None:
         self.step_input("mse_weight_tensor", self.mse_weight_tensor)
-
-    def on_train_epoch_start(self) -> None:
         self.target.eval()
 
     def step(self, batch: tuple[Tensor, Tensor]) -> Step:

@@ -78,5 +78,4 @@ class SelfTraining(FixMatch):
         (weak,) = batch
         logits = self.network(weak)
         loss, mask = fixmatch_loss(logits, logits, self.loss.tau)
-        loss = self.proximal(loss)
         return loss, ((len(weak), {"loss": loss, "mask_rate": mask.mean()}),)

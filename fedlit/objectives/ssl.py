@@ -68,12 +68,12 @@ class BYOL(Objective):
         self.target: Classifier | None = None
         self.criterion = NegativeCosineSimilarity()
 
-    def on_fit_start(self) -> None:
+    def before_fit(self) -> None:
         # the target's backbone and projector follow the online network's (the rest of the
         # copy is not used)
         self.target = frozen_copy(self.network).to(self.device)
 
-    def on_fit_end(self) -> None:
+    def after_fit(self) -> None:
         self.target = None
 
     def step(self, batch: tuple[Tensor, Tensor]) -> Step:
@@ -85,7 +85,7 @@ class BYOL(Objective):
         loss = 0.5 * (self.criterion(p1, t2) + self.criterion(p2, t1))
         return loss, ((len(v1), {"loss": loss}),)
 
-    def on_train_batch_end(self, outputs: object, batch: object, batch_idx: int) -> None:
+    def after_step(self) -> None:
         assert self.target is not None
         # this step is already counted: the schedule's step index is steps_taken() - 1
         step, total = self.steps_taken() - 1, self.planned_steps()

@@ -132,7 +132,6 @@ class TeacherStudentClient(WeakStrongObjective):
         if loss_s is not None:
             loss = loss + loss_s
             metrics["loss_s"] = loss_s
-        loss = self.proximal(loss)
         per_example: dict[str, Tensor | float] = {
             "loss": loss,
             "loss_u": loss_u,
@@ -140,7 +139,7 @@ class TeacherStudentClient(WeakStrongObjective):
         }
         return loss, ((1.0, metrics), (len(weak), per_example))
 
-    def on_train_batch_end(self, outputs: object, batch: object, batch_idx: int) -> None:
+    def after_step(self) -> None:
         if self.teacher is not None and self.teacher_ema is not None:
             update_momentum(self.network, self.teacher, self.teacher_ema)
             copy_buffers(self.network, self.teacher)

@@ -5,11 +5,10 @@ a federation's round is bound by the host, not the card. Compiled, a step is one
 views of the batch (:meth:`~fedlit.data.loaders.DrawnBatch.expand`: crop, flip, RandAugment,
 Cutout, normalisation), every forward pass, the loss and its masks (the objective's
 :meth:`~fedlit.objectives.Objective.step`), traced with ``fullgraph=True`` (a graph break is an
-error, not a silent fallback), and its backward. In the lean loop the optimiser's update is in
-the graph too, so a step is one call (:class:`OneCallStep`); in a Trainer (or where something
-runs between the backward and the update: clipping, a hook, fp16's scaler) the backward is
-AOTAutograd's and the optimiser's step runs fused (one kernel over all parameters) after it.
-``reduce-overhead`` records the graphs as CUDA graphs and replays them.
+error, not a silent fallback), and its backward. Where the fit's rule allows it
+(:func:`fedlit.federation.fit.how_to_fit`) the optimiser's update is in the graph too, so a
+step is one call (:class:`OneCallStep`); elsewhere the backward is AOTAutograd's and the
+optimiser's step runs fused after it. ``reduce-overhead`` records the graphs as CUDA graphs.
 
 What stays outside is what must: the random draws. They are the fit's
 (:class:`~fedlit.data.augment.FitDraws`): a generator of its own, seeded by one draw from
@@ -21,15 +20,13 @@ One compiled function serves each (objective class, network) pair of a process: 
 persistent networks (one per role) mean one compilation per worker and batch shape, never one
 per client or round. A round's changing numbers (a loss weight, a client's pseudo-labels) are
 tensors that the step reads from slots kept for the worker
-(:meth:`~fedlit.objectives.Objective.step_input`), overwritten in place every fit: torch.compile
-takes a module's tensors as static inputs, whose memory a CUDA graph records, so a new tensor
-every fit would record the graphs anew (a recording costs tens of milliseconds, and each one
-stays in the graph tree's memory). The learning rate a one-call step reads is such a slot too.
+(:meth:`~fedlit.objectives.Objective.step_input`), overwritten in place every fit: a CUDA
+graph records a static input's memory, so a new tensor every fit would record the graphs anew.
+The learning rate a one-call step reads is such a slot too.
 """
 
 from __future__ import annotations
 
-import os
 import types
 import weakref
 from collections.abc import Callable, Iterator
@@ -64,10 +61,6 @@ _SLOTS: weakref.WeakKeyDictionary[nn.Module, dict[type, dict[str, torch.Tensor]]
     weakref.WeakKeyDictionary()
 )
 
-#: The environment variable that, set to 0, keeps a compiled fit's step as three calls (the
-#: compiled step, autograd's backward, the optimiser's step) instead of one (:func:`one_call_step`).
-ONE_CALL_ENV = "FEDLIT_ONE_CALL"
-
 #: Each network's learning-rate tensor by objective class, read by its one-call step
 #: (:class:`OneCallStep`): the same tensor, overwritten in place, for every fit of a worker.
 _LRS: weakref.WeakKeyDictionary[nn.Module, dict[type, torch.Tensor]] = weakref.WeakKeyDictionary()
@@ -75,7 +68,7 @@ _LRS: weakref.WeakKeyDictionary[nn.Module, dict[type, torch.Tensor]] = weakref.W
 
 def _whole_step(objective: Objective, batch: Any) -> Step:
     """The views of ``batch`` (drawn, not yet computed) and the objective's step on them."""
-    return objective.step(expand_batches(batch))
+    return objective.fit_step(expand_batches(batch))
 
 
 def _compiled(
@@ -126,48 +119,21 @@ def compiles_whole(module: nn.Module) -> bool:
 
 
 @contextmanager
-def whole_step_compiled(module: nn.Module, mode: str | None) -> Iterator[None]:
-    """While the block runs, ``module`` (an objective) trains with its whole step compiled in
-    ``mode`` (its views computed in the step from the fit's own draws, its optimiser fused; a
-    lean fit takes the step and its update as one call, :func:`one_call_step`); nothing for
-    ``mode`` None. A module that is no such objective has its ``network`` compiled instead
-    (``nn.Module.compile``), eager again after the block."""
-    if mode is None:
-        yield
-        return
-    if not compiles_whole(module):
-        with compiled_network(module, mode):
-            yield
-        return
-    assert isinstance(module, Objective)
-    module.compiled_step, module.views_in_step = compiled_step(module, mode), True
-    module.compiled_mode = mode
-    module.fit_draws = FitDraws()  # the fit's views' draws, made a chunk of steps at once
-    module.step_slots = _SLOTS.setdefault(module.network, {}).setdefault(type(module), {})
-    try:
-        # dynamo traces torch.autograd.grad into a graph (a one-call step's backward) while
-        # the fit runs; by default it breaks the graph there
-        with torch._dynamo.config.patch(trace_autograd_ops=True):
-            yield
-    finally:
-        module.compiled_step, module.views_in_step, module.step_slots = None, False, None
-        module.compiled_mode, module.fit_draws = None, None
-
-
-@contextmanager
-def compiled_network(module: nn.Module, mode: str) -> Iterator[None]:
-    """``module.network`` compiled with ``torch.compile(mode=mode)`` (in place, its
-    parameters, buffers and state-dict keys unchanged) while the block runs, and eager again
-    after it; nothing for a module without a ``network``."""
-    network = getattr(module, "network", None)
-    if not isinstance(network, nn.Module):
-        yield
-        return
-    network.compile(mode=mode)
-    try:
-        yield
-    finally:
-        network._compiled_call_impl = None  # what nn.Module.compile set: back to eager
+def whole_step_compiled(objective: Objective, mode: str) -> Iterator[dict[str, Any]]:
+    """While the block runs, ``objective``'s fit takes its whole step compiled in ``mode``:
+    the block gets the fit state's fields for it (:class:`~fedlit.objectives.FitState`: the
+    compiled step, its mode, the worker's slots and the fit's own draws, made a chunk of
+    steps at once)."""
+    fields = {
+        "compiled_step": compiled_step(objective, mode),
+        "compiled_mode": mode,
+        "draws": FitDraws(),
+        "slots": _SLOTS.setdefault(objective.network, {}).setdefault(type(objective), {}),
+    }
+    # dynamo traces torch.autograd.grad into a graph (a one-call step's backward) while the
+    # fit runs; by default it breaks the graph there
+    with torch._dynamo.config.patch(trace_autograd_ops=True):
+        yield fields
 
 
 # --- one call a step: the step, its backward and the optimiser's update in one graph ----------
@@ -281,10 +247,10 @@ def _whole_update(
     parameter without a gradient). The loss and the logged tensors, detached."""
     with torch.enable_grad():
         if autocast is None:
-            loss, logged = objective.step(expand_batches(batch))
+            loss, logged = objective.fit_step(expand_batches(batch))
         else:
             with torch.autocast(autocast[0], dtype=autocast[1], cache_enabled=False):
-                loss, logged = objective.step(expand_batches(batch))
+                loss, logged = objective.fit_step(expand_batches(batch))
         grads = torch.autograd.grad(loss, params, allow_unused=True)
     used = [k for k, g in enumerate(grads) if g is not None]
     update(
@@ -352,12 +318,8 @@ class OneCallStep:
             self.lr_value = lr
         if self.replay:
             torch.compiler.cudagraph_mark_step_begin()
-        # no_grad (an inference graph: the gradients are the graph's own), without the
-        # context manager's microsecond a step
-        grad = torch.is_grad_enabled()
-        torch._C._set_grad_enabled(False)
-        try:
-            result = self.compiled(
+        with torch.no_grad():  # an inference graph: the gradients are the graph's own
+            return self.compiled(
                 self.objective,
                 self.params,
                 self.state,
@@ -367,11 +329,6 @@ class OneCallStep:
                 self.hyper,
                 self.autocast,
             )
-        finally:
-            torch._C._set_grad_enabled(grad)
-        # what optimizer.step() records for a scheduler (which warns of a step before it)
-        self.optimizer._opt_called = True  # type: ignore[attr-defined]
-        return result
 
 
 def one_call_step(
@@ -381,13 +338,10 @@ def one_call_step(
 ) -> OneCallStep | None:
     """``objective``'s optimiser step as one compiled call (:class:`OneCallStep`) where its
     fit runs compiled (:func:`whole_step_compiled`) and its optimiser's update is one a graph
-    holds (:func:`_optimizer_state`); else None, and None everywhere with the environment
-    variable ``FEDLIT_ONE_CALL=0`` (the three calls: a fallback where a torch version does
-    not compile the one graph)."""
-    mode = objective.compiled_mode
-    if objective.compiled_step is None or mode is None or os.environ.get(ONE_CALL_ENV) == "0":
-        return None
+    holds (:func:`_optimizer_state`); else None (the rule that asks for it:
+    :func:`fedlit.federation.fit.how_to_fit`)."""
+    mode = objective.fit_state.compiled_mode
     how = _optimizer_state(optimizer)
-    if how is None:
+    if objective.fit_state.compiled_step is None or mode is None or how is None:
         return None
     return OneCallStep(objective, optimizer, mode, autocast, how)

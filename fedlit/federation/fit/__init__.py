@@ -1,0 +1,32 @@
+"""How a module is fitted, in one package with one rule (:func:`how_to_fit`): a user's own
+LightningModule in a Lightning Trainer (:mod:`~fedlit.federation.fit.trainer`), fedlit's
+objectives and evaluator in fedlit's loop (:mod:`~fedlit.federation.fit.loop`), eager,
+compiled or one call a step (:mod:`~fedlit.federation.fit.compiled`), under the run's
+``trainer`` settings (:class:`TrainerTemplate`)."""
+
+from fedlit.federation.fit.rule import ONE_CALL_ENV, How, fit, how_to_fit, test
+from fedlit.federation.fit.settings import (
+    COMPILE_MODES,
+    CPU_BF16_ENV,
+    TrainerTemplate,
+    compile_toolchain_missing,
+    cpu_computes_bf16,
+    default_precision,
+)
+from fedlit.federation.fit.trainer import TERMINATED, stop_on_sigterm
+
+__all__ = [
+    "COMPILE_MODES",
+    "CPU_BF16_ENV",
+    "How",
+    "ONE_CALL_ENV",
+    "TERMINATED",
+    "TrainerTemplate",
+    "compile_toolchain_missing",
+    "cpu_computes_bf16",
+    "default_precision",
+    "fit",
+    "how_to_fit",
+    "stop_on_sigterm",
+    "test",
+]

@@ -1,0 +1,330 @@
+"""fedlit's loop: an objective's fit and the evaluator's test, owned by fedlit.
+
+The loop promises its own contract, not a Lightning Trainer's: it calls the objective's
+methods that :class:`~fedlit.objectives.Objective` lists, in the order it gives, and no other.
+Precision is torch's autocast (with its gradient scaler for fp16), gradient clipping torch's
+``clip_grad_norm_`` or ``clip_grad_value_``. Which modules it fits, and how (eager, compiled or
+one call a step), :func:`fedlit.federation.fit.how_to_fit` decides.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from lightning.fabric.utilities import move_data_to_device
+from lightning.pytorch.utilities.combined_loader import CombinedLoader
+
+from fedlit.data.loaders import AugmentsOnDevice, ImageBatches, draw_batches, expand_batches
+from fedlit.evaluation.evaluator import Evaluator
+from fedlit.federation.fit.compiled import OneCallStep, one_call_step
+from fedlit.objectives.base import FitState, KeptOptimizers, Objective
+from fedlit.objectives.fedprox import FedProx
+
+#: ``trainer.precision`` values the loop takes, and autocast's dtype for each (None: fp32).
+PRECISIONS: dict[Any, torch.dtype | None] = {
+    "32-true": None,
+    "32": None,
+    32: None,
+    "bf16-mixed": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "16-mixed": torch.float16,
+    "16": torch.float16,
+}
+
+
+@dataclass(frozen=True)
+class LoopSettings:
+    """What fedlit's loop takes of a run's ``trainer`` settings (all checked before the run)."""
+
+    device: torch.device
+    precision: Any = "32-true"
+    gradient_clip_val: float | int | None = None
+    gradient_clip_algorithm: str | None = None
+    limit_train_batches: float | int | None = None
+    detect_anomaly: bool = False
+    deterministic: bool | str | None = None
+    benchmark: bool | None = None
+
+    def set_torch_flags(self) -> None:
+        """torch's deterministic algorithms and cuDNN's benchmark mode, where set (process
+        wide, as a Trainer sets them)."""
+        if self.deterministic is not None:
+            warn = self.deterministic == "warn"
+            torch.use_deterministic_algorithms(bool(self.deterministic), warn_only=warn)
+        if self.benchmark is not None:
+            torch.backends.cudnn.benchmark = self.benchmark
+
+    def autocast(self) -> tuple[str, torch.dtype] | None:
+        """(device type, dtype) of the precision's autocast; None in fp32."""
+        dtype = PRECISIONS[self.precision]
+        return None if dtype is None else (self.device.type, dtype)
+
+    def forward_context(self) -> AbstractContextManager[Any]:
+        """The precision's autocast (its cache of cast weights off: a network called twice a
+        step casts its weights twice), or nothing in fp32."""
+        how = self.autocast()
+        if how is None:
+            return nullcontext()
+        return torch.autocast(how[0], dtype=how[1], cache_enabled=False)
+
+
+def limited(length: int, limit: float | int | None) -> int:
+    """Batches of an epoch of ``length`` under ``limit_train_batches`` (a float: a fraction
+    of the loader; an int: a number of batches). A fraction that leaves no batch of a loader
+    that has some is refused, as Lightning refuses it."""
+    if limit is None:
+        return length
+    if isinstance(limit, float):
+        taken = int(length * limit) if limit != 1.0 else length
+        if taken == 0 and length > 0:
+            raise ValueError(
+                f"trainer.limit_train_batches={limit!r}: {limit} of a loader of {length} "
+                f"batches is less than one batch; use at least {1 / length:.3g}"
+            )
+        return taken
+    return min(length, limit)
+
+
+def batches(loader: Iterable[Any], limit: float | int | None) -> tuple[Iterable[Any], int]:
+    """What each epoch iterates and the batches it takes: one loader as it is, several
+    combined (a ``CombinedLoader``, or a collection of loaders in ``max_size_cycle`` mode),
+    each limited to ``limit_train_batches``. The first epoch's iterator is made here."""
+    if not isinstance(loader, (CombinedLoader, Mapping, list, tuple)):
+        return loader, limited(len(loader), limit)  # type: ignore[arg-type]
+    loaders = (
+        loader if isinstance(loader, CombinedLoader) else CombinedLoader(loader, "max_size_cycle")
+    )
+    loaders.limits = [limited(len(dl), limit) for dl in loaders.flattened]
+    iter(loaders)  # its length is known once its iterator is made
+    return loaders, len(loaders)
+
+
+def epoch(loader: Iterable[Any]) -> Iterator[Any]:
+    """An epoch's batches of what :func:`batches` returns (of a ``CombinedLoader``: of the
+    iterator it holds, made by ``iter``)."""
+    if isinstance(loader, CombinedLoader):
+        return (batch for batch, _, _ in iter(loader.__next__, None))
+    return iter(loader)
+
+
+def on_device(
+    module: Any, loader: Iterable[Any], device: torch.device | None = None
+) -> Iterable[Any]:
+    """``loader`` set to augment on the training device when ``module`` computes the views
+    after the transfer (:class:`~fedlit.data.loaders.AugmentsOnDevice`), its split staged on
+    ``device`` where given (batches drawn there by index); otherwise ``loader`` as it is."""
+    if not isinstance(module, AugmentsOnDevice):
+        return loader
+    if isinstance(loader, ImageBatches):
+        return loader.on_device(device)
+    if isinstance(loader, CombinedLoader):
+        moved = copy.copy(loader)
+        moved.flattened = [on_device(module, dl, device) for dl in loader.flattened]
+        return moved
+    return loader
+
+
+def views(batch: Any, device: torch.device, state: FitState | None = None) -> Any:
+    """``batch`` on ``device`` with its views' parameters drawn (from the fit's draws where
+    it has them) and, unless the compiled step computes them, the views computed."""
+    if device.type != "cpu":
+        batch = move_data_to_device(batch, device)
+    drawn = draw_batches(batch, state.draws if state is not None else None)
+    return drawn if state is not None and state.views_in_step else expand_batches(drawn)
+
+
+def to_device(module: torch.nn.Module, device: torch.device) -> None:
+    """``module`` on ``device``, moved only where a tensor of it (or its recorded device)
+    lies elsewhere: ``Module.to`` walks every submodule even then."""
+    tensors = [*module.parameters(), *module.buffers()]
+    if getattr(module, "device", device) != device or any(t.device != device for t in tensors):
+        module.to(device)
+
+
+def optimizer_and_scheduler(module: Objective) -> tuple[torch.optim.Optimizer, Any, str, int]:
+    """What ``configure_optimizers`` returns, as (optimiser, scheduler or None, interval,
+    frequency). It takes one optimiser, or a dict of it and ``lr_scheduler``: a scheduler
+    (stepped every epoch), or a dict of ``scheduler``, ``interval`` ("epoch", the default, or
+    "step") and ``frequency`` (every how many intervals; default 1). A step-interval
+    scheduler steps after each optimiser step; an epoch-interval one after each epoch's last
+    step and its :meth:`~fedlit.objectives.Objective.after_step`: the steps of an epoch all
+    use one learning rate. Anything else is refused naming it: lists of optimisers or
+    schedulers, ``monitor``, and ReduceLROnPlateau (the loop keeps no metric to monitor)."""
+    name = f"{type(module).__name__}.configure_optimizers"
+    conf = module.configure_optimizers()
+    if isinstance(conf, torch.optim.Optimizer):
+        return conf, None, "step", 1
+    if not isinstance(conf, dict) or not isinstance(conf.get("optimizer"), torch.optim.Optimizer):
+        raise ValueError(
+            f"{name} returned {type(conf).__name__}: fedlit's loop takes one optimiser, or a "
+            "dict of one 'optimizer' and one 'lr_scheduler' (no lists of either)"
+        )
+    extra = sorted(set(conf) - {"optimizer", "lr_scheduler"})
+    scheduler = conf.get("lr_scheduler")
+    settings = scheduler if isinstance(scheduler, dict) else {"scheduler": scheduler}
+    extra += sorted(f"lr_scheduler.{k}" for k in set(settings) - {"scheduler", "interval", "frequency"})
+    if extra:
+        raise ValueError(f"{name} returned {', '.join(extra)}: fedlit's loop monitors no metric")
+    scheduler = settings["scheduler"]
+    if scheduler is None:
+        return conf["optimizer"], None, "step", 1
+    if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+        raise ValueError(
+            f"{name} returned a ReduceLROnPlateau: it steps on a monitored metric, which "
+            "fedlit's loop does not keep; use a scheduler that steps by itself"
+        )
+    interval, frequency = settings.get("interval", "epoch"), settings.get("frequency", 1)
+    if interval not in ("step", "epoch"):
+        raise ValueError(f"{name}: lr_scheduler.interval={interval!r}: 'step' or 'epoch'")
+    if isinstance(frequency, bool) or not isinstance(frequency, int) or frequency < 1:
+        raise ValueError(f"{name}: lr_scheduler.frequency={frequency!r}: an integer >= 1")
+    return conf["optimizer"], scheduler, interval, frequency
+
+
+def clip(optimizer: torch.optim.Optimizer, value: float | int | None, algorithm: str | None) -> None:
+    """Clip the optimiser's gradients to ``value``, by norm (the default) or by value."""
+    if not value:
+        return
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    if algorithm == "value":
+        torch.nn.utils.clip_grad_value_(params, clip_value=value)
+    else:
+        torch.nn.utils.clip_grad_norm_(params, value)
+
+
+class Fit:
+    """One fit of an objective: its state (:class:`~fedlit.objectives.FitState`, handed to
+    the objective), optimiser, scheduler and precision."""
+
+    def __init__(
+        self, module: Objective, state: FitState, settings: LoopSettings, one_call: bool
+    ) -> None:
+        self.module, self.state, self.settings = module, state, settings
+        module.fit_state = state
+        self.optimizer, self.scheduler, self.interval, self.frequency = optimizer_and_scheduler(
+            module
+        )
+        how = settings.autocast()
+        fp16 = how is not None and how[1] == torch.float16
+        self.scaler = torch.amp.GradScaler(settings.device.type) if fp16 else None
+        self.one_call: OneCallStep | None = None
+        if one_call and self.scaler is None:
+            self.one_call = one_call_step(module, self.optimizer, how)
+        self.intervals = 0
+
+    def step(self, batch: Any) -> None:
+        """One optimiser step: the training step (in the precision's autocast), zero_grad,
+        backward, the learning rate logged, clipping, the optimiser's step; or the one call
+        that makes them all (its logs recorded)."""
+        module, optimizer = self.module, self.optimizer
+        if self.one_call is not None:
+            module.record(self.one_call(batch)[1])
+        else:
+            with self.settings.forward_context():
+                loss = module.training_step(batch, self.state.steps_taken)
+            optimizer.zero_grad()
+            (loss if self.scaler is None else self.scaler.scale(loss)).backward()
+            if self.scaler is not None:
+                self.scaler.unscale_(optimizer)
+        module.accumulate(1.0, lr=float(optimizer.param_groups[0]["lr"]))
+        if self.one_call is None:
+            clip(optimizer, self.settings.gradient_clip_val, self.settings.gradient_clip_algorithm)
+            if self.scaler is None:
+                optimizer.step()
+            else:
+                self.scaler.step(optimizer)
+                self.scaler.update()
+        self.state.steps_taken += 1
+        self.schedule("step")
+        module.after_step()
+
+    def schedule(self, interval: str) -> None:
+        """One ``interval`` ("step" or "epoch") done: the scheduler of that interval steps
+        every ``frequency`` of them."""
+        if self.scheduler is None or self.interval != interval:
+            return
+        self.intervals += 1
+        if self.intervals % self.frequency:
+            return
+        if self.one_call is None:
+            self.scheduler.step()
+            return
+        with warnings.catch_warnings():  # the one call steps no optimizer.step() it sees
+            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step")
+            self.scheduler.step()
+
+
+def fit(
+    module: Objective,
+    loader: Iterable[Any],
+    epochs: int,
+    max_steps: int | None,
+    settings: LoopSettings,
+    compiled: Mapping[str, Any],
+    one_call: bool = False,
+    kept: KeptOptimizers | None = None,
+) -> None:
+    """Train ``module`` on ``loader`` for ``epochs`` epochs (or ``max_steps`` optimiser steps,
+    over as many epochs as they take), leaving it on the device; ``compiled``: the fit state's
+    fields of a compiled fit (empty: eager); ``one_call``: its step as one call where the
+    optimiser allows it; ``kept``: the worker's optimisers to reuse."""
+    loaders, per_epoch = batches(loader, settings.limit_train_batches)
+    if per_epoch == 0:
+        return
+    iterator = epoch(loaders)  # a CombinedLoader's first epoch: the iterator made above
+    to_device(module, settings.device)
+    settings.set_torch_flags()
+    mu = module.proximal_mu()
+    state = FitState(
+        planned_steps=max_steps if max_steps is not None else per_epoch * epochs,
+        kept_optimizers=kept,
+        fedprox=FedProx(module.network, mu) if mu > 0 else None,
+        **compiled,
+    )
+    run = Fit(module, state, settings, one_call)
+    with torch.autograd.detect_anomaly() if settings.detect_anomaly else nullcontext():
+        module.before_fit()
+        done = 0
+        while state.steps_taken < state.planned_steps and (max_steps is not None or done < epochs):
+            if done > 0:
+                iterator = epoch(iter(loaders) if isinstance(loaders, CombinedLoader) else loaders)
+            taken = state.steps_taken
+            for _ in range(per_epoch):
+                batch = next(iterator, None)
+                if batch is None:
+                    break
+                run.step(views(batch, settings.device, state))
+                if state.steps_taken >= state.planned_steps:
+                    break
+            run.schedule("epoch")
+            done += 1
+            if state.steps_taken == taken:  # an epoch that took no step: no more will
+                break
+        module.after_fit()
+    state.compiled_step, state.slots, state.draws = None, None, None
+
+
+def test(module: Evaluator, loader: Iterable[Any], settings: LoopSettings) -> None:
+    """Run the evaluator over ``loader`` in eval and inference mode (each submodule's own
+    mode restored after), leaving it on the device: ``on_test_epoch_start``, then
+    ``test_step`` on each batch."""
+    device = settings.device
+    to_device(module, device)
+    settings.set_torch_flags()
+    modes = {m: m.training for m in module.modules()}
+    try:
+        module.eval()
+        with torch.inference_mode():
+            module.on_test_epoch_start()
+            for batch_idx, batch in enumerate(loader):
+                with settings.forward_context():
+                    module.test_step(views(batch, device), batch_idx)
+    finally:
+        for m, training in modes.items():
+            m.training = training

@@ -1,0 +1,247 @@
+"""The run's ``trainer`` settings (:class:`TrainerTemplate`), checked once, and the defaults
+fedlit decides for them."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass, fields, replace
+from typing import Any, Literal
+
+import torch
+from lightning import LightningModule
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
+
+from fedlit.federation.fit import rule
+from fedlit.federation.fit.loop import PRECISIONS, LoopSettings
+from fedlit.federation.fit.trainer import build
+
+#: A ``trainer.precision`` value (Lightning's spellings).
+PrecisionInput = int | str
+
+#: ``federation.compile``: torch.compile's modes for the whole training step (None: eager).
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
+
+
+def compile_toolchain_missing(device: torch.device) -> str | None:
+    """Why ``torch.compile``'s default backend (inductor) cannot build kernels for ``device``
+    here, or None: it compiles C++ on a CPU and Triton kernels on a GPU."""
+    if device.type == "cuda":
+        return None if importlib.util.find_spec("triton") else "the triton package is missing"
+    # inductor's own test of its compiler (``$CXX``, else g++): it answers ``--version``
+    compiler = os.environ.get("CXX") or "g++"
+    try:
+        subprocess.run(
+            [*shlex.split(compiler), "--version"], capture_output=True, check=True, timeout=60
+        )
+        return None
+    except (OSError, ValueError, subprocess.SubprocessError):
+        pass
+    source = f"$CXX={os.environ['CXX']!r}" if os.environ.get("CXX") else "g++"
+    return f"the C++ compiler inductor uses, {source}, does not run"
+
+
+#: Set to "0" or "1", says whether this CPU computes bf16 natively instead of asking torch (the
+#: tests set "0", so that they run in fp32 on every CPU, in subprocesses and workers too).
+CPU_BF16_ENV = "FEDLIT_CPU_BF16"
+
+
+def cpu_computes_bf16() -> bool:
+    """Whether this CPU computes bf16 natively: AVX-512 BF16 or AMX tiles, as torch's CPU
+    capability checks see them (:data:`CPU_BF16_ENV` overrides them)."""
+    forced = os.environ.get(CPU_BF16_ENV)
+    if forced in ("0", "1"):
+        return forced == "1"
+    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(bool(getattr(torch.cpu, name, lambda: False)()) for name in checks)
+
+
+def default_precision(accelerator: str = "auto", cpu_bf16: bool | None = None) -> PrecisionInput:
+    """The precision of a run that leaves ``trainer.precision`` unset.
+
+    On a GPU, mixed precision: bf16 where supported, else fp16. On a CPU, bf16 mixed
+    precision where the CPU computes bf16 natively (``cpu_bf16``; None: :func:`cpu_computes_bf16`),
+    where it was measured about 1.5x faster than fp32 with results within seed noise; fp32
+    elsewhere, where bf16 is emulated and slower."""
+    if accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available():
+        return "bf16-mixed" if torch.cuda.is_bf16_supported() else "16-mixed"
+    if cpu_bf16 is None:
+        cpu_bf16 = cpu_computes_bf16()
+    return "bf16-mixed" if cpu_bf16 else "32-true"
+
+
+@dataclass(frozen=True)
+class TrainerTemplate:
+    """The settings every fit and evaluation shares: a recipe's ``trainer`` group.
+
+    The group also names the run directory and the loggers, the federation's own. How each
+    fit runs, :func:`~fedlit.federation.fit.how_to_fit` decides: fedlit's objectives and its
+    evaluator in fedlit's loop, which takes every setting here (and refuses, in :meth:`check`,
+    the values it does not take); a user's own LightningModule in a Lightning Trainer of these
+    settings (no logger, checkpoint or progress bar of its own: the driver owns them). Every
+    setting but ``compile`` is the ``lightning.Trainer`` argument of the same name, with its
+    default.
+
+    Args:
+        accelerator: "cpu", "gpu", "cuda", "mps" or "auto" (a GPU where there is one).
+        devices: the devices each Trainer uses (a number, a list of indices or "auto").
+        precision: e.g. "32-true", "bf16-mixed"; None: :func:`default_precision` (bf16 mixed
+            on a GPU and on a CPU that computes bf16 natively, fp32 on other CPUs).
+        strategy: Lightning's strategy (``"auto"``: one device).
+        gradient_clip_val: the gradient norm (or value) clipped to; 0 or None: no clipping.
+        gradient_clip_algorithm: "norm" or "value".
+        accumulate_grad_batches: batches whose gradients make one optimizer step.
+        deterministic: torch's deterministic algorithms (True, False or "warn").
+        benchmark: cuDNN's benchmark mode.
+        limit_train_batches: batches per epoch (a number, or a fraction of the loader).
+        detect_anomaly: torch's autograd anomaly detection.
+        compile: torch.compile's mode for the whole training step (``federation.compile``,
+            not a ``trainer`` key; :mod:`fedlit.federation.fit.compiled`).
+    """
+
+    accelerator: str = "auto"
+    devices: list[int] | str | int = 1
+    precision: PrecisionInput | None = None
+    strategy: str = "auto"
+    gradient_clip_val: float | int | None = None
+    gradient_clip_algorithm: str | None = None
+    accumulate_grad_batches: int = 1
+    deterministic: bool | Literal["warn"] | None = None
+    benchmark: bool | None = None
+    limit_train_batches: float | int | None = None
+    detect_anomaly: bool = False
+    compile: str | None = None
+
+    def settings(self) -> dict[str, Any]:
+        """The ``lightning.Trainer`` arguments these settings give (all but ``compile``)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "compile"}
+
+    def check(self) -> None:
+        """Raise ValueError naming the ``trainer.*`` key and its value if these settings cannot
+        train: a GPU accelerator on a machine without CUDA, ``limit_train_batches`` of 0 (no
+        batch), a negative ``gradient_clip_val`` (0 or None: no clipping, as in Lightning),
+        ``accumulate_grad_batches`` below 1, any setting a Trainer refuses, and the values
+        fedlit's loop does not take (it fits every objective and runs every evaluation):
+        another ``strategy``, ``accumulate_grad_batches`` above 1, a ``precision`` other than
+        32-true, bf16-mixed and 16-mixed. Builds one Trainer and writes nothing."""
+        rule.one_call_asked()  # FEDLIT_ONE_CALL: refused by name unless 0 or 1
+        if self.accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
+            raise ValueError(
+                f"trainer.accelerator={self.accelerator!r}: this machine has no CUDA GPU "
+                "(torch.cuda.is_available() is False); use 'cpu' or 'auto'"
+            )
+        rules = {
+            "limit_train_batches": (
+                lambda v: v > 0,
+                "must be > 0 (a number of batches, or a fraction in (0, 1]); 0 trains nothing",
+            ),
+            "gradient_clip_val": (
+                lambda v: v >= 0,
+                "must be >= 0 (0 or null: no clipping)",
+            ),
+            "accumulate_grad_batches": (
+                lambda v: isinstance(v, int) and v >= 1,
+                "must be an integer >= 1",
+            ),
+        }
+        settings = self.settings()
+        for key, (valid, why) in rules.items():
+            value = settings[key]
+            if value is not None and (isinstance(value, bool) or not valid(value)):
+                raise ValueError(f"trainer.{key}={value!r}: {why}")
+        refused = (MisconfigurationException, ValueError, TypeError, ImportError)
+        try:
+            built = build(self.settings())
+        except refused as err:
+            reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            for key, value in settings.items():  # the one a Trainer refuses on its own
+                try:
+                    build({key: value})
+                except refused:
+                    raise ValueError(f"trainer.{key}={value!r}: {reason}") from err
+            raise ValueError(f"trainer: Lightning refuses these settings: {reason}") from err
+        loop = "fedlit's loop fits every fedlit objective and runs every evaluation"
+        if self.precision is not None and self.precision not in PRECISIONS:
+            raise ValueError(
+                f"trainer.precision={self.precision!r}: {loop}, in 32-true, bf16-mixed or "
+                "16-mixed (on a CPU, 16-mixed is bf16-mixed)"
+            )
+        if self.strategy != "auto":
+            raise ValueError(f"trainer.strategy={self.strategy!r}: {loop}, on one device")
+        if self.accumulate_grad_batches != 1:
+            raise ValueError(
+                f"trainer.accumulate_grad_batches={self.accumulate_grad_batches!r}: {loop}, "
+                "one optimiser step a batch; take larger batches (data.batch_size)"
+            )
+        if built.num_devices > 1:  # a process per device, each re-running the whole command
+            raise ValueError(
+                f"trainer.devices={self.devices!r}: {built.num_devices} devices; fedlit trains "
+                "each step on one device (--trainer.devices 1). Clients in parallel: "
+                "federation.executor pool (several workers may share one GPU) or ray; runs in "
+                "parallel: fedlit compare's jobs"
+            )
+
+    def device(self) -> torch.device:
+        """The device fits and evaluations train on (the first GPU where there is one and
+        the accelerator allows it), for work done outside a Trainer."""
+        gpu = self.accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available()
+        return torch.device("cuda") if gpu else torch.device("cpu")
+
+    def resolved(self) -> TrainerTemplate:
+        """These settings with ``precision`` decided (:func:`default_precision` where it is
+        unset), once, in the driver's process: every client and worker then trains in the
+        same precision. On a CPU, 16-mixed is bf16-mixed, as Lightning has it (CPU autocast
+        in fp16 is slow and has no gradient scaler); stderr says so, naming the key."""
+        precision = self.decided_precision()
+        if precision != (self.precision or precision):
+            print(
+                f"warning: trainer.precision={self.precision!r} on a CPU: {precision} is used "
+                "instead",
+                file=sys.stderr,
+            )
+        return replace(self, precision=precision)
+
+    def decided_precision(self) -> PrecisionInput:
+        """``precision``, or :func:`default_precision` where it is unset; 16-mixed on a CPU is
+        bf16-mixed."""
+        precision = self.precision or default_precision(self.accelerator)
+        if precision in ("16-mixed", "16") and self.device().type == "cpu":
+            return "bf16-mixed"
+        return precision
+
+    def loop(self) -> LoopSettings:
+        """What fedlit's loop takes of these settings (:mod:`fedlit.federation.fit.loop`)."""
+        device = self.device()
+        if device.type == "cuda":
+            device = torch.device("cuda", torch.cuda.current_device())
+        return LoopSettings(
+            device,
+            self.decided_precision(),
+            self.gradient_clip_val,
+            self.gradient_clip_algorithm,
+            self.limit_train_batches,
+            self.detect_anomaly,
+            self.deterministic,
+            self.benchmark,
+        )
+
+    def fit(
+        self,
+        module: LightningModule,
+        loader: Any,
+        epochs: int,
+        max_steps: int | None = None,
+        kept: Any = None,
+    ) -> dict[str, float]:
+        """Train ``module`` on ``loader`` for ``epochs`` epochs (or ``max_steps`` steps) as
+        :func:`~fedlit.federation.fit.how_to_fit` says; ``kept``: a worker's optimisers to
+        reuse. The fit's metrics: an objective's means, a Trainer's ``callback_metrics``."""
+        return rule.fit(self, module, loader, epochs, max_steps, kept)
+
+    def test(self, module: LightningModule, loader: Any) -> None:
+        """Run ``module``'s test over ``loader`` (its metrics stay in the module): fedlit's
+        evaluator in fedlit's loop, any other module in a Trainer."""
+        rule.test(self, module, loader)
