@@ -37,7 +37,9 @@ calls, uploads copied to the host, client-state files written and read.
 from __future__ import annotations
 
 import argparse
+import cProfile
 import copy
+import pstats
 import statistics
 import tempfile
 import time
@@ -67,7 +69,9 @@ from fedlit.methods.plan import Step
 from fedlit.models import Classifier
 from fedlit.objectives import FedProx, FitState, Objective
 from fedlit.objectives.base import KeptOptimizers
+from plain_floor import PlainFloor
 
+PATHS = ("fedlit", "objects floor", "plain floor")
 RECIPE = Path(__file__).parents[1] / "recipes" / "papers" / "paper002_fmnist" / "fedseal.yaml"
 
 
@@ -316,9 +320,10 @@ def counting(counts: Counts) -> Iterator[None]:
 
 
 # --- the measurement ------------------------------------------------------------------------
-def federation(args: argparse.Namespace, run_dir: Path) -> Federation:
+def federation(args: argparse.Namespace, run_dir: Path, seed: int = 0) -> Federation:
     overrides = [
         f"--config={RECIPE}",
+        f"--seed_everything={seed}",
         f"--data.root={args.root}",
         "--model.init_args.network.backbone=host_round.NearFree",
         "--model.init_args.bootstrap_epochs=1",
@@ -344,9 +349,68 @@ def trainer_per_fit() -> None:
     )
 
 
+def run_once(args: argparse.Namespace, counts: Counts, seed: int) -> dict[str, Any]:
+    """One repeat: fresh federations, the three paths round by round, their order rotated
+    each round; each path's CPU and wall seconds per round (rounds 2-N), fedlit's counts and
+    every round's test/acc."""
+    with tempfile.TemporaryDirectory() as tmp:
+        fed = federation(args, Path(tmp) / "fedlit", seed)
+        floor = Floor(federation(args, Path(tmp) / "floor", seed), args.compile)
+        fed.open_run_dir()
+        fed.callbacks.run_start()
+        fed.callbacks.first_row({"round": 0, **fed.server.bootstrap()})
+        plain = PlainFloor(fed, seed)  # the bootstrapped weights and thresholds, copied
+        seed_all(0)
+        floor.fed.server.bootstrap()
+        cpu: dict[str, list[float]] = {p: [] for p in PATHS}
+        wall: dict[str, list[float]] = {p: [] for p in PATHS}
+        per_round: list[Counter[str]] = []
+        accs: dict[str, list[float]] = {p: [] for p in PATHS}
+        profiles = {p: cProfile.Profile() for p in args.profile}
+
+        def fedlit_round(r: int) -> float:
+            with counting(counts):
+                return float(fed.run_and_record_round(r)["test/acc"])
+
+        paths = {"fedlit": fedlit_round, "objects floor": floor.round, "plain floor": plain.round}
+        for r in range(1, args.rounds + 1):
+            order = PATHS[r % 3 :] + PATHS[: r % 3]
+            for path in order:
+                profiled = path in args.profile and r > 1
+                c0, w0 = time.process_time(), time.perf_counter()
+                if profiled:
+                    profiles[path].enable()
+                accs[path].append(paths[path](r))
+                if profiled:
+                    profiles[path].disable()
+                c1, w1 = time.process_time(), time.perf_counter()
+                if r > 1:
+                    cpu[path].append(c1 - c0)
+                    wall[path].append(w1 - w0)
+            if r > 1:
+                per_round.append(counts.now)
+            print(f"round {r}: " + ", ".join(f"{p} {cpu[p][-1]:.3f}" for p in PATHS if r > 1)
+                  + " s CPU", flush=True)  # fmt: skip
+        fed.close()
+    for path, profile in profiles.items():
+        print(f"\n--- {path}: rounds 2-{args.rounds}, by own time")
+        pstats.Stats(profile).sort_stats("tottime").print_stats(args.profile_lines)
+    return {"cpu": cpu, "wall": wall, "counts": per_round, "accs": accs}
+
+
+def median_ratio(cpu: dict[str, list[float]], over: str) -> float:
+    return statistics.median(a / b for a, b in zip(cpu["fedlit"], cpu[over], strict=True))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=8, help="rounds per path (1 warms up)")
+    parser.add_argument("--repeats", type=int, default=1, help="runs in this process")
+    parser.add_argument("--seeds", type=int, default=1, help="repeats' seeds: 0, 1, ...")
+    parser.add_argument(
+        "--profile", nargs="*", default=[], choices=PATHS, help="cProfile these paths"
+    )
+    parser.add_argument("--profile-lines", type=int, default=30)
     parser.add_argument("--compile", default=None, help="federation.compile (default: eager)")
     parser.add_argument("--examples", type=int, default=None, help="images per client")
     parser.add_argument("--root", default="data")
@@ -359,49 +423,35 @@ def main() -> None:
         trainer_per_fit()
     counts = Counts()
     install_counters(counts)
-    with tempfile.TemporaryDirectory() as tmp:
-        fed = federation(args, Path(tmp) / "fedlit")
-        floor = Floor(federation(args, Path(tmp) / "floor"), args.compile)
-        fed.open_run_dir()
-        fed.callbacks.run_start()
-        fed.callbacks.first_row({"round": 0, **fed.server.bootstrap()})
-        seed_all(0)
-        floor.fed.server.bootstrap()
-        cpu: dict[str, list[float]] = {"fedlit": [], "floor": []}
-        wall: dict[str, list[float]] = {"fedlit": [], "floor": []}
-        per_round: list[Counter[str]] = []
-        accs: list[tuple[float, float]] = []
-        for r in range(1, args.rounds + 1):
-            c0, w0 = time.process_time(), time.perf_counter()
-            with counting(counts):
-                metrics = fed.run_and_record_round(r)
-            c1, w1 = time.process_time(), time.perf_counter()
-            acc = floor.round(r)
-            c2, w2 = time.process_time(), time.perf_counter()
-            accs.append((metrics["test/acc"], acc))
-            if r > 1:
-                cpu["fedlit"].append(c1 - c0)
-                cpu["floor"].append(c2 - c1)
-                wall["fedlit"].append(w1 - w0)
-                wall["floor"].append(w2 - w1)
-                per_round.append(counts.now)
-            print(f"round {r}: fedlit {c1 - c0:.3f} s CPU, floor {c2 - c1:.3f} s CPU", flush=True)
-        fed.close()
-    ratios = [a / b for a, b in zip(cpu["fedlit"], cpu["floor"], strict=True)]
+    runs = []
+    for k in range(args.repeats):
+        seed = k % args.seeds
+        print(f"-- repeat {k + 1} of {args.repeats} (seed {seed})", flush=True)
+        runs.append(run_once(args, counts, seed))
     mode = args.compile or "eager"
-    path = "a Trainer per fit" if args.trainer_per_fit else "fedlit as it is"
-    print(f"\n{mode}, {path}; medians of rounds 2-{args.rounds}:")
-    print(f"  CPU s/round: fedlit {statistics.median(cpu['fedlit']):.3f}, "
-          f"floor {statistics.median(cpu['floor']):.3f}, ratio {statistics.median(ratios):.3f} "
-          f"(min {min(ratios):.3f}, max {max(ratios):.3f})")  # fmt: skip
-    print(f"  wall s/round: fedlit {statistics.median(wall['fedlit']):.3f}, "
-          f"floor {statistics.median(wall['floor']):.3f}")  # fmt: skip
-    print("  fedlit's counts per round (median):")
+    print(f"\n{mode}; medians of rounds 2-{args.rounds}, per repeat:")
+    for k, run in enumerate(runs, 1):
+        cpu, wall = run["cpu"], run["wall"]
+        print(f"  repeat {k}: CPU s/round "
+              + ", ".join(f"{p} {statistics.median(cpu[p]):.3f}" for p in PATHS)
+              + f"; wall fedlit {statistics.median(wall['fedlit']):.3f}"
+              + f"; fedlit / plain floor {median_ratio(cpu, 'plain floor'):.3f}"
+              + f", fedlit / objects floor {median_ratio(cpu, 'objects floor'):.3f}")  # fmt: skip
+    for over in PATHS[1:]:
+        ratios = [median_ratio(run["cpu"], over) for run in runs]
+        print(f"  fedlit / {over}: median {statistics.median(ratios):.3f} "
+              f"(min {min(ratios):.3f}, max {max(ratios):.3f}, {len(ratios)} repeats)")  # fmt: skip
+    print("  fedlit's counts per round (median, repeat 1):")
+    per_round = runs[0]["counts"]
     names = sorted({k for c in per_round for k in c} | set(COUNTED))
     for name in names:
         print(f"    {name}: {statistics.median(c[name] for c in per_round):g}")
-    same = all(abs(a - b) < 1e-6 for a, b in accs)
-    print(f"  test/acc fedlit vs floor, every round: {'identical' if same else accs}")
+    for k, run in enumerate(runs, 1):
+        accs = run["accs"]
+        same = all(abs(a - b) < 1e-6 for a, b in zip(accs["fedlit"], accs["objects floor"]))
+        print(f"  repeat {k}: test/acc fedlit vs objects floor, every round: "
+              f"{'identical' if same else 'differ'}; last round: "
+              + ", ".join(f"{p} {accs[p][-1]:.4f}" for p in PATHS))  # fmt: skip
 
 
 COUNTED = (
