@@ -171,3 +171,34 @@ def test_a_compiled_fit_has_draws_of_its_own(monkeypatch: pytest.MonkeyPatch) ->
             assert isinstance(fields["draws"], FitDraws)
             seen.append(fields["draws"])
     assert seen[0] is not seen[1]
+
+
+def _draws_call_by_call(view: BatchView, b: int, h: int, w: int) -> torch.Tensor:
+    """The eager draws as defined: one call of torch's global generator per row (crop's top
+    and left, the flip's coin, RandAugment's ops and signs, Cutout's area and position)."""
+    pad = view.pad
+    top, left = torch.randint(0, 2 * pad + 1, (b,)), torch.randint(0, 2 * pad + 1, (b,))
+    flip = (torch.rand(b) < 0.5).long() if view.spec.hflip else torch.zeros(b, dtype=torch.long)
+    rows = [top, left, flip]
+    if view.view == "strong":
+        ops = torch.randint(len(view.randaugment.names), (b, 2))
+        signs = torch.randint(2, (b, 2))
+        rows += list((2 * ops + signs).T)
+        side = (torch.empty(b).uniform_(*CUTOUT_SCALE) * (h * w)).sqrt().round().long()
+        rows += [(torch.rand(b) * (h - side + 1)).long(), (torch.rand(b) * (w - side + 1)).long()]
+        rows.insert(len(rows) - 2, side)
+    return torch.stack(rows)
+
+
+@pytest.mark.parametrize("name", ["fashion_mnist", "cifar10"])
+@pytest.mark.parametrize("b", [1, 5, 64])
+def test_eager_draws_are_their_call_by_call_definition(name: str, b: int) -> None:
+    """A view's eager draws take rows of one distribution in one call (the CPU generator
+    fills a tensor element by element): the values of one call per row, bit for bit, for
+    the weak and the strong view, with and without the flip."""
+    spec = dataset_spec(name)
+    for view in _views("weak", "strong", spec=spec):
+        torch.manual_seed(b)
+        drawn = view.draw(b, spec.size, spec.size)
+        torch.manual_seed(b)
+        assert torch.equal(drawn, _draws_call_by_call(view, b, spec.size, spec.size))

@@ -81,24 +81,30 @@ class BatchView:
         the order the views are computed (crop, flip, RandAugment, Cutout)."""
         if self.view == "plain" or b == 0:
             return torch.empty((0, b), dtype=torch.int64)
-        rows = list(self._draw_weak(b))
-        if self.view == "strong":
-            rows += list(self.randaugment.draw(b).T)
-            rows += list(self._draw_cutout(b, h, w))
-        return torch.stack(rows)
+        weak = self._draw_weak(b)
+        if self.view == "weak":
+            return weak
+        codes = self.randaugment.draw(b).T
+        return torch.cat([weak, codes, self._draw_cutout(b, h, w)])
 
-    def _draw_weak(self, b: int) -> tuple[Tensor, Tensor, Tensor]:
-        top = torch.randint(0, 2 * self.pad + 1, (b,))
-        left = torch.randint(0, 2 * self.pad + 1, (b,))
-        flip = (torch.rand(b) < 0.5).long() if self.spec.hflip else torch.zeros(b, dtype=torch.long)
-        return top, left, flip
+    def _draw_weak(self, b: int) -> Tensor:
+        """The rows top, left, flip (3, B). One call draws both offsets: the CPU generator
+        fills a tensor element by element, so (2, B) holds what two calls of B would."""
+        offsets = torch.randint(0, 2 * self.pad + 1, (2, b))
+        if self.spec.hflip:
+            flip = (torch.rand(1, b) < 0.5).long()
+        else:
+            flip = torch.zeros(1, b, dtype=torch.long)
+        return torch.cat([offsets, flip])
 
-    def _draw_cutout(self, b: int, h: int, w: int) -> tuple[Tensor, Tensor, Tensor]:
+    def _draw_cutout(self, b: int, h: int, w: int) -> Tensor:
+        """The rows side, top, left (3, B); one call draws both positions' uniforms (as
+        :meth:`_draw_weak` its offsets)."""
         area = torch.empty(b).uniform_(*CUTOUT_SCALE) * (h * w)
         side = area.sqrt().round().long()  # < min(h, w) for scale <= 0.25: the first try fits
-        top = (torch.rand(b) * (h - side + 1)).long()
-        left = (torch.rand(b) * (w - side + 1)).long()
-        return side, top, left
+        room = torch.tensor([[h + 1], [w + 1]]) - side  # (2, B): the positions that fit
+        corner = (torch.rand(2, b) * room).long()
+        return torch.cat([side[None], corner])
 
     def from_uniforms(self, uniforms: Tensor, h: int, w: int) -> Tensor:
         """The rows :meth:`draw` gives, made from ``uniforms`` in [0, 1) of shape
@@ -143,7 +149,7 @@ class BatchView:
         b, c, h, w = images.shape
         if drawn is None:
             self.prepare(images)
-            drawn = torch.stack(self._draw_weak(b)).to(images.device)
+            drawn = self._draw_weak(b).to(images.device)
         top, left, flip = drawn[0], drawn[1], drawn[2]
         index = self._indices(c, h, w, images.device)
         rows = index["reflect_rows"][top.view(b, 1, 1, 1) + index["rows"]]  # (B, 1, H, 1)
@@ -185,7 +191,7 @@ class BatchView:
         b, c, h, w = images.shape
         if drawn is None:
             self.prepare(images)
-            drawn = torch.stack(self._draw_cutout(b, h, w)).to(images.device)
+            drawn = self._draw_cutout(b, h, w).to(images.device)
         side, top, left = (r.view(b, 1, 1, 1) for r in drawn.unbind(0))
         index = self._indices(c, h, w, images.device)
         rows, cols = index["rows"], index["cols"]

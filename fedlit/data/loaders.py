@@ -74,6 +74,9 @@ class RawBatch:
         device = self.images.device
         if sum(rows) and fit_draws is not None:
             packed = fit_draws.draw(views, b, h, w, device)
+        elif sum(rows) and device.type == "cpu":  # where they are drawn: nothing to pack
+            draws = tuple(view.draw(b, h, w) for view in views)
+            return DrawnBatch(self.images, views, draws, self.index, self.labels)
         elif sum(rows):
             packed = torch.cat([view.draw(b, h, w) for view in views])
             packed = packed.to(device, non_blocking=True)  # one transfer for every view
