@@ -208,7 +208,8 @@ class FedSEALClient(Objective):
         self.hidden_labels: Tensor | None = None
         self.ensemble: tuple[Tensor, int] | None = None
         # the client's sets over its examples, set as training starts (step_input)
-        self.pseudo = self.positive = self.complementary = torch.empty(0, dtype=torch.long)
+        self.pseudo = self.complementary = torch.empty(0, dtype=torch.long)
+        self.positive = self.negative = torch.empty(0)
 
     def attach(
         self, images: Iterable[tuple[Tensor, ...]], hidden_labels: Tensor | None = None
@@ -232,9 +233,13 @@ class FedSEALClient(Objective):
         pseudo, positive, complementary = positive_negative_sets(
             pbar, self.thresholds, self.loss.theta, self.loss.negative_learning
         )
+        # what the step reads, per example: its pseudo-label, its weight in L+ and in L- (1 in
+        # the set, else 0) and its complementary label (0 outside the negative set, where its
+        # weight is 0): made once a fit, not cast and masked every step
         self.step_input("pseudo", pseudo)
-        self.step_input("positive", positive)
-        self.step_input("complementary", complementary)
+        self.step_input("positive", positive.float())
+        self.step_input("negative", (complementary >= 0).float())
+        self.step_input("complementary", complementary.clamp(min=0))
         self.step_input("lam_tensor", self.lam_tensor)
         self._log_sets(pseudo, positive, complementary)
 
@@ -261,14 +266,13 @@ class FedSEALClient(Objective):
     def step(self, batch: tuple[Tensor, Tensor, Tensor]) -> Step:
         index, plain, strong = batch
         logits_plain, logits_strong = self.network(torch.cat([plain, strong])).chunk(2)
-        positive, complementary = self.positive[index].float(), self.complementary[index]
-        negative = (complementary >= 0).float()
+        positive, negative = self.positive[index], self.negative[index]
         # Each mean over its set by masking, 0 for an empty set: the step never reads a
         # tensor back or changes shape with the sets (a batch with no positive or no negative
         # example gets 0 for that term).
         ce = F.cross_entropy(logits_strong.float(), self.pseudo[index], reduction="none")
         loss_pos = (ce * positive).sum() / positive.sum().clamp(min=1.0)
-        per_example = complementary_loss(logits_plain, complementary.clamp(min=0))
+        per_example = complementary_loss(logits_plain, self.complementary[index])
         loss_neg = (per_example * negative).sum() / negative.sum().clamp(min=1.0)
         loss = self.lam_tensor * loss_pos + loss_neg
         return loss, ((len(index), {"loss": loss, "loss_pos": loss_pos, "loss_neg": loss_neg}),)
