@@ -277,3 +277,25 @@ def test_random_proportions_partition_is_logged(fmnist_root: Path) -> None:
     assert summary["partition/min_client_size"] == summary["partition/max_client_size"] == 500
     assert summary["partition/R"] == dm.non_iid_R
     assert 0.1 < summary["partition/R"] < 0.6
+
+
+def test_in_order_batches_are_views_of_the_split_with_its_rows_and_labels() -> None:
+    """An evaluation loader (in order) gives each batch the split's rows k*b.. (k+1)*b, its
+    labels and positions, the last batch partial, as views of the split (no copy of its
+    images); a shuffled loader's batches are copies of the rows it drew."""
+    torch.manual_seed(0)
+    images = torch.randint(0, 256, (10, 1, 4, 4), dtype=torch.uint8)
+    labels = torch.arange(10) % 3
+    spec = dataset_spec("fashion_mnist")
+    loader = ImageBatches(images, spec, ("plain",), 4, False, labels, with_index=True).on_device()
+    batches = list(loader)
+    assert [len(b) for b in batches] == [4, 4, 2]
+    for k, batch in enumerate(batches):
+        rows = slice(4 * k, 4 * k + len(batch))
+        assert torch.equal(batch.images, images[rows]) and torch.equal(batch.labels, labels[rows])
+        assert torch.equal(batch.index, torch.arange(10)[rows])
+        assert batch.images.untyped_storage().data_ptr() == images.untyped_storage().data_ptr()
+    shuffled = ImageBatches(images, spec, ("plain",), 4, True, labels, with_index=True)
+    for batch in shuffled.on_device():
+        assert torch.equal(batch.images, images[batch.index])
+        assert batch.images.untyped_storage().data_ptr() != images.untyped_storage().data_ptr()

@@ -241,13 +241,16 @@ class ImageBatches:
     def __iter__(self) -> Iterator[Any]:
         n, b, device = len(self.images), self.batch_size, self.images.device
         order = torch.randperm(n, device=device) if self.shuffle else torch.arange(n, device=device)
+        # in order, a tensor's batch is a slice of it (a view, no copy: the same values)
+        sliced = not self.shuffle and isinstance(self.images, Tensor)
         for k in range(len(self)):
             idx = order[k * b : (k + 1) * b]
+            rows: slice | Tensor = slice(k * b, (k + 1) * b) if sliced else idx
             raw = RawBatch(
-                as_tensor(self.images[idx]),
+                as_tensor(self.images[rows]),
                 self.views,
                 self.spec,
                 index=idx if self.with_index else None,
-                labels=None if self.labels is None else self.labels[idx],
+                labels=None if self.labels is None else self.labels[rows],
             )
             yield raw if self.deferred else raw.expand()
