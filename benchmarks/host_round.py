@@ -1,7 +1,9 @@
-"""The host time of a round: fedlit's round against a plain PyTorch loop doing the same steps
-(the floor), on paper 002's FedSEAL protocol with a near-free network, alternated round by
-round in one process. The CPU proxy of a GPU round, whose arithmetic is small beside its host
-time.
+"""The host time of a round: fedlit's round against two floors doing the same steps, on paper
+002's FedSEAL protocol with a near-free network, alternated round by round in one process
+(the three paths' order rotated each round). The CPU proxy of a GPU round, whose arithmetic is
+small beside its host time. The objects floor drives fedlit's own objects by hand (below);
+the plain floor (:mod:`plain_floor`) is the same round in PyTorch alone, with no fedlit
+object: what fedlit's objects and driver cost over a hand-written loop.
 
 The protocol is ``recipes/papers/paper002_fmnist/fedseal.yaml`` unchanged (10 clients of
 1,200 images, all sampled, 500 labels, 2 server epochs in batches of 16, 1 local epoch in
@@ -22,13 +24,18 @@ and the optimiser's update as one call
 does beyond the floor is its own: the lean loop's hooks, the client runner, the round's
 checkpoint and its CSV row.
 
-Printed: each path's CPU time per round (this process's, all threads: the steadier measure on
+Printed, per repeat (a repeat builds its federations anew; ``--seeds`` cycles the repeats'
+seeds): each path's CPU time per round (this process's, all threads: the steadier measure on
 a shared machine; wall time beside it), their ratio, medians over the rounds after the first,
 and fedlit's per-round counts of the host work the round does beyond the floor: Lightning
 Trainers built (all, and in clients' fits), moves of a network between devices (``to``,
 ``cpu``, ``cuda`` on a LightningModule or network), deep copies of a network, ``state_dict()``
-calls, uploads copied to the host, client-state files written and read.
+calls, uploads copied to the host, client-state files written and read; each path's last
+test/acc (the plain floor's random stream is its own: compare it within the seeds' spread).
+``--profile fedlit "plain floor"`` prints a cProfile of those paths' rounds 2-N by own time.
 
+    OMP_NUM_THREADS=1 python benchmarks/host_round.py --rounds 8 --repeats 3 --seeds 3
+    OMP_NUM_THREADS=1 python benchmarks/host_round.py --rounds 4 --profile fedlit "plain floor"
     OMP_NUM_THREADS=1 python benchmarks/host_round.py --rounds 8
     OMP_NUM_THREADS=1 python benchmarks/host_round.py --rounds 8 --compile default
     OMP_NUM_THREADS=1 python benchmarks/host_round.py --trainer-per-fit   # a Trainer per fit
