@@ -104,8 +104,10 @@ def loading_data(data: FederatedDataModule) -> Iterator[None]:
 def check_optimizers(method: FederatedMethod, data: FederatedDataModule, rounds: int) -> None:
     """Refuse, naming it, an objective whose ``configure_optimizers`` returns what fedlit's
     loop does not take (:func:`~fedlit.federation.fit.loop.optimizer_and_scheduler`): the
-    server's, a client's and the centralized step's objectives, built once on a copy of the
-    method, the random generators' states kept. Once the data are set up, before any fit."""
+    server's, the centralized step's and a client's objectives, built once on a copy of the
+    method, the random generators' states kept. A client's is built only by fedlit's own
+    ``ClientSide.objective`` (a method's own is its code, run in its workers; its objective is
+    refused at its first fit). Once the data are set up, before any fit."""
     states = rng_states()
     try:
         copied = copy.deepcopy(method)
@@ -114,8 +116,8 @@ def check_optimizers(method: FederatedMethod, data: FederatedDataModule, rounds:
             objectives.append(copied.server_objective())
         if isinstance(copied, CentralTraining):
             objectives.append(copied.central_objective())
-        if copied.round_plan().uses_clients:
-            side = copied.client_side()
+        side = copied.client_side() if copied.round_plan().uses_clients else None
+        if side is not None and type(side).objective.__module__.startswith("fedlit."):
             side.on_round_start(1, rounds)
             objectives.append(side.objective(copied.broadcast(), data.client_data(0), None))
         for objective in objectives:

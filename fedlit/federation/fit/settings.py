@@ -65,12 +65,9 @@ def cpu_computes_bf16() -> bool:
 
 
 def default_precision(accelerator: str = "auto", cpu_bf16: bool | None = None) -> PrecisionInput:
-    """The precision of a run that leaves ``trainer.precision`` unset.
-
-    On a GPU, mixed precision: bf16 where supported, else fp16. On a CPU, bf16 mixed
-    precision where the CPU computes bf16 natively (``cpu_bf16``; None: :func:`cpu_computes_bf16`),
-    where it was measured about 1.5x faster than fp32 with results within seed noise; fp32
-    elsewhere, where bf16 is emulated and slower."""
+    """The precision of a run that leaves ``trainer.precision`` unset: on a GPU, bf16 mixed
+    where supported, else fp16 mixed; on a CPU, bf16 mixed where it computes bf16 natively
+    (``cpu_bf16``; None: :func:`cpu_computes_bf16`), else fp32 (bf16 emulated is slower)."""
     if accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available():
         return "bf16-mixed" if torch.cuda.is_bf16_supported() else "16-mixed"
     if cpu_bf16 is None:
@@ -83,12 +80,9 @@ class TrainerTemplate:
     """The settings every fit and evaluation shares: a recipe's ``trainer`` group.
 
     The group also names the run directory and the loggers, the federation's own. How each
-    fit runs, :func:`~fedlit.federation.fit.how_to_fit` decides: fedlit's objectives and its
-    evaluator in fedlit's loop, which takes every setting here (and refuses, in :meth:`check`,
-    the values it does not take); a user's own LightningModule in a Lightning Trainer of these
-    settings (no logger, checkpoint or progress bar of its own: the driver owns them). Every
-    setting but ``compile`` is the ``lightning.Trainer`` argument of the same name, with its
-    default.
+    fit runs, :func:`~fedlit.federation.fit.how_to_fit` decides (fedlit's loop refuses, in
+    :meth:`check`, the values it does not take). Every setting but ``compile`` is the
+    ``lightning.Trainer`` argument of the same name, with its default.
 
     Args:
         accelerator: "cpu", "gpu", "cuda", "mps" or "auto" (a GPU where there is one).
@@ -210,16 +204,8 @@ class TrainerTemplate:
         device = self.device()
         if device.type == "cuda":
             device = torch.device("cuda", torch.cuda.current_device())
-        return LoopSettings(
-            device,
-            self.decided_precision(),
-            self.gradient_clip_val,
-            self.gradient_clip_algorithm,
-            self.limit_train_batches,
-            self.detect_anomaly,
-            self.deterministic,
-            self.benchmark,
-        )
+        same = (f.name for f in fields(LoopSettings) if f.name not in ("device", "precision"))
+        return LoopSettings(device, self.decided_precision(), **{k: getattr(self, k) for k in same})
 
     def fit(
         self,
