@@ -1,13 +1,12 @@
 """What one client's round costs beyond its steps, part by part, in one process.
 
-Each repeat runs one client's work as :class:`~fedlit.federation.client.ClientRunner` did with a
-Trainer per fit (fedlit's objectives now fit in the lean loop, ``benchmarks/host_round.py``; a
-module that needs a Trainer still pays this), timing its parts: the objective (the network built
-from the payload, the client's data and loader), the per-client Trainer's construction, its
-``fit``, and the upload and persistent state; then the
-same client's steps again as a plain PyTorch loop (the objective's own loss and optimiser, the
-same batches). "fixed" is everything but the steps: objective + build + (fit - plain steps) +
-upload. Prints the medians in ms.
+Each repeat runs one client's work as :class:`~fedlit.federation.client.ClientRunner` does,
+timing its parts: the objective (the network built from the payload, the client's data and
+loader), its fit in fedlit's loop (``TrainerTemplate.fit``, as :func:`fedlit.federation.fit.how_to_fit`
+routes an objective), and the upload and persistent state; then the same client's steps again
+as a plain PyTorch loop (the objective's own loss and optimiser, the same batches). "fixed" is
+everything but the steps: objective + (fit - plain steps) + upload. Prints the medians in ms.
+A whole round against its floors: ``benchmarks/host_round.py``.
 
     python benchmarks/client_cost.py                          # small CNN, 64 images: one step
     python benchmarks/client_cost.py --backbone resnet18 --examples 1200
@@ -27,12 +26,11 @@ from round_overhead import plain_train
 from fedlit.data import FederatedDataModule
 from fedlit.federation import Federation, FederationConfig, TrainerTemplate
 from fedlit.federation.seeding import derive_seed, seed_all
-from fedlit.federation.fit.loop import on_device
 from fedlit.methods import FedAvgFixMatch
 from fedlit.models import Architecture
 from fedlit.objectives import Optimization
 
-PARTS = ("objective", "build", "fit", "upload", "plain steps")
+PARTS = ("objective", "fit", "upload", "plain steps")
 
 
 def main() -> None:
@@ -70,9 +68,7 @@ def main() -> None:
         objective = side.objective(payload, client, None)
         loader = side.loader(client)
         t1 = time.perf_counter()
-        trainer = template.build(max_epochs=1, limit_val_batches=0)
-        t2 = time.perf_counter()
-        trainer.fit(objective, train_dataloaders=on_device(objective, loader))
+        template.fit(objective, loader, 1, kept=side.kept_optimizers)
         t3 = time.perf_counter()
         side.upload(objective)
         side.state(objective, None)
@@ -84,10 +80,10 @@ def main() -> None:
         plain_train(plain, plain_loader, 1)
         t6 = time.perf_counter()
         if i >= 2:
-            for part, t in zip(PARTS, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t6 - t5), strict=True):
+            for part, t in zip(PARTS, (t1 - t0, t3 - t1, t4 - t3, t6 - t5), strict=True):
                 times[part].append(t)
     med = {part: 1000 * statistics.median(ts) for part, ts in times.items()}
-    fixed = med["objective"] + med["build"] + med["fit"] - med["plain steps"] + med["upload"]
+    fixed = med["objective"] + med["fit"] - med["plain steps"] + med["upload"]
     print(
         f"{args.backbone}, {args.examples} images ({len(loader)} steps), CPU, "
         f"torch threads {torch.get_num_threads()}: "

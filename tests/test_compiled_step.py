@@ -23,7 +23,7 @@ from torch._dynamo.utils import counters
 from fedlit.cli.fit import federation_of, resolve
 from fedlit.data import ImageBatches, dataset_spec, load_split
 from fedlit.data.augment import FitDraws
-from fedlit.federation.fit import compiled, loop, rule
+from fedlit.federation.fit import compiled, loop, settings
 from fedlit.federation.callbacks import Callback, RunView
 from fedlit.federation.fit.compiled import whole_step_compiled
 from fedlit.models import build_classifier
@@ -97,7 +97,7 @@ def compiled_run(
     federation = federation_of(resolve(args), progress=False, extra_callbacks=[frames])
     with pytest.MonkeyPatch.context() as patch:
         if static is not None:
-            patch.setattr(rule, "whole_step_compiled", static)
+            patch.setattr(settings, "whole_step_compiled", static)
         federation.run()  # prepares, locks the run directory, runs, closes
     return frames
 

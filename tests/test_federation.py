@@ -31,7 +31,7 @@ from fedlit.federation import (
 )
 from fedlit.federation.checkpoint import RunCheckpoint
 from fedlit.federation.server import Server
-from fedlit.federation.fit import TrainerTemplate, compiled, rule
+from fedlit.federation.fit import TrainerTemplate, compiled, settings
 from fedlit.methods import (
     FedAvgFixMatch,
     FedAvgSL,
@@ -442,7 +442,7 @@ def test_compile_setting_compiles_every_training_step_and_trains_as_eager(
     small = {"examples_per_client": 64, "test_subset": 100}
     eager = _federation(fmnist_root, tmp_path / "eager", data_kw=small, rounds=1)
     with monkeypatch.context() as patch:
-        patch.setattr(rule, "nullcontext", _with_fit_draws)
+        patch.setattr(settings, "nullcontext", _with_fit_draws)
         eager.run()
     monkeypatch.setattr(compiled, "BACKEND", "eager")
     calls: list[str] = []

@@ -12,8 +12,10 @@ import lightning
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import tiny_overrides
 from ray_runs import federation
 
+from fedlit.cli import main
 from fedlit.data.datasets import SPECS
 from fedlit.data.loaders import ImageBatches
 from fedlit.federation import RaySettings
@@ -381,3 +383,41 @@ def test_a_users_plain_module_as_the_server_objective_trains_in_a_trainer(
     assert all(h["server/ce"] > 0 for h in run.history)
     after = run.method.network.state_dict()
     assert any(not torch.equal(v, before[k]) for k, v in after.items())
+
+
+@pytest.mark.parametrize(
+    ("method", "recipe", "named"),
+    [
+        ("Lists", "fedavg_fixmatch", "ListsFixMatch.configure_optimizers returned tuple"),
+        ("Plateau", "fedavg_fixmatch", "PlateauFixMatch.configure_optimizers returned Reduce"),
+        ("Monitor", "fedavg_fixmatch", "MonitorFixMatch.configure_optimizers returned monitor"),
+        ("ServerPlateau", "server_sl", "PlateauCE.configure_optimizers returned a ReduceLR"),
+    ],
+)
+def test_fedlit_fit_refuses_optimiser_settings_the_loop_does_not_take_before_writing(
+    method: str,
+    recipe: str,
+    named: str,
+    fmnist_root: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``fedlit fit`` of a method whose server's or clients' objective returns, from
+    ``configure_optimizers``, what the loop does not take: exit 2 naming the objective's
+    class and what it returned, and the run directory holds nothing the run writes."""
+    run_dir = tmp_path / "run"
+    argv = [
+        "fit",
+        f"--config={Path(__file__).parents[1] / 'recipes' / recipe}.yaml",
+        f"--model.class_path=own_optimizers.{method}",
+        *tiny_overrides(fmnist_root),
+        f"--trainer.default_root_dir={run_dir}",
+    ]
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exc.value.code == 2, err
+    assert named in err, err
+    assert "Traceback" not in err, err
+    written = [p.name for p in run_dir.rglob("*")] if run_dir.exists() else []
+    assert not {"config.yaml", "metrics.csv", "run.json"} & set(written), written

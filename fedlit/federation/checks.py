@@ -3,6 +3,7 @@ federation's settings and the data fit together. A refusal is a ValueError namin
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
@@ -10,8 +11,11 @@ from dataclasses import replace
 from fedlit.data.datamodule import FederatedDataModule
 from fedlit.federation.config import FederationConfig
 from fedlit.federation.fit import TrainerTemplate, compile_toolchain_missing
-from fedlit.federation.fit.loop import limited
+from fedlit.federation.fit.loop import limited, optimizer_and_scheduler
+from fedlit.federation.seeding import rng_states, set_rng_states
 from fedlit.methods.base import FederatedMethod
+from fedlit.methods.plan import CentralTraining
+from fedlit.objectives.base import Objective
 
 
 def checked_trainer(
@@ -95,3 +99,29 @@ def loading_data(data: FederatedDataModule) -> Iterator[None]:
             f"data.root: data.dataset={data.dataset!r} could not be loaded from {data.root} "
             f"(data.download={data.download}): {err}"
         ) from err
+
+
+def check_optimizers(method: FederatedMethod, data: FederatedDataModule, rounds: int) -> None:
+    """Refuse, naming it, an objective whose ``configure_optimizers`` returns what fedlit's
+    loop does not take (:func:`~fedlit.federation.fit.loop.optimizer_and_scheduler`): the
+    server's, the centralized step's and a client's objectives, built once on a copy of the
+    method, the random generators' states kept. A client's is built only by fedlit's own
+    ``ClientSide.objective`` (a method's own is its code, run in its workers; its objective is
+    refused at its first fit). Once the data are set up, before any fit."""
+    states = rng_states()
+    try:
+        copied = copy.deepcopy(method)
+        objectives: list[Objective | None] = []
+        if data.labels_at != "client":
+            objectives.append(copied.server_objective())
+        if isinstance(copied, CentralTraining):
+            objectives.append(copied.central_objective())
+        side = copied.client_side() if copied.round_plan().uses_clients else None
+        if side is not None and type(side).objective.__module__.startswith("fedlit."):
+            side.on_round_start(1, rounds)
+            objectives.append(side.objective(copied.broadcast(), data.client_data(0), None))
+        for objective in objectives:
+            if objective is not None:
+                optimizer_and_scheduler(objective)
+    finally:
+        set_rng_states(states)

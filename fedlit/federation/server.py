@@ -11,7 +11,7 @@ from typing import Any
 
 from fedlit.data.datamodule import FederatedDataModule
 from fedlit.evaluation import Evaluator, evaluate_encoder, scored
-from fedlit.federation.checks import check_batches
+from fedlit.federation.checks import check_batches, check_optimizers
 from fedlit.federation.config import FederationConfig
 from fedlit.federation.faults import ClientFault, RoundFailed, name_list, nonfinite_tensors
 from fedlit.federation.seeding import CENTRAL, EVAL, FINETUNE, SERVER, derive_seed, seed_all
@@ -50,6 +50,7 @@ class Server:
 
     def __post_init__(self) -> None:
         check_batches(self.trainer, self.data)  # before any fit, nothing written yet
+        check_optimizers(self.method, self.data, self.config.rounds)
 
     def server_step(
         self, round_idx: int, epochs: int | None = None, stage: str = "server"

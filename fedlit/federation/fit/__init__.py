@@ -4,7 +4,7 @@ objectives and evaluator in fedlit's loop (:mod:`~fedlit.federation.fit.loop`), 
 compiled or one call a step (:mod:`~fedlit.federation.fit.compiled`), under the run's
 ``trainer`` settings (:class:`TrainerTemplate`)."""
 
-from fedlit.federation.fit.rule import ONE_CALL_ENV, How, fit, how_to_fit, test
+from fedlit.federation.fit.rule import ONE_CALL_ENV, How, how_to_fit
 from fedlit.federation.fit.settings import (
     COMPILE_MODES,
     CPU_BF16_ENV,
@@ -25,8 +25,6 @@ __all__ = [
     "compile_toolchain_missing",
     "cpu_computes_bf16",
     "default_precision",
-    "fit",
     "how_to_fit",
     "stop_on_sigterm",
-    "test",
 ]

@@ -1,28 +1,18 @@
 """A whole training step as one compiled graph (``federation.compile``).
 
-Eager PyTorch launches several hundred small kernels per step of a small network, so on a GPU
-a federation's round is bound by the host, not the card. Compiled, a step is one graph: the
-views of the batch (:meth:`~fedlit.data.loaders.DrawnBatch.expand`: crop, flip, RandAugment,
-Cutout, normalisation), every forward pass, the loss and its masks (the objective's
-:meth:`~fedlit.objectives.Objective.step`), traced with ``fullgraph=True`` (a graph break is an
-error, not a silent fallback), and its backward. Where the fit's rule allows it
-(:func:`fedlit.federation.fit.how_to_fit`) the optimiser's update is in the graph too, so a
-step is one call (:class:`OneCallStep`); elsewhere the backward is AOTAutograd's and the
-optimiser's step runs fused after it. ``reduce-overhead`` records the graphs as CUDA graphs.
+Eager PyTorch launches several hundred small kernels a step of a small network, so on a GPU a
+round is bound by the host. Compiled, a step is one graph (``fullgraph=True``: a graph break is
+an error): the views of the batch (:meth:`~fedlit.data.loaders.DrawnBatch.expand`), the
+objective's :meth:`~fedlit.objectives.Objective.step` and its backward; where
+:func:`fedlit.federation.fit.how_to_fit` allows it, the optimiser's update too
+(:class:`OneCallStep`). ``reduce-overhead`` records the graphs as CUDA graphs.
 
-What stays outside is what must: the random draws. They are the fit's
-(:class:`~fedlit.data.augment.FitDraws`): a generator of its own, seeded by one draw from
-torch's global CPU generator, draws a chunk of steps at once and moves it to the device in one
-transfer; each step takes its slice. They have the distributions of eager's per-batch draws,
-not their values.
-
-One compiled function serves each (objective class, network) pair of a process: a worker's
-persistent networks (one per role) mean one compilation per worker and batch shape, never one
-per client or round. A round's changing numbers (a loss weight, a client's pseudo-labels) are
-tensors that the step reads from slots kept for the worker
-(:meth:`~fedlit.objectives.Objective.step_input`), overwritten in place every fit: a CUDA
-graph records a static input's memory, so a new tensor every fit would record the graphs anew.
-The learning rate a one-call step reads is such a slot too.
+The random draws stay outside: the fit's own (:class:`~fedlit.data.augment.FitDraws`), a chunk
+of steps at once, with eager's distributions, not its values. One compiled function serves
+each (objective class, network) pair of a process: a worker's persistent networks compile once
+per batch shape. A round's changing numbers (a loss weight, pseudo-labels, the learning rate)
+are tensors kept for the worker and overwritten in place every fit
+(:meth:`~fedlit.objectives.Objective.step_input`): a CUDA graph records a static input's memory.
 """
 
 from __future__ import annotations
@@ -44,26 +34,16 @@ from fedlit.data.augment import FitDraws
 from fedlit.data.loaders import expand_batches
 from fedlit.objectives.base import Objective, Step
 
-#: torch.compile's backend: inductor (kernels generated for the device). The tests trace with
-#: "aot_eager" (the same graphs, forward and backward, run by eager kernels: no code
-#: generation) where only the graphs' count and breaks are checked.
+#: torch.compile's backend: inductor. The tests trace with "aot_eager" (the same graphs, run by
+#: eager kernels) where only the graphs' count and breaks are checked.
 BACKEND = "inductor"
 
-#: Each network's compiled steps by (objective class, function, mode, backend, C++ wrapper),
-#: kept while it lives.
-_STEPS: weakref.WeakKeyDictionary[nn.Module, dict[tuple[type, str, str, str, bool], Any]] = (
+#: What each network keeps while it lives, by key: its compiled steps, ("step", objective class,
+#: function, mode, backend, C++ wrapper); its step inputs, ("slots", objective class); the
+#: learning rate its one-call step reads, ("lr", objective class).
+_KEPT: weakref.WeakKeyDictionary[nn.Module, dict[tuple[Any, ...], Any]] = (
     weakref.WeakKeyDictionary()
 )
-
-#: Each network's step inputs (:meth:`~fedlit.objectives.Objective.step_input`) by objective
-#: class: the same tensors, overwritten in place, for every fit of a worker.
-_SLOTS: weakref.WeakKeyDictionary[nn.Module, dict[type, dict[str, torch.Tensor]]] = (
-    weakref.WeakKeyDictionary()
-)
-
-#: Each network's learning-rate tensor by objective class, read by its one-call step
-#: (:class:`OneCallStep`): the same tensor, overwritten in place, for every fit of a worker.
-_LRS: weakref.WeakKeyDictionary[nn.Module, dict[type, torch.Tensor]] = weakref.WeakKeyDictionary()
 
 
 def _whole_step(objective: Objective, batch: Any) -> Step:
@@ -74,33 +54,29 @@ def _whole_step(objective: Objective, batch: Any) -> Step:
 def _compiled(
     function: Callable[..., Step], objective: Objective, mode: str, cpp_wrapper: bool = False
 ) -> Any:
-    """``function`` compiled for ``objective``'s class and network in ``mode``
-    (torch.compile's), built on first use; with ``cpp_wrapper``, inductor's code that calls
-    the kernels is C++ too, not Python, and allocates the graph's buffers in one pool (less
-    host work a call on a CPU). Each is a function
-    of its own (a copy of ``function``'s code), so torch keeps a separate cache of graphs for
-    each, and one objective's graphs never count against another's recompilation limit."""
-    steps = _STEPS.setdefault(objective.network, {})
-    key = (type(objective), function.__name__, mode, BACKEND, cpp_wrapper)
-    if key not in steps:
+    """``function`` compiled for ``objective``'s class and network in ``mode``, built on first
+    use; ``cpp_wrapper``: inductor's calling code in C++ with one pooled allocation a call (less
+    host work on a CPU). A copy of ``function``'s code each, so that torch keeps its graphs
+    apart and one objective's never count against another's recompilation limit."""
+    kept = _KEPT.setdefault(objective.network, {})
+    key = ("step", type(objective), function.__name__, mode, BACKEND, cpp_wrapper)
+    if key not in kept:
         name = f"{function.__name__.strip('_')}_{type(objective).__name__}"
         code = function.__code__.replace(co_name=name)
         copy = types.FunctionType(code, function.__globals__, name)
         how: dict[str, Any] = {"backend": BACKEND}
         if BACKEND == "inductor":
             options = torch._inductor.list_mode_options(mode)
-            if cpp_wrapper:  # and its buffers from one pooled allocation a call; on a CPU,
-                # where there is no CUDA graph to record (inductor warns it is skipped)
+            if cpp_wrapper:  # on a CPU: no CUDA graph to record (inductor warns it skips it)
                 options.pop("triton.cudagraphs", None)
                 options |= {"cpp_wrapper": True, "memory_planning": True}
             how = {"options": options}
-        steps[key] = torch.compile(copy, fullgraph=True, **how)
-    return steps[key]
+        kept[key] = torch.compile(copy, fullgraph=True, **how)
+    return kept[key]
 
 
 def compiled_step(objective: Objective, mode: str) -> Callable[[Objective, Any], Step]:
-    """The compiled whole step (:func:`_whole_step`) for ``objective``'s class and network in
-    ``mode`` (torch.compile's)."""
+    """:func:`_whole_step` compiled for ``objective``'s class and network in ``mode``."""
     compiled = _compiled(_whole_step, objective, mode)
     if mode != "reduce-overhead":
         return compiled
@@ -120,103 +96,55 @@ def compiles_whole(module: nn.Module) -> bool:
 
 @contextmanager
 def whole_step_compiled(objective: Objective, mode: str) -> Iterator[dict[str, Any]]:
-    """While the block runs, ``objective``'s fit takes its whole step compiled in ``mode``:
-    the block gets the fit state's fields for it (:class:`~fedlit.objectives.FitState`: the
-    compiled step, its mode, the worker's slots and the fit's own draws, made a chunk of
-    steps at once)."""
+    """While the block runs, ``objective``'s fit takes its whole step compiled in ``mode``; the
+    block gets the :class:`~fedlit.objectives.FitState` fields for it."""
     fields = {
         "compiled_step": compiled_step(objective, mode),
         "compiled_mode": mode,
         "draws": FitDraws(),
-        "slots": _SLOTS.setdefault(objective.network, {}).setdefault(type(objective), {}),
+        "slots": _KEPT.setdefault(objective.network, {}).setdefault(("slots", type(objective)), {}),
     }
-    # dynamo traces torch.autograd.grad into a graph (a one-call step's backward) while the
-    # fit runs; by default it breaks the graph there
+    # a one-call step's backward, torch.autograd.grad, traced into its graph (no break there)
     with torch._dynamo.config.patch(trace_autograd_ops=True):
         yield fields
 
 
 # --- one call a step: the step, its backward and the optimiser's update in one graph ----------
-def _sgd(
-    params: list[Tensor], grads: list[Tensor], state: Any, lr: Tensor, hyper: tuple[Any, ...]
-) -> None:
+def _sgd(params: list[Tensor], grads: list[Tensor], state: Any, lr: Tensor, **hyper: Any) -> None:
     """torch's functional SGD (what ``torch.optim.SGD`` runs) on the optimiser's buffers."""
-    weight_decay, momentum, nesterov, maximize = hyper
-    sgd(
-        params,
-        grads,
-        state[0],
-        foreach=True,
-        weight_decay=weight_decay,
-        momentum=momentum,
-        lr=lr,
-        dampening=0.0,
-        nesterov=nesterov,
-        maximize=maximize,
-    )
+    sgd(params, grads, state[0], lr=lr, **hyper)
 
 
-def _adam(
-    params: list[Tensor], grads: list[Tensor], state: Any, lr: Tensor, hyper: tuple[Any, ...]
-) -> None:
-    """torch's functional Adam (what ``torch.optim.Adam`` runs) on the optimiser's moments
-    and step counts."""
-    beta1, beta2, eps, weight_decay, maximize, decoupled = hyper
-    exp_avgs, exp_avg_sqs, steps = state
-    adam(
-        params,
-        grads,
-        exp_avgs,
-        exp_avg_sqs,
-        [],
-        steps,
-        foreach=True,
-        capturable=True,  # the step counts and the learning rate are tensors of the graph
-        decoupled_weight_decay=decoupled,
-        amsgrad=False,
-        beta1=beta1,
-        beta2=beta2,
-        lr=lr,
-        weight_decay=weight_decay,
-        eps=eps,
-        maximize=maximize,
-    )
+def _adam(params: list[Tensor], grads: list[Tensor], state: Any, lr: Tensor, **hyper: Any) -> None:
+    """torch's functional Adam on the optimiser's moments and step counts (tensors of the
+    graph, as the learning rate: ``capturable``)."""
+    adam(params, grads, state[0], state[1], [], state[2], lr=lr, **hyper)
 
 
-def _optimizer_state(optimizer: torch.optim.Optimizer) -> tuple[Any, Any, tuple[Any, ...]] | None:
+def _optimizer_state(optimizer: torch.optim.Optimizer) -> tuple[Any, Any, dict[str, Any]] | None:
     """``optimizer``'s update as a step's graph takes it: (torch's functional update, the
-    state tensors it updates in place, the settings it reads), or None where it is not one a
-    graph holds here (another kind, several parameter groups, dampening, AMSGrad). The state
-    a new optimiser does not have yet is made as its first step would make it (zeros), and
-    stays in ``optimizer.state``."""
+    state tensors it updates in place, its settings), or None where a graph does not hold it
+    here (another kind, several parameter groups, dampening, AMSGrad). State a new optimiser
+    lacks is made as its first step would make it (zeros), in ``optimizer.state``."""
     groups = optimizer.param_groups
-    if len(groups) != 1 or groups[0].get("differentiable") or groups[0].get("capturable"):
-        return None
     group = groups[0]
-    params = group["params"]
-    if not params:
+    if len(groups) != 1 or group.get("differentiable") or group.get("capturable"):
         return None
-    if type(optimizer) is torch.optim.SGD and not group["dampening"]:
-        hyper: tuple[Any, ...] = (
-            group["weight_decay"],
-            group["momentum"],
-            group["nesterov"],
-            group["maximize"],
-        )
+    params = group["params"]
+    hyper = {k: group[k] for k in ("weight_decay", "maximize")} | {"foreach": True}
+    if params and type(optimizer) is torch.optim.SGD and not group["dampening"]:
+        hyper |= {k: group[k] for k in ("momentum", "nesterov")} | {"dampening": 0.0}
         if not group["momentum"]:
             return _sgd, ([None] * len(params),), hyper
-        buffers = []
         for p in params:
-            state = optimizer.state[p]
-            if state.get("momentum_buffer") is None:
-                state["momentum_buffer"] = torch.zeros_like(p)
-            buffers.append(state["momentum_buffer"])
-        return _sgd, (buffers,), hyper
-    if type(optimizer) is torch.optim.Adam and not group["amsgrad"]:
+            if optimizer.state[p].get("momentum_buffer") is None:
+                optimizer.state[p]["momentum_buffer"] = torch.zeros_like(p)
+        return _sgd, ([optimizer.state[p]["momentum_buffer"] for p in params],), hyper
+    if params and type(optimizer) is torch.optim.Adam and not group["amsgrad"]:
         beta1, beta2 = group["betas"]
-        hyper = (beta1, beta2, group["eps"], group["weight_decay"], group["maximize"])
-        hyper += (group.get("decoupled_weight_decay", False),)
-        states = []
+        hyper |= {"beta1": beta1, "beta2": beta2, "eps": group["eps"], "amsgrad": False}
+        decoupled = group.get("decoupled_weight_decay", False)
+        hyper |= {"capturable": True, "decoupled_weight_decay": decoupled}
         for p in params:
             state = optimizer.state[p]
             if not state:
@@ -225,9 +153,8 @@ def _optimizer_state(optimizer: torch.optim.Optimizer) -> tuple[Any, Any, tuple[
                 state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
             if state["step"].device != p.device:
                 return None  # a non-fused Adam's counts on the CPU: not in a device's graph
-            states.append(state)
-        state_lists = tuple([s[k] for s in states] for k in ("exp_avg", "exp_avg_sq", "step"))
-        return _adam, state_lists, hyper
+        keys = ("exp_avg", "exp_avg_sq", "step")
+        return _adam, tuple([optimizer.state[p][k] for p in params] for k in keys), hyper
     return None
 
 
@@ -236,15 +163,14 @@ def _whole_update(
     params: list[Tensor],
     state: Any,
     lr: Tensor,
-    batch: Any,
     update: Callable[..., None],
-    hyper: tuple[Any, ...],
+    hyper: dict[str, Any],
     autocast: tuple[str, torch.dtype] | None,
+    batch: Any,
 ) -> Step:
-    """One optimiser step: the views of ``batch`` and the objective's step (in ``autocast``
-    where given), the gradients of its loss, and ``update`` of ``params`` with them, where
-    a parameter the loss does not use keeps its weights and state (as an optimiser skips a
-    parameter without a gradient). The loss and the logged tensors, detached."""
+    """One optimiser step: the objective's step on the views of ``batch`` (in ``autocast``
+    where given), its gradients, and ``update`` of the parameters that have one (as an
+    optimiser skips a parameter without a gradient). The loss and logs, detached."""
     with torch.enable_grad():
         if autocast is None:
             loss, logged = objective.fit_step(expand_batches(batch))
@@ -253,13 +179,8 @@ def _whole_update(
                 loss, logged = objective.fit_step(expand_batches(batch))
         grads = torch.autograd.grad(loss, params, allow_unused=True)
     used = [k for k, g in enumerate(grads) if g is not None]
-    update(
-        [params[k] for k in used],
-        [grads[k] for k in used],
-        tuple(None if s is None else [s[k] for k in used] for s in state),
-        lr,
-        hyper,
-    )
+    kept = tuple(None if s is None else [s[k] for k in used] for s in state)
+    update([params[k] for k in used], [grads[k] for k in used], kept, lr, **hyper)
     detached = tuple(
         (w, {k: v.detach() if isinstance(v, Tensor) else v for k, v in values.items()})
         for w, values in logged
@@ -268,16 +189,12 @@ def _whole_update(
 
 
 class OneCallStep:
-    """A compiled fit's optimiser step as one call of one compiled graph: the views, the
-    objective's step, its backward (``torch.autograd.grad``, traced into the graph) and the
-    optimiser's update (torch's functional SGD or Adam, on the optimiser's own state
-    tensors), where a compiled step alone is three calls (the step, autograd's backward,
-    the optimiser's fused step) and a Python round trip between each. On a GPU under
-    ``reduce-overhead``, torch records the graph as a CUDA graph and replays it each step.
-
-    The learning rate is a tensor the graph reads, set from the optimiser's param group
-    before each call (a scheduler changes it every step). The gradients are never stored in
-    the parameters' ``.grad``."""
+    """A compiled fit's optimiser step as one call of one graph: the views, the objective's
+    step, its backward (``torch.autograd.grad``, traced) and the optimiser's update (torch's
+    functional SGD or Adam on the optimiser's own state), where a compiled step alone is three
+    calls. Under ``reduce-overhead`` on a GPU, the graph is a CUDA graph, replayed each step.
+    The learning rate is a tensor the graph reads, set from the optimiser before each call;
+    the gradients never reach the parameters' ``.grad``."""
 
     def __init__(
         self,
@@ -285,50 +202,35 @@ class OneCallStep:
         optimizer: torch.optim.Optimizer,
         mode: str,
         autocast: tuple[str, torch.dtype] | None,
-        how: tuple[Any, Any, tuple[Any, ...]],
+        how: tuple[Any, Any, dict[str, Any]],
     ) -> None:
-        self.objective, self.optimizer, self.autocast = objective, optimizer, autocast
-        self.update, self.state, self.hyper = how
+        update, state, hyper = how
         self.group = optimizer.param_groups[0]
-        self.params: list[Tensor] = list(self.group["params"])
-        device = self.params[0].device
+        params: list[Tensor] = list(self.group["params"])
+        device = params[0].device
         self.replay = mode == "reduce-overhead" and device.type != "cpu"
-        # the learning rate: one tensor for every fit of the worker's objective class and
-        # network, as the step's inputs (a CUDA graph records a static input's memory)
-        lrs = _LRS.setdefault(objective.network, {})
-        lr = lrs.get(type(objective))
+        kept = _KEPT.setdefault(objective.network, {})
+        lr = kept.get(("lr", type(objective)))
         if lr is None or lr.device != device:
-            lr = lrs[type(objective)] = torch.zeros((), device=device)
-        self.lr: Tensor = lr
-        self.lr.fill_(self.group["lr"])
-        self.lr_value = self.group["lr"]
-        # what the graph updates in place keeps its memory from call to call: a CUDA graph
-        # replays into it (the parameters, the optimiser's state, the learning rate)
-        state = [t for s in self.state for t in s if t is not None]
-        for t in (self.lr, *self.params, *state):
+            lr = kept[("lr", type(objective))] = torch.zeros((), device=device)
+        self.lr, self.lr_value = lr, self.group["lr"]
+        lr.fill_(self.lr_value)
+        # what the graph updates in place keeps its memory from call to call (a CUDA graph
+        # replays into it)
+        for t in (lr, *params, *(t for s in state for t in s if t is not None)):
             torch._dynamo.mark_static_address(t, guard=False)
+        self.inputs = (objective, params, state, lr, update, hyper, autocast)
         self.compiled = _compiled(_whole_update, objective, mode, device.type == "cpu")
 
     def __call__(self, batch: Any) -> Step:
-        """One optimiser step on ``batch`` (drawn, its views not yet computed): its loss and
-        logs."""
-        lr = self.group["lr"]
-        if lr != self.lr_value:
-            self.lr.fill_(lr)
-            self.lr_value = lr
+        """One optimiser step on ``batch`` (drawn, its views not computed): its loss and logs."""
+        if self.group["lr"] != self.lr_value:
+            self.lr_value = self.group["lr"]
+            self.lr.fill_(self.lr_value)
         if self.replay:
             torch.compiler.cudagraph_mark_step_begin()
         with torch.no_grad():  # an inference graph: the gradients are the graph's own
-            return self.compiled(
-                self.objective,
-                self.params,
-                self.state,
-                self.lr,
-                batch,
-                self.update,
-                self.hyper,
-                self.autocast,
-            )
+            return self.compiled(*self.inputs, batch)
 
 
 def one_call_step(
@@ -337,9 +239,7 @@ def one_call_step(
     autocast: tuple[str, torch.dtype] | None,
 ) -> OneCallStep | None:
     """``objective``'s optimiser step as one compiled call (:class:`OneCallStep`) where its
-    fit runs compiled (:func:`whole_step_compiled`) and its optimiser's update is one a graph
-    holds (:func:`_optimizer_state`); else None (the rule that asks for it:
-    :func:`fedlit.federation.fit.how_to_fit`)."""
+    fit runs compiled and a graph holds its optimiser's update; else None."""
     mode = objective.fit_state.compiled_mode
     how = _optimizer_state(optimizer)
     if objective.fit_state.compiled_step is None or mode is None or how is None:

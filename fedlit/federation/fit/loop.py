@@ -1,15 +1,14 @@
 """fedlit's loop: an objective's fit and the evaluator's test, owned by fedlit.
 
-The loop promises its own contract, not a Lightning Trainer's: it calls the objective's
-methods that :class:`~fedlit.objectives.Objective` lists, in the order it gives, and no other.
-Precision is torch's autocast (with its gradient scaler for fp16), gradient clipping torch's
-``clip_grad_norm_`` or ``clip_grad_value_``. Which modules it fits, and how (eager, compiled or
-one call a step), :func:`fedlit.federation.fit.how_to_fit` decides.
-"""
+Its contract is its own, not a Lightning Trainer's: it calls the objective's methods that
+:class:`~fedlit.objectives.Objective` lists, in that order, and no other. Precision is torch's
+autocast (with its gradient scaler in fp16), clipping torch's ``clip_grad_norm_`` or
+``clip_grad_value_``."""
 
 from __future__ import annotations
 
 import copy
+import itertools
 import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager, nullcontext
@@ -52,8 +51,7 @@ class LoopSettings:
     benchmark: bool | None = None
 
     def set_torch_flags(self) -> None:
-        """torch's deterministic algorithms and cuDNN's benchmark mode, where set (process
-        wide, as a Trainer sets them)."""
+        """torch's deterministic algorithms and cuDNN's benchmark mode, where set."""
         if self.deterministic is not None:
             warn = self.deterministic == "warn"
             torch.use_deterministic_algorithms(bool(self.deterministic), warn_only=warn)
@@ -66,8 +64,7 @@ class LoopSettings:
         return None if dtype is None else (self.device.type, dtype)
 
     def forward_context(self) -> AbstractContextManager[Any]:
-        """The precision's autocast (its cache of cast weights off: a network called twice a
-        step casts its weights twice), or nothing in fp32."""
+        """The precision's autocast (no cache of cast weights), or nothing in fp32."""
         how = self.autocast()
         if how is None:
             return nullcontext()
@@ -75,9 +72,8 @@ class LoopSettings:
 
 
 def limited(length: int, limit: float | int | None) -> int:
-    """Batches of an epoch of ``length`` under ``limit_train_batches`` (a float: a fraction
-    of the loader; an int: a number of batches). A fraction that leaves no batch of a loader
-    that has some is refused, as Lightning refuses it."""
+    """Batches of an epoch of ``length`` under ``limit_train_batches`` (a fraction, or a
+    number); a fraction that leaves no batch of a loader that has some is refused."""
     if limit is None:
         return length
     if isinstance(limit, float):
@@ -92,9 +88,8 @@ def limited(length: int, limit: float | int | None) -> int:
 
 
 def batches(loader: Iterable[Any], limit: float | int | None) -> tuple[Iterable[Any], int]:
-    """What each epoch iterates and the batches it takes: one loader as it is, several
-    combined (a ``CombinedLoader``, or a collection of loaders in ``max_size_cycle`` mode),
-    each limited to ``limit_train_batches``. The first epoch's iterator is made here."""
+    """What each epoch iterates and the batches it takes: one loader, or several combined
+    (``max_size_cycle``), each limited; a ``CombinedLoader``'s first iterator is made here."""
     if not isinstance(loader, (CombinedLoader, Mapping, list, tuple)):
         return loader, limited(len(loader), limit)  # type: ignore[arg-type]
     loaders = (
@@ -106,8 +101,8 @@ def batches(loader: Iterable[Any], limit: float | int | None) -> tuple[Iterable[
 
 
 def epoch(loader: Iterable[Any]) -> Iterator[Any]:
-    """An epoch's batches of what :func:`batches` returns (of a ``CombinedLoader``: of the
-    iterator it holds, made by ``iter``)."""
+    """An epoch's batches of what :func:`batches` returns (a ``CombinedLoader``: of its
+    iterator, made by ``iter``)."""
     if isinstance(loader, CombinedLoader):
         return (batch for batch, _, _ in iter(loader.__next__, None))
     return iter(loader)
@@ -116,9 +111,8 @@ def epoch(loader: Iterable[Any]) -> Iterator[Any]:
 def on_device(
     module: Any, loader: Iterable[Any], device: torch.device | None = None
 ) -> Iterable[Any]:
-    """``loader`` set to augment on the training device when ``module`` computes the views
-    after the transfer (:class:`~fedlit.data.loaders.AugmentsOnDevice`), its split staged on
-    ``device`` where given (batches drawn there by index); otherwise ``loader`` as it is."""
+    """``loader`` set to augment on ``device`` where ``module`` computes its views after the
+    transfer (:class:`~fedlit.data.loaders.AugmentsOnDevice`); else ``loader`` as it is."""
     if not isinstance(module, AugmentsOnDevice):
         return loader
     if isinstance(loader, ImageBatches):
@@ -131,8 +125,8 @@ def on_device(
 
 
 def views(batch: Any, device: torch.device, state: FitState | None = None) -> Any:
-    """``batch`` on ``device`` with its views' parameters drawn (from the fit's draws where
-    it has them) and, unless the compiled step computes them, the views computed."""
+    """``batch`` on ``device``, its views' parameters drawn (from the fit's draws where it has
+    them) and, unless the compiled step computes them, its views computed."""
     if device.type != "cpu":
         batch = move_data_to_device(batch, device)
     drawn = draw_batches(batch, state.draws if state is not None else None)
@@ -140,8 +134,8 @@ def views(batch: Any, device: torch.device, state: FitState | None = None) -> An
 
 
 def to_device(module: torch.nn.Module, device: torch.device) -> None:
-    """``module`` on ``device``, moved only where a tensor of it (or its recorded device)
-    lies elsewhere: ``Module.to`` walks every submodule even then."""
+    """``module`` on ``device``, moved only where a tensor of it lies elsewhere (``Module.to``
+    walks every submodule even then)."""
     tensors = [*module.parameters(), *module.buffers()]
     if getattr(module, "device", device) != device or any(t.device != device for t in tensors):
         module.to(device)
@@ -149,31 +143,28 @@ def to_device(module: torch.nn.Module, device: torch.device) -> None:
 
 def optimizer_and_scheduler(module: Objective) -> tuple[torch.optim.Optimizer, Any, str, int]:
     """What ``configure_optimizers`` returns, as (optimiser, scheduler or None, interval,
-    frequency). It takes one optimiser, or a dict of it and ``lr_scheduler``: a scheduler
-    (stepped every epoch), or a dict of ``scheduler``, ``interval`` ("epoch", the default, or
-    "step") and ``frequency`` (every how many intervals; default 1). A step-interval
-    scheduler steps after each optimiser step; an epoch-interval one after each epoch's last
-    step and its :meth:`~fedlit.objectives.Objective.after_step`: the steps of an epoch all
-    use one learning rate. Anything else is refused naming it: lists of optimisers or
-    schedulers, ``monitor``, and ReduceLROnPlateau (the loop keeps no metric to monitor)."""
+    frequency). It takes one optimiser, or a dict of it and ``lr_scheduler``: a scheduler, or
+    a dict of ``scheduler``, ``interval`` ("epoch", the default, or "step") and ``frequency``
+    (default 1). A step-interval scheduler steps after each optimiser step, an epoch-interval
+    one after the epoch's last step and its :meth:`~fedlit.objectives.Objective.after_step`.
+    Refused, naming it: lists, ``monitor``, ReduceLROnPlateau (the loop keeps no metric)."""
     name = f"{type(module).__name__}.configure_optimizers"
     conf = module.configure_optimizers()
     if isinstance(conf, torch.optim.Optimizer):
-        return conf, None, "step", 1
+        conf = {"optimizer": conf}
     if not isinstance(conf, dict) or not isinstance(conf.get("optimizer"), torch.optim.Optimizer):
         raise ValueError(
             f"{name} returned {type(conf).__name__}: fedlit's loop takes one optimiser, or a "
             "dict of one 'optimizer' and one 'lr_scheduler' (no lists of either)"
         )
-    extra = sorted(set(conf) - {"optimizer", "lr_scheduler"})
     scheduler = conf.get("lr_scheduler")
     settings = scheduler if isinstance(scheduler, dict) else {"scheduler": scheduler}
-    extra += sorted(f"lr_scheduler.{k}" for k in set(settings) - {"scheduler", "interval", "frequency"})
+    extra = sorted(set(conf) - {"optimizer", "lr_scheduler"})
+    taken = {"scheduler", "interval", "frequency"}
+    extra += sorted(f"lr_scheduler.{k}" for k in set(settings) - taken)
     if extra:
         raise ValueError(f"{name} returned {', '.join(extra)}: fedlit's loop monitors no metric")
     scheduler = settings["scheduler"]
-    if scheduler is None:
-        return conf["optimizer"], None, "step", 1
     if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
         raise ValueError(
             f"{name} returned a ReduceLROnPlateau: it steps on a monitored metric, which "
@@ -199,8 +190,8 @@ def clip(optimizer: torch.optim.Optimizer, value: float | int | None, algorithm:
 
 
 class Fit:
-    """One fit of an objective: its state (:class:`~fedlit.objectives.FitState`, handed to
-    the objective), optimiser, scheduler and precision."""
+    """One fit of an objective: its state (handed to the objective as ``fit_state``),
+    optimiser, scheduler and precision."""
 
     def __init__(
         self, module: Objective, state: FitState, settings: LoopSettings, one_call: bool
@@ -219,34 +210,34 @@ class Fit:
         self.intervals = 0
 
     def step(self, batch: Any) -> None:
-        """One optimiser step: the training step (in the precision's autocast), zero_grad,
-        backward, the learning rate logged, clipping, the optimiser's step; or the one call
-        that makes them all (its logs recorded)."""
-        module, optimizer = self.module, self.optimizer
+        """One optimiser step: the training step (in autocast), zero_grad, backward, the
+        learning rate logged, clipping, the optimiser's step; or the one call that makes them
+        all. Then the step-interval scheduler and the objective's ``after_step``."""
+        module, optimizer, scaler = self.module, self.optimizer, self.scaler
+        lr = float(optimizer.param_groups[0]["lr"])
         if self.one_call is not None:
             module.record(self.one_call(batch)[1])
+            module.accumulate(1.0, lr=lr)
         else:
             with self.settings.forward_context():
                 loss = module.training_step(batch, self.state.steps_taken)
             optimizer.zero_grad()
-            (loss if self.scaler is None else self.scaler.scale(loss)).backward()
-            if self.scaler is not None:
-                self.scaler.unscale_(optimizer)
-        module.accumulate(1.0, lr=float(optimizer.param_groups[0]["lr"]))
-        if self.one_call is None:
+            (loss if scaler is None else scaler.scale(loss)).backward()
+            if scaler is not None:
+                scaler.unscale_(optimizer)
+            module.accumulate(1.0, lr=lr)
             clip(optimizer, self.settings.gradient_clip_val, self.settings.gradient_clip_algorithm)
-            if self.scaler is None:
+            if scaler is None:
                 optimizer.step()
             else:
-                self.scaler.step(optimizer)
-                self.scaler.update()
+                scaler.step(optimizer)
+                scaler.update()
         self.state.steps_taken += 1
         self.schedule("step")
         module.after_step()
 
     def schedule(self, interval: str) -> None:
-        """One ``interval`` ("step" or "epoch") done: the scheduler of that interval steps
-        every ``frequency`` of them."""
+        """One ``interval`` ("step" or "epoch") done: its scheduler steps every ``frequency``."""
         if self.scheduler is None or self.interval != interval:
             return
         self.intervals += 1
@@ -270,10 +261,10 @@ def fit(
     one_call: bool = False,
     kept: KeptOptimizers | None = None,
 ) -> None:
-    """Train ``module`` on ``loader`` for ``epochs`` epochs (or ``max_steps`` optimiser steps,
-    over as many epochs as they take), leaving it on the device; ``compiled``: the fit state's
-    fields of a compiled fit (empty: eager); ``one_call``: its step as one call where the
-    optimiser allows it; ``kept``: the worker's optimisers to reuse."""
+    """Train ``module`` on ``loader`` for ``epochs`` epochs (or ``max_steps`` steps, over as
+    many epochs as they take), leaving it on the device; ``compiled``: a compiled fit's
+    :class:`~fedlit.objectives.FitState` fields (empty: eager); ``one_call``: its step as one
+    call where the optimiser allows it; ``kept``: the worker's optimisers to reuse."""
     loaders, per_epoch = batches(loader, settings.limit_train_batches)
     if per_epoch == 0:
         return
@@ -295,10 +286,7 @@ def fit(
             if done > 0:
                 iterator = epoch(iter(loaders) if isinstance(loaders, CombinedLoader) else loaders)
             taken = state.steps_taken
-            for _ in range(per_epoch):
-                batch = next(iterator, None)
-                if batch is None:
-                    break
+            for batch in itertools.islice(iterator, per_epoch):
                 run.step(views(batch, settings.device, state))
                 if state.steps_taken >= state.planned_steps:
                     break
@@ -311,9 +299,8 @@ def fit(
 
 
 def test(module: Evaluator, loader: Iterable[Any], settings: LoopSettings) -> None:
-    """Run the evaluator over ``loader`` in eval and inference mode (each submodule's own
-    mode restored after), leaving it on the device: ``on_test_epoch_start``, then
-    ``test_step`` on each batch."""
+    """Run the evaluator over ``loader`` in eval and inference mode (each submodule's mode
+    restored after), leaving it on the device: ``on_test_epoch_start``, then ``test_step``."""
     device = settings.device
     to_device(module, device)
     settings.set_torch_flags()

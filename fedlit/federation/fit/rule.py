@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
-from contextlib import AbstractContextManager, nullcontext
-from typing import Any, Literal, Protocol
+from typing import Literal, Protocol
 
 import torch
 from lightning import LightningModule
 from torch import nn
 
 from fedlit.evaluation.evaluator import Evaluator
-from fedlit.federation.fit import loop, trainer
-from fedlit.federation.fit.compiled import compiles_whole, whole_step_compiled
+from fedlit.federation.fit.compiled import compiles_whole
+from fedlit.federation.fit.loop import PRECISIONS
 from fedlit.objectives.base import Objective
 
 
@@ -31,18 +29,12 @@ class FitSettings(Protocol):
 
     def decided_precision(self) -> int | str: ...
 
-    def loop(self) -> loop.LoopSettings: ...
-
-    def resolved(self) -> Any: ...
-
-    def settings(self) -> dict[str, Any]: ...
-
 
 #: How a fit runs (:func:`how_to_fit`).
 How = Literal["trainer", "eager", "compiled", "one call"]
 
-#: The environment variable that, set to 0, keeps a compiled fit's step as three calls (the
-#: compiled step, autograd's backward, the optimiser's step) instead of one; 1 or unset: one.
+#: Set to 0, a compiled fit's step is three calls (the step, its backward, the optimiser's
+#: step), not one; 1 or unset: one.
 ONE_CALL_ENV = "FEDLIT_ONE_CALL"
 
 #: The methods of LightningModule fedlit's loop calls on an objective (besides
@@ -52,19 +44,15 @@ LOOP_CALLS = frozenset(
 )
 
 
-def _lightning_hooks() -> frozenset[str]:
-    """The public methods a LightningModule defines besides ``nn.Module``'s: its hooks and
-    step methods, its own and its mixins'."""
-    classes = [c for c in LightningModule.__mro__ if c not in (nn.Module, object)]
-    return frozenset(
-        name
-        for cls in classes
-        for name, value in vars(cls).items()
-        if callable(value) and not name.startswith("_")
-    )
-
-
-_HOOKS = _lightning_hooks() - LOOP_CALLS
+#: LightningModule's public methods besides ``nn.Module``'s (its own and its mixins' hooks and
+#: step methods) that fedlit's loop does not call.
+_HOOKS = frozenset(
+    name
+    for cls in LightningModule.__mro__
+    if cls not in (nn.Module, object)
+    for name, value in vars(cls).items()
+    if callable(value) and not name.startswith("_")
+) - LOOP_CALLS
 
 
 def uncalled_hooks(module: nn.Module) -> list[str]:
@@ -134,40 +122,5 @@ def how_to_fit(module: nn.Module, settings: FitSettings) -> How:
             "the compiled fit takes; leave federation.compile null"
         )
     apart = settings.gradient_clip_val or settings.detect_anomaly
-    fp16 = loop.PRECISIONS.get(settings.decided_precision()) is torch.float16
+    fp16 = PRECISIONS.get(settings.decided_precision()) is torch.float16
     return "compiled" if apart or fp16 or not one_call_asked() else "one call"
-
-
-def fit(
-    settings: FitSettings,
-    module: LightningModule,
-    loader: Iterable[Any],
-    epochs: int,
-    max_steps: int | None,
-    kept: Any = None,
-) -> dict[str, float]:
-    """Fit ``module`` as :func:`how_to_fit` says; its metrics."""
-    how = how_to_fit(module, settings)
-    if how == "trainer":
-        settings = settings.resolved()
-        return trainer.fit(module, loader, epochs, max_steps, settings.settings())
-    assert isinstance(module, Objective)
-    lean = settings.loop()
-    batches = loop.on_device(module, loader, lean.device)
-    mode = settings.compile
-    fields: AbstractContextManager[dict[str, Any]] = (
-        whole_step_compiled(module, mode) if mode else nullcontext({})
-    )
-    with fields as compiled:
-        loop.fit(module, batches, epochs, max_steps, lean, compiled, how == "one call", kept)
-    return module.epoch_metrics()
-
-
-def test(settings: FitSettings, module: LightningModule, loader: Iterable[Any]) -> None:
-    """Test ``module`` as :func:`how_to_fit` says."""
-    if how_to_fit(module, settings) == "trainer":
-        trainer.test(module, loader, settings.resolved().settings())
-        return
-    assert isinstance(module, Evaluator)
-    lean = settings.loop()
-    loop.test(module, loop.on_device(module, loader, lean.device), lean)

@@ -8,6 +8,8 @@ import os
 import shlex
 import subprocess
 import sys
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, fields, replace
 from typing import Any, Literal
 
@@ -15,9 +17,12 @@ import torch
 from lightning import LightningModule
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
-from fedlit.federation.fit import rule
-from fedlit.federation.fit.loop import PRECISIONS, LoopSettings
+from fedlit.evaluation.evaluator import Evaluator
+from fedlit.federation.fit import loop, rule, trainer
+from fedlit.federation.fit.compiled import whole_step_compiled
+from fedlit.federation.fit.loop import PRECISIONS, LoopSettings, on_device
 from fedlit.federation.fit.trainer import build
+from fedlit.objectives.base import Objective
 
 #: A ``trainer.precision`` value (Lightning's spellings).
 PrecisionInput = int | str
@@ -60,12 +65,9 @@ def cpu_computes_bf16() -> bool:
 
 
 def default_precision(accelerator: str = "auto", cpu_bf16: bool | None = None) -> PrecisionInput:
-    """The precision of a run that leaves ``trainer.precision`` unset.
-
-    On a GPU, mixed precision: bf16 where supported, else fp16. On a CPU, bf16 mixed
-    precision where the CPU computes bf16 natively (``cpu_bf16``; None: :func:`cpu_computes_bf16`),
-    where it was measured about 1.5x faster than fp32 with results within seed noise; fp32
-    elsewhere, where bf16 is emulated and slower."""
+    """The precision of a run that leaves ``trainer.precision`` unset: on a GPU, bf16 mixed
+    where supported, else fp16 mixed; on a CPU, bf16 mixed where it computes bf16 natively
+    (``cpu_bf16``; None: :func:`cpu_computes_bf16`), else fp32 (bf16 emulated is slower)."""
     if accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available():
         return "bf16-mixed" if torch.cuda.is_bf16_supported() else "16-mixed"
     if cpu_bf16 is None:
@@ -78,12 +80,9 @@ class TrainerTemplate:
     """The settings every fit and evaluation shares: a recipe's ``trainer`` group.
 
     The group also names the run directory and the loggers, the federation's own. How each
-    fit runs, :func:`~fedlit.federation.fit.how_to_fit` decides: fedlit's objectives and its
-    evaluator in fedlit's loop, which takes every setting here (and refuses, in :meth:`check`,
-    the values it does not take); a user's own LightningModule in a Lightning Trainer of these
-    settings (no logger, checkpoint or progress bar of its own: the driver owns them). Every
-    setting but ``compile`` is the ``lightning.Trainer`` argument of the same name, with its
-    default.
+    fit runs, :func:`~fedlit.federation.fit.how_to_fit` decides (fedlit's loop refuses, in
+    :meth:`check`, the values it does not take). Every setting but ``compile`` is the
+    ``lightning.Trainer`` argument of the same name, with its default.
 
     Args:
         accelerator: "cpu", "gpu", "cuda", "mps" or "auto" (a GPU where there is one).
@@ -121,31 +120,32 @@ class TrainerTemplate:
 
     def check(self) -> None:
         """Raise ValueError naming the ``trainer.*`` key and its value if these settings cannot
-        train: a GPU accelerator on a machine without CUDA, ``limit_train_batches`` of 0 (no
-        batch), a negative ``gradient_clip_val`` (0 or None: no clipping, as in Lightning),
-        ``accumulate_grad_batches`` below 1, any setting a Trainer refuses, and the values
-        fedlit's loop does not take (it fits every objective and runs every evaluation):
-        another ``strategy``, ``accumulate_grad_batches`` above 1, a ``precision`` other than
-        32-true, bf16-mixed and 16-mixed. Builds one Trainer and writes nothing."""
+        train: a GPU accelerator without CUDA, no batch, a negative ``gradient_clip_val`` (0 or
+        None: no clipping), any setting a Trainer refuses, and what fedlit's loop does not
+        take: another ``strategy``, ``accumulate_grad_batches`` other than 1, a ``precision``
+        other than 32-true, bf16-mixed and 16-mixed. Builds one Trainer and writes nothing."""
         rule.one_call_asked()  # FEDLIT_ONE_CALL: refused by name unless 0 or 1
         if self.accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
             raise ValueError(
                 f"trainer.accelerator={self.accelerator!r}: this machine has no CUDA GPU "
                 "(torch.cuda.is_available() is False); use 'cpu' or 'auto'"
             )
-        rules = {
+        ours = "fedlit's loop fits every fedlit objective and runs every evaluation"
+        rules: dict[str, tuple[Callable[[Any], bool], str]] = {
             "limit_train_batches": (
                 lambda v: v > 0,
                 "must be > 0 (a number of batches, or a fraction in (0, 1]); 0 trains nothing",
             ),
-            "gradient_clip_val": (
-                lambda v: v >= 0,
-                "must be >= 0 (0 or null: no clipping)",
-            ),
+            "gradient_clip_val": (lambda v: v >= 0, "must be >= 0 (0 or null: no clipping)"),
             "accumulate_grad_batches": (
-                lambda v: isinstance(v, int) and v >= 1,
-                "must be an integer >= 1",
+                lambda v: isinstance(v, int) and v == 1,
+                f"{ours}, one optimiser step a batch; take larger batches (data.batch_size)",
             ),
+            "precision": (
+                lambda v: v in PRECISIONS,
+                f"{ours}, in 32-true, bf16-mixed or 16-mixed (on a CPU, 16-mixed is bf16-mixed)",
+            ),
+            "strategy": (lambda v: v == "auto", f"{ours}, on one device"),
         }
         settings = self.settings()
         for key, (valid, why) in rules.items():
@@ -154,7 +154,7 @@ class TrainerTemplate:
                 raise ValueError(f"trainer.{key}={value!r}: {why}")
         refused = (MisconfigurationException, ValueError, TypeError, ImportError)
         try:
-            built = build(self.settings())
+            built = build(settings)
         except refused as err:
             reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
             for key, value in settings.items():  # the one a Trainer refuses on its own
@@ -163,19 +163,6 @@ class TrainerTemplate:
                 except refused:
                     raise ValueError(f"trainer.{key}={value!r}: {reason}") from err
             raise ValueError(f"trainer: Lightning refuses these settings: {reason}") from err
-        loop = "fedlit's loop fits every fedlit objective and runs every evaluation"
-        if self.precision is not None and self.precision not in PRECISIONS:
-            raise ValueError(
-                f"trainer.precision={self.precision!r}: {loop}, in 32-true, bf16-mixed or "
-                "16-mixed (on a CPU, 16-mixed is bf16-mixed)"
-            )
-        if self.strategy != "auto":
-            raise ValueError(f"trainer.strategy={self.strategy!r}: {loop}, on one device")
-        if self.accumulate_grad_batches != 1:
-            raise ValueError(
-                f"trainer.accumulate_grad_batches={self.accumulate_grad_batches!r}: {loop}, "
-                "one optimiser step a batch; take larger batches (data.batch_size)"
-            )
         if built.num_devices > 1:  # a process per device, each re-running the whole command
             raise ValueError(
                 f"trainer.devices={self.devices!r}: {built.num_devices} devices; fedlit trains "
@@ -217,16 +204,8 @@ class TrainerTemplate:
         device = self.device()
         if device.type == "cuda":
             device = torch.device("cuda", torch.cuda.current_device())
-        return LoopSettings(
-            device,
-            self.decided_precision(),
-            self.gradient_clip_val,
-            self.gradient_clip_algorithm,
-            self.limit_train_batches,
-            self.detect_anomaly,
-            self.deterministic,
-            self.benchmark,
-        )
+        same = (f.name for f in fields(LoopSettings) if f.name not in ("device", "precision"))
+        return LoopSettings(device, self.decided_precision(), **{k: getattr(self, k) for k in same})
 
     def fit(
         self,
@@ -238,10 +217,27 @@ class TrainerTemplate:
     ) -> dict[str, float]:
         """Train ``module`` on ``loader`` for ``epochs`` epochs (or ``max_steps`` steps) as
         :func:`~fedlit.federation.fit.how_to_fit` says; ``kept``: a worker's optimisers to
-        reuse. The fit's metrics: an objective's means, a Trainer's ``callback_metrics``."""
-        return rule.fit(self, module, loader, epochs, max_steps, kept)
+        reuse. Its metrics: an objective's means, a Trainer's ``callback_metrics``."""
+        how = rule.how_to_fit(module, self)
+        if how == "trainer":
+            return trainer.fit(module, loader, epochs, max_steps, self.resolved().settings())
+        assert isinstance(module, Objective)
+        settings = self.loop()
+        batches = on_device(module, loader, settings.device)
+        fields: AbstractContextManager[dict[str, Any]] = (
+            whole_step_compiled(module, self.compile) if self.compile else nullcontext({})
+        )
+        with fields as compiled:
+            one_call = how == "one call"
+            loop.fit(module, batches, epochs, max_steps, settings, compiled, one_call, kept)
+        return module.epoch_metrics()
 
     def test(self, module: LightningModule, loader: Any) -> None:
-        """Run ``module``'s test over ``loader`` (its metrics stay in the module): fedlit's
-        evaluator in fedlit's loop, any other module in a Trainer."""
-        rule.test(self, module, loader)
+        """Run ``module``'s test over ``loader`` as :func:`~fedlit.federation.fit.how_to_fit`
+        says (its metrics stay in the module)."""
+        if rule.how_to_fit(module, self) == "trainer":
+            trainer.test(module, loader, self.resolved().settings())
+            return
+        assert isinstance(module, Evaluator)
+        settings = self.loop()
+        loop.test(module, on_device(module, loader, settings.device), settings)

@@ -24,9 +24,9 @@ TERMINATED = 128 + signal.SIGTERM  # the exit status of a run stopped by SIGTERM
 
 
 def build(settings: dict[str, Any], **length: Any) -> Trainer:
-    """A Trainer of the run's ``trainer`` settings and ``length``, without a logger,
-    checkpoints, a progress bar, a model summary or a sanity check of its own (the driver
-    owns logging and checkpoints); ``self.log`` works, into ``callback_metrics``."""
+    """A Trainer of the run's ``trainer`` settings and ``length``, with no logger, checkpoint,
+    progress bar, summary or sanity check (the driver's): ``self.log`` fills
+    ``callback_metrics``."""
     return Trainer(
         **settings,
         **length,
@@ -65,12 +65,8 @@ def test(module: LightningModule, loader: Iterable[Any], settings: dict[str, Any
 
 
 def _stop_if_terminated(trainer: Trainer) -> None:
-    """Stop the run if the Trainer caught a SIGTERM (a scheduler's time limit, ``timeout``).
-
-    Lightning's handler only sets a flag while a Trainer runs and raises at the next epoch or
-    batch boundary; a signal caught in the last one would die with this Trainer and the
-    federation would go on. The last round's checkpoint is on disk: resume from it.
-    """
+    """Stop the run if the Trainer caught a SIGTERM: Lightning's handler only sets a flag,
+    raised at the next batch or epoch, so one caught in the last would die with the Trainer."""
     if trainer.received_sigterm:
         raise SIGTERMException(TERMINATED)
 
