@@ -5,10 +5,13 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from fedlit.cli import COMMANDS, LIGHTNING_ONLY, TRAINER_KEYS, main
+
+REPO = Path(__file__).parents[1]
 
 
 def test_fedlit_help_lists_the_five_commands(capsys: pytest.CaptureFixture[str]) -> None:
@@ -27,8 +30,18 @@ def test_fedlit_help_lists_the_five_commands(capsys: pytest.CaptureFixture[str])
 
 
 def test_fit_help_shows_fedlits_settings_and_no_other_trainer_ones() -> None:
-    done = subprocess.run(
+    short = subprocess.run(
         [sys.executable, "-m", "fedlit.cli", "fit", "--help"], capture_output=True, text=True
+    )
+    assert short.returncode == 0, short.stderr
+    # at once: the recipe's groups, and how to see every setting
+    assert "Train a federation" in short.stdout
+    assert "fedlit fit --config recipes/quickstart.yaml --help" in short.stdout
+    done = subprocess.run(
+        [sys.executable, "-m", "fedlit.cli", "fit", "--config=recipes/quickstart.yaml", "--help"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
     )
     assert done.returncode == 0, done.stderr
     out = done.stdout
