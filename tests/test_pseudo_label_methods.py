@@ -193,6 +193,7 @@ def test_fedseal_logs_the_thresholds_it_sends(fmnist_root: Path, tmp_path: Path)
         rounds=2,
     )
     sent = []
+    fed.prepare()  # its checks build a client's objective on a copy of the method: spied after
     broadcast = fed.method.broadcast
 
     def spy():  # type: ignore[no-untyped-def]
