@@ -41,7 +41,7 @@ from fedlit.federation.children import Children
 from fedlit.federation.console import warn
 from fedlit.federation.loggers import quiet_wandb
 from fedlit.federation.resume import changed_settings
-from fedlit.federation.rundir import holding, set_aside_dead_run
+from fedlit.federation.rundir import holding, set_aside, set_aside_dead_run
 from fedlit.machine import available_cores
 from fedlit.reporting import last_k_warning, load_run
 from fedlit.run_layout import CHECKPOINT
@@ -146,12 +146,10 @@ def set_aside_changed_run(run_dir: Path) -> Path:
     """Move a run whose settings the spec changed out of the way, to ``<run>.changed<n>``
     (never delete what was written); returns where."""
     with holding(run_dir, None):
-        for n in range(1, 1000):
-            target = run_dir.with_name(f"{run_dir.name}.changed{n}")
-            if not target.exists():
-                run_dir.rename(target)
-                return target
-    raise Refused(f"{run_dir}: too many changed copies beside it")
+        try:
+            return set_aside(run_dir, "changed")
+        except ValueError as err:
+            raise Refused(str(err)) from None
 
 
 def execute(

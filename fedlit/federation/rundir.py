@@ -87,12 +87,18 @@ def set_aside_dead_run(run_dir: Path) -> Path:
     with holding(run_dir, None):
         if (run_dir / CHECKPOINT).is_file():
             raise ValueError(f"{run_dir} holds a checkpoint; it is not set aside")
-        for n in range(1, 1000):
-            target = run_dir.with_name(f"{run_dir.name}.incomplete{n}")
-            if not target.exists():
-                run_dir.rename(target)
-                return target
-    raise ValueError(f"{run_dir}: too many incomplete copies beside it")
+        return set_aside(run_dir, "incomplete")
+
+
+def set_aside(run_dir: Path, kind: str) -> Path:
+    """Rename ``run_dir`` to the first free ``<run>.<kind><n>`` beside it (nothing deleted);
+    returns where. The caller holds its lock. ValueError where 999 such copies exist."""
+    for n in range(1, 1000):
+        target = run_dir.with_name(f"{run_dir.name}.{kind}{n}")
+        if not target.exists():
+            run_dir.rename(target)
+            return target
+    raise ValueError(f"{run_dir}: too many {kind} copies beside it")
 
 
 def _remove_dead_run(run_dir: Path) -> list[str]:
