@@ -60,8 +60,14 @@ def test_a_tuned_comparison_scores_the_best_settings_on_unseen_seeds(
     studies = _trials(out)
     assert sorted(studies) == ["default/fedavg_fixmatch", "default/server_sl"]
     for name, trials in studies.items():
-        assert len(trials) == 3 and all(s in ("COMPLETE", "PRUNED") for s, _, _ in trials)
+        assert len(trials) >= 3 and all(s in ("COMPLETE", "PRUNED") for s, _, _ in trials)
         method = name.split("/")[1]
+        # the budget: 3 unpruned trials' rounds (2 each), spent to within one trial's
+        spent = [
+            len(_csv(out / "tune/default" / method / f"trial{n}/seed100/metrics.csv")) - 1
+            for n in range(len(trials))
+        ]
+        assert 6 - 2 < sum(spent) <= 6
         # every trial ran on the tuning seed only, in its own directory
         for number in range(3):
             assert (out / "tune" / "default" / method / f"trial{number}" / "seed100").is_dir()
@@ -151,25 +157,48 @@ def test_pruned_trials_stop_early_and_count_their_rounds(
     fmnist_root: Path, tmp_path: Path
 ) -> None:
     """With the median rule from the first trial on, a trial below the first one's round-1
-    score stops after round 1: its run has one round, it is PRUNED, the report counts it."""
+    score stops after round 1: its run has one round, it is PRUNED, the report counts it, and
+    the round it did not run goes to a further trial (the budget is 4 trials' 8 rounds)."""
+    # server learning rates that learn within the tests' two rounds: the trials' scores differ
+    lr = {"model.init_args.optim.server_lr": {"low": 0.05, "high": 0.5, "log": True}}
     spec = _spec(
-        tmp_path, fmnist_root, recipes=RECIPES[:1], trials=4, startup_trials=1, warmup_rounds=0
+        tmp_path,
+        fmnist_root,
+        recipes=RECIPES[:1],
+        trials=4,
+        startup_trials=1,
+        warmup_rounds=0,
+        sampler_seed=0,
+        spaces={"server_sl": lr},
     )
     main(["compare", f"--config={spec}"])
     out = tmp_path / "out"
     trials = _trials(out)["default/server_sl"]
     rounds = [
         len(_csv(out / "tune" / "default" / "server_sl" / f"trial{n}" / "seed100" / "metrics.csv"))
-        for n in range(4)
+        for n in range(len(trials))
     ]
     for (state, _, _), n in zip(trials, rounds, strict=True):
         # metrics.csv: round 0's row, then one per round run
         assert n == (2 if state == "PRUNED" else 3)
     pruned = sum(s == "PRUNED" for s, _, _ in trials)
     total = sum(r - 1 for r in rounds)
-    assert f"| default | server_sl | {4 - pruned} / {pruned} | {total} |" in (
+    assert pruned > 0 and len(trials) >= 4 and 8 - 2 < total <= 8
+    assert f"| default | server_sl | {len(trials) - pruned} / {pruned} | {total} |" in (
         out / "tuned.md"
     ).read_text()
+
+
+@pytest.mark.parametrize(
+    ("spent", "jobs", "size"),
+    [(0, 2, 2), (100, 2, 2), (101, 2, 1), (110, 2, 1), (111, 2, 0), (106, 1, 1), (120, 2, 0)],
+)
+def test_a_batch_draws_the_trials_that_fit_in_the_budget(spent: int, jobs: int, size: int) -> None:
+    """A budget of 120 rounds, 10 a trial: a batch draws up to ``jobs`` trials whose rounds,
+    all run, still fit; none once fewer than 10 rounds are left."""
+    from fedlit.comparison.studies import batch_size
+
+    assert batch_size(120, spent, 10, jobs) == size
 
 
 @pytest.mark.parametrize(

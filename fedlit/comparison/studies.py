@@ -8,11 +8,17 @@ with the sampled settings in ``<out>/tune/<setting>/<recipe>/trial<n>/seed<k>``,
 tuning seed; its run reports each round's validation score to the study and stops when the
 pruner says so (:mod:`fedlit.federation.trial`).
 
-Trials run in batches of ``jobs``: a batch's trials are drawn together (trial n's draw seeded
-by the sampler's seed and n), run at once, and told to the study when all have ended, so each
-draw and each pruning decision sees the trials of the earlier batches alone. A study is then
-the same however often it was stopped: a trial left running by a kill is resumed from its
-run's checkpoint (or its pruning mark) and told once; a finished study runs nothing.
+A study's budget is counted in rounds: ``trials`` unpruned trials' worth (``trials`` x the
+rounds of a run x the tuning seeds), the same for every recipe. A trial the pruner stops
+leaves its unrun rounds to more trials, so a study runs at least ``trials`` trials and
+spends its budget to within one trial's rounds (:func:`batch_size`).
+
+Trials run in batches of up to ``jobs``: a batch's trials are drawn together (trial n's draw
+seeded by the sampler's seed and n), run at once, and told to the study when all have ended,
+so each draw, each pruning decision and each batch's size sees the trials of the earlier
+batches alone. A study is then the same however often it was stopped: a trial left running
+by a kill is resumed from its run's checkpoint (or its pruning mark) and told once; a
+finished study runs nothing.
 """
 
 from __future__ import annotations
@@ -177,8 +183,8 @@ def run_studies(
     log: Callable[[str], None] = print,
     children: Children | None = None,
 ) -> list[StudyResult]:
-    """Run every study to its ``trials`` (what is done already is kept), setting by setting,
-    recipe by recipe; returns what each chose and spent."""
+    """Run every study to its budget of rounds (what is done already is kept), setting by
+    setting, recipe by recipe; returns what each chose and spent."""
     import optuna
 
     assert comparison.tune is not None
@@ -202,14 +208,17 @@ def run_studies(
             def one(number: int, params: dict[str, Any]) -> tuple[int, float | str | None]:
                 return number, _run_trial(comparison, bases, number, params, total, fit, log)
 
+            per_trial = total * len(tune.seeds)
             while True:
                 trials = study.get_trials(deepcopy=False)
                 running = [t for t in trials if not t.state.is_finished()]
-                if not running and len(trials) >= tune.trials:
+                finished = [t.number for t in trials if t.state.is_finished()]
+                spent = spent_rounds(comparison, setting, stem, finished)
+                size = batch_size(tune.trials * per_trial, spent, per_trial, comparison.jobs)
+                if not running and size == 0:
                     break
                 first = running[0].number if running else len(trials)
-                end = min((first // comparison.jobs + 1) * comparison.jobs, tune.trials)
-                while len(study.get_trials(deepcopy=False)) < max(end, first + 1):
+                while len(study.get_trials(deepcopy=False)) < first + max(size, len(running)):
                     number = len(study.get_trials(deepcopy=False))
                     study.sampler = optuna.samplers.TPESampler(
                         seed=_draw_seed(tune.sampler_seed, number), n_startup_trials=tune.startup
@@ -220,7 +229,10 @@ def run_studies(
                     for t in study.get_trials(deepcopy=False)
                     if first <= t.number and not t.state.is_finished()
                 ]
-                log(f"tuning {setting}/{stem}: trials {[n for n, _ in batch]} of {tune.trials}")
+                log(
+                    f"tuning {setting}/{stem}: trials {[n for n, _ in batch]}; {spent} of "
+                    f"{tune.trials * per_trial} rounds spent"
+                )
                 told = _in_parallel(batch, one, comparison.jobs, children)
                 for number, value in sorted(told, key=lambda told: told[0]):
                     if value is None:
@@ -231,6 +243,24 @@ def run_studies(
                         study.tell(number, value)
             results.append(_result(comparison, study, bases, setting, stem))
     return results
+
+
+def batch_size(budget: int, spent: int, per_trial: int, jobs: int) -> int:
+    """How many trials the next batch draws: as many as ``jobs`` allows whose rounds, all run,
+    fit in what is left of the study's ``budget`` of rounds (``spent`` by the finished trials;
+    ``per_trial``: a trial's rounds unpruned). 0: the study is done, within ``per_trial``
+    rounds of its budget."""
+    return max(0, min(jobs, (budget - spent) // per_trial))
+
+
+def spent_rounds(comparison: Comparison, setting: str, stem: str, numbers: Sequence[int]) -> int:
+    """The rounds the runs of trials ``numbers`` ran (a pruned trial's up to its stop)."""
+    return sum(
+        sum(1 for row in load_run(run_dir).history if row.get("round", 0) >= 1)
+        for number in numbers
+        for run_dir in trial_dirs(comparison, setting, stem, number)
+        if run_dir.is_dir()
+    )
 
 
 def _study(storage: Any, name: str, rule: str, terms: dict[str, Any]) -> Any:

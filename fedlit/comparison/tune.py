@@ -24,14 +24,16 @@ PRUNERS = ("median", "halving", "none")
 class TuneSettings:
     """How a comparison tunes each recipe in each setting before scoring it (``tune``).
 
-    Each recipe x setting gets a study of ``trials`` trials (the same number for every recipe,
-    the baseline and the oracle included). A trial is the recipe's run with settings drawn
+    Each recipe x setting gets a study with the same budget of rounds, ``trials`` unpruned
+    trials' worth, for every recipe, the baseline and the oracle included (a pruned trial
+    leaves its unrun rounds to more trials: :mod:`fedlit.comparison.studies`). A trial is the recipe's run with settings drawn
     from its method's search space (``FederatedMethod.search_space``), once per tuning seed;
     its score is ``objective`` on the server's validation set. The best trial's settings are
     then run on the comparison's ``seeds``, which the tuning never sees.
 
     Args:
-        trials: trials per recipe and setting (>= 1).
+        trials: the budget per recipe and setting, in unpruned trials (>= 1): ``trials`` x
+            a run's rounds x the tuning seeds rounds; at least ``trials`` trials run.
         seeds: the tuning's run seeds, none of them one of the comparison's ``seeds``.
         objective: the validation metric a trial is scored by (``val/acc``, or another
             ``val/*`` key of the runs' metrics); a ``test/*`` metric is refused.

@@ -78,9 +78,10 @@ def tuning_lines(
         "",
         "### Tuning",
         "",
-        f"Every recipe was tuned in every setting with the same budget: {tune.trials} trials "
-        f"of Optuna's TPE sampler (seed {tune.sampler_seed}; random draws for the first "
-        f"{tune.startup}), pruned by the `{tune.pruner}` rule over rounds, on the tuning seeds "
+        "Every recipe was tuned in every setting with the same budget: the rounds of "
+        f"{tune.trials} unpruned trials (a pruned trial leaves its unrun rounds to more "
+        f"trials), drawn by Optuna's TPE sampler (seed {tune.sampler_seed}; random draws for "
+        f"the first {tune.startup}), pruned by the `{tune.pruner}` rule over rounds, on the tuning seeds "
         f"{list(tune.seeds)} (the results are scored on {list(comparison.seeds)}, which the "
         f"tuning never saw). A trial's score: {score} on the server's validation set (mean "
         "over the tuning seeds); the test set is never read. The scored runs take the best "
