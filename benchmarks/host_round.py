@@ -400,8 +400,8 @@ def run_once(args: argparse.Namespace, counts: Counts, seed: int) -> dict[str, A
                   + " s CPU", flush=True)  # fmt: skip
         fed.close()
     for path, profile in profiles.items():
-        print(f"\n--- {path}: rounds 2-{args.rounds}, by own time")
-        pstats.Stats(profile).sort_stats("tottime").print_stats(args.profile_lines)
+        print(f"\n--- {path}: rounds 2-{args.rounds}, by {args.profile_sort}")
+        pstats.Stats(profile).sort_stats(args.profile_sort).print_stats(args.profile_lines)
     return {"cpu": cpu, "wall": wall, "counts": per_round, "accs": accs}
 
 
@@ -418,6 +418,7 @@ def main() -> None:
         "--profile", nargs="*", default=[], choices=PATHS, help="cProfile these paths"
     )
     parser.add_argument("--profile-lines", type=int, default=30)
+    parser.add_argument("--profile-sort", default="tottime", help="pstats' key: cumulative")
     parser.add_argument("--compile", default=None, help="federation.compile (default: eager)")
     parser.add_argument("--examples", type=int, default=None, help="images per client")
     parser.add_argument("--root", default="data")
