@@ -104,7 +104,7 @@ class BatchView:
         :meth:`_draw_weak` its offsets)."""
         area = torch.empty(b).uniform_(*CUTOUT_SCALE) * (h * w)
         side = area.sqrt().round().long()  # < min(h, w) for scale <= 0.25: the first try fits
-        room = torch.tensor([[h + 1], [w + 1]]) - side  # (2, B): the positions that fit
+        room = _ends(h, w) - side  # (2, B): the positions that fit
         corner = (torch.rand(2, b) * room).long()
         return torch.cat([side[None], corner])
 
@@ -246,6 +246,12 @@ class BatchView:
                 out = self.randaugment.apply(out, ops)
                 out = self.cutout(self.normalize(out), drawn[3 + RANDAUGMENT_OPS :])
         return out.contiguous(memory_format=torch.channels_last)
+
+
+@cache
+def _ends(h: int, w: int) -> Tensor:
+    """(2, 1) int64 [[h + 1], [w + 1]] on the CPU, made once per size (read, never written)."""
+    return torch.tensor([[h + 1], [w + 1]])
 
 
 @cache

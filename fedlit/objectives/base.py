@@ -172,9 +172,10 @@ class Objective(AugmentsOnDevice, LightningModule):
         self.schedule = schedule
         self.progress = progress
         # running weighted sums: per group of names accumulated together, each call's values
-        # as one device vector with its weight (summed once, by epoch_metrics), host floats
-        # for Python numbers, and each name's weight
+        # as one device vector with its weight until epoch_metrics sums them (float32, on the
+        # host), host floats for Python numbers, and each name's weight
         self._steps: dict[tuple[str, ...], list[tuple[float, Tensor]]] = {}
+        self._sums: dict[tuple[str, ...], np.ndarray] = {}
         self._host_sums: dict[str, float] = {}
         self._weights: dict[str, float] = {}
         #: The fit being run, or last run (:class:`FitState`), set by the fit alone.
@@ -335,11 +336,13 @@ class Objective(AugmentsOnDevice, LightningModule):
         (NumPy's ``add.accumulate``: sequential, unlike a reduction's pairwise order)."""
         totals = dict(self._host_sums)
         for names, steps in self._steps.items():
-            weighted = torch.stack([v for _, v in steps])
-            weights = torch.tensor([[w] for w, _ in steps], dtype=torch.float32)
-            weighted = weighted * weights.to(weighted.device)
-            sums = np.add.accumulate(weighted.cpu().numpy(), axis=0)[-1]
-            self._steps[names] = [(1.0, torch.from_numpy(sums).to(weighted.device))]
+            values = torch.stack([v for _, v in steps]).cpu().numpy()
+            weighted = values * np.array([[w] for w, _ in steps], dtype=np.float32)
+            if names in self._sums:
+                weighted = np.concatenate([self._sums[names][None], weighted])
+            self._sums[names] = np.add.accumulate(weighted, axis=0)[-1]
+        self._steps = {}
+        for names, sums in self._sums.items():
             for name, value in zip(names, sums.tolist(), strict=True):
                 totals[name] = totals.get(name, 0.0) + value
         return {k: totals[k] / w for k, w in self._weights.items()}
