@@ -32,7 +32,8 @@ Trainers built (all, and in clients' fits), moves of a network between devices (
 ``cpu``, ``cuda`` on a LightningModule or network), deep copies of a network, ``state_dict()``
 calls, uploads copied to the host, client-state files written and read; each path's last
 test/acc (the plain floor's random stream is its own: compare it within the seeds' spread).
-``--profile fedlit "plain floor"`` prints a cProfile of those paths' rounds 2-N by own time.
+``--profile fedlit "plain floor"`` prints a cProfile of those paths' rounds 2-N by own time
+(``--profile-sort cumulative``: by cumulative time, where a round's time goes by layer).
 
     OMP_NUM_THREADS=1 python benchmarks/host_round.py --rounds 8 --repeats 3 --seeds 3
     OMP_NUM_THREADS=1 python benchmarks/host_round.py --rounds 4 --profile fedlit "plain floor"
