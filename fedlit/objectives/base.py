@@ -323,11 +323,11 @@ class Objective(AugmentsOnDevice, LightningModule):
         if not tensors:
             return
         device, f32 = next(iter(tensors.values())).device, torch.float32
-        kept = [
-            v if v.dtype == f32 and v.device == device else v.to(device, f32)
-            for v in tensors.values()
-        ]
         with torch.no_grad():  # a copy, out of the graph
+            kept = [
+                v if v.dtype == f32 and v.device == device else v.to(device, f32)
+                for v in tensors.values()
+            ]
             self._steps.setdefault(tuple(tensors), []).append((weight, torch.stack(kept)))
 
     def epoch_metrics(self) -> dict[str, float]:
