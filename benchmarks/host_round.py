@@ -32,7 +32,8 @@ Trainers built (all, and in clients' fits), moves of a network between devices (
 ``cpu``, ``cuda`` on a LightningModule or network), deep copies of a network, ``state_dict()``
 calls, uploads copied to the host, client-state files written and read; each path's last
 test/acc (the plain floor's random stream is its own: compare it within the seeds' spread).
-``--profile fedlit "plain floor"`` prints a cProfile of those paths' rounds 2-N by own time.
+``--profile fedlit "plain floor"`` prints a cProfile of those paths' rounds 2-N by own time
+(``--profile-sort cumulative``: by cumulative time, where a round's time goes by layer).
 
     OMP_NUM_THREADS=1 python benchmarks/host_round.py --rounds 8 --repeats 3 --seeds 3
     OMP_NUM_THREADS=1 python benchmarks/host_round.py --rounds 4 --profile fedlit "plain floor"
@@ -400,8 +401,8 @@ def run_once(args: argparse.Namespace, counts: Counts, seed: int) -> dict[str, A
                   + " s CPU", flush=True)  # fmt: skip
         fed.close()
     for path, profile in profiles.items():
-        print(f"\n--- {path}: rounds 2-{args.rounds}, by own time")
-        pstats.Stats(profile).sort_stats("tottime").print_stats(args.profile_lines)
+        print(f"\n--- {path}: rounds 2-{args.rounds}, by {args.profile_sort}")
+        pstats.Stats(profile).sort_stats(args.profile_sort).print_stats(args.profile_lines)
     return {"cpu": cpu, "wall": wall, "counts": per_round, "accs": accs}
 
 
@@ -418,6 +419,7 @@ def main() -> None:
         "--profile", nargs="*", default=[], choices=PATHS, help="cProfile these paths"
     )
     parser.add_argument("--profile-lines", type=int, default=30)
+    parser.add_argument("--profile-sort", default="tottime", help="pstats' key: cumulative")
     parser.add_argument("--compile", default=None, help="federation.compile (default: eager)")
     parser.add_argument("--examples", type=int, default=None, help="images per client")
     parser.add_argument("--root", default="data")

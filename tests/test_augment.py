@@ -180,3 +180,16 @@ def test_views_on_rgb_keep_shape_and_reject_float() -> None:
         assert out.shape == x.shape and out.dtype == torch.float32
     with pytest.raises(ValueError, match="uint8"):
         BatchView("weak", spec)(x.float())
+
+
+def test_a_view_shared_by_batches_of_other_sizes_gives_a_new_views_values(
+    images: torch.Tensor,
+) -> None:
+    """One view over batches of changing sizes (its tables prepared once per shape) gives, for
+    each batch, what a view built for that batch alone gives on the same seed."""
+    shared = BatchView("strong", SPEC)
+    for k, size in enumerate((16, 64, 16, 7, 64)):
+        torch.manual_seed(k)
+        ours = shared(images[:size])
+        torch.manual_seed(k)
+        assert torch.equal(ours, BatchView("strong", SPEC)(images[:size]))

@@ -298,4 +298,5 @@ def test_in_order_batches_are_views_of_the_split_with_its_rows_and_labels() -> N
     shuffled = ImageBatches(images, spec, ("plain",), 4, True, labels, with_index=True)
     for batch in shuffled.on_device():
         assert torch.equal(batch.images, images[batch.index])
+        assert torch.equal(batch.labels, labels[batch.index])
         assert batch.images.untyped_storage().data_ptr() != images.untyped_storage().data_ptr()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -87,6 +88,29 @@ def test_supervised_ce_and_metrics() -> None:
     ce = [-math.log(math.exp(2) / (math.exp(2) + 1)), -math.log(1 / (math.exp(2) + 1))]
     assert loss.item() == pytest.approx(sum(ce) / 2, rel=1e-6)
     assert obj.epoch_metrics()["acc"] == pytest.approx(0.5)
+
+
+def test_running_means_are_float32_sums_call_after_call() -> None:
+    """accumulate's means: each value times its weight in float32, added in call order in
+    float32 (as a loop of adds would: not a pairwise or float64 sum), over reads too; a value
+    changed in place after its call counts as it was."""
+    obj = SupervisedCE(nn.Linear(1, 1), lr=0.1)
+    calls = [(1.0, 1e8), (3.0, 1.0), (0.1, -3e8), (2.0, 0.7), (64.0, 1e-3)]
+    expected = np.float32(0.0)
+    for k, (weight, value) in enumerate(calls):
+        x = torch.tensor(value, requires_grad=True) * 1.0  # a tensor of a graph, as a loss
+        obj.accumulate(weight, loss=x, lr=0.5)
+        with torch.no_grad():
+            x.add_(100.0)  # after its call: not counted
+        term = np.float32(value) * np.float32(weight)
+        expected = term if k == 0 else np.float32(expected + term)
+        if k == 2:
+            obj.epoch_metrics()  # a read in between changes nothing
+    total = sum(w for w, _ in calls)
+    metrics = obj.epoch_metrics()
+    assert metrics["loss"] == float(expected) / total
+    assert metrics["loss"] != sum(np.float64(v) * w for w, v in calls) / total
+    assert metrics["lr"] == 0.5
 
 
 def test_objective_rejects_bad_settings() -> None:

@@ -59,6 +59,8 @@ class BatchView:
         self._index_cache: dict[tuple[int, int, int, str], dict[str, Tensor]] = {}
         self._batch_index: dict[tuple[int, str], Tensor] = {}
         self._moments: dict[str, tuple[Tensor, Tensor]] = {}
+        self._prepared: tuple[torch.Size, torch.device] | None = None  # prepare's last shape
+        self._rows = {"plain": 0, "weak": len(self.WEAK_ROWS)}.get(view, len(self.STRONG_ROWS))
 
     #: Rows of a view's draws (:meth:`draw`): the weak crop's offsets and flip, then (strong)
     #: RandAugment's codes per slot and Cutout's side and position.
@@ -73,7 +75,7 @@ class BatchView:
 
     def rows(self) -> int:
         """How many rows :meth:`draw` gives (0 for ``plain``)."""
-        return {"plain": 0, "weak": len(self.WEAK_ROWS), "strong": len(self.STRONG_ROWS)}[self.view]
+        return self._rows
 
     def draw(self, b: int, h: int, w: int) -> Tensor:
         """This view's random parameters for b images of h x w: (:meth:`rows`, B) int64 on the
@@ -102,7 +104,7 @@ class BatchView:
         :meth:`_draw_weak` its offsets)."""
         area = torch.empty(b).uniform_(*CUTOUT_SCALE) * (h * w)
         side = area.sqrt().round().long()  # < min(h, w) for scale <= 0.25: the first try fits
-        room = torch.tensor([[h + 1], [w + 1]]) - side  # (2, B): the positions that fit
+        room = _ends(h, w) - side  # (2, B): the positions that fit
         corner = (torch.rand(2, b) * room).long()
         return torch.cat([side[None], corner])
 
@@ -130,7 +132,10 @@ class BatchView:
 
     def prepare(self, images: Tensor) -> None:
         """Build every table :meth:`apply` reads for ``images``' shape and device (outside a
-        compiled step, so that the step only reads them)."""
+        compiled step, so that the step only reads them). Nothing to do where the last call
+        had the same shape and device (no table is ever dropped)."""
+        if self._prepared == (images.shape, images.device):
+            return
         b, c, h, w = images.shape
         self._indices(c, h, w, images.device)
         key = (b, str(images.device))
@@ -139,6 +144,7 @@ class BatchView:
         self._mean_std(images.device)
         if self.view == "strong" and b:
             self.randaugment.prepare(images)
+        self._prepared = (images.shape, images.device)
 
     def weak_geometry(self, images: Tensor, drawn: Tensor | None = None) -> Tensor:
         """torchvision's ``RandomCrop(size, padding=size // 8, padding_mode="reflect")`` and,
@@ -240,6 +246,12 @@ class BatchView:
                 out = self.randaugment.apply(out, ops)
                 out = self.cutout(self.normalize(out), drawn[3 + RANDAUGMENT_OPS :])
         return out.contiguous(memory_format=torch.channels_last)
+
+
+@cache
+def _ends(h: int, w: int) -> Tensor:
+    """(2, 1) int64 [[h + 1], [w + 1]] on the CPU, made once per size (read, never written)."""
+    return torch.tensor([[h + 1], [w + 1]])
 
 
 @cache

@@ -241,16 +241,22 @@ class ImageBatches:
     def __iter__(self) -> Iterator[Any]:
         n, b, device = len(self.images), self.batch_size, self.images.device
         order = torch.randperm(n, device=device) if self.shuffle else torch.arange(n, device=device)
-        # in order, a tensor's batch is a slice of it (a view, no copy: the same values)
-        sliced = not self.shuffle and isinstance(self.images, Tensor)
+        # a tensor's batch: in order, a slice of it (a view, no copy); shuffled, its rows by
+        # index_select (the same values as images[idx], at a tenth of its host time)
+        images = self.images
         for k in range(len(self)):
             idx = order[k * b : (k + 1) * b]
-            rows: slice | Tensor = slice(k * b, (k + 1) * b) if sliced else idx
+            rows: slice | Tensor = slice(k * b, (k + 1) * b) if not self.shuffle else idx
             raw = RawBatch(
-                as_tensor(self.images[rows]),
+                _rows(images, rows) if isinstance(images, Tensor) else as_tensor(images[idx]),
                 self.views,
                 self.spec,
                 index=idx if self.with_index else None,
-                labels=None if self.labels is None else self.labels[rows],
+                labels=None if self.labels is None else _rows(self.labels, rows),
             )
             yield raw if self.deferred else raw.expand()
+
+
+def _rows(tensor: Tensor, rows: slice | Tensor) -> Tensor:
+    """``tensor[rows]``: a slice's view, or an index's rows copied by ``index_select``."""
+    return tensor[rows] if isinstance(rows, slice) else tensor.index_select(0, rows)

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
+import numpy as np
 import torch
 from lightning import LightningModule
 from torch import Tensor, nn
@@ -170,9 +171,11 @@ class Objective(AugmentsOnDevice, LightningModule):
         self.weight_decay = weight_decay
         self.schedule = schedule
         self.progress = progress
-        # running weighted sums: one device vector per group of names accumulated together
-        # (read once, by epoch_metrics), host floats for Python numbers, and each name's weight
-        self._sums: dict[tuple[str, ...], Tensor] = {}
+        # running weighted sums: per group of names accumulated together, each call's values
+        # as one device vector with its weight until epoch_metrics sums them (float32, on the
+        # host), host floats for Python numbers, and each name's weight
+        self._steps: dict[tuple[str, ...], list[tuple[float, Tensor]]] = {}
+        self._sums: dict[tuple[str, ...], np.ndarray] = {}
         self._host_sums: dict[str, float] = {}
         self._weights: dict[str, float] = {}
         #: The fit being run, or last run (:class:`FitState`), set by the fit alone.
@@ -309,9 +312,9 @@ class Objective(AugmentsOnDevice, LightningModule):
         """Add ``values`` (scalar tensors or Python numbers), weighted by ``weight``, to the
         running means.
 
-        Nothing is read back: the tensors of one call are stacked into one vector and added to
-        the running sum of that group of names on their device (a few ops, no host-device sync
-        inside a training step); :meth:`epoch_metrics` reads the sums once."""
+        Nothing is read back: the tensors of one call are stacked into one vector on their
+        device (one op, no host-device sync inside a training step) and kept with ``weight``;
+        :meth:`epoch_metrics` sums them once."""
         tensors = {k: v for k, v in values.items() if isinstance(v, Tensor)}
         for name, value in values.items():
             self._weights[name] = self._weights.get(name, 0.0) + weight
@@ -319,16 +322,26 @@ class Objective(AugmentsOnDevice, LightningModule):
                 self._host_sums[name] = self._host_sums.get(name, 0.0) + float(value) * weight
         if not tensors:
             return
-        names = tuple(tensors)
-        device = next(iter(tensors.values())).device
-        stacked = torch.stack([v.detach().to(device, torch.float32) for v in tensors.values()])
-        stacked = stacked * weight
-        self._sums[names] = self._sums[names] + stacked if names in self._sums else stacked
+        device, f32 = next(iter(tensors.values())).device, torch.float32
+        with torch.no_grad():  # a copy, out of the graph
+            kept = [
+                v if v.dtype == f32 and v.device == device else v.to(device, f32)
+                for v in tensors.values()
+            ]
+            self._steps.setdefault(tuple(tensors), []).append((weight, torch.stack(kept)))
 
     def epoch_metrics(self) -> dict[str, float]:
         """Means of everything accumulated since the objective was built (one read of each
-        group's sums)."""
+        group's values). Each group's sum is float32, added call after call in call order
+        (NumPy's ``add.accumulate``: sequential, unlike a reduction's pairwise order)."""
         totals = dict(self._host_sums)
+        for names, steps in self._steps.items():
+            values = torch.stack([v for _, v in steps]).cpu().numpy()
+            weighted = values * np.array([[w] for w, _ in steps], dtype=np.float32)
+            if names in self._sums:
+                weighted = np.concatenate([self._sums[names][None], weighted])
+            self._sums[names] = np.add.accumulate(weighted, axis=0)[-1]
+        self._steps = {}
         for names, sums in self._sums.items():
             for name, value in zip(names, sums.tolist(), strict=True):
                 totals[name] = totals.get(name, 0.0) + value

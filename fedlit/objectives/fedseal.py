@@ -266,13 +266,18 @@ class FedSEALClient(Objective):
     def step(self, batch: tuple[Tensor, Tensor, Tensor]) -> Step:
         index, plain, strong = batch
         logits_plain, logits_strong = self.network(torch.cat([plain, strong])).chunk(2)
-        positive, negative = self.positive[index], self.negative[index]
+        # the batch's rows of each per-example tensor (index_select: the values of [index], at
+        # half its host time)
+        pseudo, positive, negative, complementary = (
+            t.index_select(0, index)
+            for t in (self.pseudo, self.positive, self.negative, self.complementary)
+        )
         # Each mean over its set by masking, 0 for an empty set: the step never reads a
         # tensor back or changes shape with the sets (a batch with no positive or no negative
         # example gets 0 for that term).
-        ce = F.cross_entropy(logits_strong.float(), self.pseudo[index], reduction="none")
+        ce = F.cross_entropy(logits_strong.float(), pseudo, reduction="none")
         loss_pos = (ce * positive).sum() / positive.sum().clamp(min=1.0)
-        per_example = complementary_loss(logits_plain, self.complementary[index])
+        per_example = complementary_loss(logits_plain, complementary)
         loss_neg = (per_example * negative).sum() / negative.sum().clamp(min=1.0)
         loss = self.lam_tensor * loss_pos + loss_neg
         return loss, ((len(index), {"loss": loss, "loss_pos": loss_pos, "loss_neg": loss_neg}),)
