@@ -29,9 +29,8 @@ from fedlit.federation import Federation, FederationConfig, TrainerTemplate, loa
 from fedlit.federation.checkpoint import WRITE_FAILED, WriteFailed, write_error
 from fedlit.federation.config import DEFAULT_POOL, DEFAULT_RAY
 from fedlit.federation.console import warn
-from fedlit.federation.faults import ROUND_FAILED, RoundFailed
+from fedlit.federation.faults import ROUND_FAILED, RoundFailed, stop_on_sigterm
 from fedlit.federation.rundir import free_config_name
-from fedlit.federation.fit import stop_on_sigterm
 from fedlit.federation.trial import TrialPruned, trial_callbacks
 from fedlit.machine import available_cores
 from fedlit.methods import FederatedMethod

@@ -13,18 +13,15 @@ from fedlit.federation.fit.settings import (
     cpu_computes_bf16,
     default_precision,
 )
-from fedlit.federation.fit.trainer import TERMINATED, stop_on_sigterm
 
 __all__ = [
     "COMPILE_MODES",
     "CPU_BF16_ENV",
     "How",
     "ONE_CALL_ENV",
-    "TERMINATED",
     "TrainerTemplate",
     "compile_toolchain_missing",
     "cpu_computes_bf16",
     "default_precision",
     "how_to_fit",
-    "stop_on_sigterm",
 ]

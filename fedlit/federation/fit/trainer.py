@@ -1,26 +1,22 @@
-"""A user's own LightningModule, fitted and tested by a Lightning Trainer as Lightning
-documents it; and a run's answer to SIGTERM."""
+"""A user's own LightningModule, fitted by a Lightning Trainer as Lightning documents it."""
 
 from __future__ import annotations
 
 import logging
-import signal
-import threading
 import warnings
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from typing import Any
 
 from lightning import LightningModule, Trainer
 from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from fedlit.federation.faults import TERMINATED
 
 # A Trainer per fit would otherwise print its device banner and worker hints every time.
 for _name in ("lightning.pytorch.utilities.rank_zero", "lightning.pytorch.accelerators.cuda"):
     logging.getLogger(_name).setLevel(logging.WARNING)
 warnings.filterwarnings("ignore", message=r".*does not have many workers.*")
 warnings.filterwarnings("ignore", message=r".*LeafSpec.*")  # lightning internals, torch 2.14
-
-TERMINATED = 128 + signal.SIGTERM  # the exit status of a run stopped by SIGTERM
 
 
 def build(settings: dict[str, Any], **length: Any) -> Trainer:
@@ -69,29 +65,3 @@ def _stop_if_terminated(trainer: Trainer) -> None:
     raised at the next batch or epoch, so one caught in the last would die with the Trainer."""
     if trainer.received_sigterm:
         raise SIGTERMException(TERMINATED)
-
-
-@contextmanager
-def stop_on_sigterm() -> Iterator[None]:
-    """While a run runs (in the main thread), make a SIGTERM stop it cleanly wherever it comes.
-
-    Inside a Trainer's fit, Lightning's handler is the one installed (it calls this one after
-    its own): the run stops at that fit's end (:func:`_stop_if_terminated`). Anywhere else
-    (fedlit's loop, aggregation, writing metrics or a checkpoint, waiting for Ray's workers),
-    the signal raises :class:`SIGTERMException` at once, so the run's ``finally`` blocks run
-    (a half-written file's temporary removed, Ray shut down, the lock released) and
-    ``fedlit fit`` exits with status 143. Either way the last checkpoint is whole.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, frame: object) -> None:
-        if signal.getsignal(signal.SIGTERM) is handler:  # not inside a Trainer's fit
-            raise SIGTERMException(TERMINATED)
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
