@@ -486,7 +486,7 @@ def test_compile_setting_refused_with_a_clear_error(
     def no_compiler(*args: object, **kwargs: object) -> None:
         raise FileNotFoundError("no such compiler")
 
-    monkeypatch.setattr("fedlit.federation.fit.settings.subprocess.run", no_compiler)
+    monkeypatch.setattr("fedlit.federation.checks.subprocess.run", no_compiler)
     fed = _federation(fmnist_root, tmp_path / "r", compile="default")
     with pytest.raises(ValueError, match=r"federation\.compile='default'.*C\+\+ compiler"):
         fed.prepare()

@@ -19,6 +19,7 @@ from fedlit.cli import main
 from fedlit.data.datasets import SPECS
 from fedlit.data.loaders import ImageBatches
 from fedlit.federation import RaySettings
+from fedlit.federation.checks import check_trainer
 from fedlit.federation.fit import TrainerTemplate, how_to_fit
 from fedlit.methods import FedAvgBYOL, FederatedMethod, FedSEAL, ServerSL, TSClientEMA
 from fedlit.models import Architecture
@@ -253,7 +254,7 @@ def test_precisions_the_loop_does_not_take_are_refused_by_name(precision: str) -
     """They once reached a Trainer that converted the input before fedlit made the views on
     the device, and ended in a dtype mismatch's traceback."""
     with pytest.raises(ValueError, match=f"trainer.precision='{precision}'"):
-        TrainerTemplate(accelerator="cpu", precision=precision).check()
+        check_trainer(TrainerTemplate(accelerator="cpu", precision=precision))
 
 
 @pytest.mark.parametrize(
@@ -264,7 +265,7 @@ def test_other_settings_the_loop_does_not_take_are_refused_by_name(
     settings: dict[str, Any], named: str
 ) -> None:
     with pytest.raises(ValueError, match=f"trainer.{named or next(iter(settings))}"):
-        TrainerTemplate(accelerator="cpu", **settings).check()
+        check_trainer(TrainerTemplate(accelerator="cpu", **settings))
 
 
 def test_a_fraction_of_batches_that_leaves_none_is_refused() -> None:

@@ -24,6 +24,7 @@ import pytest
 import torch
 from test_lean import _loader
 
+from fedlit.federation.checks import check_trainer
 from fedlit.federation.fit import TrainerTemplate, compiled, how_to_fit, loop
 from fedlit.federation.fit.compiled import _optimizer_state, one_call_step, whole_step_compiled
 from fedlit.models import Architecture
@@ -188,7 +189,7 @@ def test_a_one_call_setting_other_than_0_or_1_is_refused_by_name(
     naming it, by the run's check of its settings before any work."""
     monkeypatch.setenv("FEDLIT_ONE_CALL", value)
     with pytest.raises(ValueError, match=f"FEDLIT_ONE_CALL='{value}'"):
-        TrainerTemplate(accelerator="cpu").check()
+        check_trainer(TrainerTemplate(accelerator="cpu"))
     objective = SupervisedCE(Architecture(10, 1).build(), lr=0.1)
     with pytest.raises(ValueError, match="FEDLIT_ONE_CALL"):
         how_to_fit(objective, TrainerTemplate(accelerator="cpu", compile="default"))

@@ -6,21 +6,17 @@ compiled or one call a step (:mod:`~fedlit.federation.fit.compiled`), under the 
 
 from fedlit.federation.fit.rule import ONE_CALL_ENV, How, how_to_fit
 from fedlit.federation.fit.settings import (
-    COMPILE_MODES,
     CPU_BF16_ENV,
     TrainerTemplate,
-    compile_toolchain_missing,
     cpu_computes_bf16,
     default_precision,
 )
 
 __all__ = [
-    "COMPILE_MODES",
     "CPU_BF16_ENV",
     "How",
     "ONE_CALL_ENV",
     "TrainerTemplate",
-    "compile_toolchain_missing",
     "cpu_computes_bf16",
     "default_precision",
     "how_to_fit",

@@ -84,7 +84,7 @@ def how_to_fit(module: nn.Module, settings: FitSettings) -> How:
       it. ``federation.compile`` is refused for it (compile it in its own code).
     - fedlit's objectives and evaluator: fedlit's loop (:mod:`fedlit.federation.fit.loop`),
       never a Trainer. The ``trainer`` settings it does not take are refused before the run
-      (:meth:`~fedlit.federation.TrainerTemplate.check`); an objective that overrides a
+      (:func:`~fedlit.federation.checks.check_trainer`); an objective that overrides a
       LightningModule hook the loop does not call, or optimises by hand, is refused here,
       naming it. Then:
 

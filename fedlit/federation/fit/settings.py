@@ -1,53 +1,25 @@
-"""The run's ``trainer`` settings (:class:`TrainerTemplate`), checked once, and the defaults
-fedlit decides for them."""
+"""The run's ``trainer`` settings (:class:`TrainerTemplate`) and the defaults fedlit decides
+for them."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import shlex
-import subprocess
 import sys
-from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, fields, replace
 from typing import Any, Literal
 
 import torch
 from lightning import LightningModule
-from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from fedlit.evaluation.evaluator import Evaluator
 from fedlit.federation.fit import loop, rule, trainer
 from fedlit.federation.fit.compiled import whole_step_compiled
-from fedlit.federation.fit.loop import PRECISIONS, LoopSettings, on_device
-from fedlit.federation.fit.trainer import build
+from fedlit.federation.fit.loop import LoopSettings, on_device
 from fedlit.objectives.base import Objective
 
 #: A ``trainer.precision`` value (Lightning's spellings).
 PrecisionInput = int | str
-
-#: ``federation.compile``: torch.compile's modes for the whole training step (None: eager).
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
-
-
-def compile_toolchain_missing(device: torch.device) -> str | None:
-    """Why ``torch.compile``'s default backend (inductor) cannot build kernels for ``device``
-    here, or None: it compiles C++ on a CPU and Triton kernels on a GPU."""
-    if device.type == "cuda":
-        return None if importlib.util.find_spec("triton") else "the triton package is missing"
-    # inductor's own test of its compiler (``$CXX``, else g++): it answers ``--version``
-    compiler = os.environ.get("CXX") or "g++"
-    try:
-        subprocess.run(
-            [*shlex.split(compiler), "--version"], capture_output=True, check=True, timeout=60
-        )
-        return None
-    except (OSError, ValueError, subprocess.SubprocessError):
-        pass
-    source = f"$CXX={os.environ['CXX']!r}" if os.environ.get("CXX") else "g++"
-    return f"the C++ compiler inductor uses, {source}, does not run"
-
 
 #: Set to "0" or "1", says whether this CPU computes bf16 natively instead of asking torch (the
 #: tests set "0", so that they run in fp32 on every CPU, in subprocesses and workers too).
@@ -80,9 +52,10 @@ class TrainerTemplate:
     """The settings every fit and evaluation shares: a recipe's ``trainer`` group.
 
     The group also names the run directory and the loggers, the federation's own. How each
-    fit runs, :func:`~fedlit.federation.fit.how_to_fit` decides (fedlit's loop refuses, in
-    :meth:`check`, the values it does not take). Every setting but ``compile`` is the
-    ``lightning.Trainer`` argument of the same name, with its default.
+    fit runs, :func:`~fedlit.federation.fit.how_to_fit` decides (the values fedlit's loop does
+    not take are refused before the run: :func:`~fedlit.federation.checks.check_trainer`).
+    Every setting but ``compile`` is the ``lightning.Trainer`` argument of the same name, with
+    its default.
 
     Args:
         accelerator: "cpu", "gpu", "cuda", "mps" or "auto" (a GPU where there is one).
@@ -117,59 +90,6 @@ class TrainerTemplate:
     def settings(self) -> dict[str, Any]:
         """The ``lightning.Trainer`` arguments these settings give (all but ``compile``)."""
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "compile"}
-
-    def check(self) -> None:
-        """Raise ValueError naming the ``trainer.*`` key and its value if these settings cannot
-        train: a GPU accelerator without CUDA, no batch, a negative ``gradient_clip_val`` (0 or
-        None: no clipping), any setting a Trainer refuses, and what fedlit's loop does not
-        take: another ``strategy``, ``accumulate_grad_batches`` other than 1, a ``precision``
-        other than 32-true, bf16-mixed and 16-mixed. Builds one Trainer and writes nothing."""
-        rule.one_call_asked()  # FEDLIT_ONE_CALL: refused by name unless 0 or 1
-        if self.accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
-            raise ValueError(
-                f"trainer.accelerator={self.accelerator!r}: this machine has no CUDA GPU "
-                "(torch.cuda.is_available() is False); use 'cpu' or 'auto'"
-            )
-        ours = "fedlit's loop fits every fedlit objective and runs every evaluation"
-        rules: dict[str, tuple[Callable[[Any], bool], str]] = {
-            "limit_train_batches": (
-                lambda v: v > 0,
-                "must be > 0 (a number of batches, or a fraction in (0, 1]); 0 trains nothing",
-            ),
-            "gradient_clip_val": (lambda v: v >= 0, "must be >= 0 (0 or null: no clipping)"),
-            "accumulate_grad_batches": (
-                lambda v: isinstance(v, int) and v == 1,
-                f"{ours}, one optimiser step a batch; take larger batches (data.batch_size)",
-            ),
-            "precision": (
-                lambda v: v in PRECISIONS,
-                f"{ours}, in 32-true, bf16-mixed or 16-mixed (on a CPU, 16-mixed is bf16-mixed)",
-            ),
-            "strategy": (lambda v: v == "auto", f"{ours}, on one device"),
-        }
-        settings = self.settings()
-        for key, (valid, why) in rules.items():
-            value = settings[key]
-            if value is not None and (isinstance(value, bool) or not valid(value)):
-                raise ValueError(f"trainer.{key}={value!r}: {why}")
-        refused = (MisconfigurationException, ValueError, TypeError, ImportError)
-        try:
-            built = build(settings)
-        except refused as err:
-            reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
-            for key, value in settings.items():  # the one a Trainer refuses on its own
-                try:
-                    build({key: value})
-                except refused:
-                    raise ValueError(f"trainer.{key}={value!r}: {reason}") from err
-            raise ValueError(f"trainer: Lightning refuses these settings: {reason}") from err
-        if built.num_devices > 1:  # a process per device, each re-running the whole command
-            raise ValueError(
-                f"trainer.devices={self.devices!r}: {built.num_devices} devices; fedlit trains "
-                "each step on one device (--trainer.devices 1). Clients in parallel: "
-                "federation.executor pool (several workers may share one GPU) or ray; runs in "
-                "parallel: fedlit compare's jobs"
-            )
 
     def device(self) -> torch.device:
         """The device fits and evaluations train on (the first GPU where there is one and
