@@ -214,7 +214,8 @@ def test_a_new_optimisers_state_is_made_as_its_first_step_makes_it() -> None:
     adam = torch.optim.Adam(params, lr=0.1, fused=True)
     how = _optimizer_state(adam)
     assert how is not None
-    exp_avgs, exp_avg_sqs, steps = how[1]
+    exp_avgs, exp_avg_sqs, maxima, steps = how[1]
+    assert maxima == []  # no AMSGrad
     assert all(s.item() == 0 and s.dtype == torch.float32 for s in steps)
     assert exp_avgs[0] is adam.state[params[0]]["exp_avg"]
     assert exp_avg_sqs[1] is adam.state[params[1]]["exp_avg_sq"]

@@ -21,7 +21,7 @@ from fedlit.data.datamodule import FederatedDataModule
 from fedlit.federation.config import FederationConfig
 from fedlit.federation.fit import TrainerTemplate
 from fedlit.federation.fit.loop import PRECISIONS, limited, optimizer_and_scheduler
-from fedlit.federation.fit.rule import one_call_asked
+from fedlit.federation.fit.settings import one_call_asked
 from fedlit.federation.fit.trainer import build
 from fedlit.federation.seeding import rng_states, set_rng_states
 from fedlit.methods.base import FederatedMethod

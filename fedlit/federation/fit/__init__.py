@@ -4,20 +4,18 @@ objectives and evaluator in fedlit's loop (:mod:`~fedlit.federation.fit.loop`), 
 compiled or one call a step (:mod:`~fedlit.federation.fit.compiled`), under the run's
 ``trainer`` settings (:class:`TrainerTemplate`)."""
 
-from fedlit.federation.fit.rule import ONE_CALL_ENV, How, how_to_fit
 from fedlit.federation.fit.settings import (
-    CPU_BF16_ENV,
+    ONE_CALL_ENV,
+    How,
     TrainerTemplate,
-    cpu_computes_bf16,
     default_precision,
+    how_to_fit,
 )
 
 __all__ = [
-    "CPU_BF16_ENV",
     "How",
     "ONE_CALL_ENV",
     "TrainerTemplate",
-    "cpu_computes_bf16",
     "default_precision",
     "how_to_fit",
 ]

@@ -1,5 +1,5 @@
-"""The run's ``trainer`` settings (:class:`TrainerTemplate`) and the defaults fedlit decides
-for them."""
+"""The run's ``trainer`` settings (:class:`TrainerTemplate`), the defaults fedlit decides for
+them, and the one rule that decides from them how a module is fitted (:func:`how_to_fit`)."""
 
 from __future__ import annotations
 
@@ -11,35 +11,46 @@ from typing import Any, Literal
 
 import torch
 from lightning import LightningModule
+from torch import nn
 
 from fedlit.evaluation.evaluator import Evaluator
-from fedlit.federation.fit import loop, rule, trainer
+from fedlit.federation.fit import loop, trainer
 from fedlit.federation.fit.compiled import whole_step_compiled
-from fedlit.federation.fit.loop import LoopSettings, on_device
+from fedlit.federation.fit.loop import PRECISIONS, LoopSettings, on_device
+from fedlit.machine import cpu_computes_bf16
 from fedlit.objectives.base import Objective
 
 #: A ``trainer.precision`` value (Lightning's spellings).
 PrecisionInput = int | str
 
-#: Set to "0" or "1", says whether this CPU computes bf16 natively instead of asking torch (the
-#: tests set "0", so that they run in fp32 on every CPU, in subprocesses and workers too).
-CPU_BF16_ENV = "FEDLIT_CPU_BF16"
+#: How a fit runs (:func:`how_to_fit`).
+How = Literal["trainer", "eager", "compiled", "one call"]
 
+#: Set to 0, a compiled fit's step is three calls (the step, its backward, the optimiser's
+#: step), not one; 1 or unset: one.
+ONE_CALL_ENV = "FEDLIT_ONE_CALL"
 
-def cpu_computes_bf16() -> bool:
-    """Whether this CPU computes bf16 natively: AVX-512 BF16 or AMX tiles, as torch's CPU
-    capability checks see them (:data:`CPU_BF16_ENV` overrides them)."""
-    forced = os.environ.get(CPU_BF16_ENV)
-    if forced in ("0", "1"):
-        return forced == "1"
-    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
-    return any(bool(getattr(torch.cpu, name, lambda: False)()) for name in checks)
+#: The methods of LightningModule fedlit's loop calls on an objective (besides
+#: :class:`~fedlit.objectives.Objective`'s own hooks) and the evaluator's.
+LOOP_CALLS = frozenset(
+    {"configure_optimizers", "training_step", "forward", "test_step", "on_test_epoch_start"}
+)
+
+#: LightningModule's public methods besides ``nn.Module``'s (its own and its mixins' hooks and
+#: step methods) that fedlit's loop does not call.
+_HOOKS = frozenset(
+    name
+    for cls in LightningModule.__mro__
+    if cls not in (nn.Module, object)
+    for name, value in vars(cls).items()
+    if callable(value) and not name.startswith("_")
+) - LOOP_CALLS
 
 
 def default_precision(accelerator: str = "auto", cpu_bf16: bool | None = None) -> PrecisionInput:
     """The precision of a run that leaves ``trainer.precision`` unset: on a GPU, bf16 mixed
     where supported, else fp16 mixed; on a CPU, bf16 mixed where it computes bf16 natively
-    (``cpu_bf16``; None: :func:`cpu_computes_bf16`), else fp32 (bf16 emulated is slower)."""
+    (``cpu_bf16``; None: :func:`~fedlit.machine.cpu_computes_bf16`), else fp32 (bf16 emulated is slower)."""
     if accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available():
         return "bf16-mixed" if torch.cuda.is_bf16_supported() else "16-mixed"
     if cpu_bf16 is None:
@@ -138,7 +149,7 @@ class TrainerTemplate:
         """Train ``module`` on ``loader`` for ``epochs`` epochs (or ``max_steps`` steps) as
         :func:`~fedlit.federation.fit.how_to_fit` says; ``kept``: a worker's optimisers to
         reuse. Its metrics: an objective's means, a Trainer's ``callback_metrics``."""
-        how = rule.how_to_fit(module, self)
+        how = how_to_fit(module, self)
         if how == "trainer":
             return trainer.fit(module, loader, epochs, max_steps, self.resolved().settings())
         assert isinstance(module, Objective)
@@ -152,12 +163,80 @@ class TrainerTemplate:
             loop.fit(module, batches, epochs, max_steps, settings, compiled, one_call, kept)
         return module.epoch_metrics()
 
-    def test(self, module: LightningModule, loader: Any) -> None:
-        """Run ``module``'s test over ``loader`` as :func:`~fedlit.federation.fit.how_to_fit`
-        says (its metrics stay in the module)."""
-        if rule.how_to_fit(module, self) == "trainer":
-            trainer.test(module, loader, self.resolved().settings())
-            return
-        assert isinstance(module, Evaluator)
+    def test(self, evaluator: Evaluator, loader: Any) -> None:
+        """Run fedlit's evaluator over ``loader`` in fedlit's loop, eager (its metrics stay in
+        the evaluator)."""
         settings = self.loop()
-        loop.test(module, on_device(module, loader, settings.device), settings)
+        loop.test(evaluator, on_device(evaluator, loader, settings.device), settings)
+
+
+def uncalled_hooks(objective: Objective) -> list[str]:
+    """LightningModule's hooks that ``objective``'s class overrides and fedlit's loop does not
+    call."""
+    kind = type(objective)
+    return sorted(h for h in _HOOKS if getattr(kind, h, None) is not getattr(Objective, h, None))
+
+
+def one_call_asked() -> bool:
+    """Whether ``FEDLIT_ONE_CALL`` lets a compiled fit take its step as one call: "1" or unset
+    yes, "0" no; any other value is refused, naming it."""
+    value = os.environ.get(ONE_CALL_ENV, "1").strip()
+    if value not in ("0", "1", ""):
+        raise ValueError(
+            f"{ONE_CALL_ENV}={os.environ[ONE_CALL_ENV]!r}: 1 (a compiled step is one call, the "
+            "default) or 0 (three calls: the step, its backward, the optimiser's step)"
+        )
+    return value != "0"
+
+
+def how_to_fit(module: nn.Module, settings: TrainerTemplate) -> How:
+    """How ``module`` is fitted under ``settings``: the only place that decides.
+
+    - A LightningModule of the user's own (not a fedlit
+      :class:`~fedlit.objectives.Objective`): ``"trainer"``, a Lightning Trainer of the
+      ``trainer`` settings, as Lightning documents it. ``federation.compile`` is refused for
+      it (compile it in its own code).
+    - fedlit's objectives: fedlit's loop (:mod:`fedlit.federation.fit.loop`), never a
+      Trainer. The ``trainer`` settings it does not take are refused before the run
+      (:func:`~fedlit.federation.checks.check_trainer`); an objective that overrides a
+      LightningModule hook the loop does not call, or optimises by hand, is refused here,
+      naming it. Then:
+
+      - ``"eager"``: ``federation.compile`` unset;
+      - ``"one call"``: compiled, the step, its backward and the optimiser's update one
+        compiled call (:class:`~fedlit.federation.fit.compiled.OneCallStep`), where nothing
+        needs them apart: no gradient clipping, no fp16 gradient scaler, no anomaly
+        detection, and ``FEDLIT_ONE_CALL`` not 0 (an optimiser a graph does not hold, SGD or
+        Adam of one group, takes three calls);
+      - ``"compiled"``: compiled, as three calls, elsewhere.
+
+    fedlit's evaluator always runs in fedlit's loop, eager (:meth:`TrainerTemplate.test`).
+    """
+    name = type(module).__name__
+    if not isinstance(module, Objective):
+        if settings.compile is not None:
+            raise ValueError(
+                f"federation.compile={settings.compile!r}: {name} is a LightningModule of your "
+                "own, fitted by a Lightning Trainer as Lightning documents it; compile it in "
+                "its own code, or leave federation.compile null"
+            )
+        return "trainer"
+    hooks = uncalled_hooks(module)
+    if hooks:
+        raise ValueError(
+            f"{name} overrides {', '.join(hooks)}: LightningModule hooks fedlit's loop does "
+            "not call; an objective uses its own hooks (before_fit, after_step, after_fit: "
+            "fedlit.objectives.Objective)"
+        )
+    if not module.automatic_optimization:
+        raise ValueError(f"{name}.automatic_optimization is False: fedlit's loop optimises")
+    if settings.compile is None:
+        return "eager"
+    if type(module).step is Objective.step:
+        raise ValueError(
+            f"federation.compile={settings.compile!r}: {name} defines no step(batch), which "
+            "the compiled fit takes; leave federation.compile null"
+        )
+    apart = settings.gradient_clip_val or settings.detect_anomaly
+    fp16 = PRECISIONS.get(settings.decided_precision()) is torch.float16
+    return "compiled" if apart or fp16 or not one_call_asked() else "one call"

@@ -53,13 +53,6 @@ def fit(
     return {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
 
 
-def test(module: LightningModule, loader: Iterable[Any], settings: dict[str, Any]) -> None:
-    """Run ``module``'s test loop over ``loader`` in a Trainer."""
-    trainer = build(settings)
-    trainer.test(module, dataloaders=loader, verbose=False)
-    _stop_if_terminated(trainer)
-
-
 def _stop_if_terminated(trainer: Trainer) -> None:
     """Stop the run if the Trainer caught a SIGTERM: Lightning's handler only sets a flag,
     raised at the next batch or epoch, so one caught in the last would die with the Trainer."""
