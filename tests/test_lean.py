@@ -18,8 +18,8 @@ from ray_runs import federation
 from fedlit.cli import main
 from fedlit.data.datasets import SPECS
 from fedlit.data.loaders import ImageBatches
-from fedlit.federation import RaySettings
-from fedlit.federation.checks import check_trainer
+from fedlit.federation import FederationConfig, RaySettings
+from fedlit.federation.checks import check_trainer, checked_trainer
 from fedlit.federation.fit import TrainerTemplate, how_to_fit
 from fedlit.methods import FedAvgBYOL, FederatedMethod, FedSEAL, ServerSL, TSClientEMA
 from fedlit.models import Architecture
@@ -284,6 +284,8 @@ def test_16_mixed_on_a_cpu_is_bf16_mixed_as_lightning_has_it(
 ) -> None:
     template = TrainerTemplate(accelerator="cpu", precision="16-mixed")
     assert template.resolved().precision == "bf16-mixed"
+    checked = checked_trainer(template, ServerSL(Architecture(10, 1)), FederationConfig())
+    assert checked.precision == "bf16-mixed"
     assert "trainer.precision='16-mixed' on a CPU: bf16-mixed" in capsys.readouterr().err
     assert template.loop().autocast() == ("cpu", torch.bfloat16)
 

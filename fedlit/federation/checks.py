@@ -19,6 +19,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from fedlit.data.datamodule import FederatedDataModule
 from fedlit.federation.config import FederationConfig
+from fedlit.federation.console import warn
 from fedlit.federation.fit import TrainerTemplate
 from fedlit.federation.fit.loop import PRECISIONS, limited, optimizer_and_scheduler
 from fedlit.federation.fit.settings import one_call_asked
@@ -32,10 +33,13 @@ from fedlit.objectives.base import Objective
 def checked_trainer(
     trainer: TrainerTemplate, method: FederatedMethod, config: FederationConfig
 ) -> TrainerTemplate:
-    """``trainer`` once its settings and the method's federation settings are checked, with
-    ``federation.compile`` where it is set and torch.compile can build kernels here."""
+    """``trainer`` once its settings and the method's federation settings are checked, its
+    precision decided (stderr names one a CPU changes), with ``federation.compile`` where it
+    is set and torch.compile can build kernels here."""
     check_trainer(trainer)
-    trainer = trainer.resolved()  # the precision decided here, for every client and worker
+    given, trainer = trainer.precision, trainer.resolved()  # for every client and worker
+    if given and given != trainer.precision:  # 16-mixed on a CPU
+        warn(f"trainer.precision={given!r} on a CPU: {trainer.precision} is used instead")
     method.check_federation(config)
     if config.compile is None:
         return trainer

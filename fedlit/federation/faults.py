@@ -15,11 +15,11 @@ from typing import Any
 import torch
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from fedlit.federation.fit.trainer import TERMINATED
+
 #: The exit status of ``fedlit fit`` when a round cannot go on (:class:`RoundFailed`); 2 is a
 #: bad setting refused before anything runs, 143 a SIGTERM.
 ROUND_FAILED = 3
-
-TERMINATED = 128 + signal.SIGTERM  # the exit status of a run stopped by SIGTERM
 
 #: ``fault/client_<id>``'s value: why the client was excluded.
 FAULT_CODES = {"raised": 1.0, "nonfinite": 2.0, "died": 3.0}

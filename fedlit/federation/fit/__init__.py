@@ -4,18 +4,6 @@ objectives and evaluator in fedlit's loop (:mod:`~fedlit.federation.fit.loop`), 
 compiled or one call a step (:mod:`~fedlit.federation.fit.compiled`), under the run's
 ``trainer`` settings (:class:`TrainerTemplate`)."""
 
-from fedlit.federation.fit.settings import (
-    ONE_CALL_ENV,
-    How,
-    TrainerTemplate,
-    default_precision,
-    how_to_fit,
-)
+from fedlit.federation.fit.settings import How, TrainerTemplate, default_precision, how_to_fit
 
-__all__ = [
-    "How",
-    "ONE_CALL_ENV",
-    "TrainerTemplate",
-    "default_precision",
-    "how_to_fit",
-]
+__all__ = ["How", "TrainerTemplate", "default_precision", "how_to_fit"]

@@ -1,9 +1,7 @@
-"""A whole training step as one compiled graph (``federation.compile``).
-
-Eager PyTorch launches several hundred small kernels a step of a small network, so on a GPU a
-round is bound by the host. Compiled, a step is one graph (``fullgraph=True``: a graph break is
-an error): the views of the batch (:meth:`~fedlit.data.loaders.DrawnBatch.expand`), the
-objective's :meth:`~fedlit.objectives.Objective.step` and its backward; where
+"""A whole training step as one compiled graph (``federation.compile``; why and what it
+costs: docs/executors.md, *Compiled steps*), ``fullgraph=True`` (a graph break is an error):
+the views of the batch (:meth:`~fedlit.data.loaders.DrawnBatch.expand`), the objective's
+:meth:`~fedlit.objectives.Objective.step` and its backward; where
 :func:`fedlit.federation.fit.how_to_fit` allows it, the optimiser's update too
 (:class:`OneCallStep`). ``reduce-overhead`` records the graphs as CUDA graphs.
 

@@ -4,7 +4,6 @@ them, and the one rule that decides from them how a module is fitted (:func:`how
 from __future__ import annotations
 
 import os
-import sys
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, fields, replace
 from typing import Any, Literal
@@ -38,19 +37,20 @@ LOOP_CALLS = frozenset(
 
 #: LightningModule's public methods besides ``nn.Module``'s (its own and its mixins' hooks and
 #: step methods) that fedlit's loop does not call.
-_HOOKS = frozenset(
+_HOOKS = {
     name
     for cls in LightningModule.__mro__
     if cls not in (nn.Module, object)
     for name, value in vars(cls).items()
-    if callable(value) and not name.startswith("_")
-) - LOOP_CALLS
+    if callable(value) and not name.startswith("_") and name not in LOOP_CALLS
+}
 
 
 def default_precision(accelerator: str = "auto", cpu_bf16: bool | None = None) -> PrecisionInput:
     """The precision of a run that leaves ``trainer.precision`` unset: on a GPU, bf16 mixed
     where supported, else fp16 mixed; on a CPU, bf16 mixed where it computes bf16 natively
-    (``cpu_bf16``; None: :func:`~fedlit.machine.cpu_computes_bf16`), else fp32 (bf16 emulated is slower)."""
+    (``cpu_bf16``; None: :func:`~fedlit.machine.cpu_computes_bf16`), else fp32 (bf16
+    emulated is slower)."""
     if accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available():
         return "bf16-mixed" if torch.cuda.is_bf16_supported() else "16-mixed"
     if cpu_bf16 is None:
@@ -109,22 +109,14 @@ class TrainerTemplate:
         return torch.device("cuda") if gpu else torch.device("cpu")
 
     def resolved(self) -> TrainerTemplate:
-        """These settings with ``precision`` decided (:func:`default_precision` where it is
-        unset), once, in the driver's process: every client and worker then trains in the
-        same precision. On a CPU, 16-mixed is bf16-mixed, as Lightning has it (CPU autocast
-        in fp16 is slow and has no gradient scaler); stderr says so, naming the key."""
-        precision = self.decided_precision()
-        if precision != (self.precision or precision):
-            print(
-                f"warning: trainer.precision={self.precision!r} on a CPU: {precision} is used "
-                "instead",
-                file=sys.stderr,
-            )
-        return replace(self, precision=precision)
+        """These settings with :meth:`decided_precision` (once, in the driver's process, so
+        that every client and worker trains in the same precision)."""
+        return replace(self, precision=self.decided_precision())
 
     def decided_precision(self) -> PrecisionInput:
         """``precision``, or :func:`default_precision` where it is unset; 16-mixed on a CPU is
-        bf16-mixed."""
+        bf16-mixed, as Lightning has it (CPU autocast in fp16 is slow and has no gradient
+        scaler)."""
         precision = self.precision or default_precision(self.accelerator)
         if precision in ("16-mixed", "16") and self.device().type == "cpu":
             return "bf16-mixed"
@@ -155,12 +147,11 @@ class TrainerTemplate:
         assert isinstance(module, Objective)
         settings = self.loop()
         batches = on_device(module, loader, settings.device)
-        fields: AbstractContextManager[dict[str, Any]] = (
-            whole_step_compiled(module, self.compile) if self.compile else nullcontext({})
-        )
-        with fields as compiled:
-            one_call = how == "one call"
-            loop.fit(module, batches, epochs, max_steps, settings, compiled, one_call, kept)
+        compiled: AbstractContextManager[dict[str, Any]] = nullcontext({})
+        if self.compile:
+            compiled = whole_step_compiled(module, self.compile)
+        with compiled as fields:
+            loop.fit(module, batches, epochs, max_steps, settings, fields, how == "one call", kept)
         return module.epoch_metrics()
 
     def test(self, evaluator: Evaluator, loader: Any) -> None:
@@ -168,13 +159,6 @@ class TrainerTemplate:
         the evaluator)."""
         settings = self.loop()
         loop.test(evaluator, on_device(evaluator, loader, settings.device), settings)
-
-
-def uncalled_hooks(objective: Objective) -> list[str]:
-    """LightningModule's hooks that ``objective``'s class overrides and fedlit's loop does not
-    call."""
-    kind = type(objective)
-    return sorted(h for h in _HOOKS if getattr(kind, h, None) is not getattr(Objective, h, None))
 
 
 def one_call_asked() -> bool:
@@ -212,7 +196,8 @@ def how_to_fit(module: nn.Module, settings: TrainerTemplate) -> How:
 
     fedlit's evaluator always runs in fedlit's loop, eager (:meth:`TrainerTemplate.test`).
     """
-    name = type(module).__name__
+    kind = type(module)
+    name = kind.__name__
     if not isinstance(module, Objective):
         if settings.compile is not None:
             raise ValueError(
@@ -221,7 +206,7 @@ def how_to_fit(module: nn.Module, settings: TrainerTemplate) -> How:
                 "its own code, or leave federation.compile null"
             )
         return "trainer"
-    hooks = uncalled_hooks(module)
+    hooks = sorted(h for h in _HOOKS if getattr(kind, h, None) is not getattr(Objective, h, None))
     if hooks:
         raise ValueError(
             f"{name} overrides {', '.join(hooks)}: LightningModule hooks fedlit's loop does "

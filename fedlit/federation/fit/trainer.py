@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import signal
 import warnings
 from collections.abc import Iterable
 from typing import Any
@@ -10,13 +11,13 @@ from typing import Any
 from lightning import LightningModule, Trainer
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from fedlit.federation.faults import TERMINATED
-
 # A Trainer per fit would otherwise print its device banner and worker hints every time.
 for _name in ("lightning.pytorch.utilities.rank_zero", "lightning.pytorch.accelerators.cuda"):
     logging.getLogger(_name).setLevel(logging.WARNING)
 warnings.filterwarnings("ignore", message=r".*does not have many workers.*")
 warnings.filterwarnings("ignore", message=r".*LeafSpec.*")  # lightning internals, torch 2.14
+
+TERMINATED = 128 + signal.SIGTERM  # the exit status of a run stopped by SIGTERM
 
 
 def build(settings: dict[str, Any], **length: Any) -> Trainer:
@@ -44,10 +45,8 @@ def fit(
 ) -> dict[str, float]:
     """Train ``module`` in a Trainer for ``epochs`` epochs (or ``max_steps`` steps); what it
     logged with ``self.log`` (``callback_metrics``), as floats."""
-    length: dict[str, Any] = {"max_epochs": epochs if max_steps is None else -1}
-    if max_steps is not None:
-        length["max_steps"] = max_steps
-    trainer = build(settings, **length)
+    steps = -1 if max_steps is None else max_steps  # -1: Lightning's "no limit"
+    trainer = build(settings, max_epochs=epochs if max_steps is None else -1, max_steps=steps)
     trainer.fit(module, train_dataloaders=loader)
     _stop_if_terminated(trainer)
     return {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
