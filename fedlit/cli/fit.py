@@ -26,8 +26,8 @@ from fedlit.cli.common import (
 from fedlit.cli.test import TEST_HELP, run_test
 from fedlit.data.datamodule import FederatedDataModule
 from fedlit.federation import Federation, FederationConfig, TrainerTemplate, load_checkpoint
-from fedlit.federation.checks import check_trainer
 from fedlit.federation.checkpoint import WRITE_FAILED, WriteFailed, write_error
+from fedlit.federation.checks import check_trainer
 from fedlit.federation.config import DEFAULT_POOL, DEFAULT_RAY
 from fedlit.federation.console import warn
 from fedlit.federation.faults import ROUND_FAILED, RoundFailed, stop_on_sigterm
