@@ -15,8 +15,7 @@ import pytest
 import torch
 
 from fedlit.data.datasets import DEBIAN_FASHION_MNIST, stage_debian_fashion_mnist
-from fedlit.federation.fit import CPU_BF16_ENV
-from fedlit.machine import available_cores
+from fedlit.machine import CPU_BF16_ENV, available_cores
 
 # The tests run in fp32 on every CPU (the default is bf16 on a CPU that computes it natively):
 # their numbers do not depend on the machine. Set in the environment, so that the `fedlit`

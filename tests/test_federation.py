@@ -263,8 +263,8 @@ def test_invalid_federation_settings(fmnist_root: Path, tmp_path: Path) -> None:
 
 
 class _SignalsItself(LightningModule):
-    """Sends itself SIGTERM where Lightning's loops no longer look for it: in the last test
-    batch, or after the last training epoch."""
+    """Sends itself SIGTERM where Lightning's loops no longer look for it: after the last
+    training epoch."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -276,25 +276,16 @@ class _SignalsItself(LightningModule):
     def on_train_end(self) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
-    def test_step(self, batch: list[torch.Tensor], batch_idx: int) -> None:
-        if batch_idx == 1:  # the last of two batches
-            os.kill(os.getpid(), signal.SIGTERM)
-
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
-@pytest.mark.parametrize("step", ["fit", "test"])
-def test_sigterm_caught_by_a_per_step_trainer_stops_the_run(step: str) -> None:
+def test_sigterm_caught_by_a_per_step_trainer_stops_the_run() -> None:
     """A SIGTERM (a scheduler's time limit) that a per-step Trainer caught too late to act on
     still stops the federation instead of being forgotten with that Trainer."""
     loader = DataLoader(TensorDataset(torch.zeros(4, 2)), batch_size=2)
-    template = TrainerTemplate(accelerator="cpu")
     with pytest.raises(SIGTERMException):
-        if step == "fit":
-            template.fit(_SignalsItself(), loader, epochs=1)
-        else:
-            template.test(_SignalsItself(), loader)
+        TrainerTemplate(accelerator="cpu").fit(_SignalsItself(), loader, epochs=1)
 
 
 def test_client_hooks_get_only_the_clients_own_data(fmnist_root: Path, tmp_path: Path) -> None:
@@ -486,7 +477,7 @@ def test_compile_setting_refused_with_a_clear_error(
     def no_compiler(*args: object, **kwargs: object) -> None:
         raise FileNotFoundError("no such compiler")
 
-    monkeypatch.setattr("fedlit.federation.fit.settings.subprocess.run", no_compiler)
+    monkeypatch.setattr("fedlit.federation.checks.subprocess.run", no_compiler)
     fed = _federation(fmnist_root, tmp_path / "r", compile="default")
     with pytest.raises(ValueError, match=r"federation\.compile='default'.*C\+\+ compiler"):
         fed.prepare()

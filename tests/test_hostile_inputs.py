@@ -20,6 +20,7 @@ from conftest import lock_held_by_another_process, tiny_overrides
 
 from fedlit.cli import main
 from fedlit.federation import TrainerTemplate
+from fedlit.federation.checks import check_trainer
 from fedlit.refusals import with_full_key
 from fedlit.run_layout import enclosing_run, write_path_error
 
@@ -659,10 +660,10 @@ def test_trainer_values_with_a_meaning_are_accepted() -> None:
     accepted = TrainerTemplate(
         accelerator="cpu", gradient_clip_val=0, limit_train_batches=1.0, accumulate_grad_batches=1
     )
-    accepted.check()
+    check_trainer(accepted)
     assert accepted.loop().gradient_clip_val == 0
     with pytest.raises(ValueError, match=r"^trainer\.gradient_clip_val=-0\.5: must be >= 0"):
-        TrainerTemplate(accelerator="cpu", gradient_clip_val=-0.5).check()
+        check_trainer(TrainerTemplate(accelerator="cpu", gradient_clip_val=-0.5))
 
 
 def test_a_short_key_is_written_in_full_only_where_one_setting_fits() -> None:

@@ -18,7 +18,8 @@ from ray_runs import federation
 from fedlit.cli import main
 from fedlit.data.datasets import SPECS
 from fedlit.data.loaders import ImageBatches
-from fedlit.federation import RaySettings
+from fedlit.federation import FederationConfig, RaySettings
+from fedlit.federation.checks import check_trainer, checked_trainer
 from fedlit.federation.fit import TrainerTemplate, how_to_fit
 from fedlit.methods import FedAvgBYOL, FederatedMethod, FedSEAL, ServerSL, TSClientEMA
 from fedlit.models import Architecture
@@ -253,7 +254,7 @@ def test_precisions_the_loop_does_not_take_are_refused_by_name(precision: str) -
     """They once reached a Trainer that converted the input before fedlit made the views on
     the device, and ended in a dtype mismatch's traceback."""
     with pytest.raises(ValueError, match=f"trainer.precision='{precision}'"):
-        TrainerTemplate(accelerator="cpu", precision=precision).check()
+        check_trainer(TrainerTemplate(accelerator="cpu", precision=precision))
 
 
 @pytest.mark.parametrize(
@@ -264,7 +265,7 @@ def test_other_settings_the_loop_does_not_take_are_refused_by_name(
     settings: dict[str, Any], named: str
 ) -> None:
     with pytest.raises(ValueError, match=f"trainer.{named or next(iter(settings))}"):
-        TrainerTemplate(accelerator="cpu", **settings).check()
+        check_trainer(TrainerTemplate(accelerator="cpu", **settings))
 
 
 def test_a_fraction_of_batches_that_leaves_none_is_refused() -> None:
@@ -283,6 +284,8 @@ def test_16_mixed_on_a_cpu_is_bf16_mixed_as_lightning_has_it(
 ) -> None:
     template = TrainerTemplate(accelerator="cpu", precision="16-mixed")
     assert template.resolved().precision == "bf16-mixed"
+    checked = checked_trainer(template, ServerSL(Architecture(10, 1)), FederationConfig())
+    assert checked.precision == "bf16-mixed"
     assert "trainer.precision='16-mixed' on a CPU: bf16-mixed" in capsys.readouterr().err
     assert template.loop().autocast() == ("cpu", torch.bfloat16)
 

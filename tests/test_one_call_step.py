@@ -24,6 +24,7 @@ import pytest
 import torch
 from test_lean import _loader
 
+from fedlit.federation.checks import check_trainer
 from fedlit.federation.fit import TrainerTemplate, compiled, how_to_fit, loop
 from fedlit.federation.fit.compiled import _optimizer_state, one_call_step, whole_step_compiled
 from fedlit.models import Architecture
@@ -188,7 +189,7 @@ def test_a_one_call_setting_other_than_0_or_1_is_refused_by_name(
     naming it, by the run's check of its settings before any work."""
     monkeypatch.setenv("FEDLIT_ONE_CALL", value)
     with pytest.raises(ValueError, match=f"FEDLIT_ONE_CALL='{value}'"):
-        TrainerTemplate(accelerator="cpu").check()
+        check_trainer(TrainerTemplate(accelerator="cpu"))
     objective = SupervisedCE(Architecture(10, 1).build(), lr=0.1)
     with pytest.raises(ValueError, match="FEDLIT_ONE_CALL"):
         how_to_fit(objective, TrainerTemplate(accelerator="cpu", compile="default"))
@@ -213,7 +214,8 @@ def test_a_new_optimisers_state_is_made_as_its_first_step_makes_it() -> None:
     adam = torch.optim.Adam(params, lr=0.1, fused=True)
     how = _optimizer_state(adam)
     assert how is not None
-    exp_avgs, exp_avg_sqs, steps = how[1]
+    exp_avgs, exp_avg_sqs, maxima, steps = how[1]
+    assert maxima == []  # no AMSGrad
     assert all(s.item() == 0 and s.dtype == torch.float32 for s in steps)
     assert exp_avgs[0] is adam.state[params[0]]["exp_avg"]
     assert exp_avg_sqs[1] is adam.state[params[1]]["exp_avg_sq"]

@@ -15,12 +15,8 @@ import torch
 
 from fedlit.data.augment import BatchView
 from fedlit.data.datasets import dataset_spec
-from fedlit.federation.fit import (
-    CPU_BF16_ENV,
-    TrainerTemplate,
-    cpu_computes_bf16,
-    default_precision,
-)
+from fedlit.federation.fit import TrainerTemplate, default_precision
+from fedlit.machine import CPU_BF16_ENV, cpu_computes_bf16
 from fedlit.objectives.fedmatch import agreement_pseudo_labels
 from fedlit.objectives.fedseal import complementary_loss
 from fedlit.objectives.teacher_student import kl_to_uniform

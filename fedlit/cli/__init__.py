@@ -193,7 +193,7 @@ def console_main() -> None:
     except SystemExit as end:
         if "fedlit.cli.fit" in sys.modules:  # a command ran (else nothing could stop it)
             from fedlit.cli.fit import INTERRUPTED
-            from fedlit.federation.fit import TERMINATED
+            from fedlit.federation.fit.trainer import TERMINATED
 
             if end.code in (TERMINATED, INTERRUPTED):
                 exit_now(end.code)
@@ -286,7 +286,7 @@ def main(args: Sequence[str] | None = None) -> None:
 
     from fedlit.cli.fit import INTERRUPTED, FedlitCLI
     from fedlit.data.own.torch_datasets import UserCodeFailed
-    from fedlit.federation.fit import TERMINATED
+    from fedlit.federation.fit.trainer import TERMINATED
 
     try:
         if argv and argv[0] in COMMANDS:

@@ -27,11 +27,11 @@ from fedlit.cli.test import TEST_HELP, run_test
 from fedlit.data.datamodule import FederatedDataModule
 from fedlit.federation import Federation, FederationConfig, TrainerTemplate, load_checkpoint
 from fedlit.federation.checkpoint import WRITE_FAILED, WriteFailed, write_error
+from fedlit.federation.checks import check_trainer
 from fedlit.federation.config import DEFAULT_POOL, DEFAULT_RAY
 from fedlit.federation.console import warn
-from fedlit.federation.faults import ROUND_FAILED, RoundFailed
+from fedlit.federation.faults import ROUND_FAILED, RoundFailed, stop_on_sigterm
 from fedlit.federation.rundir import free_config_name
-from fedlit.federation.fit import stop_on_sigterm
 from fedlit.federation.trial import TrialPruned, trial_callbacks
 from fedlit.machine import available_cores
 from fedlit.methods import FederatedMethod
@@ -197,7 +197,7 @@ class FedlitCLI(LightningCLI):
                 self.parser.error(error)
         if self.subcommand in ("fit", "test"):
             try:
-                template(config["trainer"]).check()
+                check_trainer(template(config["trainer"]))
             except ValueError as err:
                 self.parser.error(str(err))
         if self.subcommand == "fit":

@@ -28,6 +28,7 @@ from fedlit.data.datamodule import FederatedDataModule
 from fedlit.federation.config import FederationConfig
 from fedlit.federation.console import note, warn
 from fedlit.federation.faults import ROUND_FAILED, ClientFault
+from fedlit.federation.fit import TrainerTemplate
 from fedlit.federation.loggers import RoundCSVLogger, start_wandb
 from fedlit.federation.resume import Checkpointer
 from fedlit.federation.warmstart import WarmStart
@@ -43,12 +44,13 @@ Ending = Literal["success", "failed", "stopped"]
 
 class RunView(Protocol):
     """What a callback sees of a run (:class:`~fedlit.federation.driver.Federation` is one),
-    read and never changed: its method, data, settings, directory, seed, flat config
-    (``hparams``) and ``progress`` setting; the first round this process runs
-    (``start_round``: 1, or the round after a resumed checkpoint); each client's number of
-    visits; the metrics of the rounds run so far (``history``); its checkpoint, written
-    through ``checkpointer``; and the warm start it starts from afresh (``source``, None for a
-    fresh start or a resume); and the server's training budget (``server_budget``)."""
+    read and never changed: what it was given (its method, data, settings, trainer settings,
+    directory, seed and loggers), its flat config (``hparams``) and ``progress`` setting; the
+    first round this process runs (``start_round``: 1, or the round after a resumed
+    checkpoint); each client's number of visits; the metrics of the rounds run so far
+    (``history``); its checkpoint, written through ``checkpointer``; and the warm start it
+    starts from afresh (``source``, None for a fresh start or a resume); and the server's
+    training budget (``server_budget``)."""
 
     @property
     def method(self) -> FederatedMethod: ...
@@ -57,9 +59,13 @@ class RunView(Protocol):
     @property
     def config(self) -> FederationConfig: ...
     @property
+    def trainer(self) -> TrainerTemplate: ...
+    @property
     def run_dir(self) -> Path: ...
     @property
     def seed(self) -> int: ...
+    @property
+    def loggers(self) -> Sequence[Logger]: ...
     @property
     def hparams(self) -> dict[str, Any]: ...
     @property

@@ -1,17 +1,29 @@
-"""The checks a run makes before any work: its Trainer settings, and whether the method, the
-federation's settings and the data fit together. A refusal is a ValueError naming the key."""
+"""The checks a run makes before any work: its Trainer settings, whether torch.compile can
+build kernels here, and whether the method, the federation's settings and the data fit
+together. A refusal is a ValueError naming the key."""
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
+import importlib.util
+import os
+import shlex
+import subprocess
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
+from typing import Any
+
+import torch
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from fedlit.data.datamodule import FederatedDataModule
 from fedlit.federation.config import FederationConfig
-from fedlit.federation.fit import TrainerTemplate, compile_toolchain_missing
-from fedlit.federation.fit.loop import limited, optimizer_and_scheduler
+from fedlit.federation.console import warn
+from fedlit.federation.fit import TrainerTemplate
+from fedlit.federation.fit.loop import PRECISIONS, limited, optimizer_and_scheduler
+from fedlit.federation.fit.settings import one_call_asked
+from fedlit.federation.fit.trainer import build
 from fedlit.federation.seeding import rng_states, set_rng_states
 from fedlit.methods.base import FederatedMethod
 from fedlit.methods.plan import CentralTraining
@@ -21,10 +33,13 @@ from fedlit.objectives.base import Objective
 def checked_trainer(
     trainer: TrainerTemplate, method: FederatedMethod, config: FederationConfig
 ) -> TrainerTemplate:
-    """``trainer`` once its settings and the method's federation settings are checked, with
-    ``federation.compile`` where it is set and torch.compile can build kernels here."""
-    trainer.check()
-    trainer = trainer.resolved()  # the precision decided here, for every client and worker
+    """``trainer`` once its settings and the method's federation settings are checked, its
+    precision decided (stderr names one a CPU changes), with ``federation.compile`` where it
+    is set and torch.compile can build kernels here."""
+    check_trainer(trainer)
+    given, trainer = trainer.precision, trainer.resolved()  # for every client and worker
+    if given and given != trainer.precision:  # 16-mixed on a CPU
+        warn(f"trainer.precision={given!r} on a CPU: {trainer.precision} is used instead")
     method.check_federation(config)
     if config.compile is None:
         return trainer
@@ -36,6 +51,78 @@ def checked_trainer(
             f"for {device.type} here ({missing}); leave federation.compile null"
         )
     return replace(trainer, compile=config.compile)
+
+
+def check_trainer(trainer: TrainerTemplate) -> None:
+    """Raise ValueError naming the ``trainer.*`` key and its value if ``trainer`` cannot
+    train: a GPU accelerator without CUDA, no batch, a negative ``gradient_clip_val`` (0 or
+    None: no clipping), any setting a Trainer refuses, and what fedlit's loop does not take:
+    another ``strategy``, ``accumulate_grad_batches`` other than 1, a ``precision`` other than
+    32-true, bf16-mixed and 16-mixed. Builds one Trainer and writes nothing."""
+    one_call_asked()  # FEDLIT_ONE_CALL: refused by name unless 0 or 1
+    if trainer.accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
+        raise ValueError(
+            f"trainer.accelerator={trainer.accelerator!r}: this machine has no CUDA GPU "
+            "(torch.cuda.is_available() is False); use 'cpu' or 'auto'"
+        )
+    ours = "fedlit's loop fits every fedlit objective and runs every evaluation"
+    rules: dict[str, tuple[Callable[[Any], bool], str]] = {
+        "limit_train_batches": (
+            lambda v: v > 0,
+            "must be > 0 (a number of batches, or a fraction in (0, 1]); 0 trains nothing",
+        ),
+        "gradient_clip_val": (lambda v: v >= 0, "must be >= 0 (0 or null: no clipping)"),
+        "accumulate_grad_batches": (
+            lambda v: isinstance(v, int) and v == 1,
+            f"{ours}, one optimiser step a batch; take larger batches (data.batch_size)",
+        ),
+        "precision": (
+            lambda v: v in PRECISIONS,
+            f"{ours}, in 32-true, bf16-mixed or 16-mixed (on a CPU, 16-mixed is bf16-mixed)",
+        ),
+        "strategy": (lambda v: v == "auto", f"{ours}, on one device"),
+    }
+    settings = trainer.settings()
+    for key, (valid, why) in rules.items():
+        value = settings[key]
+        if value is not None and (isinstance(value, bool) or not valid(value)):
+            raise ValueError(f"trainer.{key}={value!r}: {why}")
+    refused = (MisconfigurationException, ValueError, TypeError, ImportError)
+    try:
+        built = build(settings)
+    except refused as err:
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        for key, value in settings.items():  # the one a Trainer refuses on its own
+            try:
+                build({key: value})
+            except refused:
+                raise ValueError(f"trainer.{key}={value!r}: {reason}") from err
+        raise ValueError(f"trainer: Lightning refuses these settings: {reason}") from err
+    if built.num_devices > 1:  # a process per device, each re-running the whole command
+        raise ValueError(
+            f"trainer.devices={trainer.devices!r}: {built.num_devices} devices; fedlit trains "
+            "each step on one device (--trainer.devices 1). Clients in parallel: "
+            "federation.executor pool (several workers may share one GPU) or ray; runs in "
+            "parallel: fedlit compare's jobs"
+        )
+
+
+def compile_toolchain_missing(device: torch.device) -> str | None:
+    """Why ``torch.compile``'s default backend (inductor) cannot build kernels for ``device``
+    here, or None: it compiles C++ on a CPU and Triton kernels on a GPU."""
+    if device.type == "cuda":
+        return None if importlib.util.find_spec("triton") else "the triton package is missing"
+    # inductor's own test of its compiler (``$CXX``, else g++): it answers ``--version``
+    compiler = os.environ.get("CXX") or "g++"
+    try:
+        subprocess.run(
+            [*shlex.split(compiler), "--version"], capture_output=True, check=True, timeout=60
+        )
+        return None
+    except (OSError, ValueError, subprocess.SubprocessError):
+        pass
+    source = f"$CXX={os.environ['CXX']!r}" if os.environ.get("CXX") else "g++"
+    return f"the C++ compiler inductor uses, {source}, does not run"
 
 
 def check_batches(trainer: TrainerTemplate, data: FederatedDataModule) -> None:

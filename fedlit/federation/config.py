@@ -10,7 +10,6 @@ from typing import Literal
 from fedlit.evaluation import PROTOCOLS
 from fedlit.federation.executors import RaySettings, check_executor
 from fedlit.federation.pool import PoolSettings
-from fedlit.federation.fit import COMPILE_MODES
 from fedlit.run_layout import PLACEMENT_KEYS
 
 #: Settings a resume may change without saying so: how long the run goes on, where it is
@@ -23,6 +22,8 @@ RESUME_MAY_CHANGE = (
     "federation.min_clients",
 )
 
+#: ``federation.compile``: torch.compile's modes for the whole training step (None: eager).
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
 
 DEFAULT_RAY = RaySettings()
 DEFAULT_POOL = PoolSettings()

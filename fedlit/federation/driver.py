@@ -18,14 +18,14 @@ from fedlit.federation.checks import check_fits, checked_trainer, loading_data
 from fedlit.federation.client import ClientRunner
 from fedlit.federation.config import FederationConfig, FederationResult
 from fedlit.federation.executors import ClientExecutor, make_executor
-from fedlit.federation.faults import RoundFailed
+from fedlit.federation.faults import RoundFailed, stop_on_sigterm
 from fedlit.federation.resume import Checkpointer, check_may_change, load_resume
 from fedlit.federation.rounds import RoundContext, run_round
 from fedlit.federation.rundir import RunDirectory
 from fedlit.federation.server import Server
 from fedlit.federation.settings import recorded_settings
 from fedlit.federation.store import CLIENT_DIR, ClientStateStore
-from fedlit.federation.fit import TrainerTemplate, stop_on_sigterm
+from fedlit.federation.fit import TrainerTemplate
 from fedlit.federation.warmstart import WarmStart, load_warm_start, start_afresh
 from fedlit.methods.base import FederatedMethod
 from fedlit.run_layout import WARM_START_EVAL

@@ -1,16 +1,21 @@
 """Faults a round survives (a client that raises, uploads non-finite values or whose worker process
-dies on every attempt) and those that stop the run (too few clients left, a global model that is
-no longer finite)."""
+dies on every attempt), those that stop the run (too few clients left, a global model that is
+no longer finite), and the run's answer to SIGTERM (:func:`stop_on_sigterm`)."""
 
 from __future__ import annotations
 
 import math
 import signal
+import threading
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from fedlit.federation.fit.trainer import TERMINATED
 
 #: The exit status of ``fedlit fit`` when a round cannot go on (:class:`RoundFailed`); 2 is a
 #: bad setting refused before anything runs, 143 a SIGTERM.
@@ -130,3 +135,29 @@ def name_list(names: Sequence[str], shown: int = 3) -> str:
     """The first ``shown`` names, comma-separated, and how many more there are."""
     more = f" and {len(names) - shown} more" if len(names) > shown else ""
     return ", ".join(names[:shown]) + more
+
+
+@contextmanager
+def stop_on_sigterm() -> Iterator[None]:
+    """While a run runs (in the main thread), make a SIGTERM stop it cleanly wherever it comes.
+
+    Inside a Trainer's fit, Lightning's handler is the one installed (it calls this one after
+    its own): the run stops at that fit's end (:mod:`fedlit.federation.fit.trainer`). Anywhere
+    else (fedlit's loop, aggregation, writing metrics or a checkpoint, waiting for Ray's
+    workers), the signal raises :class:`SIGTERMException` at once, so the run's ``finally``
+    blocks run (a half-written file's temporary removed, Ray shut down, the lock released) and
+    ``fedlit fit`` exits with status 143. Either way the last checkpoint is whole.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        if signal.getsignal(signal.SIGTERM) is handler:  # not inside a Trainer's fit
+            raise SIGTERMException(TERMINATED)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

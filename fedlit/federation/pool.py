@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from fedlit.federation.faults import WorkerDied
-from fedlit.federation.fit import TERMINATED
+from fedlit.federation.fit.trainer import TERMINATED
 from fedlit.lifeline import parent_death_signal, run_tied
 from fedlit.machine import available_cores
 

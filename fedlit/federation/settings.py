@@ -10,21 +10,17 @@ object does not keep) is left out, never guessed."""
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
 from dataclasses import fields, is_dataclass
 from importlib import import_module
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
-from lightning.pytorch.loggers import Logger
 from torch import Tensor
 
 from fedlit.data.datamodule import FederatedDataModule
 from fedlit.data.sources import BuiltIn, Files, TorchDatasets
-from fedlit.federation.config import FederationConfig
-from fedlit.federation.fit import TrainerTemplate
-from fedlit.methods.base import FederatedMethod
+from fedlit.federation.callbacks import RunView
 from fedlit.run_layout import flat_config
 
 #: A value the record leaves out: it cannot be written as a setting.
@@ -34,26 +30,7 @@ _UNKNOWN = object()
 _DEPTH = 8
 
 
-class Given(Protocol):
-    """What a run is given (:class:`~fedlit.federation.driver.Federation`'s fields)."""
-
-    @property
-    def method(self) -> FederatedMethod: ...
-    @property
-    def data(self) -> FederatedDataModule: ...
-    @property
-    def config(self) -> FederationConfig: ...
-    @property
-    def seed(self) -> int: ...
-    @property
-    def trainer(self) -> TrainerTemplate: ...
-    @property
-    def run_dir(self) -> Path: ...
-    @property
-    def loggers(self) -> Sequence[Logger]: ...
-
-
-def recorded_settings(run: Given) -> dict[str, Any]:
+def recorded_settings(run: RunView) -> dict[str, Any]:
     """The flat config of ``run``, dotted keys, as ``fedlit fit`` records it for the same run.
 
     As the CLI records them, the network's ``num_classes``, ``in_channels`` and ``image_size``
@@ -62,8 +39,7 @@ def recorded_settings(run: Given) -> dict[str, Any]:
     false for a run without loggers and left out for one with loggers."""
     method, data, trainer = run.method, run.data, run.trainer
     settings: dict[str, Any] = {"seed_everything": run.seed}
-    tmpl = {f.name: getattr(trainer, f.name) for f in fields(trainer) if f.name != "compile"}
-    settings["trainer"] = tmpl | {"default_root_dir": str(run.run_dir)}
+    settings["trainer"] = trainer.settings() | {"default_root_dir": str(run.run_dir)}
     if not run.loggers:
         settings["trainer"]["logger"] = False
     given = method.hparams  # its arguments, not what Lightning's CLI adds (``_class_path``)

@@ -52,16 +52,18 @@ class ReportToStudy(Callback):
         import optuna
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
+        storage = open_storage(self.storage)
         study = optuna.load_study(
-            study_name=self.study_name,
-            storage=open_storage(self.storage),
-            pruner=make_pruner(self.pruner),
+            study_name=self.study_name, storage=storage, pruner=make_pruner(self.pruner)
         )
-        frozen = study.get_trials(deepcopy=False)[self.number]
-        trial = optuna.Trial(study, frozen._trial_id)
+        # the trial's id in the storage, from its number (the storage's public reads)
+        study_id = storage.get_study_id_from_name(self.study_name)
+        trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, self.number)
+        reported = storage.get_trial(trial_id).intermediate_values
+        trial = optuna.Trial(study, trial_id)
         for row in run.history:
             step = self.step + int(row["round"])
-            if self.objective in row and step not in frozen.intermediate_values:
+            if self.objective in row and step not in reported:
                 trial.report(float(row[self.objective]), step)
         if round_idx < run.config.rounds and trial.should_prune():
             marker = {"round": round_idx, "step": self.step + round_idx}

@@ -4,27 +4,6 @@ objectives and evaluator in fedlit's loop (:mod:`~fedlit.federation.fit.loop`), 
 compiled or one call a step (:mod:`~fedlit.federation.fit.compiled`), under the run's
 ``trainer`` settings (:class:`TrainerTemplate`)."""
 
-from fedlit.federation.fit.rule import ONE_CALL_ENV, How, how_to_fit
-from fedlit.federation.fit.settings import (
-    COMPILE_MODES,
-    CPU_BF16_ENV,
-    TrainerTemplate,
-    compile_toolchain_missing,
-    cpu_computes_bf16,
-    default_precision,
-)
-from fedlit.federation.fit.trainer import TERMINATED, stop_on_sigterm
+from fedlit.federation.fit.settings import How, TrainerTemplate, default_precision, how_to_fit
 
-__all__ = [
-    "COMPILE_MODES",
-    "CPU_BF16_ENV",
-    "How",
-    "ONE_CALL_ENV",
-    "TERMINATED",
-    "TrainerTemplate",
-    "compile_toolchain_missing",
-    "cpu_computes_bf16",
-    "default_precision",
-    "how_to_fit",
-    "stop_on_sigterm",
-]
+__all__ = ["How", "TrainerTemplate", "default_precision", "how_to_fit"]

@@ -1,9 +1,7 @@
-"""A whole training step as one compiled graph (``federation.compile``).
-
-Eager PyTorch launches several hundred small kernels a step of a small network, so on a GPU a
-round is bound by the host. Compiled, a step is one graph (``fullgraph=True``: a graph break is
-an error): the views of the batch (:meth:`~fedlit.data.loaders.DrawnBatch.expand`), the
-objective's :meth:`~fedlit.objectives.Objective.step` and its backward; where
+"""A whole training step as one compiled graph (``federation.compile``; why and what it
+costs: docs/executors.md, *Compiled steps*), ``fullgraph=True`` (a graph break is an error):
+the views of the batch (:meth:`~fedlit.data.loaders.DrawnBatch.expand`), the objective's
+:meth:`~fedlit.objectives.Objective.step` and its backward; where
 :func:`fedlit.federation.fit.how_to_fit` allows it, the optimiser's update too
 (:class:`OneCallStep`). ``reduce-overhead`` records the graphs as CUDA graphs.
 
@@ -88,12 +86,6 @@ def compiled_step(objective: Objective, mode: str) -> Callable[[Objective, Any],
     return replay
 
 
-def compiles_whole(module: nn.Module) -> bool:
-    """Whether ``module`` trains by an objective's :meth:`~fedlit.objectives.Objective.step`,
-    which the whole-step compilation takes."""
-    return isinstance(module, Objective) and type(module).step is not Objective.step
-
-
 @contextmanager
 def whole_step_compiled(objective: Objective, mode: str) -> Iterator[dict[str, Any]]:
     """While the block runs, ``objective``'s fit takes its whole step compiled in ``mode``; the
@@ -110,20 +102,10 @@ def whole_step_compiled(objective: Objective, mode: str) -> Iterator[dict[str, A
 
 
 # --- one call a step: the step, its backward and the optimiser's update in one graph ----------
-def _sgd(params: list[Tensor], grads: list[Tensor], state: Any, lr: Tensor, **hyper: Any) -> None:
-    """torch's functional SGD (what ``torch.optim.SGD`` runs) on the optimiser's buffers."""
-    sgd(params, grads, state[0], lr=lr, **hyper)
-
-
-def _adam(params: list[Tensor], grads: list[Tensor], state: Any, lr: Tensor, **hyper: Any) -> None:
-    """torch's functional Adam on the optimiser's moments and step counts (tensors of the
-    graph, as the learning rate: ``capturable``)."""
-    adam(params, grads, state[0], state[1], [], state[2], lr=lr, **hyper)
-
-
 def _optimizer_state(optimizer: torch.optim.Optimizer) -> tuple[Any, Any, dict[str, Any]] | None:
-    """``optimizer``'s update as a step's graph takes it: (torch's functional update, the
-    state tensors it updates in place, its settings), or None where a graph does not hold it
+    """``optimizer``'s update as a step's graph takes it: (torch's functional update, what
+    ``torch.optim.SGD`` or ``Adam`` runs; the state tensors it updates in place, as its
+    arguments after the gradients; its settings), or None where a graph does not hold it
     here (another kind, several parameter groups, dampening, AMSGrad). State a new optimiser
     lacks is made as its first step would make it (zeros), in ``optimizer.state``."""
     groups = optimizer.param_groups
@@ -135,11 +117,11 @@ def _optimizer_state(optimizer: torch.optim.Optimizer) -> tuple[Any, Any, dict[s
     if params and type(optimizer) is torch.optim.SGD and not group["dampening"]:
         hyper |= {k: group[k] for k in ("momentum", "nesterov")} | {"dampening": 0.0}
         if not group["momentum"]:
-            return _sgd, ([None] * len(params),), hyper
+            return sgd, ([None] * len(params),), hyper
         for p in params:
             if optimizer.state[p].get("momentum_buffer") is None:
                 optimizer.state[p]["momentum_buffer"] = torch.zeros_like(p)
-        return _sgd, ([optimizer.state[p]["momentum_buffer"] for p in params],), hyper
+        return sgd, ([optimizer.state[p]["momentum_buffer"] for p in params],), hyper
     if params and type(optimizer) is torch.optim.Adam and not group["amsgrad"]:
         beta1, beta2 = group["betas"]
         hyper |= {"beta1": beta1, "beta2": beta2, "eps": group["eps"], "amsgrad": False}
@@ -153,8 +135,10 @@ def _optimizer_state(optimizer: torch.optim.Optimizer) -> tuple[Any, Any, dict[s
                 state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
             if state["step"].device != p.device:
                 return None  # a non-fused Adam's counts on the CPU: not in a device's graph
+        # the moments, no AMSGrad maxima, the step counts (tensors of the graph: capturable)
         keys = ("exp_avg", "exp_avg_sq", "step")
-        return _adam, tuple([optimizer.state[p][k] for p in params] for k in keys), hyper
+        exp_avg, exp_avg_sq, step = ([optimizer.state[p][k] for p in params] for k in keys)
+        return adam, (exp_avg, exp_avg_sq, [], step), hyper
     return None
 
 
@@ -179,8 +163,8 @@ def _whole_update(
                 loss, logged = objective.fit_step(expand_batches(batch))
         grads = torch.autograd.grad(loss, params, allow_unused=True)
     used = [k for k, g in enumerate(grads) if g is not None]
-    kept = tuple(None if s is None else [s[k] for k in used] for s in state)
-    update([params[k] for k in used], [grads[k] for k in used], kept, lr, **hyper)
+    kept = tuple([s[k] for k in used] if s else s for s in state)
+    update([params[k] for k in used], [grads[k] for k in used], *kept, lr=lr, **hyper)
     detached = tuple(
         (w, {k: v.detach() if isinstance(v, Tensor) else v for k, v in values.items()})
         for w, values in logged

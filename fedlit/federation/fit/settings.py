@@ -1,73 +1,56 @@
-"""The run's ``trainer`` settings (:class:`TrainerTemplate`), checked once, and the defaults
-fedlit decides for them."""
+"""The run's ``trainer`` settings (:class:`TrainerTemplate`), the defaults fedlit decides for
+them, and the one rule that decides from them how a module is fitted (:func:`how_to_fit`)."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import shlex
-import subprocess
-import sys
-from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, fields, replace
 from typing import Any, Literal
 
 import torch
 from lightning import LightningModule
-from lightning.pytorch.utilities.exceptions import MisconfigurationException
+from torch import nn
 
 from fedlit.evaluation.evaluator import Evaluator
-from fedlit.federation.fit import loop, rule, trainer
+from fedlit.federation.fit import loop, trainer
 from fedlit.federation.fit.compiled import whole_step_compiled
 from fedlit.federation.fit.loop import PRECISIONS, LoopSettings, on_device
-from fedlit.federation.fit.trainer import build
+from fedlit.machine import cpu_computes_bf16
 from fedlit.objectives.base import Objective
 
 #: A ``trainer.precision`` value (Lightning's spellings).
 PrecisionInput = int | str
 
-#: ``federation.compile``: torch.compile's modes for the whole training step (None: eager).
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
+#: How a fit runs (:func:`how_to_fit`).
+How = Literal["trainer", "eager", "compiled", "one call"]
 
+#: Set to 0, a compiled fit's step is three calls (the step, its backward, the optimiser's
+#: step), not one; 1 or unset: one.
+ONE_CALL_ENV = "FEDLIT_ONE_CALL"
 
-def compile_toolchain_missing(device: torch.device) -> str | None:
-    """Why ``torch.compile``'s default backend (inductor) cannot build kernels for ``device``
-    here, or None: it compiles C++ on a CPU and Triton kernels on a GPU."""
-    if device.type == "cuda":
-        return None if importlib.util.find_spec("triton") else "the triton package is missing"
-    # inductor's own test of its compiler (``$CXX``, else g++): it answers ``--version``
-    compiler = os.environ.get("CXX") or "g++"
-    try:
-        subprocess.run(
-            [*shlex.split(compiler), "--version"], capture_output=True, check=True, timeout=60
-        )
-        return None
-    except (OSError, ValueError, subprocess.SubprocessError):
-        pass
-    source = f"$CXX={os.environ['CXX']!r}" if os.environ.get("CXX") else "g++"
-    return f"the C++ compiler inductor uses, {source}, does not run"
+#: The methods of LightningModule fedlit's loop calls on an objective (besides
+#: :class:`~fedlit.objectives.Objective`'s own hooks) and the evaluator's.
+LOOP_CALLS = frozenset(
+    {"configure_optimizers", "training_step", "forward", "test_step", "on_test_epoch_start"}
+)
 
-
-#: Set to "0" or "1", says whether this CPU computes bf16 natively instead of asking torch (the
-#: tests set "0", so that they run in fp32 on every CPU, in subprocesses and workers too).
-CPU_BF16_ENV = "FEDLIT_CPU_BF16"
-
-
-def cpu_computes_bf16() -> bool:
-    """Whether this CPU computes bf16 natively: AVX-512 BF16 or AMX tiles, as torch's CPU
-    capability checks see them (:data:`CPU_BF16_ENV` overrides them)."""
-    forced = os.environ.get(CPU_BF16_ENV)
-    if forced in ("0", "1"):
-        return forced == "1"
-    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
-    return any(bool(getattr(torch.cpu, name, lambda: False)()) for name in checks)
+#: LightningModule's public methods besides ``nn.Module``'s (its own and its mixins' hooks and
+#: step methods) that fedlit's loop does not call.
+_HOOKS = {
+    name
+    for cls in LightningModule.__mro__
+    if cls not in (nn.Module, object)
+    for name, value in vars(cls).items()
+    if callable(value) and not name.startswith("_") and name not in LOOP_CALLS
+}
 
 
 def default_precision(accelerator: str = "auto", cpu_bf16: bool | None = None) -> PrecisionInput:
     """The precision of a run that leaves ``trainer.precision`` unset: on a GPU, bf16 mixed
     where supported, else fp16 mixed; on a CPU, bf16 mixed where it computes bf16 natively
-    (``cpu_bf16``; None: :func:`cpu_computes_bf16`), else fp32 (bf16 emulated is slower)."""
+    (``cpu_bf16``; None: :func:`~fedlit.machine.cpu_computes_bf16`), else fp32 (bf16
+    emulated is slower)."""
     if accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available():
         return "bf16-mixed" if torch.cuda.is_bf16_supported() else "16-mixed"
     if cpu_bf16 is None:
@@ -80,9 +63,10 @@ class TrainerTemplate:
     """The settings every fit and evaluation shares: a recipe's ``trainer`` group.
 
     The group also names the run directory and the loggers, the federation's own. How each
-    fit runs, :func:`~fedlit.federation.fit.how_to_fit` decides (fedlit's loop refuses, in
-    :meth:`check`, the values it does not take). Every setting but ``compile`` is the
-    ``lightning.Trainer`` argument of the same name, with its default.
+    fit runs, :func:`~fedlit.federation.fit.how_to_fit` decides (the values fedlit's loop does
+    not take are refused before the run: :func:`~fedlit.federation.checks.check_trainer`).
+    Every setting but ``compile`` is the ``lightning.Trainer`` argument of the same name, with
+    its default.
 
     Args:
         accelerator: "cpu", "gpu", "cuda", "mps" or "auto" (a GPU where there is one).
@@ -118,59 +102,6 @@ class TrainerTemplate:
         """The ``lightning.Trainer`` arguments these settings give (all but ``compile``)."""
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "compile"}
 
-    def check(self) -> None:
-        """Raise ValueError naming the ``trainer.*`` key and its value if these settings cannot
-        train: a GPU accelerator without CUDA, no batch, a negative ``gradient_clip_val`` (0 or
-        None: no clipping), any setting a Trainer refuses, and what fedlit's loop does not
-        take: another ``strategy``, ``accumulate_grad_batches`` other than 1, a ``precision``
-        other than 32-true, bf16-mixed and 16-mixed. Builds one Trainer and writes nothing."""
-        rule.one_call_asked()  # FEDLIT_ONE_CALL: refused by name unless 0 or 1
-        if self.accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
-            raise ValueError(
-                f"trainer.accelerator={self.accelerator!r}: this machine has no CUDA GPU "
-                "(torch.cuda.is_available() is False); use 'cpu' or 'auto'"
-            )
-        ours = "fedlit's loop fits every fedlit objective and runs every evaluation"
-        rules: dict[str, tuple[Callable[[Any], bool], str]] = {
-            "limit_train_batches": (
-                lambda v: v > 0,
-                "must be > 0 (a number of batches, or a fraction in (0, 1]); 0 trains nothing",
-            ),
-            "gradient_clip_val": (lambda v: v >= 0, "must be >= 0 (0 or null: no clipping)"),
-            "accumulate_grad_batches": (
-                lambda v: isinstance(v, int) and v == 1,
-                f"{ours}, one optimiser step a batch; take larger batches (data.batch_size)",
-            ),
-            "precision": (
-                lambda v: v in PRECISIONS,
-                f"{ours}, in 32-true, bf16-mixed or 16-mixed (on a CPU, 16-mixed is bf16-mixed)",
-            ),
-            "strategy": (lambda v: v == "auto", f"{ours}, on one device"),
-        }
-        settings = self.settings()
-        for key, (valid, why) in rules.items():
-            value = settings[key]
-            if value is not None and (isinstance(value, bool) or not valid(value)):
-                raise ValueError(f"trainer.{key}={value!r}: {why}")
-        refused = (MisconfigurationException, ValueError, TypeError, ImportError)
-        try:
-            built = build(settings)
-        except refused as err:
-            reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
-            for key, value in settings.items():  # the one a Trainer refuses on its own
-                try:
-                    build({key: value})
-                except refused:
-                    raise ValueError(f"trainer.{key}={value!r}: {reason}") from err
-            raise ValueError(f"trainer: Lightning refuses these settings: {reason}") from err
-        if built.num_devices > 1:  # a process per device, each re-running the whole command
-            raise ValueError(
-                f"trainer.devices={self.devices!r}: {built.num_devices} devices; fedlit trains "
-                "each step on one device (--trainer.devices 1). Clients in parallel: "
-                "federation.executor pool (several workers may share one GPU) or ray; runs in "
-                "parallel: fedlit compare's jobs"
-            )
-
     def device(self) -> torch.device:
         """The device fits and evaluations train on (the first GPU where there is one and
         the accelerator allows it), for work done outside a Trainer."""
@@ -178,22 +109,14 @@ class TrainerTemplate:
         return torch.device("cuda") if gpu else torch.device("cpu")
 
     def resolved(self) -> TrainerTemplate:
-        """These settings with ``precision`` decided (:func:`default_precision` where it is
-        unset), once, in the driver's process: every client and worker then trains in the
-        same precision. On a CPU, 16-mixed is bf16-mixed, as Lightning has it (CPU autocast
-        in fp16 is slow and has no gradient scaler); stderr says so, naming the key."""
-        precision = self.decided_precision()
-        if precision != (self.precision or precision):
-            print(
-                f"warning: trainer.precision={self.precision!r} on a CPU: {precision} is used "
-                "instead",
-                file=sys.stderr,
-            )
-        return replace(self, precision=precision)
+        """These settings with :meth:`decided_precision` (once, in the driver's process, so
+        that every client and worker trains in the same precision)."""
+        return replace(self, precision=self.decided_precision())
 
     def decided_precision(self) -> PrecisionInput:
         """``precision``, or :func:`default_precision` where it is unset; 16-mixed on a CPU is
-        bf16-mixed."""
+        bf16-mixed, as Lightning has it (CPU autocast in fp16 is slow and has no gradient
+        scaler)."""
         precision = self.precision or default_precision(self.accelerator)
         if precision in ("16-mixed", "16") and self.device().type == "cpu":
             return "bf16-mixed"
@@ -218,26 +141,87 @@ class TrainerTemplate:
         """Train ``module`` on ``loader`` for ``epochs`` epochs (or ``max_steps`` steps) as
         :func:`~fedlit.federation.fit.how_to_fit` says; ``kept``: a worker's optimisers to
         reuse. Its metrics: an objective's means, a Trainer's ``callback_metrics``."""
-        how = rule.how_to_fit(module, self)
+        how = how_to_fit(module, self)
         if how == "trainer":
             return trainer.fit(module, loader, epochs, max_steps, self.resolved().settings())
         assert isinstance(module, Objective)
         settings = self.loop()
         batches = on_device(module, loader, settings.device)
-        fields: AbstractContextManager[dict[str, Any]] = (
-            whole_step_compiled(module, self.compile) if self.compile else nullcontext({})
-        )
-        with fields as compiled:
-            one_call = how == "one call"
-            loop.fit(module, batches, epochs, max_steps, settings, compiled, one_call, kept)
+        compiled: AbstractContextManager[dict[str, Any]] = nullcontext({})
+        if self.compile:
+            compiled = whole_step_compiled(module, self.compile)
+        with compiled as fields:
+            loop.fit(module, batches, epochs, max_steps, settings, fields, how == "one call", kept)
         return module.epoch_metrics()
 
-    def test(self, module: LightningModule, loader: Any) -> None:
-        """Run ``module``'s test over ``loader`` as :func:`~fedlit.federation.fit.how_to_fit`
-        says (its metrics stay in the module)."""
-        if rule.how_to_fit(module, self) == "trainer":
-            trainer.test(module, loader, self.resolved().settings())
-            return
-        assert isinstance(module, Evaluator)
+    def test(self, evaluator: Evaluator, loader: Any) -> None:
+        """Run fedlit's evaluator over ``loader`` in fedlit's loop, eager (its metrics stay in
+        the evaluator)."""
         settings = self.loop()
-        loop.test(module, on_device(module, loader, settings.device), settings)
+        loop.test(evaluator, on_device(evaluator, loader, settings.device), settings)
+
+
+def one_call_asked() -> bool:
+    """Whether ``FEDLIT_ONE_CALL`` lets a compiled fit take its step as one call: "1" or unset
+    yes, "0" no; any other value is refused, naming it."""
+    value = os.environ.get(ONE_CALL_ENV, "1").strip()
+    if value not in ("0", "1", ""):
+        raise ValueError(
+            f"{ONE_CALL_ENV}={os.environ[ONE_CALL_ENV]!r}: 1 (a compiled step is one call, the "
+            "default) or 0 (three calls: the step, its backward, the optimiser's step)"
+        )
+    return value != "0"
+
+
+def how_to_fit(module: nn.Module, settings: TrainerTemplate) -> How:
+    """How ``module`` is fitted under ``settings``: the only place that decides.
+
+    - A LightningModule of the user's own (not a fedlit
+      :class:`~fedlit.objectives.Objective`): ``"trainer"``, a Lightning Trainer of the
+      ``trainer`` settings, as Lightning documents it. ``federation.compile`` is refused for
+      it (compile it in its own code).
+    - fedlit's objectives: fedlit's loop (:mod:`fedlit.federation.fit.loop`), never a
+      Trainer. The ``trainer`` settings it does not take are refused before the run
+      (:func:`~fedlit.federation.checks.check_trainer`); an objective that overrides a
+      LightningModule hook the loop does not call, or optimises by hand, is refused here,
+      naming it. Then:
+
+      - ``"eager"``: ``federation.compile`` unset;
+      - ``"one call"``: compiled, the step, its backward and the optimiser's update one
+        compiled call (:class:`~fedlit.federation.fit.compiled.OneCallStep`), where nothing
+        needs them apart: no gradient clipping, no fp16 gradient scaler, no anomaly
+        detection, and ``FEDLIT_ONE_CALL`` not 0 (an optimiser a graph does not hold, SGD or
+        Adam of one group, takes three calls);
+      - ``"compiled"``: compiled, as three calls, elsewhere.
+
+    fedlit's evaluator always runs in fedlit's loop, eager (:meth:`TrainerTemplate.test`).
+    """
+    kind = type(module)
+    name = kind.__name__
+    if not isinstance(module, Objective):
+        if settings.compile is not None:
+            raise ValueError(
+                f"federation.compile={settings.compile!r}: {name} is a LightningModule of your "
+                "own, fitted by a Lightning Trainer as Lightning documents it; compile it in "
+                "its own code, or leave federation.compile null"
+            )
+        return "trainer"
+    hooks = sorted(h for h in _HOOKS if getattr(kind, h, None) is not getattr(Objective, h, None))
+    if hooks:
+        raise ValueError(
+            f"{name} overrides {', '.join(hooks)}: LightningModule hooks fedlit's loop does "
+            "not call; an objective uses its own hooks (before_fit, after_step, after_fit: "
+            "fedlit.objectives.Objective)"
+        )
+    if not module.automatic_optimization:
+        raise ValueError(f"{name}.automatic_optimization is False: fedlit's loop optimises")
+    if settings.compile is None:
+        return "eager"
+    if type(module).step is Objective.step:
+        raise ValueError(
+            f"federation.compile={settings.compile!r}: {name} defines no step(batch), which "
+            "the compiled fit takes; leave federation.compile null"
+        )
+    apart = settings.gradient_clip_val or settings.detect_anomaly
+    fp16 = PRECISIONS.get(settings.decided_precision()) is torch.float16
+    return "compiled" if apart or fp16 or not one_call_asked() else "one call"
