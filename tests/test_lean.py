@@ -424,3 +424,14 @@ def test_fedlit_fit_refuses_optimiser_settings_the_loop_does_not_take_before_wri
     assert "Traceback" not in err, err
     written = [p.name for p in run_dir.rglob("*")] if run_dir.exists() else []
     assert not {"config.yaml", "metrics.csv", "run.json"} & set(written), written
+
+
+def test_only_fedlits_evaluator_is_tested() -> None:
+    """``TrainerTemplate.test`` runs fedlit's evaluator; another module is refused by name
+    before it runs (a Trainer no longer tests anything)."""
+
+    class Mine(lightning.LightningModule):
+        pass
+
+    with pytest.raises(TypeError, match="Mine: test runs fedlit's Evaluator only"):
+        TrainerTemplate(accelerator="cpu").test(Mine(), [])  # type: ignore[arg-type]

@@ -157,6 +157,8 @@ class TrainerTemplate:
     def test(self, evaluator: Evaluator, loader: Any) -> None:
         """Run fedlit's evaluator over ``loader`` in fedlit's loop, eager (its metrics stay in
         the evaluator)."""
+        if not isinstance(evaluator, Evaluator):
+            raise TypeError(f"{type(evaluator).__name__}: test runs fedlit's Evaluator only")
         settings = self.loop()
         loop.test(evaluator, on_device(evaluator, loader, settings.device), settings)
 
