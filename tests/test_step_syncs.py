@@ -117,3 +117,12 @@ def test_cpu_bf16_is_asked_of_torch_without_the_override(monkeypatch: pytest.Mon
         monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda v=avx512_bf16: v)
         monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda v=amx: v)
         assert cpu_computes_bf16() == (avx512_bf16 or amx)
+
+
+def test_the_cpu_capability_checks_fedlit_reads_are_torchs() -> None:
+    """``cpu_computes_bf16`` reads two private checks of ``torch.cpu`` (with a False default):
+    a torch that renames them would silently train every CPU in fp32. Pinned here, for the
+    torch range setup.cfg allows."""
+    for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"):
+        assert callable(getattr(torch.cpu, name, None)), f"torch.cpu.{name} is gone"
+        assert isinstance(getattr(torch.cpu, name)(), bool)

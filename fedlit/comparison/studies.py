@@ -213,7 +213,7 @@ def run_studies(
                 trials = study.get_trials(deepcopy=False)
                 running = [t for t in trials if not t.state.is_finished()]
                 finished = [t.number for t in trials if t.state.is_finished()]
-                spent = spent_rounds(comparison, setting, stem, finished)
+                spent = len(rounds_run(comparison, setting, stem, finished))
                 size = batch_size(tune.trials * per_trial, spent, per_trial, comparison.jobs)
                 if not running and size == 0:
                     break
@@ -253,14 +253,19 @@ def batch_size(budget: int, spent: int, per_trial: int, jobs: int) -> int:
     return max(0, min(jobs, (budget - spent) // per_trial))
 
 
-def spent_rounds(comparison: Comparison, setting: str, stem: str, numbers: Sequence[int]) -> int:
-    """The rounds the runs of trials ``numbers`` ran (a pruned trial's up to its stop)."""
-    return sum(
-        sum(1 for row in load_run(run_dir).history if row.get("round", 0) >= 1)
+def rounds_run(
+    comparison: Comparison, setting: str, stem: str, numbers: Sequence[int]
+) -> list[dict[str, Any]]:
+    """The metrics rows of the rounds the runs of trials ``numbers`` ran (a pruned trial's up
+    to its stop; round 0's evaluation left out)."""
+    return [
+        row
         for number in numbers
         for run_dir in trial_dirs(comparison, setting, stem, number)
         if run_dir.is_dir()
-    )
+        for row in load_run(run_dir).history
+        if row.get("round", 0) >= 1
+    ]
 
 
 def _study(storage: Any, name: str, rule: str, terms: dict[str, Any]) -> Any:
@@ -402,12 +407,9 @@ def _result(
     result.complete = len(done)
     result.pruned = sum(t.state == TrialState.PRUNED for t in trials)
     result.failed = sum(t.state == TrialState.FAIL for t in trials)
-    for t in trials:
-        for run_dir in trial_dirs(comparison, setting, stem, t.number):
-            if run_dir.is_dir():
-                history = [r for r in load_run(run_dir).history if r.get("round", 0) >= 1]
-                result.rounds += len(history)
-                result.seconds += sum(r.get("time/round_s", 0.0) for r in history)
+    history = rounds_run(comparison, setting, stem, [t.number for t in trials])
+    result.rounds = len(history)
+    result.seconds = sum(r.get("time/round_s", 0.0) for r in history)
     if done:
         result.params, result.value = done[0].params, done[0].value
         result.best_trial = done[0].number

@@ -26,8 +26,9 @@ class TuneSettings:
 
     Each recipe x setting gets a study with the same budget of rounds, ``trials`` unpruned
     trials' worth, for every recipe, the baseline and the oracle included (a pruned trial
-    leaves its unrun rounds to more trials: :mod:`fedlit.comparison.studies`). A trial is the recipe's run with settings drawn
-    from its method's search space (``FederatedMethod.search_space``), once per tuning seed;
+    leaves its unrun rounds to more trials: :mod:`fedlit.comparison.studies`). A trial is the
+    recipe's run with settings drawn from its method's search space
+    (``FederatedMethod.search_space``), once per tuning seed;
     its score is ``objective`` on the server's validation set. The best trial's settings are
     then run on the comparison's ``seeds``, which the tuning never sees.
 

@@ -81,9 +81,10 @@ def tuning_lines(
         "Every recipe was tuned in every setting with the same budget: the rounds of "
         f"{tune.trials} unpruned trials (a pruned trial leaves its unrun rounds to more "
         f"trials), drawn by Optuna's TPE sampler (seed {tune.sampler_seed}; random draws for "
-        f"the first {tune.startup}), pruned by the `{tune.pruner}` rule over rounds, on the tuning seeds "
-        f"{list(tune.seeds)} (the results are scored on {list(comparison.seeds)}, which the "
-        f"tuning never saw). A trial's score: {score} on the server's validation set (mean "
+        f"the first {tune.startup}), pruned by the `{tune.pruner}` rule over rounds, on the "
+        f"tuning seeds {list(tune.seeds)} (the results are scored on "
+        f"{list(comparison.seeds)}, which the tuning never saw). A trial's score: {score} on "
+        "the server's validation set (mean "
         "over the tuning seeds); the test set is never read. The scored runs take the best "
         "trial's settings.",
         "",
