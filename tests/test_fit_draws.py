@@ -1,6 +1,6 @@
-"""A compiled fit's views' draws (:class:`~fedlit.data.augment.FitDraws`): seeded from the
-run, independent per batch shape, with the distributions of the eager draws; eager fits keep
-their per-batch draws on torch's global generator."""
+"""A fit's views' draws (:class:`~fedlit.data.augment.FitDraws`): seeded from the run,
+independent per batch shape, with the distributions of the per-batch draws on torch's global
+generator (what a batch drawn outside fedlit's loop takes: a Trainer's, a test's)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import torch
 from fedlit.data import ImageBatches, dataset_spec
 from fedlit.data.augment import CUTOUT_SCALE, BatchView, FitDraws, batch_view
 from fedlit.data.loaders import AugmentsOnDevice, DrawnBatch, RawBatch, draw_batches
-from fedlit.federation.fit import compiled, loop
-from fedlit.federation.fit.compiled import whole_step_compiled
+from fedlit.federation.fit import loop
+from fedlit.federation.fit import TrainerTemplate
 from fedlit.models import build_classifier
 from fedlit.objectives import FitState, SupervisedCE
 
@@ -158,19 +158,25 @@ def test_a_fit_through_the_loader_takes_the_fit_draws_step_by_step() -> None:
         assert all(torch.equal(a, e) for a, e in zip(got, drawn.expand(), strict=True))
 
 
-def test_a_compiled_fit_has_draws_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``whole_step_compiled`` gives each compiled fit's state new fit draws; an eager fit's
-    state has none."""
-    monkeypatch.setattr(compiled, "BACKEND", "aot_eager")
+def test_every_fit_has_draws_of_its_own() -> None:
+    """fedlit's loop gives each fit, eager or compiled, new fit draws, taken at the fit's
+    start from one draw of torch's generator, and drops them after the fit."""
+    seen: list[FitDraws | None] = []
+
+    class Recording(SupervisedCE):
+        def before_fit(self) -> None:
+            seen.append(self.fit_state.draws)
+
     torch.manual_seed(0)
-    objective = SupervisedCE(build_classifier("small_cnn", 10, 1), lr=0.1)
-    assert objective.fit_state.draws is None
-    seen = []
+    objective = Recording(build_classifier("small_cnn", 10, 1), lr=0.1)
+    images = torch.randint(0, 256, (8, 1, 28, 28), dtype=torch.uint8)
+    labels = torch.zeros(8, dtype=torch.long)
+    loader = ImageBatches(images, SPEC, ("weak",), 4, True, labels=labels)
+    template = TrainerTemplate(accelerator="cpu", precision="32-true")
     for _ in range(2):
-        with whole_step_compiled(objective, "default") as fields:
-            assert isinstance(fields["draws"], FitDraws)
-            seen.append(fields["draws"])
-    assert seen[0] is not seen[1]
+        template.fit(objective, loader, 1)
+        assert objective.fit_state.draws is None
+    assert all(isinstance(d, FitDraws) for d in seen) and seen[0] is not seen[1]
 
 
 def _draws_call_by_call(view: BatchView, b: int, h: int, w: int) -> torch.Tensor:

@@ -16,6 +16,7 @@ from conftest import tiny_overrides
 from ray_runs import federation
 
 from fedlit.cli import main
+from fedlit.data.augment import FitDraws
 from fedlit.data.datasets import SPECS
 from fedlit.data.loaders import ImageBatches
 from fedlit.federation import FederationConfig, RaySettings
@@ -51,15 +52,17 @@ def _loader(n: int = 40, batch: int = 8) -> ImageBatches:
 def _reference(
     network: torch.nn.Module, clip: float | None, epochs: int, batches: int | None
 ) -> torch.nn.Module:
-    """The loop's contract written out in torch: per batch its views, CE, zero_grad,
-    backward, clipping by norm, SGD's step."""
+    """The loop's contract written out in torch: the fit's draws made first (one draw of
+    torch's generator seeds them), then per batch its views, CE, zero_grad, backward,
+    clipping by norm, SGD's step."""
     torch.manual_seed(3)
+    draws = FitDraws()
     optimizer = torch.optim.SGD(network.parameters(), lr=0.1, momentum=0.9, foreach=True)
     for _ in range(epochs):
         for k, raw in enumerate(_loader().on_device(torch.device("cpu"))):
             if batches is not None and k == batches:
                 break
-            x, y = raw.draw().expand()
+            x, y = raw.draw(draws).expand()
             loss = F.cross_entropy(network(x).float(), y)
             optimizer.zero_grad()
             loss.backward()

@@ -28,7 +28,6 @@ from torch import Tensor, nn
 from torch.optim.adam import adam
 from torch.optim.sgd import sgd
 
-from fedlit.data.augment import FitDraws
 from fedlit.data.loaders import expand_batches
 from fedlit.objectives.base import Objective, Step
 
@@ -93,7 +92,6 @@ def whole_step_compiled(objective: Objective, mode: str) -> Iterator[dict[str, A
     fields = {
         "compiled_step": compiled_step(objective, mode),
         "compiled_mode": mode,
-        "draws": FitDraws(),
         "slots": _KEPT.setdefault(objective.network, {}).setdefault(("slots", type(objective)), {}),
     }
     # a one-call step's backward, torch.autograd.grad, traced into its graph (no break there)

@@ -19,6 +19,7 @@ import torch
 from lightning.fabric.utilities import move_data_to_device
 from lightning.pytorch.utilities.combined_loader import CombinedLoader
 
+from fedlit.data.augment import CHUNK, FitDraws
 from fedlit.data.loaders import AugmentsOnDevice, ImageBatches, draw_batches, expand_batches
 from fedlit.evaluation.evaluator import Evaluator
 from fedlit.federation.fit.compiled import OneCallStep, one_call_step
@@ -272,10 +273,12 @@ def fit(
     to_device(module, settings.device)
     settings.set_torch_flags()
     mu = module.proximal_mu()
+    planned = max_steps if max_steps is not None else per_epoch * epochs
     state = FitState(
-        planned_steps=max_steps if max_steps is not None else per_epoch * epochs,
+        planned_steps=planned,
         kept_optimizers=kept,
         fedprox=FedProx(module.network, mu) if mu > 0 else None,
+        draws=FitDraws(max(1, min(CHUNK, planned))),  # before any draw of the fit
         **compiled,
     )
     run = Fit(module, state, settings, one_call)
