@@ -125,11 +125,16 @@ def _replaced(batch: Any, kinds: tuple[type, ...], replace: Any) -> Any:
     return batch
 
 
-def expand_batches(batch: Any) -> Any:
+def expand_batches(batch: Any, fit_draws: FitDraws | None = None) -> Any:
     """``batch`` with every :class:`RawBatch` or :class:`DrawnBatch` in it (also inside the
-    tuples, lists and dicts of a ``CombinedLoader``) replaced by its views; anything else is
-    returned as it is."""
-    return _replaced(batch, (RawBatch, DrawnBatch), lambda b: b.expand())
+    tuples, lists and dicts of a ``CombinedLoader``) replaced by its views (a raw batch's
+    draws from ``fit_draws`` where given: :meth:`RawBatch.draw`); anything else is returned
+    as it is."""
+
+    def expand(b: RawBatch | DrawnBatch) -> tuple[Tensor, ...]:
+        return (b.draw(fit_draws) if isinstance(b, RawBatch) else b).expand()
+
+    return _replaced(batch, (RawBatch, DrawnBatch), expand)
 
 
 def draw_batches(batch: Any, fit_draws: FitDraws | None = None) -> Any:
@@ -147,7 +152,7 @@ class AugmentsOnDevice:
     ``LightningModule`` in the bases."""
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        return expand_batches(draw_batches(batch))
+        return expand_batches(batch)
 
 
 #: Each split's tensor staged on a device, by (id of the split's tensor, device); an entry is

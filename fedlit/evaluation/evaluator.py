@@ -24,20 +24,28 @@ class Evaluator(AugmentsOnDevice, LightningModule):
         self.accuracy = MulticlassAccuracy(num_classes, average="micro", validate_args=False)
         self._loss_sum = torch.zeros(())
         self._count = 0
+        self._predicted: list[tuple[Tensor, Tensor]] = []
 
     def on_test_epoch_start(self) -> None:
         self.accuracy.reset()
         self._loss_sum = torch.zeros((), device=self.device)
         self._count = 0
+        self._predicted = []
 
     def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        """A batch's loss summed, its predicted classes kept: the accuracy takes them all in
+        one update when it is read (micro accuracy counts; batching changes no count)."""
         x, y = batch
         logits = self.network(x).float()
-        self.accuracy.update(logits, y)
+        self._predicted.append((logits.argmax(-1), y))
         self._loss_sum = self._loss_sum + F.cross_entropy(logits, y, reduction="sum").detach()
         self._count += len(y)
 
     def metrics(self, prefix: str = "test") -> dict[str, float]:
+        if self._predicted:
+            predicted, labels = zip(*self._predicted, strict=True)
+            self.accuracy.update(torch.cat(predicted), torch.cat(labels))
+            self._predicted = []
         return {
             f"{prefix}/acc": float(self.accuracy.compute()),
             f"{prefix}/loss": float(self._loss_sum) / max(self._count, 1),

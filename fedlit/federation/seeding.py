@@ -57,7 +57,7 @@ def rng_states() -> dict[str, Any]:
         "numpy": (kind, key_tensor, pos, has_gauss, cached),
         "torch": torch.get_rng_state(),
     }
-    if torch.cuda.is_available():
+    if _accelerator_present() and torch.cuda.is_available():
         states["cuda"] = torch.cuda.get_rng_state_all()
     return states
 

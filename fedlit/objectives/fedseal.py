@@ -255,13 +255,16 @@ class FedSEALClient(Objective):
         )
         if self.hidden_labels is None:
             return
+        # each set's accuracy as (right in the set) / (the set's size): the mean of the set's
+        # 0/1 values, without selecting the set's rows
         y = self.hidden_labels
-        if positive.any():
-            correct = (pseudo[positive] == y[positive]).float().mean()
-            self.accumulate(float(positive.sum()), **{"pseudo/pos_acc": correct})
-        if negative.any():
-            correct = (complementary[negative] != y[negative]).float().mean()
-            self.accumulate(float(negative.sum()), **{"pseudo/neg_acc": correct})
+        n_pos, n_neg = int(positive.sum()), int(negative.sum())
+        if n_pos:
+            right = ((pseudo == y) & positive).sum().float() / n_pos
+            self.accumulate(float(n_pos), **{"pseudo/pos_acc": right})
+        if n_neg:
+            right = ((complementary != y) & negative).sum().float() / n_neg
+            self.accumulate(float(n_neg), **{"pseudo/neg_acc": right})
 
     def step(self, batch: tuple[Tensor, Tensor, Tensor]) -> Step:
         index, plain, strong = batch

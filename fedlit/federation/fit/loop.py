@@ -130,8 +130,10 @@ def views(batch: Any, device: torch.device, state: FitState | None = None) -> An
     them) and, unless the compiled step computes them, its views computed."""
     if device.type != "cpu":
         batch = move_data_to_device(batch, device)
-    drawn = draw_batches(batch, state.draws if state is not None else None)
-    return drawn if state is not None and state.views_in_step else expand_batches(drawn)
+    draws = state.draws if state is not None else None
+    if state is not None and state.views_in_step:
+        return draw_batches(batch, draws)
+    return expand_batches(batch, draws)
 
 
 def to_device(module: torch.nn.Module, device: torch.device) -> None:
