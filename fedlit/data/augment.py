@@ -12,18 +12,13 @@ independent random parameters per image and no per-image Python:
 - plain: normalisation only.
 
 Every random parameter is drawn on the CPU, so the same seed gives the same views on a CPU and
-on a GPU: from torch's global generator, batch by batch (:meth:`BatchView.draw`), or, in a
-compiled fit, from the fit's generator for a chunk of steps at once
-(:class:`FitDraws`, :meth:`BatchView.from_uniforms`: the same distributions, other values).
-The views and the draws of their parameters are one contract, kept in this module.
-
-Eager, each batch draws its views' parameters when it is expanded: 6-12 small calls on
-torch's global CPU generator per view, then one transfer, every step (the host cost is
-measured in ``benchmarks/step_call.py``, its figures in the docs' Host time section). A
-compiled fit (``federation.compile``) instead takes them from a :class:`FitDraws`: a chunk of
-steps drawn in a few whole-tensor ops and moved to the device in one transfer, each step then
-taking its slice. The rows and their distributions are the views' own (:meth:`BatchView.draw`
-and :meth:`BatchView.from_uniforms`); only the random stream differs.
+on a GPU. A fit in fedlit's loop, eager or compiled, takes them from its :class:`FitDraws`: a
+chunk of steps drawn from the fit's own generator in a few whole-tensor ops
+(:meth:`BatchView.from_uniforms`) and moved to the device in one transfer, each step then
+taking its slice. A batch drawn outside fedlit's loop (a Lightning Trainer's, a view called
+directly) draws its own from torch's global generator (:meth:`BatchView.draw`): 6-12 small
+calls per view. The rows and their distributions are the same either way; the values are
+not. The views and the draws of their parameters are one contract, kept in this module.
 """
 
 from __future__ import annotations
@@ -260,7 +255,7 @@ def batch_view(view: str, spec: DatasetSpec) -> BatchView:
     return BatchView(view, spec)
 
 
-# --- a compiled fit's draws, a chunk of steps at once -----------------------------------------
+# --- a fit's draws, a chunk of steps at once -------------------------------------------------
 #: Steps drawn at once: one rand call, one transfer per this many steps of a batch shape.
 CHUNK = 64
 
@@ -284,7 +279,8 @@ class FitDraws:
     batch's size and image size, its device) draws from a generator of its own, seeded from
     the fit's at its first batch, so two loaders of one fit (a ``CombinedLoader``) never
     change each other's draws. A shape's steps are its uniforms (K, rows, B) taken in order
-    from its generator, so the chunk's length ``chunk`` does not change the values.
+    from its generator, so the chunk's length ``chunk`` does not change the values: fedlit's
+    loop makes one for each fit, its chunk the fit's planned steps up to :data:`CHUNK`.
 
     Args:
         chunk: steps drawn at once (K).

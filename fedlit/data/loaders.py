@@ -62,9 +62,8 @@ class RawBatch:
 
     def draw(self, fit_draws: FitDraws | None = None) -> DrawnBatch:
         """The batch with every view's random parameters drawn: taken from ``fit_draws``
-        (a compiled fit's, already on the device), or, without it, drawn from torch's
-        global CPU generator, view after view, and moved to the images' device in one
-        transfer."""
+        (the fit's, already on the device), or, without it, drawn from torch's global CPU
+        generator, view after view, and moved to the images' device in one transfer."""
         views = tuple(batch_view(v, self.spec) for v in self.views)
         BatchView.check(self.images)
         for view in views:

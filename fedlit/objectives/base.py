@@ -98,7 +98,8 @@ class FitState:
         compiled_mode: torch.compile's mode of a compiled fit.
         slots: where a compiled fit keeps the tensors :meth:`Objective.step_input` sets, one
             slot a name, the same for every fit of the worker's objective class and network.
-        draws: a compiled fit's draws of its views' parameters; None: drawn per batch.
+        draws: the fit's draws of its views' parameters (made by the fit); None: outside
+            a fit.
         fedprox: FedProx's term (:class:`~fedlit.objectives.fedprox.FedProx`), made by the fit
             where ``loss.mu`` > 0; None: none.
     """

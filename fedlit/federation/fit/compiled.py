@@ -6,7 +6,7 @@ the views of the batch (:meth:`~fedlit.data.loaders.DrawnBatch.expand`), the obj
 (:class:`OneCallStep`). ``reduce-overhead`` records the graphs as CUDA graphs.
 
 The random draws stay outside: the fit's own (:class:`~fedlit.data.augment.FitDraws`), a chunk
-of steps at once, with eager's distributions, not its values. One compiled function serves
+of steps at once, the same as an eager fit's. One compiled function serves
 each (objective class, network) pair of a process: a worker's persistent networks compile once
 per batch shape. A round's changing numbers (a loss weight, pseudo-labels, the learning rate)
 are tensors kept for the worker and overwritten in place every fit
