@@ -265,7 +265,7 @@ class _Stream:
     """One batch shape's draws: its generator, the chunk drawn last and the next step in it."""
 
     generator: torch.Generator
-    steps: Tensor = field(default_factory=lambda: torch.empty(0))
+    steps: list[Tensor] = field(default_factory=list)
     next: int = 0
 
 
@@ -308,7 +308,7 @@ class FitDraws:
             stream = self._streams[key] = _Stream(torch.Generator().manual_seed(seed))
         if stream.next == len(stream.steps):
             chunk = self._chunk(views, b, h, w, stream.generator)
-            stream.steps = chunk.to(device, non_blocking=True)  # one transfer a chunk
+            stream.steps = list(chunk.to(device, non_blocking=True).unbind(0))  # one transfer
             stream.next = 0
         stream.next += 1
         return stream.steps[stream.next - 1]

@@ -316,20 +316,19 @@ class Objective(AugmentsOnDevice, LightningModule):
         Nothing is read back: the tensors of one call are stacked into one vector on their
         device (one op, no host-device sync inside a training step) and kept with ``weight``;
         :meth:`epoch_metrics` sums them once."""
-        tensors = {k: v for k, v in values.items() if isinstance(v, Tensor)}
+        weights, names, tensors = self._weights, [], []
         for name, value in values.items():
-            self._weights[name] = self._weights.get(name, 0.0) + weight
-            if name not in tensors:
+            weights[name] = weights.get(name, 0.0) + weight
+            if isinstance(value, Tensor):
+                names.append(name)
+                tensors.append(value.detach())  # out of the graph
+            else:
                 self._host_sums[name] = self._host_sums.get(name, 0.0) + float(value) * weight
         if not tensors:
             return
-        device, f32 = next(iter(tensors.values())).device, torch.float32
-        with torch.no_grad():  # a copy, out of the graph
-            kept = [
-                v if v.dtype == f32 and v.device == device else v.to(device, f32)
-                for v in tensors.values()
-            ]
-            self._steps.setdefault(tuple(tensors), []).append((weight, torch.stack(kept)))
+        device, f32 = tensors[0].device, torch.float32
+        kept = [v if v.dtype == f32 and v.device == device else v.to(device, f32) for v in tensors]
+        self._steps.setdefault(tuple(names), []).append((weight, torch.stack(kept)))
 
     def epoch_metrics(self) -> dict[str, float]:
         """Means of everything accumulated since the objective was built (one read of each

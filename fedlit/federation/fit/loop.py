@@ -207,6 +207,7 @@ class Fit:
         how = settings.autocast()
         fp16 = how is not None and how[1] == torch.float16
         self.scaler = torch.amp.GradScaler(settings.device.type) if fp16 else None
+        self.forward_context = settings.forward_context()  # reused by every step
         self.one_call: OneCallStep | None = None
         if one_call and self.scaler is None:
             self.one_call = one_call_step(module, self.optimizer, how)
@@ -222,7 +223,7 @@ class Fit:
             module.record(self.one_call(batch)[1])
             module.accumulate(1.0, lr=lr)
         else:
-            with self.settings.forward_context():
+            with self.forward_context:
                 loss = module.training_step(batch, self.state.steps_taken)
             optimizer.zero_grad()
             (loss if scaler is None else scaler.scale(loss)).backward()
