@@ -6,8 +6,6 @@ import csv
 import json
 import os
 import signal
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
@@ -21,7 +19,6 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from fedlit.aggregation import state_bytes
 from fedlit.data import ClientData, FederatedDataModule, ImageSplit
-from fedlit.data.augment import FitDraws
 from fedlit.federation import (
     Callback,
     Federation,
@@ -31,7 +28,7 @@ from fedlit.federation import (
 )
 from fedlit.federation.checkpoint import RunCheckpoint
 from fedlit.federation.server import Server
-from fedlit.federation.fit import TrainerTemplate, compiled, settings
+from fedlit.federation.fit import TrainerTemplate, compiled
 from fedlit.methods import (
     FedAvgFixMatch,
     FedAvgSL,
@@ -408,14 +405,6 @@ def test_the_round_of_a_checkpoint_of_any_format_is_read(tmp_path: Path) -> None
         checkpoint_round(other)
 
 
-@contextmanager
-def _with_fit_draws(fields: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    """An eager fit's state (``fields`` empty) that takes its views' draws as a compiled fit
-    does: from a :class:`FitDraws` made at the same point of the global generator's stream."""
-    assert fields == {}
-    yield {"draws": FitDraws()}
-
-
 def test_compile_setting_compiles_every_training_step_and_trains_as_eager(
     fmnist_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -423,8 +412,8 @@ def test_compile_setting_compiles_every_training_step_and_trains_as_eager(
     views, the forward passes, the loss: :mod:`fedlit.federation.fit.compiled`) and only while it
     trains. Here torch.compile traces with its "eager" backend (the graphs torch captures, run
     by torch's own kernels: seconds instead of inductor's minutes of C++), so the weights must
-    equal those of an eager run given the compiled fits' draws (a compiled fit draws its
-    views from a generator of its own) but for the update's rounding: a one-call step
+    equal those of an eager run (both draw their views from the fit's own draws) but for
+    the update's rounding: a one-call step
     (:class:`~fedlit.federation.fit.compiled.OneCallStep`) runs torch's functional SGD with the
     learning rate as a tensor, which multiplies and then adds (two roundings, where the eager
     optimiser's add rounds once); a round's steps carry that to up to 2e-5 in the weights and
@@ -432,9 +421,7 @@ def test_compile_setting_compiles_every_training_step_and_trains_as_eager(
     weights, bit for bit."""
     small = {"examples_per_client": 64, "test_subset": 100}
     eager = _federation(fmnist_root, tmp_path / "eager", data_kw=small, rounds=1)
-    with monkeypatch.context() as patch:
-        patch.setattr(settings, "nullcontext", _with_fit_draws)
-        eager.run()
+    eager.run()
     monkeypatch.setattr(compiled, "BACKEND", "eager")
     calls: list[str] = []
     original = compiled.compiled_step
