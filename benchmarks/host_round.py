@@ -65,7 +65,7 @@ from torch import Tensor, nn
 
 from fedlit.aggregation.payloads import MODEL
 from fedlit.cli.fit import federation_of, resolve
-from fedlit.data.augment import CHUNK, BatchView, FitDraws
+from fedlit.data.augment import BatchView, FitDraws
 from fedlit.data.sampling import sample_clients
 from fedlit.evaluation import scored
 from fedlit.federation import Federation
@@ -118,7 +118,7 @@ def plain_fit(
     steps = epochs * len(batches)  # type: ignore[arg-type]
     mu = objective.proximal_mu()
     fedprox = FedProx(objective.network, mu) if mu > 0 else None
-    draws = FitDraws(max(1, min(CHUNK, steps)))  # the fit's views' draws, as fedlit's loop
+    draws = FitDraws.for_fit(steps)  # the fit's views' draws, as fedlit's loop makes them
     state = FitState(steps, kept_optimizers=kept, fedprox=fedprox, draws=draws, **(compiled or {}))
     objective.fit_state = state
     optimizer, scheduler = objective.optimizer_and_scheduler(steps)

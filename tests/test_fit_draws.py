@@ -10,7 +10,7 @@ import torch
 from fedlit.data import ImageBatches, dataset_spec
 from fedlit.data.augment import CUTOUT_SCALE, BatchView, FitDraws, batch_view
 from fedlit.data.loaders import AugmentsOnDevice, DrawnBatch, RawBatch, draw_batches
-from fedlit.federation.fit import loop
+from fedlit.federation.fit import compiled, loop
 from fedlit.federation.fit import TrainerTemplate
 from fedlit.models import build_classifier
 from fedlit.objectives import FitState, SupervisedCE
@@ -158,25 +158,33 @@ def test_a_fit_through_the_loader_takes_the_fit_draws_step_by_step() -> None:
         assert all(torch.equal(a, e) for a, e in zip(got, drawn.expand(), strict=True))
 
 
-def test_every_fit_has_draws_of_its_own() -> None:
-    """fedlit's loop gives each fit, eager or compiled, new fit draws, taken at the fit's
-    start from one draw of torch's generator, and drops them after the fit."""
+@pytest.mark.parametrize("compile_mode", [None, "default"])
+def test_every_fit_has_draws_of_its_own(
+    compile_mode: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """fedlit's loop gives each fit, eager or compiled, new fit draws, their chunk the fit's
+    planned steps (here 2 of 64), and drops them after the fit."""
+    monkeypatch.setattr(compiled, "BACKEND", "eager")  # torch's graphs, no C++ to build
     seen: list[FitDraws | None] = []
+    compiled_fits: list[bool] = []
 
     class Recording(SupervisedCE):
         def before_fit(self) -> None:
             seen.append(self.fit_state.draws)
+            compiled_fits.append(self.fit_state.compiled_step is not None)
 
     torch.manual_seed(0)
     objective = Recording(build_classifier("small_cnn", 10, 1), lr=0.1)
     images = torch.randint(0, 256, (8, 1, 28, 28), dtype=torch.uint8)
     labels = torch.zeros(8, dtype=torch.long)
     loader = ImageBatches(images, SPEC, ("weak",), 4, True, labels=labels)
-    template = TrainerTemplate(accelerator="cpu", precision="32-true")
+    template = TrainerTemplate(accelerator="cpu", precision="32-true", compile=compile_mode)
     for _ in range(2):
         template.fit(objective, loader, 1)
         assert objective.fit_state.draws is None
     assert all(isinstance(d, FitDraws) for d in seen) and seen[0] is not seen[1]
+    assert [d.chunk for d in seen if d is not None] == [2, 2]
+    assert compiled_fits == [compile_mode is not None] * 2
 
 
 def _draws_call_by_call(view: BatchView, b: int, h: int, w: int) -> torch.Tensor:

@@ -280,7 +280,7 @@ class FitDraws:
     the fit's at its first batch, so two loaders of one fit (a ``CombinedLoader``) never
     change each other's draws. A shape's steps are its uniforms (K, rows, B) taken in order
     from its generator, so the chunk's length ``chunk`` does not change the values: fedlit's
-    loop makes one for each fit, its chunk the fit's planned steps up to :data:`CHUNK`.
+    loop makes one for each fit (:meth:`for_fit`).
 
     Args:
         chunk: steps drawn at once (K).
@@ -294,6 +294,12 @@ class FitDraws:
         self.generator = torch.Generator().manual_seed(seed)
         self._streams: dict[tuple[tuple[BatchView, ...], int, int, int, torch.device], _Stream]
         self._streams = {}
+
+    @classmethod
+    def for_fit(cls, planned_steps: int) -> FitDraws:
+        """A fit's draws, its chunk the fit's ``planned_steps`` up to :data:`CHUNK` (no step
+        drawn that the fit will not take)."""
+        return cls(max(1, min(CHUNK, planned_steps)))
 
     def draw(
         self, views: tuple[BatchView, ...], b: int, h: int, w: int, device: torch.device

@@ -12,10 +12,11 @@ from fedlit.data.loaders import AugmentsOnDevice
 
 
 class Evaluator(AugmentsOnDevice, LightningModule):
-    """Runs ``network`` over (x, y) batches in a Trainer's test loop and keeps the metrics.
+    """Runs ``network`` over (x, y) batches and keeps the metrics (fedlit's loop runs it:
+    :func:`fedlit.federation.fit.loop.test`).
 
-    After ``trainer.test(evaluator, loader)``, :meth:`metrics` gives accuracy (a fraction in
-    [0, 1], torchmetrics) and mean cross-entropy.
+    After the test, :meth:`metrics` gives accuracy (a fraction in [0, 1], torchmetrics) and
+    mean cross-entropy.
     """
 
     def __init__(self, network: nn.Module, num_classes: int) -> None:

@@ -19,7 +19,7 @@ import torch
 from lightning.fabric.utilities import move_data_to_device
 from lightning.pytorch.utilities.combined_loader import CombinedLoader
 
-from fedlit.data.augment import CHUNK, FitDraws
+from fedlit.data.augment import FitDraws
 from fedlit.data.loaders import AugmentsOnDevice, ImageBatches, draw_batches, expand_batches
 from fedlit.evaluation.evaluator import Evaluator
 from fedlit.federation.fit.compiled import OneCallStep, one_call_step
@@ -281,7 +281,7 @@ def fit(
         planned_steps=planned,
         kept_optimizers=kept,
         fedprox=FedProx(module.network, mu) if mu > 0 else None,
-        draws=FitDraws(max(1, min(CHUNK, planned))),  # before any draw of the fit
+        draws=FitDraws.for_fit(planned),  # before any draw of the fit
         **compiled,
     )
     run = Fit(module, state, settings, one_call)
