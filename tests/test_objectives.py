@@ -10,17 +10,20 @@ import torch
 from torch import nn
 
 from fedlit.objectives import (
+    UDA,
     FedProx,
     FitState,
-    UDA,
     FixMatch,
     FixMatchLoss,
+    Hits,
     SupervisedCE,
     UDALoss,
     fixmatch_loss,
+    means,
     proximal_term,
     uda_loss,
 )
+from fedlit.objectives.means import HITS_KEPT
 
 
 def test_fixmatch_loss_hand_computed() -> None:
@@ -111,6 +114,34 @@ def test_running_means_are_float32_sums_call_after_call() -> None:
     assert metrics["loss"] == float(expected) / total
     assert metrics["loss"] != sum(np.float64(v) * w for w, v in calls) / total
     assert metrics["lr"] == 0.5
+
+
+@pytest.mark.parametrize("kept", [HITS_KEPT, 100], ids=["kept", "reduced-on-the-way"])
+def test_hits_kept_in_an_eager_fit_are_their_fractions_bit_for_bit(
+    kept: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A step's accuracy logged as Hits: an eager fit keeps the logits (at most HITS_KEPT
+    elements, then makes them fractions on their device) and makes them fractions many steps
+    at once when read; each step's value and the means are bit for bit those of the fractions
+    added call by call, as a compiled fit adds them, for any batch sizes, bf16 logits and ties."""
+    monkeypatch.setattr(means, "HITS_KEPT", kept)
+    torch.manual_seed(0)
+    eager, compiled, reference = (SupervisedCE(nn.Linear(1, 1), lr=0.1) for _ in range(3))
+    compiled.fit_state = FitState(compiled_step=lambda objective, batch: (torch.zeros(()), ()))
+    for b, dtype in [(16, torch.float32)] * 5 + [
+        (7, torch.float32),
+        (16, torch.bfloat16),
+        (3, torch.float32),
+    ]:
+        logits = torch.randn(b, 10).to(dtype)
+        logits[: b // 2] = logits[: b // 2].round()  # ties: the first largest is the prediction
+        labels = torch.randint(0, 10, (b,))
+        for objective in (eager, compiled):
+            objective.accumulate(float(b), loss=logits.float().sum(), acc=Hits(logits, labels))
+        fraction = (logits.argmax(-1) == labels).float().mean()
+        reference.accumulate(float(b), loss=logits.float().sum(), acc=fraction)
+        assert eager._means._hits_kept <= means.HITS_KEPT
+    assert eager.epoch_metrics() == compiled.epoch_metrics() == reference.epoch_metrics()
 
 
 def test_objective_rejects_bad_settings() -> None:

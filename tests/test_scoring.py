@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from fedlit.data import FederatedDataModule
-from fedlit.evaluation import batchnorm, recalibrate, recalibrated, scored
+from fedlit.evaluation import Evaluator, batchnorm, recalibrate, recalibrated, scored
 from fedlit.federation import TrainerTemplate
 from fedlit.methods import ServerSL
 from fedlit.models import Architecture, build_classifier
@@ -136,6 +136,33 @@ def test_a_network_that_keeps_its_statistics_is_scored_without_a_second_pass(
         weight.copy_(kept)
     _assert_same_state(scored(network, data), reference)
     assert len(passes) == 3
+
+
+def test_a_shared_scored_network_is_the_network_itself_and_its_test_leaves_it_as_it_was(
+    data: FederatedDataModule,
+) -> None:
+    """``scored(..., shared=True)``: the network itself where it holds its statistics and lies
+    on the device (no pass, no copy); a re-estimated copy where it does not. The evaluator's
+    test leaves the shared network's mode and state as they were, and scores it as it scores
+    a copy."""
+    torch.manual_seed(0)
+    network = build_classifier("small_cnn", 10, 1)
+    recalibrate(network, data)
+    network.train()
+    before = {k: v.clone() for k, v in network.state_dict().items()}
+    cpu = TrainerTemplate(accelerator="cpu", precision="32-true")
+    assert scored(network, data, torch.device("cpu"), shared=True) is network
+    metrics = []
+    for shared in (True, False):
+        evaluator = Evaluator(scored(network, data, cpu.device(), shared=shared), 10)
+        cpu.test(evaluator, data.test_dataloader())
+        metrics.append(evaluator.metrics())
+    assert metrics[0] == metrics[1]
+    assert network.training and all(m.training for m in network.modules())
+    assert all(torch.equal(v, before[k]) for k, v in network.state_dict().items())
+    with torch.no_grad():  # a weight changes: a re-estimated copy, the network untouched
+        next(network.parameters()).add_(1e-3)
+    assert scored(network, data, torch.device("cpu"), shared=True) is not network
 
 
 def _assert_same_state(a: nn.Module, b: nn.Module) -> None:

@@ -265,7 +265,7 @@ class _Stream:
     """One batch shape's draws: its generator, the chunk drawn last and the next step in it."""
 
     generator: torch.Generator
-    steps: list[Tensor] = field(default_factory=list)
+    steps: list[tuple[Tensor, ...]] = field(default_factory=list)
     next: int = 0
 
 
@@ -274,8 +274,8 @@ class FitDraws:
 
     Made at the start of a fit, it takes one draw from torch's global CPU generator as its
     seed (the federation seeds that generator per fit, so a fit's draws follow the run's seed,
-    on any executor and after a resume). :meth:`draw` gives a batch's packed rows, as
-    :meth:`~fedlit.data.loaders.RawBatch.draw` packs them. Each batch shape (the views, the
+    on any executor and after a resume). :meth:`draw` gives a batch's rows, view by view, as
+    :meth:`~fedlit.data.loaders.RawBatch.draw` takes them. Each batch shape (the views, the
     batch's size and image size, its device) draws from a generator of its own, seeded from
     the fit's at its first batch, so two loaders of one fit (a ``CombinedLoader``) never
     change each other's draws. A shape's steps are its uniforms (K, rows, B) taken in order
@@ -303,10 +303,10 @@ class FitDraws:
 
     def draw(
         self, views: tuple[BatchView, ...], b: int, h: int, w: int, device: torch.device
-    ) -> Tensor:
-        """The next step's draws of ``views`` for b images of h x w on ``device``: (the sum of
-        the views' :meth:`BatchView.rows`, B) int64 on ``device``, view
-        after view. A slice of the current chunk: no draw and no transfer but once a chunk."""
+    ) -> tuple[Tensor, ...]:
+        """The next step's draws of ``views`` for b images of h x w on ``device``: each view's
+        (its :meth:`BatchView.rows`, B) int64 on ``device``, in order. Views of the current
+        chunk, split by view once a chunk: no draw, no transfer and no op but once a chunk."""
         key = (views, b, h, w, device)
         stream = self._streams.get(key)
         if stream is None:
@@ -314,7 +314,8 @@ class FitDraws:
             stream = self._streams[key] = _Stream(torch.Generator().manual_seed(seed))
         if stream.next == len(stream.steps):
             chunk = self._chunk(views, b, h, w, stream.generator)
-            stream.steps = list(chunk.to(device, non_blocking=True).unbind(0))  # one transfer
+            parts = chunk.to(device, non_blocking=True).split([v.rows() for v in views], 1)
+            stream.steps = list(zip(*(part.unbind(0) for part in parts), strict=True))
             stream.next = 0
         stream.next += 1
         return stream.steps[stream.next - 1]

@@ -37,7 +37,7 @@ class RawBatch:
     ``labels`` (B,), and the ``views`` to compute. ``to(device)`` moves the tensors, so
     Lightning transfers it like any batch; :meth:`expand` computes the views where it lies."""
 
-    __slots__ = ("images", "index", "labels", "spec", "views")
+    __slots__ = ("batch_views", "images", "index", "labels", "spec", "views")
 
     def __init__(
         self,
@@ -46,16 +46,21 @@ class RawBatch:
         spec: DatasetSpec,
         index: Tensor | None = None,
         labels: Tensor | None = None,
+        batch_views: tuple[BatchView, ...] | None = None,
     ) -> None:
         self.images, self.views, self.spec = images, views, spec
         self.index, self.labels = index, labels
+        #: the views' :func:`~fedlit.data.augment.batch_view` objects (None: looked up here)
+        self.batch_views = batch_views
 
     def to(self, *args: Any, **kwargs: Any) -> RawBatch:
         def move(t: Tensor | None) -> Tensor | None:
             return None if t is None else t.to(*args, **kwargs)
 
         images = self.images.to(*args, **kwargs)
-        return RawBatch(images, self.views, self.spec, move(self.index), move(self.labels))
+        return RawBatch(
+            images, self.views, self.spec, move(self.index), move(self.labels), self.batch_views
+        )
 
     def __len__(self) -> int:
         return len(self.images)
@@ -64,7 +69,7 @@ class RawBatch:
         """The batch with every view's random parameters drawn: taken from ``fit_draws``
         (the fit's, already on the device), or, without it, drawn from torch's global CPU
         generator, view after view, and moved to the images' device in one transfer."""
-        views = tuple(batch_view(v, self.spec) for v in self.views)
+        views = self.batch_views or tuple(batch_view(v, self.spec) for v in self.views)
         BatchView.check(self.images)
         for view in views:
             view.prepare(self.images)
@@ -72,11 +77,12 @@ class RawBatch:
         rows = [view.rows() for view in views]
         device = self.images.device
         if sum(rows) and fit_draws is not None:
-            packed = fit_draws.draw(views, b, h, w, device)
-        elif sum(rows) and device.type == "cpu":  # where they are drawn: nothing to pack
+            draws = fit_draws.draw(views, b, h, w, device)
+            return DrawnBatch(self.images, views, draws, self.index, self.labels)
+        if sum(rows) and device.type == "cpu":  # where they are drawn: nothing to pack
             draws = tuple(view.draw(b, h, w) for view in views)
             return DrawnBatch(self.images, views, draws, self.index, self.labels)
-        elif sum(rows):
+        if sum(rows):
             packed = torch.cat([view.draw(b, h, w) for view in views])
             packed = packed.to(device, non_blocking=True)  # one transfer for every view
         else:
@@ -129,6 +135,9 @@ def expand_batches(batch: Any, fit_draws: FitDraws | None = None) -> Any:
     tuples, lists and dicts of a ``CombinedLoader``) replaced by its views (a raw batch's
     draws from ``fit_draws`` where given: :meth:`RawBatch.draw`); anything else is returned
     as it is."""
+
+    if type(batch) is RawBatch:  # a loader's own batch: no walk through containers
+        return batch.draw(fit_draws).expand()
 
     def expand(b: RawBatch | DrawnBatch) -> tuple[Tensor, ...]:
         return (b.draw(fit_draws) if isinstance(b, RawBatch) else b).expand()
@@ -247,7 +256,7 @@ class ImageBatches:
         order = torch.randperm(n, device=device) if self.shuffle else torch.arange(n, device=device)
         # a tensor's batch: in order, a slice of it (a view, no copy); shuffled, its rows by
         # index_select (the same values as images[idx], at a tenth of its host time)
-        images = self.images
+        images, views = self.images, tuple(batch_view(v, self.spec) for v in self.views)
         for k in range(len(self)):
             idx = order[k * b : (k + 1) * b]
             rows: slice | Tensor = slice(k * b, (k + 1) * b) if not self.shuffle else idx
@@ -257,6 +266,7 @@ class ImageBatches:
                 self.spec,
                 index=idx if self.with_index else None,
                 labels=None if self.labels is None else _rows(self.labels, rows),
+                batch_views=views,
             )
             yield raw if self.deferred else raw.expand()
 

@@ -56,7 +56,10 @@ def recalibrated(
 
 
 def scored(
-    network: nn.Module, data: FederatedDataModule, device: torch.device | None = None
+    network: nn.Module,
+    data: FederatedDataModule,
+    device: torch.device | None = None,
+    shared: bool = False,
 ) -> nn.Module:
     """The network that is scored for ``network``: a copy with its BatchNorm statistics
     re-estimated on the server's clean labeled images (:func:`recalibrated`), in batches of
@@ -68,11 +71,16 @@ def scored(
     the clients). ``device``: where the pass runs (the training device: a ResNet-18's pass
     over 500 images takes about 3 s on this project's 2-core CPU). No pass where ``network``
     holds the statistics it would give (:func:`recalibrate`, :class:`Estimate`): a copy of
-    it, bit for bit what the pass would have made."""
+    it, bit for bit what the pass would have made; ``shared``: ``network`` itself there, where
+    it lies on ``device`` (for a caller that changes none of its state and restores its mode,
+    as :func:`fedlit.federation.fit.loop.test` does)."""
     if data.labels_at != "server" or len(data.server) == 0:
         return network
     estimate = _ESTIMATES.get(network)
     if estimate is not None and estimate.holds(network, data.server_data, device):
+        here = next(network.parameters()).device == _pass_device(network, device)
+        if shared and here:
+            return network  # it holds what a second pass would give: no pass, no copy
         return copy.deepcopy(network).eval()  # what a second pass would give: no pass
     return recalibrated(network, data.server_plain_dataloader(), device)
 

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from lightning import LightningModule
 from torch import Tensor, nn
-from torchmetrics.classification import MulticlassAccuracy
+from torchmetrics.functional.classification import multiclass_accuracy
 
 from fedlit.data.loaders import AugmentsOnDevice
 
@@ -22,13 +22,12 @@ class Evaluator(AugmentsOnDevice, LightningModule):
     def __init__(self, network: nn.Module, num_classes: int) -> None:
         super().__init__()
         self.network = network
-        self.accuracy = MulticlassAccuracy(num_classes, average="micro", validate_args=False)
+        self.num_classes = num_classes
         self._loss_sum = torch.zeros(())
         self._count = 0
         self._predicted: list[tuple[Tensor, Tensor]] = []
 
     def on_test_epoch_start(self) -> None:
-        self.accuracy.reset()
         self._loss_sum = torch.zeros((), device=self.device)
         self._count = 0
         self._predicted = []
@@ -43,11 +42,17 @@ class Evaluator(AugmentsOnDevice, LightningModule):
         self._count += len(y)
 
     def metrics(self, prefix: str = "test") -> dict[str, float]:
+        """``<prefix>/acc`` and ``<prefix>/loss`` of the batches since the test began (the
+        accuracy: torchmetrics' micro multiclass accuracy, 0 without a batch)."""
+        accuracy = 0.0
         if self._predicted:
-            predicted, labels = zip(*self._predicted, strict=True)
-            self.accuracy.update(torch.cat(predicted), torch.cat(labels))
-            self._predicted = []
+            predicted, labels = (torch.cat(t) for t in zip(*self._predicted, strict=True))
+            accuracy = float(
+                multiclass_accuracy(
+                    predicted, labels, self.num_classes, average="micro", validate_args=False
+                )
+            )
         return {
-            f"{prefix}/acc": float(self.accuracy.compute()),
+            f"{prefix}/acc": accuracy,
             f"{prefix}/loss": float(self._loss_sum) / max(self._count, 1),
         }

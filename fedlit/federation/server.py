@@ -14,8 +14,8 @@ from fedlit.evaluation import Evaluator, evaluate_encoder, scored
 from fedlit.federation.checks import check_batches, check_optimizers
 from fedlit.federation.config import FederationConfig
 from fedlit.federation.faults import ClientFault, RoundFailed, name_list, nonfinite_tensors
-from fedlit.federation.seeding import CENTRAL, EVAL, FINETUNE, SERVER, derive_seed, seed_all
 from fedlit.federation.fit import TrainerTemplate
+from fedlit.federation.seeding import CENTRAL, EVAL, FINETUNE, SERVER, derive_seed, seed_all
 from fedlit.methods.base import FederatedMethod
 from fedlit.methods.client_side import ClientUpdate
 from fedlit.methods.plan import CentralTraining, Step
@@ -139,7 +139,7 @@ class Server:
         ``prefix`` "test", also on the server's validation split (``val/acc``, ``val/loss``)
         where it has images (``data.val_per_class``): what a model is selected by."""
         seed_all(derive_seed(self.seed, 0, EVAL))
-        network = scored(self.method.eval_network(), self.data, self.trainer.device())
+        network = scored(self.method.eval_network(), self.data, self.trainer.device(), shared=True)
         evaluator = Evaluator(network, self.data.num_classes)
         self.trainer.test(evaluator, self.data.test_dataloader())
         metrics = evaluator.metrics(prefix)

@@ -4,8 +4,8 @@ from fedlit.objectives.base import FitState, Objective
 from fedlit.objectives.consistency import ConsistencyLoss, WeakStrongObjective
 from fedlit.objectives.ema import copy_buffers, frozen_copy
 from fedlit.objectives.fedcon import FedConClient, FedConServer
-from fedlit.objectives.fedprox import FedProx, proximal_term
 from fedlit.objectives.fedmatch import FedMatchClient, FedMatchLoss, FedMatchServer
+from fedlit.objectives.fedprox import FedProx, proximal_term
 from fedlit.objectives.fedseal import (
     FedSEALClient,
     FedSEALLoss,
@@ -16,6 +16,7 @@ from fedlit.objectives.fedseal import (
 )
 from fedlit.objectives.fedsup import FedSupClient, feature_map_mse
 from fedlit.objectives.fixmatch import FixMatch, FixMatchLoss, SelfTraining, fixmatch_loss
+from fedlit.objectives.means import Hits, RunningMeans
 from fedlit.objectives.optimization import Optimization
 from fedlit.objectives.schedules import (
     WarmupCosine,
@@ -33,6 +34,8 @@ from fedlit.objectives.teacher_student import (
 from fedlit.objectives.uda import UDA, UDALoss, uda_loss
 
 __all__ = [
+    "Hits",
+    "RunningMeans",
     "UDALoss",
     "TeacherStudentLoss",
     "Optimization",

@@ -6,7 +6,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
-import numpy as np
 import torch
 from lightning import LightningModule
 from torch import Tensor, nn
@@ -15,12 +14,10 @@ from fedlit.data.augment import FitDraws
 from fedlit.data.loaders import AugmentsOnDevice
 from fedlit.models import Classifier
 from fedlit.objectives.fedprox import FedProx
+from fedlit.objectives.means import Hits, Logged, RunningMeans, as_fractions
 from fedlit.objectives.optimization import OPTIMIZERS
 from fedlit.objectives.schedules import WarmupCosine
 
-#: What a training step logs: (weight, {name: value}) pairs, each added to the fit's running
-#: means by :meth:`Objective.accumulate` (values: scalar tensors or Python numbers).
-Logged: TypeAlias = tuple[tuple[float, dict[str, Tensor | float]], ...]
 #: A training step's result: the loss to minimise and what the step logs.
 Step: TypeAlias = tuple[Tensor, Logged]
 
@@ -172,13 +169,7 @@ class Objective(AugmentsOnDevice, LightningModule):
         self.weight_decay = weight_decay
         self.schedule = schedule
         self.progress = progress
-        # running weighted sums: per group of names accumulated together, each call's values
-        # as one device vector with its weight until epoch_metrics sums them (float32, on the
-        # host), host floats for Python numbers, and each name's weight
-        self._steps: dict[tuple[str, ...], list[tuple[float, Tensor]]] = {}
-        self._sums: dict[tuple[str, ...], np.ndarray] = {}
-        self._host_sums: dict[str, float] = {}
-        self._weights: dict[str, float] = {}
+        self._means = RunningMeans()  # of what the steps log
         #: The fit being run, or last run (:class:`FitState`), set by the fit alone.
         self.fit_state = FitState()
 
@@ -243,8 +234,11 @@ class Objective(AugmentsOnDevice, LightningModule):
 
     def fit_step(self, batch: Any) -> Step:
         """:meth:`step`, FedProx's term added where the fit made one (:attr:`FitState.fedprox`):
-        to the loss, and to the logged ``loss`` where it is the loss."""
+        to the loss, and to the logged ``loss`` where it is the loss. In a compiled fit (which
+        traces it) its :class:`~fedlit.objectives.Hits` are made fractions in the graph."""
         loss, logged = self.step(batch)
+        if self.fit_state.compiled_step is not None:
+            logged = as_fractions(logged)
         fedprox = self.fit_state.fedprox
         if fedprox is None:
             return loss, logged
@@ -269,8 +263,9 @@ class Objective(AugmentsOnDevice, LightningModule):
 
     def record(self, logged: Logged) -> None:
         """Adds what a step logs to the running means (:meth:`accumulate`)."""
+        eager = self.fit_state.compiled_step is None
         for weight, values in logged:
-            self.accumulate(weight, **values)
+            self._means.add(weight, values, eager)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.network(x)
@@ -309,40 +304,14 @@ class Objective(AugmentsOnDevice, LightningModule):
             "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
         }
 
-    def accumulate(self, weight: float = 1.0, **values: Tensor | float) -> None:
-        """Add ``values`` (scalar tensors or Python numbers), weighted by ``weight``, to the
-        running means.
-
-        Nothing is read back: the tensors of one call are stacked into one vector on their
-        device (one op, no host-device sync inside a training step) and kept with ``weight``;
-        :meth:`epoch_metrics` sums them once."""
-        weights, names, tensors = self._weights, [], []
-        for name, value in values.items():
-            weights[name] = weights.get(name, 0.0) + weight
-            if isinstance(value, Tensor):
-                names.append(name)
-                tensors.append(value.detach())  # out of the graph
-            else:
-                self._host_sums[name] = self._host_sums.get(name, 0.0) + float(value) * weight
-        if not tensors:
-            return
-        device, f32 = tensors[0].device, torch.float32
-        kept = [v if v.dtype == f32 and v.device == device else v.to(device, f32) for v in tensors]
-        self._steps.setdefault(tuple(names), []).append((weight, torch.stack(kept)))
+    def accumulate(self, weight: float = 1.0, **values: Tensor | float | Hits) -> None:
+        """Add ``values`` (scalar tensors, Python numbers or :class:`~fedlit.objectives.Hits`),
+        weighted by ``weight``, to the running means
+        (:class:`~fedlit.objectives.means.RunningMeans`: nothing read back, no host-device sync
+        inside a training step)."""
+        self._means.add(weight, values, eager=self.fit_state.compiled_step is None)
 
     def epoch_metrics(self) -> dict[str, float]:
-        """Means of everything accumulated since the objective was built (one read of each
-        group's values). Each group's sum is float32, added call after call in call order
-        (NumPy's ``add.accumulate``: sequential, unlike a reduction's pairwise order)."""
-        totals = dict(self._host_sums)
-        for names, steps in self._steps.items():
-            values = torch.stack([v for _, v in steps]).cpu().numpy()
-            weighted = values * np.array([[w] for w, _ in steps], dtype=np.float32)
-            if names in self._sums:
-                weighted = np.concatenate([self._sums[names][None], weighted])
-            self._sums[names] = np.add.accumulate(weighted, axis=0)[-1]
-        self._steps = {}
-        for names, sums in self._sums.items():
-            for name, value in zip(names, sums.tolist(), strict=True):
-                totals[name] = totals.get(name, 0.0) + value
-        return {k: totals[k] / w for k, w in self._weights.items()}
+        """Means of everything accumulated since the objective was built (one read of the
+        values; each name's sum float32, added call after call in call order)."""
+        return self._means.read()

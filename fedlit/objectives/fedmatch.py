@@ -40,7 +40,7 @@ from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
 from fedlit.models import Classifier
-from fedlit.objectives.base import Objective, Step
+from fedlit.objectives.base import Hits, Objective, Step
 
 # --- the decomposition theta = sigma + psi -------------------------------------------------
 
@@ -236,8 +236,7 @@ class FedMatchServer(Objective):
         logits = self.network(x)
         ce = F.cross_entropy(logits.float(), y)
         loss = self.lambda_s * ce
-        acc = (logits.argmax(-1) == y).float().mean()
-        return loss, ((len(y), {"loss": loss, "ce": ce, "acc": acc}),)
+        return loss, ((len(y), {"loss": loss, "ce": ce, "acc": Hits(logits, y)}),)
 
 
 class FedMatchClient(Objective):

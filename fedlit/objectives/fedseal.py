@@ -244,37 +244,45 @@ class FedSEALClient(Objective):
         self._log_sets(pseudo, positive, complementary)
 
     def _log_sets(self, pseudo: Tensor, positive: Tensor, complementary: Tensor) -> None:
+        """The sets' fractions of the client's examples and, with the hidden labels, each
+        set's accuracy: (right in the set) / (the set's size). Every count in one read; each
+        fraction the float32 mean of the set's 0/1 values would give (count / size, rounded
+        once: a float64 quotient of two such counts rounds to the same float32)."""
         negative = complementary >= 0
-        n = float(len(pseudo))
+        sets = [positive, negative]
+        y = self.hidden_labels
+        if y is not None:
+            sets += [(pseudo == y) & positive, (complementary != y) & negative]
+        counts = torch.stack(sets).sum(1).tolist()
+
+        def fraction(count: int, size: int) -> Tensor:
+            return torch.tensor(count / size if size else math.nan, dtype=torch.float32)
+
+        n = len(pseudo)
         self.accumulate(
-            n,
+            float(n),
             **{
-                "pseudo/pos_frac": positive.float().mean(),
-                "pseudo/neg_frac": negative.float().mean(),
+                "pseudo/pos_frac": fraction(counts[0], n),
+                "pseudo/neg_frac": fraction(counts[1], n),
             },
         )
-        if self.hidden_labels is None:
+        if y is None:
             return
-        # each set's accuracy as (right in the set) / (the set's size): the mean of the set's
-        # 0/1 values, without selecting the set's rows
-        y = self.hidden_labels
-        n_pos, n_neg = int(positive.sum()), int(negative.sum())
+        n_pos, n_neg = counts[0], counts[1]
         if n_pos:
-            right = ((pseudo == y) & positive).sum().float() / n_pos
-            self.accumulate(float(n_pos), **{"pseudo/pos_acc": right})
+            self.accumulate(float(n_pos), **{"pseudo/pos_acc": fraction(counts[2], n_pos)})
         if n_neg:
-            right = ((complementary != y) & negative).sum().float() / n_neg
-            self.accumulate(float(n_neg), **{"pseudo/neg_acc": right})
+            self.accumulate(float(n_neg), **{"pseudo/neg_acc": fraction(counts[3], n_neg)})
 
     def step(self, batch: tuple[Tensor, Tensor, Tensor]) -> Step:
         index, plain, strong = batch
         logits_plain, logits_strong = self.network(torch.cat([plain, strong])).chunk(2)
         # the batch's rows of each per-example tensor (index_select: the values of [index], at
         # half its host time)
-        pseudo, positive, negative, complementary = (
-            t.index_select(0, index)
-            for t in (self.pseudo, self.positive, self.negative, self.complementary)
-        )
+        pseudo = self.pseudo.index_select(0, index)
+        positive = self.positive.index_select(0, index)
+        negative = self.negative.index_select(0, index)
+        complementary = self.complementary.index_select(0, index)
         # Each mean over its set by masking, 0 for an empty set: the step never reads a
         # tensor back or changes shape with the sets (a batch with no positive or no negative
         # example gets 0 for that term).
