@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import NamedTuple, TypeAlias
 
 import numpy as np
@@ -27,7 +28,7 @@ class Hits(NamedTuple):
 #: What a training step logs: (weight, {name: value}) pairs, each added to the fit's running
 #: means by :meth:`~fedlit.objectives.Objective.accumulate` (values: scalar tensors, Python
 #: numbers or :class:`Hits`).
-Logged: TypeAlias = tuple[tuple[float, dict[str, Tensor | float | Hits]], ...]
+Logged: TypeAlias = tuple[tuple[float, Mapping[str, Tensor | float | Hits]], ...]
 
 #: The logits the means keep for their :class:`Hits` at most (elements) before they reduce
 #: them: a bound on the memory they take (16 MiB of float32).
@@ -65,7 +66,7 @@ class RunningMeans:
         self._hits: dict[str, list[tuple[float, Hits]]] = {}
         self._hits_kept = 0  # the kept Hits' logits' elements
 
-    def add(self, weight: float, values: dict[str, Tensor | float | Hits], eager: bool) -> None:
+    def add(self, weight: float, values: Mapping[str, Tensor | float | Hits], eager: bool) -> None:
         """Add ``values`` weighted by ``weight``; ``eager``: :class:`Hits` may be kept (else
         made a fraction at once: a compiled step's outputs may be overwritten)."""
         weights, names, tensors = self._weights, [], []
