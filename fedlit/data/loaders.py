@@ -50,7 +50,8 @@ class RawBatch:
     ) -> None:
         self.images, self.views, self.spec = images, views, spec
         self.index, self.labels = index, labels
-        #: the views' :func:`~fedlit.data.augment.batch_view` objects (None: looked up here)
+        #: the views' :class:`~fedlit.data.augment.BatchView` objects, looked up once by the
+        #: loader (None: looked up by :meth:`draw`)
         self.batch_views = batch_views
 
     def to(self, *args: Any, **kwargs: Any) -> RawBatch:
