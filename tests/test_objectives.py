@@ -128,11 +128,8 @@ def test_hits_kept_in_an_eager_fit_are_their_fractions_bit_for_bit(
     torch.manual_seed(0)
     eager, compiled, reference = (SupervisedCE(nn.Linear(1, 1), lr=0.1) for _ in range(3))
     compiled.fit_state = FitState(compiled_step=lambda objective, batch: (torch.zeros(()), ()))
-    for b, dtype in [(16, torch.float32)] * 5 + [
-        (7, torch.float32),
-        (16, torch.bfloat16),
-        (3, torch.float32),
-    ]:
+    f32, bf16 = torch.float32, torch.bfloat16  # bf16 of the f32 run's shape: a run of its own
+    for b, dtype in [(16, f32)] * 5 + [(16, bf16), (7, f32), (3, f32)]:
         logits = torch.randn(b, 10).to(dtype)
         logits[: b // 2] = logits[: b // 2].round()  # ties: the first largest is the prediction
         labels = torch.randint(0, 10, (b,))

@@ -137,12 +137,11 @@ def expand_batches(batch: Any, fit_draws: FitDraws | None = None) -> Any:
     draws from ``fit_draws`` where given: :meth:`RawBatch.draw`); anything else is returned
     as it is."""
 
-    if type(batch) is RawBatch:  # a loader's own batch: no walk through containers
-        return batch.draw(fit_draws).expand()
-
     def expand(b: RawBatch | DrawnBatch) -> tuple[Tensor, ...]:
         return (b.draw(fit_draws) if isinstance(b, RawBatch) else b).expand()
 
+    if type(batch) is RawBatch:  # a loader's own batch: no walk through containers
+        return expand(batch)
     return _replaced(batch, (RawBatch, DrawnBatch), expand)
 
 

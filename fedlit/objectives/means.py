@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 from typing import NamedTuple, TypeAlias
 
@@ -119,20 +120,16 @@ class RunningMeans:
             self._reduce_hits()
 
     def _reduce_hits(self) -> None:
-        """The kept :class:`Hits` made fractions on their device, each run of one shape in one
-        batched op, and kept as one name's values (no read back)."""
+        """The kept :class:`Hits` made fractions on their device, each run of one shape, dtype
+        and device in one batched op, and kept as one name's values (no read back)."""
         for name, kept in self._hits.items():
-            start = 0
-            while start < len(kept):
-                shape, end = kept[start][1].logits.shape, start + 1
-                while end < len(kept) and kept[end][1].logits.shape == shape:
-                    end += 1
-                logits = torch.stack([h.logits for _, h in kept[start:end]])
-                labels = torch.stack([h.labels for _, h in kept[start:end]])
+            steps = self._steps.setdefault((name,), [])
+            for _, run in itertools.groupby(kept, key=lambda wh: _shape(wh[1].logits)):
+                weights, hits = zip(*run, strict=True)
+                logits = torch.stack([h.logits for h in hits])
+                labels = torch.stack([h.labels for h in hits])
                 fractions = (logits.argmax(-1) == labels).float().mean(-1, keepdim=True)
-                steps = self._steps.setdefault((name,), [])
-                steps += zip((w for w, _ in kept[start:end]), fractions.unbind(0), strict=True)
-                start = end
+                steps += zip(weights, fractions.unbind(0), strict=True)
         self._hits, self._hits_kept = {}, 0
 
     def _add_sums(self, names: tuple[str, ...], values: np.ndarray, weights: list[float]) -> None:
@@ -140,3 +137,8 @@ class RunningMeans:
         if names in self._sums:
             weighted = np.concatenate([self._sums[names][None], weighted])
         self._sums[names] = np.add.accumulate(weighted, axis=0)[-1]
+
+
+def _shape(t: Tensor) -> tuple[torch.Size, torch.dtype, torch.device]:
+    """What stacking needs alike: shape, dtype and device."""
+    return t.shape, t.dtype, t.device
