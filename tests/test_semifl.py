@@ -24,8 +24,9 @@ from fedlit.data.loaders import ImageBatches
 from fedlit.evaluation.batchnorm import recalibrated
 from fedlit.federation import Federation, FederationConfig, PoolSettings
 from fedlit.federation.fit.loop import LoopSettings, fit
-from fedlit.methods import SemiFL
-from fedlit.methods.plan import SERVER_FIRST, SERVER_LAST
+from fedlit.methods import ClientUpdate, SemiFL
+from fedlit.methods.plan import SERVER_LAST
+from fedlit.methods.semifl import PARALLEL
 from fedlit.models import Architecture
 from fedlit.objectives import (
     Optimization,
@@ -206,7 +207,7 @@ def test_the_server_momentum_keeps_its_velocity_in_its_state_dict() -> None:
 def test_the_switches_choose_the_plan_and_the_momentum() -> None:
     arch = Architecture(10, 1)
     assert SemiFL(arch).round_plan() == SERVER_LAST
-    assert SemiFL(arch, server_finetune=False).round_plan() == SERVER_FIRST
+    assert SemiFL(arch, server_finetune=False).round_plan() == PARALLEL
     assert any(k.startswith("momentum.") for k in SemiFL(arch).state_dict())
     plain = SemiFL(arch, global_momentum=0.0)
     assert not any(k.startswith("momentum.") for k in plain.state_dict())
@@ -244,23 +245,20 @@ def _fed(root: Path, run_dir: Path, **config: object) -> Federation:
 def test_static_batchnorm_sends_the_server_s_statistics(
     static_bn: bool, fmnist_root: Path, tmp_path: Path
 ) -> None:
-    """After the server's step, sBN's statistics are those of a pass over the server's clean
-    labeled images, and they are what is broadcast; without sBN, the trained ones."""
+    """sBN: the broadcast's BatchNorm statistics are those of a pass over the server's clean
+    labeled images; without sBN, the running statistics the network holds."""
     fed = _fed(fmnist_root, tmp_path / "run")
     method = fed.method
     assert isinstance(method, SemiFL)
     method.static_bn = static_bn
     fed.prepare()
-    data = fed.data
     method.network.train()
     with torch.no_grad():  # a training pass leaves running statistics of other images
         method.network(torch.randn(8, 1, 28, 28) * 3 + 1)
     trained = {k: v.clone() for k, v in method.network.state_dict().items() if "running" in k}
-    objective = method.server_objective()
-    assert objective is not None
-    method.server_step_done(objective, data, torch.device("cpu"))
+    want = recalibrated(method.network, fed.data.server_plain_dataloader()).state_dict()
     sent = state_part(method.broadcast(), MODEL)
-    want = recalibrated(method.network, data.server_plain_dataloader()).state_dict()
+    assert trained
     for key, value in trained.items():
         assert torch.equal(sent[key], want[key] if static_bn else value), key
     assert not all(torch.equal(want[k], v) for k, v in trained.items())
@@ -300,3 +298,16 @@ def test_two_workers_give_the_in_process_run(fmnist_root: Path, tmp_path: Path) 
     finally:
         torch.set_num_threads(threads)
     assert differences(local, pool) == []
+
+
+def test_without_the_fine_tune_the_server_s_model_is_half_the_aggregate() -> None:
+    """SemiFL's parallel baseline: (w_s + mean_k w_k) / 2 with equal n_k (no momentum)."""
+    method = SemiFL(Architecture(10, 1), server_finetune=False, global_momentum=0.0)
+    server = {k: v.clone() for k, v in method.network.state_dict().items()}
+    uploads = [{k: v + 1.0 if v.is_floating_point() else v for k, v in server.items()}]
+    uploads.append({k: v + 3.0 if v.is_floating_point() else v for k, v in server.items()})
+    updates = [ClientUpdate(i, {MODEL: u}, 10) for i, u in enumerate(uploads)]
+    method.aggregate(updates)
+    for key, value in method.network.state_dict().items():
+        if value.is_floating_point():
+            torch.testing.assert_close(value, server[key] + 1.0)  # (0 + 2) / 2

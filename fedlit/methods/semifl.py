@@ -7,8 +7,6 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-import torch
-
 from fedlit.aggregation import Aggregated
 from fedlit.aggregation.momentum import ServerMomentum
 from fedlit.data.datamodule import FederatedDataModule
@@ -17,11 +15,16 @@ from fedlit.data.pool import ClientData
 from fedlit.evaluation import recalibrate
 from fedlit.methods.base import DEFAULT_OPTIMIZATION, FederatedMethod, Payload
 from fedlit.methods.client_side import ClientSetup, ClientSide, ClientUpdate
-from fedlit.methods.plan import SERVER_FIRST, SERVER_LAST, RoundPlan
+from fedlit.methods.plan import SERVER_LAST, RoundPlan, Step
 from fedlit.models import Architecture
 from fedlit.objectives import Objective, Optimization
 from fedlit.objectives import SemiFLClient, SemiFLLoss
 from fedlit.search_space import CLIENT_SPACE, uniform
+
+
+#: SemiFL's "vanilla combination" (its Figure 4a): the broadcast, then the server trains from it
+#: beside the clients, and the aggregate averages its model in.
+PARALLEL = RoundPlan((Step.BROADCAST, Step.SERVER, Step.CLIENTS, Step.AGGREGATE))
 
 
 class SemiFL(FederatedMethod):
@@ -30,9 +33,10 @@ class SemiFL(FederatedMethod):
     (:class:`~fedlit.objectives.SemiFLClient`); the uploads are averaged (FedAvg by n_k) and
     the server steps towards the average with momentum beta_g
     (:func:`~fedlit.aggregation.momentum.momentum_step`); then the server fine-tunes the
-    result with CE on its labels (:data:`~fedlit.methods.plan.SERVER_LAST`: what the next
-    round sends) and, under static BatchNorm, re-estimates the network's BatchNorm
-    statistics on its clean labeled images: the statistics the clients label with.
+    result with CE on its labels (:data:`~fedlit.methods.plan.SERVER_LAST`): what the next
+    round sends. Under static BatchNorm (sBN) the server re-estimates the network's BatchNorm
+    statistics on its clean labeled images as it sends it: the statistics the clients label
+    with (in eval mode; they train in train mode, on their batches' statistics).
 
     Logged per round (client means): ``client/fix``, ``client/mix``, ``client/mask_rate`` and
     ``pseudo/frac`` (the confident fraction of a client's images) and, against the clients'
@@ -44,11 +48,12 @@ class SemiFL(FederatedMethod):
         global_pseudo_labels: the clients label once a round with the received model (SemiFL);
             false: each batch with the network being trained (FixMatch's rule).
         server_finetune: the server fine-tunes after aggregation (SemiFL's alternate training,
-            :data:`~fedlit.methods.plan.SERVER_LAST`); false: it trains before it sends
-            (:data:`~fedlit.methods.plan.SERVER_FIRST`) and the aggregate is scored.
+            :data:`~fedlit.methods.plan.SERVER_LAST`); false: it trains beside the clients
+            from the model it sent (:data:`PARALLEL`) and its model is averaged in, half and
+            half with the clients' average (SemiFL's "vanilla combination").
         mixup: add the mix loss.
         static_bn: sBN, the BatchNorm statistics sent are re-estimated on the server's clean
-            labeled images after its step; false: the running statistics as trained.
+            labeled images; false: the running statistics as trained and averaged.
         global_momentum: beta_g of the server's momentum (0.5); 0: plain averaging.
         The others: see :class:`~fedlit.methods.FederatedMethod`.
     """
@@ -89,6 +94,8 @@ class SemiFL(FederatedMethod):
         self.loss = loss
         self.global_pseudo_labels, self.server_finetune = global_pseudo_labels, server_finetune
         self.mixup, self.static_bn = mixup, static_bn
+        #: the run's data (:meth:`validate_data`): sBN's images
+        self.data: FederatedDataModule | None = None
         #: the server's velocity over the network's parameters (in checkpoints); None at 0
         self.momentum = (
             ServerMomentum(
@@ -100,16 +107,24 @@ class SemiFL(FederatedMethod):
         )
 
     def round_plan(self) -> RoundPlan:
-        return SERVER_LAST if self.server_finetune else SERVER_FIRST
+        """SemiFL's alternate training (:data:`~fedlit.methods.plan.SERVER_LAST`), or, without
+        the fine-tune, :data:`PARALLEL`: the server trains from the model it sent, beside the
+        clients, and its model enters the aggregate."""
+        return SERVER_LAST if self.server_finetune else PARALLEL
 
-    def server_step_done(
-        self, objective: Objective, data: FederatedDataModule, device: torch.device | None = None
-    ) -> None:
-        """sBN: the network's BatchNorm statistics re-estimated on the server's clean labeled
-        images (:func:`~fedlit.evaluation.recalibrate`), as it is sent next; the evaluation
-        scores it without a second pass."""
-        if self.static_bn:
-            recalibrate(self.network, data, device)
+    def validate_data(self, data: FederatedDataModule) -> None:
+        """The base's checks; the data module is kept for sBN's pass (the server's clean
+        labeled images, at every broadcast)."""
+        super().validate_data(data)
+        self.data = data
+
+    def broadcast(self) -> Payload:
+        """The global model; under sBN its BatchNorm statistics first re-estimated on the
+        server's clean labeled images (:func:`~fedlit.evaluation.recalibrate`, on the network's
+        device): what the clients label with. SemiFL's server does so as it distributes."""
+        if self.static_bn and self.data is not None:
+            recalibrate(self.network, self.data)
+        return super().broadcast()
 
     def initialize(self) -> None:
         super().initialize()
@@ -118,8 +133,13 @@ class SemiFL(FederatedMethod):
                 velocity.zero_()
 
     def aggregate(self, updates: Sequence[ClientUpdate]) -> Aggregated:
-        """The uploads' FedAvg, then the server's momentum step from the network it sent."""
-        result = self.aggregator([u.model for u in updates], [u.num_examples for u in updates])
+        """The uploads' FedAvg (without the fine-tune, averaged half and half with the server's
+        trained model, as SemiFL's parallel baseline), then the server's momentum step from
+        the network it holds towards it."""
+        uploads, counts = [u.model for u in updates], [u.num_examples for u in updates]
+        if not self.server_finetune:  # the server's model, as much as all clients together
+            uploads, counts = [self.server_model(), *uploads], [sum(counts), *counts]
+        result = self.aggregator(uploads, counts)
         state = result.state
         if self.momentum is not None:
             state = self.momentum(self.server_model(), state)
