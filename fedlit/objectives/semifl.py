@@ -62,8 +62,9 @@ class SemiFLClient(Objective):
 
     - L_fix = sum_b m_b CE(f(A(x_b)), y_b) / sum_b m_b on the strong views A(x);
     - L_mix = sum_b m_b [lam CE(f(x~_b), y_b) + (1 - lam) CE(f(x~_b), y_{b-1})] / sum_b m_b,
-      x~_b = lam alpha(x_b) + (1 - lam) alpha(x_{b-1}) on the weak views, lam ~ Beta(a, a)
-      drawn once a step (:func:`~fedlit.objectives.mixup.mixup`).
+      x~_b = lam alpha(x_b) + (1 - lam) alpha(x_{b-1}) on the weak views alpha(x), with
+      lam ~ Beta(loss.alpha, loss.alpha) drawn once a step
+      (:func:`~fedlit.objectives.mixup.mixup`).
 
     Batches: (index (B,), weak (B, C, H, W), strong (B, C, H, W)), index being the example's
     position in the client's data.
