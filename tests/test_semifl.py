@@ -36,7 +36,7 @@ from fedlit.objectives import (
     mixup,
     mixup_cross_entropy,
 )
-from fedlit.objectives.mixup import beta_draws
+from fedlit.objectives.mixing import beta_draws
 
 
 # --- the confidence mask ------------------------------------------------------------------

@@ -17,7 +17,7 @@ from fedlit.objectives.fedseal import (
 from fedlit.objectives.fedsup import FedSupClient, feature_map_mse
 from fedlit.objectives.fixmatch import FixMatch, FixMatchLoss, SelfTraining, fixmatch_loss
 from fedlit.objectives.means import Hits, RunningMeans
-from fedlit.objectives.mixup import mixup, mixup_cross_entropy
+from fedlit.objectives.mixing import mixup, mixup_cross_entropy
 from fedlit.objectives.optimization import Optimization
 from fedlit.objectives.schedules import (
     WarmupCosine,

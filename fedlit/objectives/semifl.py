@@ -16,7 +16,7 @@ from fedlit.models import Classifier
 from fedlit.objectives.base import Objective, Step
 from fedlit.objectives.fedseal import predict_probabilities
 from fedlit.objectives.fixmatch import FixMatchLoss
-from fedlit.objectives.mixup import beta_draws, mixup, mixup_cross_entropy
+from fedlit.objectives.mixing import beta_draws, mixup, mixup_cross_entropy
 
 
 def confident_labels(probs: Tensor, tau: float) -> tuple[Tensor, Tensor]:
@@ -64,7 +64,7 @@ class SemiFLClient(Objective):
     - L_mix = sum_b m_b [lam CE(f(x~_b), y_b) + (1 - lam) CE(f(x~_b), y_{b-1})] / sum_b m_b,
       x~_b = lam alpha(x_b) + (1 - lam) alpha(x_{b-1}) on the weak views alpha(x), with
       lam ~ Beta(loss.alpha, loss.alpha) drawn once a step
-      (:func:`~fedlit.objectives.mixup.mixup`).
+      (:func:`~fedlit.objectives.mixing.mixup`).
 
     Batches: (index (B,), weak (B, C, H, W), strong (B, C, H, W)), index being the example's
     position in the client's data.
