@@ -311,3 +311,25 @@ def test_without_the_fine_tune_the_server_s_model_is_half_the_aggregate() -> Non
     for key, value in method.network.state_dict().items():
         if value.is_floating_point():
             torch.testing.assert_close(value, server[key] + 1.0)  # (0 + 2) / 2
+
+
+def test_no_host_sync_inside_semifl_s_client_steps() -> None:
+    """benchmarks/step_profile.py's counter: SemiFL's client steps (fixed labels gathered by
+    index, the fix and mix losses over masks, the step's lam read on the device) read nothing
+    back; its labels are made before the first step."""
+    import importlib.util
+    import sys
+
+    script = Path(__file__).parents[1] / "benchmarks" / "step_profile.py"
+    spec = importlib.util.spec_from_file_location("step_profile", script)
+    assert spec is not None and spec.loader is not None
+    profile = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = profile
+    spec.loader.exec_module(profile)
+    setting = profile.Setting("semifl", "small_cnn", clients=2, examples=16, batch=8, rounds=1,
+                              server_epochs=1)  # fmt: skip
+    phases = profile.profiled(profile.run_fedlit, setting, count=True).phases
+    client = phases["client step"]
+    assert client.units == 2 * 2 and client.ops > 0  # 2 clients x 16 images / batch 8
+    assert client.syncs == 0, dict(client.sync_ops)
+    assert phases["server step"].syncs == 0
