@@ -5,6 +5,7 @@ the in-process run."""
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import replace
 from pathlib import Path
@@ -262,6 +263,9 @@ def test_static_batchnorm_sends_the_server_s_statistics(
     for key, value in trained.items():
         assert torch.equal(sent[key], want[key] if static_bn else value), key
     assert not all(torch.equal(want[k], v) for k, v in trained.items())
+    # a copy of the method (the checks before a run make one) shares the data, never copies it
+    copied = copy.deepcopy(method)
+    assert copied.data is not None and copied.data() is fed.data
 
 
 @pytest.mark.slow  # about 10 s: four rounds in all

@@ -3,6 +3,7 @@ server on its labels and of the clients on pseudo-labels from the global model."
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -94,8 +95,9 @@ class SemiFL(FederatedMethod):
         self.loss = loss
         self.global_pseudo_labels, self.server_finetune = global_pseudo_labels, server_finetune
         self.mixup, self.static_bn = mixup, static_bn
-        #: the run's data (:meth:`validate_data`): sBN's images
-        self.data: FederatedDataModule | None = None
+        #: the run's data (:meth:`validate_data`), sBN's images: a weak reference, so that
+        #: a copy of the method (the checks before a run) does not copy the images
+        self.data: weakref.ref[FederatedDataModule] | None = None
         #: the server's velocity over the network's parameters (in checkpoints); None at 0
         self.momentum = (
             ServerMomentum(
@@ -116,14 +118,15 @@ class SemiFL(FederatedMethod):
         """The base's checks; the data module is kept for sBN's pass (the server's clean
         labeled images, at every broadcast)."""
         super().validate_data(data)
-        self.data = data
+        self.data = weakref.ref(data)
 
     def broadcast(self) -> Payload:
         """The global model; under sBN its BatchNorm statistics first re-estimated on the
         server's clean labeled images (:func:`~fedlit.evaluation.recalibrate`, on the network's
         device): what the clients label with. SemiFL's server does so as it distributes."""
-        if self.static_bn and self.data is not None:
-            recalibrate(self.network, self.data)
+        data = self.data() if self.data is not None else None
+        if self.static_bn and data is not None:
+            recalibrate(self.network, data)
         return super().broadcast()
 
     def initialize(self) -> None:
