@@ -58,10 +58,10 @@ from fedlit.federation import Federation, FederationConfig, TrainerTemplate
 from fedlit.federation import rounds as rounds_module
 from fedlit.federation.seeding import EVAL, FINETUNE, INIT, SERVER, derive_seed, seed_all
 from fedlit.federation.server import Server
-from fedlit.methods import FedAvgFixMatch, FederatedMethod, FedSEAL, ServerSL
+from fedlit.methods import FedAvgFixMatch, FederatedMethod, FedSEAL, SemiFL, ServerSL
 from fedlit.methods.plan import Step
 from fedlit.models import Architecture
-from fedlit.objectives import Objective, Optimization
+from fedlit.objectives import Objective, Optimization, SemiFLLoss
 
 aten = torch.ops.aten
 
@@ -260,6 +260,7 @@ METHODS: dict[str, Callable[[Setting], FederatedMethod]] = {
     ),
     "fedseal": lambda s: FedSEAL(Architecture(10, 1, backbone=s.backbone), bootstrap_epochs=1),
     "server_sl": lambda s: ServerSL(Architecture(10, 1, backbone=s.backbone)),
+    "semifl": lambda s: SemiFL(Architecture(10, 1, backbone=s.backbone), loss=SemiFLLoss(tau=0.0)),
 }
 
 

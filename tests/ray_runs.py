@@ -13,7 +13,7 @@ import torch
 
 from fedlit.data import FederatedDataModule
 from fedlit.federation import Federation, FederationConfig, RayPool, RaySettings
-from fedlit.methods import FedAvgFixMatch, FederatedMethod, FedSEAL
+from fedlit.methods import FedAvgFixMatch, FederatedMethod, FedSEAL, SemiFL
 from fedlit.models import Architecture
 from fedlit.objectives import Optimization
 
@@ -91,6 +91,7 @@ def main() -> None:
             root, out, "fixmatch", FedAvgFixMatch, FedAvgFixMatch, settings
         )
         results["FedSEAL"] = compare(root, out, "fedseal", FedSEAL, FedSEAL, settings)
+        results["SemiFL"] = compare(root, out, "semifl", SemiFL, SemiFL, settings)
         from dying_methods import DiesOnce  # importable by the workers: PYTHONPATH
 
         results["DiesOnce"] = compare(root, out, "dies", FedAvgFixMatch, DiesOnce, settings)

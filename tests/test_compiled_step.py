@@ -102,7 +102,7 @@ def compiled_run(
     return frames
 
 
-@pytest.mark.parametrize("recipe", TABLE_1)
+@pytest.mark.parametrize("recipe", [*TABLE_1, "semifl"])
 def test_whole_step_compiles_without_a_break_once_per_objective_and_network(
     recipe: str, fmnist_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

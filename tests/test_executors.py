@@ -39,9 +39,10 @@ def local_runs(fmnist_root: Path, tmp_path_factory: pytest.TempPathFactory) -> d
     return _ray_runs("local", fmnist_root, tmp_path_factory.mktemp("ray"))
 
 
-@pytest.mark.parametrize("method", ["FedAvgFixMatch", "FedSEAL"])
+@pytest.mark.parametrize("method", ["FedAvgFixMatch", "FedSEAL", "SemiFL"])
 def test_ray_gives_the_in_process_weights(method: str, local_runs: dict[str, Any]) -> None:
-    """FedSEAL also covers persistent client states and the clients that only receive."""
+    """FedSEAL also covers persistent client states and the clients that only receive;
+    SemiFL a server state of its own (the velocity) and labels made before the first step."""
     result = local_runs[method]
     assert result["workers"] == 2
     assert result["different"] == []

@@ -36,6 +36,7 @@ from fedlit.methods import (
     FedSEAL,
     FedSup,
     FedSwitch,
+    SemiFL,
     ServerSL,
     TeacherStudentEMA,
     TSClientEMA,
@@ -77,6 +78,7 @@ PLANS: dict[type[FederatedMethod], tuple[Step, ...]] = {
     FedSwitch: (B, C, A, S),
     CentralizedFixMatch: (S, Z, F),  # FedAvg-FixMatch's round, the clients' work at the server
     CentralizedUDA: (S, Z, F),
+    SemiFL: (B, C, A, S),  # alternate training: fine-tune after aggregation (SemiFL Fig. 4b)
 }
 
 

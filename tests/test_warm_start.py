@@ -36,6 +36,7 @@ from fedlit.methods import (
     FedSEAL,
     FedSup,
     FedSwitch,
+    SemiFL,
     ServerSL,
     TSClientEMA,
     TSServerEMA,
@@ -50,7 +51,7 @@ DATA = {"num_clients": 2, "examples_per_client": 32, "client_batch_size": 16,
 EVERY_METHOD = [
     ServerSL, FedAvgSL, FedAvgFixMatch, FedAvgUDA, FedAvgSimCLR, FedAvgSimSiam, FedAvgBYOL,
     FedCon, FedSup, FedRGD, FedSEAL, FedSwitch, TSServerEMA, TSClientEMA, FedMatch,
-    CentralizedFixMatch, CentralizedUDA,
+    CentralizedFixMatch, CentralizedUDA, SemiFL,
 ]  # fmt: skip
 
 

@@ -8,6 +8,7 @@ from fedlit.aggregation.aggregators import (
     MeanWithServer,
     WeightedMean,
 )
+from fedlit.aggregation.momentum import ServerMomentum, momentum_step
 from fedlit.aggregation.rules import (
     check_compatible,
     groupwise_average,
@@ -34,4 +35,6 @@ __all__ = [
     "state_bytes",
     "weight_diversity",
     "weighted_average",
+    "ServerMomentum",
+    "momentum_step",
 ]

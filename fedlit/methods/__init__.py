@@ -11,6 +11,7 @@ from fedlit.methods.fedrgd import FedRGD
 from fedlit.methods.fedseal import FedSEAL
 from fedlit.methods.fedsup import FedSup
 from fedlit.methods.fixmatch import FedAvgFixMatch
+from fedlit.methods.semifl import SemiFL
 from fedlit.methods.ssl import FedAvgBYOL, FedAvgSimCLR, FedAvgSimSiam, FedAvgSSL
 from fedlit.methods.teacher_student import FedSwitch, TeacherStudentEMA, TSClientEMA, TSServerEMA
 from fedlit.methods.uda import FedAvgUDA
@@ -35,6 +36,7 @@ __all__ = [
     "FedSup",
     "FedSwitch",
     "FederatedMethod",
+    "SemiFL",
     "ServerSL",
     "TSClientEMA",
     "TSServerEMA",

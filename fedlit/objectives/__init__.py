@@ -17,6 +17,7 @@ from fedlit.objectives.fedseal import (
 from fedlit.objectives.fedsup import FedSupClient, feature_map_mse
 from fedlit.objectives.fixmatch import FixMatch, FixMatchLoss, SelfTraining, fixmatch_loss
 from fedlit.objectives.means import Hits, RunningMeans
+from fedlit.objectives.mixing import mixup, mixup_cross_entropy
 from fedlit.objectives.optimization import Optimization
 from fedlit.objectives.schedules import (
     WarmupCosine,
@@ -24,6 +25,7 @@ from fedlit.objectives.schedules import (
     gaussian_rampup,
     ramped_decay,
 )
+from fedlit.objectives.semifl import SemiFLClient, SemiFLLoss, confident_labels
 from fedlit.objectives.ssl import BYOL, SimCLR, SimSiam
 from fedlit.objectives.supervised import SupervisedCE
 from fedlit.objectives.teacher_student import (
@@ -76,4 +78,9 @@ __all__ = [
     "ramped_decay",
     "self_ensemble",
     "uda_loss",
+    "SemiFLClient",
+    "SemiFLLoss",
+    "confident_labels",
+    "mixup",
+    "mixup_cross_entropy",
 ]
