@@ -6,6 +6,7 @@ from fedlit.aggregation.aggregators import (
     GroupwiseWithServer,
     Mean,
     MeanWithServer,
+    StatisticWeighted,
     WeightedMean,
 )
 from fedlit.aggregation.rules import (
@@ -15,6 +16,7 @@ from fedlit.aggregation.rules import (
     mean_with_server,
     split_into_groups,
     state_bytes,
+    statistic_weighted_average,
     weight_diversity,
     weighted_average,
 )
@@ -25,6 +27,7 @@ __all__ = [
     "GroupwiseWithServer",
     "Mean",
     "MeanWithServer",
+    "StatisticWeighted",
     "WeightedMean",
     "check_compatible",
     "groupwise_average",
@@ -32,6 +35,7 @@ __all__ = [
     "mean_with_server",
     "split_into_groups",
     "state_bytes",
+    "statistic_weighted_average",
     "weight_diversity",
     "weighted_average",
 ]

@@ -16,6 +16,7 @@ from fedlit.objectives.fedseal import (
 )
 from fedlit.objectives.fedsup import FedSupClient, feature_map_mse
 from fedlit.objectives.fixmatch import FixMatch, FixMatchLoss, SelfTraining, fixmatch_loss
+from fedlit.objectives.fl2 import FL2Client, FL2Loss, adaptive_thresholds, thresholded_loss
 from fedlit.objectives.means import Hits, RunningMeans
 from fedlit.objectives.optimization import Optimization
 from fedlit.objectives.schedules import (
@@ -24,6 +25,7 @@ from fedlit.objectives.schedules import (
     gaussian_rampup,
     ramped_decay,
 )
+from fedlit.objectives.sam import SamLosses, SharpnessAware, sharpness_aware_gradients
 from fedlit.objectives.ssl import BYOL, SimCLR, SimSiam
 from fedlit.objectives.supervised import SupervisedCE
 from fedlit.objectives.teacher_student import (
@@ -40,6 +42,13 @@ __all__ = [
     "TeacherStudentLoss",
     "Optimization",
     "FixMatchLoss",
+    "FL2Loss",
+    "FL2Client",
+    "SamLosses",
+    "SharpnessAware",
+    "adaptive_thresholds",
+    "sharpness_aware_gradients",
+    "thresholded_loss",
     "FedSEALLoss",
     "FedMatchLoss",
     "ConsistencyLoss",

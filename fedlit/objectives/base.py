@@ -16,6 +16,7 @@ from fedlit.models import Classifier
 from fedlit.objectives.fedprox import FedProx
 from fedlit.objectives.means import Hits, Logged, RunningMeans, as_fractions
 from fedlit.objectives.optimization import OPTIMIZERS
+from fedlit.objectives.sam import SamLosses, SharpnessAware
 from fedlit.objectives.schedules import WarmupCosine
 
 #: A training step's result: the loss to minimise and what the step logs.
@@ -225,6 +226,20 @@ class Objective(AugmentsOnDevice, LightningModule):
                 slot = slots[name] = value.clone()
             value = slot
         setattr(self, name, value)
+
+    def sharpness_aware(self) -> SharpnessAware | None:
+        """SAM's settings where the fit takes sharpness-aware steps
+        (:func:`~fedlit.objectives.sam.sharpness_aware_gradients` on :meth:`sam_losses`);
+        None, the default: plain steps. A compiled fit of an objective that returns one takes
+        its steps eager (a compiled step holds one gradient, SAM's take two)."""
+        return None
+
+    def sam_losses(self, batch: Any) -> SamLosses:
+        """The losses of one sharpness-aware step on ``batch`` (views computed): by default
+        SAM's own, the step's loss (:meth:`fit_step`) for the ascent and again at the
+        perturbed weights, whose gradient alone makes the update."""
+        loss, logged = self.fit_step(batch)
+        return SamLosses(loss, logged, loss, lambda: self.fit_step(batch)[0], keep=False)
 
     def step(self, batch: Any) -> Step:
         """One training step on a batch of views: its loss and what it logs. Tensor work alone:
