@@ -268,3 +268,26 @@ def test_fl2_resume_is_exact(
     resumed.run()
     assert resumed.start_round == 2  # round 1 came from the checkpoint
     assert differences(full, resumed) == []
+
+
+def test_sacrs_step_never_waits_for_the_device() -> None:
+    """SACR's two gradients and SAM's perturbation read nothing back to the host
+    (benchmarks/step_profile.py's counter, as tests/test_step_syncs.py uses it)."""
+    import importlib.util
+    import sys
+
+    script = Path(__file__).parents[1] / "benchmarks" / "step_profile.py"
+    spec = importlib.util.spec_from_file_location("step_profile", script)
+    assert spec is not None and spec.loader is not None
+    profile = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(spec.name, profile)
+    spec.loader.exec_module(profile)
+    objective, images = _client()
+    objective.before_fit()
+    objective.loss = replace(objective.loss, sam_tau=0.0)
+    params = [p for p in objective.parameters() if p.requires_grad]
+    counter = profile.Profile(count=True)
+    with counter:
+        losses = objective.sam_losses((images[:4], images[:4]))
+        sharpness_aware_gradients(SharpnessAware(0.1), params, losses)
+    assert counter.phases["other"].syncs == 0, dict(counter.phases["other"].sync_ops)
