@@ -166,10 +166,13 @@ def test_the_fit_loop_takes_sams_step_for_any_objective(compiled: bool) -> None:
     torch.testing.assert_close(plain.w.detach(), w - 0.1 * c * w)
 
 
-def test_sams_step_refuses_fp16s_gradient_scaler() -> None:
-    settings = loop.LoopSettings(torch.device("cpu"), "16-mixed")
-    with pytest.raises(ValueError, match="trainer.precision='16-mixed'.*sharpness-aware"):
-        loop.fit(Quadratic(rho=0.05), Batches(), 1, None, settings, {})
+def test_sams_step_in_fp16_scales_and_unscales_its_gradients() -> None:
+    """fp16's gradient scaler: the losses scaled, eps unchanged, the gradients unscaled before
+    the step (the quadratic's elementwise ops stay fp32 under autocast: the fp32 step)."""
+    fp32, fp16 = Quadratic(rho=0.05), Quadratic(rho=0.05)
+    loop.fit(fp32, Batches(), 1, None, loop.LoopSettings(torch.device("cpu")), {})
+    loop.fit(fp16, Batches(), 1, None, loop.LoopSettings(torch.device("cpu"), "16-mixed"), {})
+    torch.testing.assert_close(fp16.w.detach(), fp32.w.detach(), rtol=0, atol=0)
 
 
 def test_sacr_adds_the_perturbed_kl_gradient_of_the_confident_images_alone() -> None:

@@ -132,9 +132,10 @@ class Objective(AugmentsOnDevice, LightningModule):
        (the rules: :func:`fedlit.federation.fit.loop.optimizer_and_scheduler`);
     2. :meth:`before_fit`, once the fit's first batches are drawn;
     3. for each batch: its views (:mod:`fedlit.data.loaders`), ``training_step`` (:meth:`step`
-       with FedProx's term where ``loss.mu`` > 0: :meth:`fit_step`), the backward, the
-       optimiser's step, a per-step scheduler's step, then :meth:`after_step`; after each
-       epoch's last batch, a per-epoch scheduler's step;
+       with FedProx's term where ``loss.mu`` > 0: :meth:`fit_step`), the backward (where
+       :meth:`sharpness_aware` gives SAM's settings: :meth:`sam_losses` and SAM's two
+       gradients instead), the optimiser's step, a per-step scheduler's step, then
+       :meth:`after_step`; after each epoch's last batch, a per-epoch scheduler's step;
     4. :meth:`after_fit`.
 
     A subclass that overrides another of LightningModule's hooks (``on_train_batch_end``,

@@ -12,7 +12,7 @@ import itertools
 import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -211,12 +211,6 @@ class Fit:
         self.forward_context = settings.forward_context()  # reused by every step
         #: SAM's settings where the objective takes sharpness-aware steps (eager alone).
         self.sam = module.sharpness_aware()
-        if self.sam is not None and self.scaler is not None:
-            raise ValueError(
-                f"trainer.precision={settings.precision!r}: {type(module).__name__} takes "
-                "sharpness-aware steps, which fp16's gradient scaler does not; use bf16-mixed "
-                "or 32-true"
-            )
         self.one_call: OneCallStep | None = None
         if one_call and self.scaler is None:
             self.one_call = one_call_step(module, self.optimizer, how)
@@ -254,20 +248,36 @@ class Fit:
     def sharpness_aware_step(self, batch: Any, lr: float) -> None:
         """One optimiser step on the objective's sharpness-aware gradients
         (:func:`~fedlit.objectives.sam.sharpness_aware_gradients`), set as the parameters'
-        ``.grad``, then clipping and the optimiser's step."""
-        module, optimizer = self.module, self.optimizer
+        ``.grad``, then clipping and the optimiser's step. In fp16 every loss is scaled
+        (eps = rho g / ||g|| does not change with the scale) and the gradients unscaled before
+        clipping, as a plain step's."""
+        module, optimizer, scaler = self.module, self.optimizer, self.scaler
         assert self.sam is not None
         params = [p for group in optimizer.param_groups for p in group["params"]]
         with self.forward_context:
             losses = module.sam_losses(batch)
+            if scaler is not None:
+                perturbed = losses.perturbed
+                losses = replace(
+                    losses,
+                    loss=scaler.scale(losses.loss),
+                    ascent=scaler.scale(losses.ascent),
+                    perturbed=lambda: scaler.scale(perturbed()),
+                )
             grads = sharpness_aware_gradients(self.sam, params, losses)
         module.record(losses.logged)
         optimizer.zero_grad()
         for p, g in zip(params, grads, strict=True):
             p.grad = g
+        if scaler is not None:
+            scaler.unscale_(optimizer)
         module.accumulate(1.0, lr=lr)
         clip(optimizer, self.settings.gradient_clip_val, self.settings.gradient_clip_algorithm)
-        optimizer.step()
+        if scaler is None:
+            optimizer.step()
+        else:
+            scaler.step(optimizer)
+            scaler.update()
 
     def schedule(self, interval: str) -> None:
         """One ``interval`` ("step" or "epoch") done: its scheduler steps every ``frequency``."""
