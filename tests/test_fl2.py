@@ -86,6 +86,15 @@ def test_the_mask_takes_each_pseudo_labels_class_threshold() -> None:
     assert fixed.tolist() == [1.0, 0.0, 0.0]
 
 
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("rho", 0.0), ("rho", float("nan")), ("sam_tau", 1.5), ("temperature", 0.0), ("tau", -0.1)],
+)
+def test_fl2_loss_refuses_a_bad_setting_naming_it(field: str, value: float) -> None:
+    with pytest.raises(ValueError, match=f"^{field} must be"):
+        FL2Loss(**{field: value})
+
+
 # --- SAM ------------------------------------------------------------------------------------
 def test_sams_perturbation_is_rho_g_over_the_norm_of_g() -> None:
     g = [torch.tensor([3.0, 0.0]), None, torch.tensor([[4.0]])]
