@@ -19,13 +19,13 @@ from fedlit.objectives.fixmatch import FixMatch, FixMatchLoss, SelfTraining, fix
 from fedlit.objectives.fl2 import FL2Client, FL2Loss, adaptive_thresholds, thresholded_loss
 from fedlit.objectives.means import Hits, RunningMeans
 from fedlit.objectives.optimization import Optimization
+from fedlit.objectives.sam import SamLosses, SharpnessAware, sharpness_aware_gradients
 from fedlit.objectives.schedules import (
     WarmupCosine,
     feature_map_weight,
     gaussian_rampup,
     ramped_decay,
 )
-from fedlit.objectives.sam import SamLosses, SharpnessAware, sharpness_aware_gradients
 from fedlit.objectives.ssl import BYOL, SimCLR, SimSiam
 from fedlit.objectives.supervised import SupervisedCE
 from fedlit.objectives.teacher_student import (

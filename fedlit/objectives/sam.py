@@ -78,9 +78,7 @@ def sharpness_aware_gradients(
     (copied back, not subtracted)."""
     params = list(params)
     keep = losses.keep
-    ascent = torch.autograd.grad(
-        losses.ascent, params, allow_unused=True, retain_graph=keep
-    )
+    ascent = torch.autograd.grad(losses.ascent, params, allow_unused=True, retain_graph=keep)
     own: Sequence[Tensor | None] = [None] * len(params)
     if keep:
         own = torch.autograd.grad(losses.loss, params, allow_unused=True)
