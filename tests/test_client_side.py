@@ -68,7 +68,7 @@ def _tensors(value: Any) -> list[torch.Tensor]:
 
 
 def test_recipes_name_every_method_family() -> None:
-    assert len(_recipe_methods()) == 18, _recipe_methods()  # 16 + 2 centralized references
+    assert len(_recipe_methods()) == 19, _recipe_methods()  # 17 + 2 centralized references
 
 
 @pytest.mark.parametrize("name", _recipe_methods())

@@ -6,6 +6,7 @@ from fedlit.aggregation.aggregators import (
     GroupwiseWithServer,
     Mean,
     MeanWithServer,
+    StatisticWeighted,
     WeightedMean,
 )
 from fedlit.aggregation.momentum import ServerMomentum, momentum_step
@@ -16,6 +17,7 @@ from fedlit.aggregation.rules import (
     mean_with_server,
     split_into_groups,
     state_bytes,
+    statistic_weighted_average,
     weight_diversity,
     weighted_average,
 )
@@ -26,6 +28,7 @@ __all__ = [
     "GroupwiseWithServer",
     "Mean",
     "MeanWithServer",
+    "StatisticWeighted",
     "WeightedMean",
     "check_compatible",
     "groupwise_average",
@@ -33,6 +36,7 @@ __all__ = [
     "mean_with_server",
     "split_into_groups",
     "state_bytes",
+    "statistic_weighted_average",
     "weight_diversity",
     "weighted_average",
     "ServerMomentum",

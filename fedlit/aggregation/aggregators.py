@@ -20,6 +20,7 @@ from fedlit.aggregation.rules import (
     mean,
     mean_with_server,
     split_into_groups,
+    statistic_weighted_average,
     weighted_average,
 )
 
@@ -64,6 +65,27 @@ class WeightedMean:
         self, uploads: Sequence[State], num_examples: Sequence[int], server: State | None = None
     ) -> Aggregated:
         return Aggregated(weighted_average(uploads, num_examples))
+
+
+@dataclass(frozen=True)
+class StatisticWeighted:
+    """sum_k s_k w_k / sum_k s_k: the uploads weighted by a statistic s_k of each client
+    (:func:`~fedlit.aggregation.rules.statistic_weighted_average`), given by the method as
+    ``statistics`` ((FL)^2's learning status, 1 - tau_k), not by the example counts."""
+
+    needs_server: ClassVar[bool] = False
+
+    def __call__(
+        self,
+        uploads: Sequence[State],
+        num_examples: Sequence[int],
+        server: State | None = None,
+        *,
+        statistics: Sequence[float] | None = None,
+    ) -> Aggregated:
+        if statistics is None:
+            raise ValueError("StatisticWeighted weights the uploads by a statistic: statistics=")
+        return Aggregated(statistic_weighted_average(uploads, statistics))
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ Conventions shared by every rule:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -87,6 +88,22 @@ def _accumulated_in(value: Tensor) -> torch.dtype:
     if value.is_complex() or value.dtype in (torch.float32, torch.float64):
         return value.dtype
     return torch.float32 if value.is_floating_point() else torch.float64
+
+
+def statistic_weighted_average(
+    states: Sequence[State], statistics: Sequence[float]
+) -> dict[str, Tensor]:
+    """sum_k s_k * state_k / sum_k s_k, s_k a statistic of client k (a learning status, say:
+    (FL)^2's 1 - tau_k), not its example count. The statistics must be finite and
+    non-negative; where they sum to 0 (no client gets weight), the plain :func:`mean`."""
+    values = [float(x) for x in statistics]
+    if len(values) != len(states):
+        raise ValueError(f"{len(values)} statistics for {len(states)} states")
+    if any(not math.isfinite(x) or x < 0 for x in values):
+        raise ValueError(f"statistics must be finite and >= 0, got {values}")
+    if sum(values) == 0:
+        return mean(states)
+    return weighted_average(states, values)
 
 
 def mean(states: Sequence[State]) -> dict[str, Tensor]:

@@ -16,9 +16,11 @@ from fedlit.objectives.fedseal import (
 )
 from fedlit.objectives.fedsup import FedSupClient, feature_map_mse
 from fedlit.objectives.fixmatch import FixMatch, FixMatchLoss, SelfTraining, fixmatch_loss
+from fedlit.objectives.fl2 import FL2Client, FL2Loss, adaptive_thresholds, thresholded_loss
 from fedlit.objectives.means import Hits, RunningMeans
 from fedlit.objectives.mixing import mixup, mixup_cross_entropy
 from fedlit.objectives.optimization import Optimization
+from fedlit.objectives.sam import SamLosses, SharpnessAware, sharpness_aware_gradients
 from fedlit.objectives.schedules import (
     WarmupCosine,
     feature_map_weight,
@@ -42,6 +44,13 @@ __all__ = [
     "TeacherStudentLoss",
     "Optimization",
     "FixMatchLoss",
+    "FL2Loss",
+    "FL2Client",
+    "SamLosses",
+    "SharpnessAware",
+    "adaptive_thresholds",
+    "sharpness_aware_gradients",
+    "thresholded_loss",
     "FedSEALLoss",
     "FedMatchLoss",
     "ConsistencyLoss",

@@ -16,6 +16,7 @@ from fedlit.models import Classifier
 from fedlit.objectives.fedprox import FedProx
 from fedlit.objectives.means import Hits, Logged, RunningMeans, as_fractions
 from fedlit.objectives.optimization import OPTIMIZERS
+from fedlit.objectives.sam import SamLosses, SharpnessAware
 from fedlit.objectives.schedules import WarmupCosine
 
 #: A training step's result: the loss to minimise and what the step logs.
@@ -131,9 +132,10 @@ class Objective(AugmentsOnDevice, LightningModule):
        (the rules: :func:`fedlit.federation.fit.loop.optimizer_and_scheduler`);
     2. :meth:`before_fit`, once the fit's first batches are drawn;
     3. for each batch: its views (:mod:`fedlit.data.loaders`), ``training_step`` (:meth:`step`
-       with FedProx's term where ``loss.mu`` > 0: :meth:`fit_step`), the backward, the
-       optimiser's step, a per-step scheduler's step, then :meth:`after_step`; after each
-       epoch's last batch, a per-epoch scheduler's step;
+       with FedProx's term where ``loss.mu`` > 0: :meth:`fit_step`), the backward (where
+       :meth:`sharpness_aware` gives SAM's settings: :meth:`sam_losses` and SAM's two
+       gradients instead), the optimiser's step, a per-step scheduler's step, then
+       :meth:`after_step`; after each epoch's last batch, a per-epoch scheduler's step;
     4. :meth:`after_fit`.
 
     A subclass that overrides another of LightningModule's hooks (``on_train_batch_end``,
@@ -225,6 +227,20 @@ class Objective(AugmentsOnDevice, LightningModule):
                 slot = slots[name] = value.clone()
             value = slot
         setattr(self, name, value)
+
+    def sharpness_aware(self) -> SharpnessAware | None:
+        """SAM's settings where the fit takes sharpness-aware steps
+        (:func:`~fedlit.objectives.sam.sharpness_aware_gradients` on :meth:`sam_losses`);
+        None, the default: plain steps. A compiled fit of an objective that returns one takes
+        its steps eager (a compiled step holds one gradient, SAM's take two)."""
+        return None
+
+    def sam_losses(self, batch: Any) -> SamLosses:
+        """The losses of one sharpness-aware step on ``batch`` (views computed): by default
+        SAM's own, the step's loss (:meth:`fit_step`) for the ascent and again at the
+        perturbed weights, whose gradient alone makes the update."""
+        loss, logged = self.fit_step(batch)
+        return SamLosses(loss, logged, loss, lambda: self.fit_step(batch)[0], keep=False)
 
     def step(self, batch: Any) -> Step:
         """One training step on a batch of views: its loss and what it logs. Tensor work alone:

@@ -12,7 +12,7 @@ import itertools
 import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -25,6 +25,7 @@ from fedlit.evaluation.evaluator import Evaluator
 from fedlit.federation.fit.compiled import OneCallStep, one_call_step
 from fedlit.objectives.base import FitState, KeptOptimizers, Objective
 from fedlit.objectives.fedprox import FedProx
+from fedlit.objectives.sam import sharpness_aware_gradients
 
 #: ``trainer.precision`` values the loop takes, and autocast's dtype for each (None: fp32).
 PRECISIONS: dict[Any, torch.dtype | None] = {
@@ -208,6 +209,8 @@ class Fit:
         fp16 = how is not None and how[1] == torch.float16
         self.scaler = torch.amp.GradScaler(settings.device.type) if fp16 else None
         self.forward_context = settings.forward_context()  # reused by every step
+        #: SAM's settings where the objective takes sharpness-aware steps (eager alone).
+        self.sam = module.sharpness_aware()
         self.one_call: OneCallStep | None = None
         if one_call and self.scaler is None:
             self.one_call = one_call_step(module, self.optimizer, how)
@@ -222,6 +225,8 @@ class Fit:
         if self.one_call is not None:
             module.record(self.one_call(batch)[1])
             module.accumulate(1.0, lr=lr)
+        elif self.sam is not None:
+            self.sharpness_aware_step(batch, lr)
         else:
             with self.forward_context:
                 loss = module.training_step(batch, self.state.steps_taken)
@@ -239,6 +244,40 @@ class Fit:
         self.state.steps_taken += 1
         self.schedule("step")
         module.after_step()
+
+    def sharpness_aware_step(self, batch: Any, lr: float) -> None:
+        """One optimiser step on the objective's sharpness-aware gradients
+        (:func:`~fedlit.objectives.sam.sharpness_aware_gradients`), set as the parameters'
+        ``.grad``, then clipping and the optimiser's step. In fp16 every loss is scaled
+        (eps = rho g / ||g|| does not change with the scale) and the gradients unscaled before
+        clipping, as a plain step's."""
+        module, optimizer, scaler = self.module, self.optimizer, self.scaler
+        assert self.sam is not None
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        with self.forward_context:
+            losses = module.sam_losses(batch)
+            if scaler is not None:
+                perturbed = losses.perturbed
+                losses = replace(
+                    losses,
+                    loss=scaler.scale(losses.loss),
+                    ascent=scaler.scale(losses.ascent),
+                    perturbed=lambda: scaler.scale(perturbed()),
+                )
+            grads = sharpness_aware_gradients(self.sam, params, losses)
+        module.record(losses.logged)
+        optimizer.zero_grad()
+        for p, g in zip(params, grads, strict=True):
+            p.grad = g
+        if scaler is not None:
+            scaler.unscale_(optimizer)
+        module.accumulate(1.0, lr=lr)
+        clip(optimizer, self.settings.gradient_clip_val, self.settings.gradient_clip_algorithm)
+        if scaler is None:
+            optimizer.step()
+        else:
+            scaler.step(optimizer)
+            scaler.update()
 
     def schedule(self, interval: str) -> None:
         """One ``interval`` ("step" or "epoch") done: its scheduler steps every ``frequency``."""
@@ -276,6 +315,8 @@ def fit(
     to_device(module, settings.device)
     settings.set_torch_flags()
     mu = module.proximal_mu()
+    if module.sharpness_aware() is not None:
+        compiled = {}  # SAM's two gradients a step: its steps eager (Objective.sharpness_aware)
     planned = max_steps if max_steps is not None else per_epoch * epochs
     state = FitState(
         planned_steps=planned,
