@@ -36,6 +36,7 @@ from fedlit.methods import (
     FedSEAL,
     FedSup,
     FedSwitch,
+    FL2,
     SemiFL,
     ServerSL,
     TeacherStudentEMA,
@@ -79,6 +80,7 @@ PLANS: dict[type[FederatedMethod], tuple[Step, ...]] = {
     CentralizedFixMatch: (S, Z, F),  # FedAvg-FixMatch's round, the clients' work at the server
     CentralizedUDA: (S, Z, F),
     SemiFL: (B, C, A, S),  # alternate training: fine-tune after aggregation (SemiFL Fig. 4b)
+    FL2: (S, B, C, A, F),  # FedAvg-FixMatch's round (docs/methods/fl2.md's departures)
 }
 
 

@@ -12,6 +12,7 @@ from fedlit.methods.fedseal import FedSEAL
 from fedlit.methods.fedsup import FedSup
 from fedlit.methods.fixmatch import FedAvgFixMatch
 from fedlit.methods.fl2 import FL2
+from fedlit.methods.semifl import SemiFL
 from fedlit.methods.ssl import FedAvgBYOL, FedAvgSimCLR, FedAvgSimSiam, FedAvgSSL
 from fedlit.methods.teacher_student import FedSwitch, TeacherStudentEMA, TSClientEMA, TSServerEMA
 from fedlit.methods.uda import FedAvgUDA
