@@ -900,8 +900,8 @@ def test_gains_are_shares_of_the_headroom_and_a_protocol_without_it_says_so(
     for (method, seed), acc in curves.items():
         marks = {"O": ["oracle"], "centralized_fixmatch_joint": ["centralized"]}.get(method, [])
         meta = {"method": method, "seed": seed, "setting": "s", "marks": marks}
-        rows = [{"round": 0.0}, {"round": 1.0, "test/acc": acc}]
-        write_run(tmp_path / f"{method}{seed}", rows, rounds=1, run_json=meta)
+        history = [{"round": 0.0}, {"round": 1.0, "test/acc": acc}]
+        write_run(tmp_path / f"{method}{seed}", history, rounds=1, run_json=meta)
     rows = summarize(find_runs([tmp_path]), baseline="B")
     by = {r.method: r for r in rows}
     joint, oracle = headroom_shares(by["M"], rows)
