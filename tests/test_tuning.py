@@ -62,7 +62,7 @@ def _trials(out: Path, name: str = "tuned") -> dict[str, list[tuple[str, dict[st
 def test_a_tuned_comparison_scores_the_best_settings_on_unseen_seeds(
     fmnist_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    spec = _spec(tmp_path, fmnist_root, every_label=True)
+    spec = _spec(tmp_path, fmnist_root, every_label=True, runner_up=True)
     main(["compare", f"--config={spec}"])
     out = tmp_path / "out"
     studies = _trials(out)
@@ -119,6 +119,18 @@ def test_a_tuned_comparison_scores_the_best_settings_on_unseen_seeds(
     assert every["model"]["init_args"]["optim"] == scored["model"]["init_args"]["optim"]
     assert "| server_sl_every_label |" in report
     assert "one budget of 7 per class: 5 to train on, 2 carved from it" in report
+    # the runner-up's settings on the scoring seed, set against the chosen settings' on test
+    for method, trials in studies.items():
+        done = sorted((-t[2], n) for n, t in enumerate(trials) if t[0] == "COMPLETE")
+        second = trials[done[1][1]][1]
+        folder = out / "default" / f"{method.split('/')[1]}_runner_up" / "seed0"
+        config = yaml.safe_load((folder / "config.yaml").read_text())
+        lr = config["model"]["init_args"]["optim"]["server_lr"]
+        assert lr == pytest.approx(second[SERVER_LR])
+        assert json.loads((folder / "run.json").read_text())["method"].endswith("_runner_up")
+    assert "The selection noise on the test set" in report
+    assert "- default / server_sl: " in report and "over 1 seed" in report
+    assert "_runner_up |" not in report  # not a row of the results
     # run again: nothing runs, no study grows
     journal = (out / "tune" / "studies.journal").read_bytes()
     capsys.readouterr()

@@ -55,6 +55,10 @@ class TuneSettings:
             and validation labels together (``data.labeled_per_class`` + ``val_per_class``,
             no validation set): what choosing cost (:mod:`fedlit.comparison.every_label`).
             Needs a ``baseline`` whose runs give both as numbers per class.
+        runner_up: also run each study's runner-up settings on the scoring seeds
+            (``<out>/<setting>/<recipe>_runner_up/seed<k>``), and report their test score
+            minus the chosen settings', paired by seed: the selection noise measured on the
+            test set (:mod:`fedlit.comparison.runner_up`). It doubles the scored runs.
     """
 
     trials: int = 12
@@ -68,10 +72,12 @@ class TuneSettings:
     spaces: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
     replace: list[str] = field(default_factory=list)
     every_label: bool = False
+    runner_up: bool = False
 
     def __post_init__(self) -> None:
-        if not isinstance(self.every_label, bool):
-            raise ValueError(f"tune.every_label must be true or false, got {self.every_label!r}")
+        for key in ("every_label", "runner_up"):
+            if not isinstance(getattr(self, key), bool):
+                raise ValueError(f"tune.{key} must be true or false, got {getattr(self, key)!r}")
         if isinstance(self.trials, bool) or not isinstance(self.trials, int) or self.trials < 1:
             raise ValueError(f"tune.trials must be a positive integer, got {self.trials!r}")
         if not self.objective.startswith("val/"):
