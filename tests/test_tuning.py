@@ -559,6 +559,10 @@ def test_ties_are_broken_by_trial_number_and_reported(tmp_path: Path) -> None:
     assert "on a tie of scores, the first drawn (the lowest trial number)" in text
     assert "| 72.00 | 200, 3.00 | 50% | 3 | 3 of 4 |" in text
     assert "never evaluates the test set" in text
+    old = {("default", "server_sl"): Noise(200, 0.72, 0.03, 0.5)}  # trials of an earlier fedlit
+    assert "| 200, 3.00 (last round) | 50% | 3 | - |" in "\n".join(
+        tuning_lines(comparison, [result], old)
+    )
 
 
 def test_the_every_label_row_trains_the_baseline_on_the_whole_label_budget(

@@ -288,11 +288,10 @@ def run_comparison(
     if not rerun_changed:
         refuse_changed(changed_runs(checked, per_run, given))
     if comparison.tune is not None:  # every study's settings parse, before anything runs
+        from fedlit.comparison.every_label import check_every_label
         from fedlit.comparison.studies import check_spaces, check_studies
 
         check_spaces(comparison, rounds)
-        from fedlit.comparison.every_label import check_every_label
-
         try:
             check_every_label(comparison, settings)
         except ValueError as err:
@@ -313,9 +312,8 @@ def run_comparison(
         if sources:  # the runs the others start from, first
             execute(sources, per_run, fit, log, comparison.jobs, children, given, rerun_changed)
         if comparison.tune is not None:  # the studies, then their best settings on `seeds`
-            from fedlit.comparison.tuned import tune_runs
-
             from fedlit.comparison.every_label import with_every_label
+            from fedlit.comparison.tuned import tune_runs
 
             tuning = tune_runs(comparison, runs, per_run, rounds, fit, log, children)
             runs, label_lines = with_every_label(comparison, tuning.runs, per_run, settings)

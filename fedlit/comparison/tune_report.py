@@ -32,13 +32,14 @@ class Noise:
     recorded their images (``score``: what was resampled): the split's size, the chosen
     trial's score on it and its standard error, how often resampled splits choose the
     runner-up, and how many of the other completed trials score within one paired standard
-    error of the chosen one (``within`` of ``others``; None where not measured)."""
+    error of the chosen one (``within`` of ``others``; None where not measured). ``score``
+    "last round" where each final network was scored once (trials of an earlier fedlit)."""
 
     n_val: int
     accuracy: float
     se: float
     flips: float | None
-    score: str = "the final network's val/acc"
+    score: str = "last round"
     within: int | None = None
     others: int = 0
 
@@ -92,7 +93,7 @@ def selection_noise(
     if result.runner_up_trial is not None and n:
         runner_up = recorded(result.runner_up_trial)
         flips = flip_rate(best, runner_up, draws) if runner_up is not None else None
-    score = f"the mean of the last {last_k} rounds' val/acc" if last_k > 1 else "val/acc"
+    score = f"last {last_k} rounds" if last_k > 1 else "val/acc"
     within = within_one_se(best, kept) if n and len(kept) == len(others) else None
     return Noise(n, acc, score_se(best), flips, score, within, len(others))
 
@@ -160,7 +161,7 @@ def tuning_lines(
         failed = f" / {r.failed} failed" if r.failed else ""
         ties = f"{r.ties}" if r.value is not None else "-"
         within = f"{n.within} of {n.others}" if n and n.within is not None else "-"
-        if n and n.within is None and r.value is not None:  # a trial of an earlier fedlit
+        if n and n.score == "last round":  # trials of an earlier fedlit: their final networks
             val += " (last round)"
         lines.append(
             f"| {r.setting} | {r.method} | {r.complete} / {r.pruned}{failed} | {r.rounds}{flag} | "
