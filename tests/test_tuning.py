@@ -523,6 +523,14 @@ def test_the_selection_noise_is_measured_on_the_score_the_choice_is_made_on(
     assert scores.tolist() == pytest.approx([1, 1, 2 / 3, 1 / 3])
     assert scores.mean() == pytest.approx(np.mean([0.5, 0.75, 1.0]))  # last 3 rounds' val/acc
     assert recorded_scores(tmp_path / "absent", 3) is None
+    # a trial of an earlier fedlit resumed now: its last 3 rounds are not all recorded
+    from test_reporting import write_run
+
+    history = [{"round": float(r), "val/acc": 0.5} for r in range(1, 5)]
+    resumed = write_run(tmp_path / "resumed", history, rounds=4)
+    (resumed / "val_correct.jsonl").write_text("\n".join(lines[-2:]) + "\n")  # rounds 3, 4
+    assert recorded_scores(resumed, 3) is None
+    assert recorded_scores(resumed, 2) == pytest.approx([1, 1, 1, 0.5])
     rng = np.random.default_rng(0)
     best = (rng.random(200) < 0.72).astype(float)
     near = best.copy()

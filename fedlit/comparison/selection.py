@@ -71,10 +71,12 @@ def recorded_scores(run_dir: Path, last_k: int) -> np.ndarray | None:
     averaged over the last ``last_k`` rounds the run recorded
     (:data:`~fedlit.run_layout.VAL_CORRECT_FILE`, a ``federation.val_only`` run's; a round
     recorded twice, by a resume, counts its later line). Its mean is the mean of those
-    rounds' ``val/acc``. None where the run recorded nothing (a trial of an earlier fedlit)."""
+    rounds' ``val/acc``. None where the run did not record each of those rounds (a trial of
+    an earlier fedlit)."""
     import json
 
-    from fedlit.run_layout import VAL_CORRECT_FILE
+    from fedlit.reporting import load_run
+    from fedlit.run_layout import METRICS_FILE, VAL_ACC, VAL_CORRECT_FILE
 
     path = run_dir / VAL_CORRECT_FILE
     if not path.is_file():
@@ -86,7 +88,13 @@ def recorded_scores(run_dir: Path, last_k: int) -> np.ndarray | None:
             rounds[int(row["round"])] = str(row["correct"])
     if not rounds:
         return None
-    kept = [rounds[r] for r in sorted(rounds)[-last_k:]]
+    logged = sorted(rounds)
+    if (run_dir / METRICS_FILE).is_file():  # the rounds its score averages, each recorded
+        logged = [int(r) for r in load_run(run_dir).series(VAL_ACC)[0]]
+    wanted = logged[-last_k:]
+    if not wanted or any(r not in rounds for r in wanted):
+        return None  # a trial of an earlier fedlit resumed now: part of its rounds recorded
+    kept = [rounds[r] for r in wanted]
     bits = np.array([[c == "1" for c in bits] for bits in kept], dtype=np.float64)
     return bits.mean(axis=0)
 
