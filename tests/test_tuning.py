@@ -627,3 +627,20 @@ def test_the_every_label_row_trains_the_baseline_on_the_whole_label_budget(
         Comparison(name="c", recipes=RECIPES, out=str(tmp_path), tune=tune)
     with pytest.raises(ValueError, match="tune.every_label must be true or false"):
         TuneSettings(every_label="yes")  # type: ignore[arg-type]
+
+
+def test_a_val_only_run_without_a_validation_set_is_refused(
+    fmnist_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``federation.val_only`` evaluates the validation set alone: without one (no
+    ``data.val_per_class``) it would evaluate nothing, and is refused by name."""
+    err = refused(
+        [
+            "fit", f"--config={RECIPES[0]}", *tiny_overrides(fmnist_root),
+            "--data.val_per_class=0", "--federation.val_only=true",
+            f"--trainer.default_root_dir={tmp_path / 'run'}",
+        ],
+        capsys,
+    )  # fmt: skip
+    assert "federation.val_only" in err and "data.val_per_class=0" in err
+    assert not (tmp_path / "run" / "metrics.csv").exists()

@@ -52,6 +52,11 @@ class Server:
 
     def __post_init__(self) -> None:
         check_batches(self.trainer, self.data)  # before any fit, nothing written yet
+        if self.config.val_only and not len(self.data.val):
+            raise ValueError(
+                "federation.val_only: the run has no validation set to evaluate "
+                "(data.val_per_class=0)"
+            )
         check_optimizers(self.method, self.data, self.config.rounds)
 
     def server_step(
