@@ -17,6 +17,10 @@ from typing import Any, Literal
 
 METRICS_FILE = "metrics.csv"  # one row per round
 CONFIG_FILE = "config.yaml"  # the run's full config (config.resumeN.yaml for each resume)
+#: A ``federation.val_only`` run's record of its validation images: one JSON line a round,
+#: ``{"round": r, "correct": "0110..."}`` (image i right or not, in the split's order; a
+#: resumed round's later line wins).
+VAL_CORRECT_FILE = "val_correct.jsonl"
 RUN_FILE = "run.json"  # who the run is: method, seed, rounds (and a comparison's setting)
 HPARAMS_FILE = "hparams.yaml"  # the run's flat config (dotted keys), as its loggers received it
 #: run.json's record of the server's training budget (the server's ``budget``): epochs each

@@ -28,7 +28,13 @@ from fedlit.reporting import (
     to_markdown,
     write_csv,
 )
-from fedlit.reporting.table import calibration_verdict, summary, t_quantile
+from fedlit.reporting.table import (
+    calibration_verdict,
+    headroom_shares,
+    headroom_verdict,
+    summary,
+    t_quantile,
+)
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 ROUNDS = 4
@@ -875,3 +881,48 @@ def test_flags_name_a_server_budget_and_silent_clients(tmp_path: Path) -> None:
         "server budget: 12 epochs (bootstrap 6) vs 10 epochs (bootstrap 4)",
     )
     assert [row.flags for row in summarize([r for r in runs if r.method == "FedSEAL"])] == [()]
+
+
+def test_gains_are_shares_of_the_headroom_and_a_protocol_without_it_says_so(
+    tmp_path: Path,
+) -> None:
+    """A table with the joint centralized reference gives each gain as a share of the
+    reference's and of the oracle's beside the points, and the calibration verdict's second
+    rule (docs/comparing.md) says when the reference gains less than +8 points."""
+    base = [0.700, 0.710, 0.690]
+    offsets = {
+        "O": [0.100, 0.110, 0.090],  # the oracle: +10
+        "centralized_fixmatch_joint": [0.040, 0.045, 0.035],  # +4: no headroom
+        "M": [0.020, 0.025, 0.015],  # +2: 50% of the reference's, 20% of the oracle's
+    }
+    curves = {("B", s): a for s, a in enumerate(base)}
+    curves |= {(m, s): base[s] + d for m, ds in offsets.items() for s, d in enumerate(ds)}
+    for (method, seed), acc in curves.items():
+        marks = {"O": ["oracle"], "centralized_fixmatch_joint": ["centralized"]}.get(method, [])
+        meta = {"method": method, "seed": seed, "setting": "s", "marks": marks}
+        history = [{"round": 0.0}, {"round": 1.0, "test/acc": acc}]
+        write_run(tmp_path / f"{method}{seed}", history, rounds=1, run_json=meta)
+    rows = summarize(find_runs([tmp_path]), baseline="B")
+    by = {r.method: r for r in rows}
+    joint, oracle = headroom_shares(by["M"], rows)
+    assert (round(joint, 6), round(oracle, 6)) == (0.5, 0.2)
+    text = to_markdown(rows, baseline="B", calibration=5)
+    assert "| share of centralized_fixmatch_joint / oracle gain |" in text
+    assert "+2.00 ± 0.50 [+0.76, +3.24] * | 50% / 20% |" in text
+    assert "| 250% / 100% |" in text  # the oracle's own row
+    verdict = headroom_verdict(rows)
+    assert verdict.startswith(
+        "Semi-supervised headroom (centralized_fixmatch_joint at least +8 points above the "
+        "baseline, its interval's low end at +5 or more): **no semi-supervised headroom**: "
+        "+4.00 [+2.76, +5.24] is below +8."
+    )
+    assert "- " + verdict in text  # under the table, beside the oracle's rule
+    roomy = [replace(r, delta_mean=3 * r.delta_mean, delta_ci95=r.delta_ci95) for r in rows]
+    assert "**room to help**: +12.00 [+10.76, +13.24]." in headroom_verdict(roomy)
+    wide = [replace(r, delta_mean=2.25 * r.delta_mean, delta_ci95=5 * r.delta_ci95) for r in rows]
+    assert "**room on the mean only**: +9.00 [+2.79, +15.21], its low end below +5" in (
+        headroom_verdict(wide)
+    )
+    without = [r for r in rows if r.method != "centralized_fixmatch_joint"]
+    assert "not judged, no centralized_fixmatch_joint row" in headroom_verdict(without)
+    assert "share of" not in to_markdown(without, baseline="B")  # only with the reference

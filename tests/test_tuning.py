@@ -14,7 +14,15 @@ import yaml
 from conftest import refused, tiny_overrides
 
 from fedlit.cli import main
-from fedlit.comparison.selection import accuracy_se, flip_rate, val_correct
+from fedlit.comparison.selection import (
+    accuracy_se,
+    flip_rate,
+    paired_se,
+    recorded_scores,
+    score_se,
+    val_correct,
+    within_one_se,
+)
 from fedlit.comparison.tune import method_class
 from fedlit.search_space import SERVER_EPOCHS, SERVER_LR, Distribution, space_table
 
@@ -54,7 +62,7 @@ def _trials(out: Path, name: str = "tuned") -> dict[str, list[tuple[str, dict[st
 def test_a_tuned_comparison_scores_the_best_settings_on_unseen_seeds(
     fmnist_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    spec = _spec(tmp_path, fmnist_root)
+    spec = _spec(tmp_path, fmnist_root, every_label=True, runner_up=True)
     main(["compare", f"--config={spec}"])
     out = tmp_path / "out"
     studies = _trials(out)
@@ -82,6 +90,12 @@ def test_a_tuned_comparison_scores_the_best_settings_on_unseen_seeds(
         trial = (out / "tune/default" / method / "trial0/seed100/config.yaml").read_text()
         trial = yaml.safe_load(trial)
         assert trial["federation"]["final_eval"] == []  # scored by its rounds' val/acc alone
+        # a trial never evaluates the test set, and records its validation images by round
+        assert trial["federation"]["val_only"] is True
+        trial_rows = _csv(out / "tune/default" / method / "trial0/seed100/metrics.csv")
+        assert not any(key.startswith("test/") and row[key] for row in trial_rows for key in row)
+        scores = recorded_scores(out / "tune/default" / method / "trial0/seed100", 3)
+        assert scores is not None and scores.shape == (20,)
         assert info["trial"] == "0" and info["study"] == f"tuned/default/{method}"
         # a trial's score is its val/acc, never its test/acc
         run = out / "tune" / "default" / method / f"trial{trials.index(best)}" / "seed100"
@@ -96,6 +110,27 @@ def test_a_tuned_comparison_scores_the_best_settings_on_unseen_seeds(
     assert "### Tuning" in report and "| default | fedavg_fixmatch |" in report
     assert "tuning seeds [100]" in report and "scored on [0]" in report
     assert "| 20, " in report  # 20 validation images, the SE of an accuracy on them beside
+    assert "| ties | within 1 SE |" in report and " of " in report.split("### Tuning")[1]
+    scored = yaml.safe_load((out / "default/server_sl/seed0/config.yaml").read_text())
+    assert not scored["federation"]["val_only"]  # the scored runs evaluate the test set
+    # Server-SL on every label: the baseline's chosen settings, its 5 + 2 labels per class
+    every = yaml.safe_load((out / "default/server_sl_every_label/seed0/config.yaml").read_text())
+    assert (every["data"]["labeled_per_class"], every["data"]["val_per_class"]) == (7, 0)
+    assert every["model"]["init_args"]["optim"] == scored["model"]["init_args"]["optim"]
+    assert "| server_sl_every_label |" in report
+    assert "one budget of 7 per class: 5 to train on, 2 carved from it" in report
+    # the runner-up's settings on the scoring seed, set against the chosen settings' on test
+    for method, trials in studies.items():
+        done = sorted((-t[2], n) for n, t in enumerate(trials) if t[0] == "COMPLETE")
+        second = trials[done[1][1]][1]
+        folder = out / "default" / f"{method.split('/')[1]}_runner_up" / "seed0"
+        config = yaml.safe_load((folder / "config.yaml").read_text())
+        lr = config["model"]["init_args"]["optim"]["server_lr"]
+        assert lr == pytest.approx(second[SERVER_LR])
+        assert json.loads((folder / "run.json").read_text())["method"].endswith("_runner_up")
+    assert "The selection noise on the test set" in report
+    assert "- default / server_sl: " in report and "over 1 seed" in report
+    assert "_runner_up |" not in report  # not a row of the results
     # run again: nothing runs, no study grows
     journal = (out / "tune" / "studies.journal").read_bytes()
     capsys.readouterr()
@@ -468,3 +503,144 @@ def test_a_trial_whose_round_fails_is_a_failed_trial_of_the_budget(
     journal = (out / "tune" / "studies.journal").read_bytes()
     main(["compare", f"--config={spec}"])
     assert (out / "tune" / "studies.journal").read_bytes() == journal
+
+
+def test_the_selection_noise_is_measured_on_the_score_the_choice_is_made_on(
+    tmp_path: Path,
+) -> None:
+    """A trial's images' scores are their correctness over the last k recorded rounds (a
+    resumed round's later line wins): their mean is the mean of those rounds' val/acc, the
+    study's score. Two trials that disagree on few images differ with a paired SE far below
+    either score's, and the trials within one paired SE of the chosen are counted."""
+    run = tmp_path / "trial0"
+    run.mkdir()
+    rounds = {1: "0000", 2: "1100", 3: "1110", 4: "1111"}
+    lines = [json.dumps({"round": r, "correct": bits}) for r, bits in rounds.items()]
+    lines.insert(2, json.dumps({"round": 3, "correct": "0000"}))  # round 3 before a resume
+    (run / "val_correct.jsonl").write_text("\n".join(lines) + "\n")
+    scores = recorded_scores(run, 3)
+    assert scores is not None
+    assert scores.tolist() == pytest.approx([1, 1, 2 / 3, 1 / 3])
+    assert scores.mean() == pytest.approx(np.mean([0.5, 0.75, 1.0]))  # last 3 rounds' val/acc
+    assert recorded_scores(tmp_path / "absent", 3) is None
+    # a trial of an earlier fedlit resumed now: its last 3 rounds are not all recorded
+    from test_reporting import write_run
+
+    history = [{"round": float(r), "val/acc": 0.5} for r in range(1, 5)]
+    resumed = write_run(tmp_path / "resumed", history, rounds=4)
+    (resumed / "val_correct.jsonl").write_text("\n".join(lines[-2:]) + "\n")  # rounds 3, 4
+    assert recorded_scores(resumed, 3) is None
+    assert recorded_scores(resumed, 2) == pytest.approx([1, 1, 1, 0.5])
+    rng = np.random.default_rng(0)
+    best = (rng.random(200) < 0.72).astype(float)
+    near = best.copy()
+    near[np.flatnonzero(best)[:2]] = 0.0  # two images fewer right: -1 point
+    far = np.zeros(200)
+    assert score_se([best]) == pytest.approx(np.std(best, ddof=1) / np.sqrt(200))
+    assert score_se([best]) > 0.03 and paired_se([best], [near]) < 0.01
+    # -1 point is more than one paired SE (0.70): the choice is told from it; a tie is not
+    assert within_one_se([best], [[near], [far], [best.copy()]]) == 1
+
+
+def test_ties_are_broken_by_trial_number_and_reported(tmp_path: Path) -> None:
+    """A study's best score shared by several trials: the first drawn is chosen, and the
+    tuning section says how many tie."""
+    from fedlit.comparison import Comparison
+    from fedlit.comparison.studies import _result
+    from fedlit.comparison.tune import TuneSettings
+    from fedlit.comparison.tune_report import Noise, tuning_lines
+
+    comparison = Comparison(
+        name="c", recipes=RECIPES, baseline="server_sl", out=str(tmp_path),
+        tune=TuneSettings(trials=3),
+    )  # fmt: skip
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(direction="maximize")
+    for value in (0.70, 0.72, 0.72, 0.72, 0.69):
+        trial = study.ask({"x": optuna.distributions.FloatDistribution(0, 1)})
+        study.tell(trial, value)
+    result = _result(comparison, study, [], "default", "server_sl")
+    assert (result.best_trial, result.runner_up_trial, result.ties) == (1, 2, 3)
+    assert result.completed == (1, 2, 3, 0, 4)
+    noise = {("default", "server_sl"): Noise(200, 0.72, 0.03, 0.5, "val/acc", 3, 4)}
+    text = "\n".join(tuning_lines(comparison, [result], noise))
+    assert "on a tie of scores, the first drawn (the lowest trial number)" in text
+    assert "| 72.00 | 200, 3.00 | 50% | 3 | 3 of 4 |" in text
+    assert "never evaluates the test set" in text
+    old = {("default", "server_sl"): Noise(200, 0.72, 0.03, 0.5)}  # trials of an earlier fedlit
+    assert "| 200, 3.00 (last round) | 50% | 3 | - |" in "\n".join(
+        tuning_lines(comparison, [result], old)
+    )
+
+
+def test_the_every_label_row_trains_the_baseline_on_the_whole_label_budget(
+    tmp_path: Path,
+) -> None:
+    """``tune.every_label``: one run per scoring seed of the baseline's recipe at its chosen
+    settings, its labels per class the training and validation labels together and no
+    validation set, named by its row; refused by name without a baseline or its numbers."""
+    from fedlit.comparison import Comparison, plan
+    from fedlit.comparison.every_label import label_budget, with_every_label
+    from fedlit.comparison.tune import TuneSettings
+    from fedlit.data.draw import split_by_class
+
+    tune = TuneSettings(trials=3, every_label=True)
+    comparison = Comparison(
+        name="c", recipes=RECIPES, baseline="server_sl", seeds=[0, 1], out=str(tmp_path),
+        tune=tune,
+    )  # fmt: skip
+    runs = plan(comparison)
+    per_run = dict.fromkeys(runs, 10)
+    flat = {"data.labeled_per_class": 10, "data.val_per_class": 20}
+    made, lines = with_every_label(comparison, runs, per_run, lambda args: flat)
+    extra = made[len(runs) :]
+    assert [(r.method, r.seed) for r in extra] == [("server_sl_every_label", s) for s in (0, 1)]
+    assert extra[0].run_dir == tmp_path / "default" / "server_sl_every_label" / "seed0"
+    args = list(extra[0].args)
+    assert args[-4:] == [
+        "--data.labeled_per_class=30",
+        "--data.val_per_class=0",
+        "--seed_everything=0",
+        f"--trainer.default_root_dir={extra[0].run_dir}",
+    ]  # after every override of the baseline's run, its chosen settings included
+    assert '"method": "server_sl_every_label"' in extra[0].labels_arg()
+    assert per_run[extra[0]] == 10
+    assert "one budget of 30 per class: 10 to train on, 20 carved from it" in lines[0]
+    assert "larger than the training labels" in lines[0]
+    # the row's labeled set is the baseline's labeled and validation sets, its pool the same
+    labels = np.repeat(np.arange(3), 40)
+
+    def split(labeled: int, val: int) -> tuple[np.ndarray, ...]:
+        return split_by_class(
+            labels, np.random.default_rng(5), "d", 3, labeled_per_class=labeled,
+            labeled_fraction=None, val_per_class=val, server_unlabeled_fraction=0.0,
+        )  # fmt: skip
+
+    base, every = split(4, 2), split(6, 0)
+    assert every[0].tolist() == sorted([*base[0], *base[1]])
+    assert every[3].tolist() == base[3].tolist()
+    with pytest.raises(ValueError, match="tune.every_label: .*data.val_per_class=0"):
+        label_budget({"data.labeled_per_class": 10, "data.val_per_class": 0}, "default/server_sl")
+    with pytest.raises(ValueError, match="data.labeled_per_class=None"):
+        label_budget({"data.labeled_per_class": None, "data.val_per_class": 2}, "x")
+    with pytest.raises(ValueError, match="tune.every_label: give a baseline"):
+        Comparison(name="c", recipes=RECIPES, out=str(tmp_path), tune=tune)
+    with pytest.raises(ValueError, match="tune.every_label must be true or false"):
+        TuneSettings(every_label="yes")  # type: ignore[arg-type]
+
+
+def test_a_val_only_run_without_a_validation_set_is_refused(
+    fmnist_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``federation.val_only`` evaluates the validation set alone: without one (no
+    ``data.val_per_class``) it would evaluate nothing, and is refused by name."""
+    err = refused(
+        [
+            "fit", f"--config={RECIPES[0]}", *tiny_overrides(fmnist_root),
+            "--data.val_per_class=0", "--federation.val_only=true",
+            f"--trainer.default_root_dir={tmp_path / 'run'}",
+        ],
+        capsys,
+    )  # fmt: skip
+    assert "federation.val_only" in err and "data.val_per_class=0" in err
+    assert not (tmp_path / "run" / "metrics.csv").exists()

@@ -288,9 +288,14 @@ def run_comparison(
     if not rerun_changed:
         refuse_changed(changed_runs(checked, per_run, given))
     if comparison.tune is not None:  # every study's settings parse, before anything runs
+        from fedlit.comparison.every_label import check_every_label
         from fedlit.comparison.studies import check_spaces, check_studies
 
         check_spaces(comparison, rounds)
+        try:
+            check_every_label(comparison, settings)
+        except ValueError as err:
+            raise Refused(str(err)) from None
         refusal = check_studies(comparison)
         if refusal:
             raise Refused(refusal)
@@ -302,15 +307,16 @@ def run_comparison(
         fit = fit_in_subprocess(Path(comparison.out) / "logs", threads, children)
     # a source run afresh: the runs that start from it, too
     renewed = {(r.setting, r.seed) for r in changed_runs(sources, per_run, given)}
-    tuning = None
+    tuning, label_lines = None, list[str]()
     with quiet_wandb():  # no W&B summary block after each run: the table comes last
         if sources:  # the runs the others start from, first
             execute(sources, per_run, fit, log, comparison.jobs, children, given, rerun_changed)
         if comparison.tune is not None:  # the studies, then their best settings on `seeds`
+            from fedlit.comparison.every_label import with_every_label
             from fedlit.comparison.tuned import tune_runs
 
             tuning = tune_runs(comparison, runs, per_run, rounds, fit, log, children)
-            runs = tuning.runs
+            runs, label_lines = with_every_label(comparison, tuning.runs, per_run, settings)
             given = chosen_settings(runs, settings) if settings is not None else {}
         counts = execute(
             runs, per_run, fit, log, comparison.jobs, children, given, rerun_changed, renewed
@@ -322,7 +328,7 @@ def run_comparison(
         warn(short)
     about = about_lines(comparison, records, sources, counts, minutes, command)
     if tuning is not None:
-        about += tuning.lines()
+        about += [*tuning.lines(), "", *label_lines]
     written = write_report(
         records,
         comparison.out,

@@ -64,3 +64,65 @@ def flip_rate(
 def accuracy_se(p: float, n: int) -> float:
     """The standard error of an accuracy ``p`` measured on ``n`` images, sqrt(p(1-p)/n)."""
     return math.sqrt(p * (1 - p) / n) if n else float("nan")
+
+
+def recorded_scores(run_dir: Path, last_k: int) -> np.ndarray | None:
+    """Image by image, the score a study chooses on: each validation image's correctness
+    averaged over the last ``last_k`` rounds the run recorded
+    (:data:`~fedlit.run_layout.VAL_CORRECT_FILE`, a ``federation.val_only`` run's; a round
+    recorded twice, by a resume, counts its later line). Its mean is the mean of those
+    rounds' ``val/acc``. None where the run did not record each of those rounds (a trial of
+    an earlier fedlit)."""
+    import json
+
+    from fedlit.reporting import load_run
+    from fedlit.run_layout import METRICS_FILE, VAL_ACC, VAL_CORRECT_FILE
+
+    path = run_dir / VAL_CORRECT_FILE
+    if not path.is_file():
+        return None
+    rounds: dict[int, str] = {}
+    for line in path.read_text().splitlines():
+        if line.strip():
+            row = json.loads(line)
+            rounds[int(row["round"])] = str(row["correct"])
+    if not rounds:
+        return None
+    logged = sorted(rounds)
+    if (run_dir / METRICS_FILE).is_file():  # the rounds its score averages, each recorded
+        logged = [int(r) for r in load_run(run_dir).series(VAL_ACC)[0]]
+    wanted = logged[-last_k:]
+    if not wanted or any(r not in rounds for r in wanted):
+        return None  # a trial of an earlier fedlit resumed now: part of its rounds recorded
+    kept = [rounds[r] for r in wanted]
+    bits = np.array([[c == "1" for c in bits] for bits in kept], dtype=np.float64)
+    return bits.mean(axis=0)
+
+
+def score_se(scores: Sequence[np.ndarray]) -> float:
+    """The standard error of a trial's score from its images' scores (each tuning seed's,
+    pooled): their sample std over sqrt(n) (for one round's 0/1 scores, about
+    sqrt(p(1-p)/n))."""
+    pooled = np.concatenate(scores) if scores else np.zeros(0)
+    n = len(pooled)
+    return float(np.std(pooled, ddof=1) / math.sqrt(n)) if n >= 2 else float("nan")
+
+
+def paired_se(one: Sequence[np.ndarray], other: Sequence[np.ndarray]) -> float:
+    """The standard error of the difference of two trials' scores on the same images: the
+    sample std of the image-by-image differences over sqrt(n). Two networks that agree on
+    most images differ with a much smaller one than either score's."""
+    return score_se([a - b for a, b in zip(one, other, strict=True)])
+
+
+def within_one_se(best: Sequence[np.ndarray], others: Sequence[Sequence[np.ndarray]]) -> int:
+    """How many of ``others`` (each trial's images' scores, per tuning seed) score within one
+    paired standard error of ``best``'s (:func:`paired_se`): the trials the validation set
+    cannot tell from the chosen one."""
+    mean = float(np.mean(np.concatenate(best)))
+    count = 0
+    for scores in others:
+        gap = mean - float(np.mean(np.concatenate(scores)))
+        se = paired_se(best, scores)
+        count += bool(gap <= se) if math.isfinite(se) else bool(gap == 0)
+    return count

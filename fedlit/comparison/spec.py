@@ -191,6 +191,10 @@ class Comparison:
             if "tune" in self.settings:
                 raise ValueError("settings: 'tune' names the tuning's folder; rename the setting")
             self.tune.check(self.recipes, self.seeds)
+            if self.tune.every_label and self.baseline is None:
+                raise ValueError("tune.every_label: give a baseline (the row is its recipe)")
+            if self.tune.every_label and f"{self.baseline}_every_label" in stems:
+                raise ValueError(f"tune.every_label: a recipe is named {self.baseline}_every_label")
         error = write_path_error(self.out, "out", "folder")
         if error is None and self.report is not None:
             error = write_path_error(self.report, "report", "file")

@@ -70,7 +70,9 @@ class TrialRun(PlannedRun):
 
 @dataclass
 class StudyResult:
-    """What one study chose and spent."""
+    """What one study chose and spent: the best trial (on a tie of scores, the first drawn),
+    how many trials tie with it (``ties``, itself included), the completed trials by
+    descending score (``completed``), and the runner-up."""
 
     setting: str
     method: str
@@ -85,6 +87,8 @@ class StudyResult:
     seconds: float = 0.0
     best_trial: int | None = None
     runner_up_trial: int | None = None
+    ties: int = 1
+    completed: tuple[int, ...] = ()
 
 
 def storage_path(comparison: Comparison) -> Path:
@@ -113,6 +117,9 @@ def with_settings(args: Sequence[str], extra: Sequence[str]) -> list[str]:
 
 #: A trial's override: it skips ``federation.final_eval`` (its score is its rounds' ``val/*``).
 NO_FINAL_EVAL = "--federation.final_eval=[]"
+#: A trial's override: it never evaluates the test set, and records its validation images
+#: round by round (``federation.val_only``): what its selection noise is measured on.
+VAL_ONLY = "--federation.val_only=true"
 
 
 def trial_run(
@@ -124,8 +131,10 @@ def trial_run(
     run_dir = Path(comparison.out) / TUNE_DIR / base.setting / base.method / f"trial{number}"
     run_dir = run_dir / f"seed{base.seed}"
     kept = [a for a in base.args if not a.startswith((ROOT_DIR_ARG, LOGGER_ARG))]
-    # a trial is scored on the validation set each round: no evaluation after its last round
-    args = [*with_settings(kept, [*overrides(params), NO_FINAL_EVAL]), f"{ROOT_DIR_ARG}{run_dir}"]
+    # a trial is scored on the validation set each round: no evaluation after its last round,
+    # no test set
+    extra = [*overrides(params), NO_FINAL_EVAL, VAL_ONLY]
+    args = [*with_settings(kept, extra), f"{ROOT_DIR_ARG}{run_dir}"]
     if comparison.wandb is not None:
         args += trial_wandb_args(comparison, base, number, params, run_dir)
     labels = {
@@ -410,9 +419,11 @@ def _result(
     history = rounds_run(comparison, setting, stem, [t.number for t in trials])
     result.rounds = len(history)
     result.seconds = sum(r.get("time/round_s", 0.0) for r in history)
-    if done:
+    if done:  # a tie: the first drawn (the lowest trial number) is chosen
         result.params, result.value = done[0].params, done[0].value
         result.best_trial = done[0].number
+        result.ties = sum(t.value == done[0].value for t in done)
+        result.completed = tuple(t.number for t in done)
     if len(done) > 1:
         result.runner_up, result.runner_up_value = done[1].params, done[1].value
         result.runner_up_trial = done[1].number

@@ -11,9 +11,16 @@ from typing import Any
 
 import numpy as np
 
-from fedlit.comparison.selection import accuracy_se, flip_rate, val_correct
+from fedlit.comparison.selection import (
+    accuracy_se,
+    flip_rate,
+    recorded_scores,
+    score_se,
+    val_correct,
+    within_one_se,
+)
 from fedlit.comparison.spec import Comparison
-from fedlit.comparison.studies import StudyResult, trial_run, tuning_comparison
+from fedlit.comparison.studies import StudyResult, trial_dirs, trial_run, tuning_comparison
 
 #: A budget further than this from the baseline's (relative) is flagged.
 BUDGET_TOLERANCE = 0.10
@@ -21,43 +28,74 @@ BUDGET_TOLERANCE = 0.10
 
 @dataclass
 class Noise:
-    """A study's validation noise: the split's size, the chosen trial's accuracy on it and
-    its standard error, and how often resampled splits choose the runner-up."""
+    """A study's validation noise, on the score its choice is made on where its trials
+    recorded their images (``score``: what was resampled): the split's size, the chosen
+    trial's score on it and its standard error, how often resampled splits choose the
+    runner-up, and how many of the other completed trials score within one paired standard
+    error of the chosen one (``within`` of ``others``; None where not measured). ``score``
+    "last round" where each final network was scored once (trials of an earlier fedlit)."""
 
     n_val: int
     accuracy: float
     se: float
     flips: float | None
+    score: str = "last round"
+    within: int | None = None
+    others: int = 0
 
 
 def selection_noise(
     comparison: Comparison, result: StudyResult, draws: int = 2000
 ) -> Noise | None:
-    """The chosen trial's and the runner-up's final networks scored example by example on
-    each tuning seed's validation split (their runs must have finished: a pruned runner-up
-    is never one), then :func:`~fedlit.comparison.selection.flip_rate`."""
+    """The chosen trial's and the runner-up's scores image by image on each tuning seed's
+    validation split, then :func:`~fedlit.comparison.selection.flip_rate`. Where the trials
+    recorded their images (``federation.val_only``), the scores are the study's own: each
+    image's correctness over the last ``tune.last_k`` rounds (and every other completed
+    trial is set against the chosen one, :func:`~fedlit.comparison.selection.within_one_se`);
+    otherwise each final network is scored once (its runs must have finished: a pruned
+    runner-up is never one)."""
     if result.best_trial is None:
         return None
+    assert comparison.tune is not None
     from fedlit.comparison.plan import plan
 
+    last_k = comparison.tune.last_k
     bases = [
         r
         for r in plan(tuning_comparison(comparison))
         if r.setting == result.setting and r.method == result.method
     ]
 
+    def recorded(number: int) -> list[np.ndarray] | None:
+        dirs = trial_dirs(comparison, result.setting, result.method, number)
+        scores = [recorded_scores(d, last_k) for d in dirs]
+        return None if any(s is None for s in scores) else [s for s in scores if s is not None]
+
     def correct(number: int, params: dict[str, Any]) -> list[np.ndarray]:
         runs = [trial_run(comparison, base, number, params) for base in bases]
         return [val_correct(run.args, run.run_dir, run.seed) for run in runs]
 
-    best = correct(result.best_trial, result.params)
+    best = recorded(result.best_trial)
+    if best is None:  # trials of an earlier fedlit: their final networks
+        best = correct(result.best_trial, result.params)
+        n = sum(len(c) for c in best)
+        acc = float(np.mean(np.concatenate(best))) if n else float("nan")
+        flips = None
+        if result.runner_up_trial is not None and result.runner_up is not None and n:
+            other = correct(result.runner_up_trial, result.runner_up)
+            flips = flip_rate(best, other, draws)
+        return Noise(n, acc, accuracy_se(acc, n), flips)
     n = sum(len(c) for c in best)
     acc = float(np.mean(np.concatenate(best))) if n else float("nan")
+    others = [recorded(t) for t in result.completed if t != result.best_trial]
+    kept = [o for o in others if o is not None]
     flips = None
-    if result.runner_up_trial is not None and result.runner_up is not None and n:
-        other = correct(result.runner_up_trial, result.runner_up)
-        flips = flip_rate(best, other, draws)
-    return Noise(n, acc, accuracy_se(acc, n), flips)
+    if result.runner_up_trial is not None and n:
+        runner_up = recorded(result.runner_up_trial)
+        flips = flip_rate(best, runner_up, draws) if runner_up is not None else None
+    score = f"last {last_k} rounds" if last_k > 1 else "val/acc"
+    within = within_one_se(best, kept) if n and len(kept) == len(others) else None
+    return Noise(n, acc, score_se(best), flips, score, within, len(others))
 
 
 def tuning_lines(
@@ -85,8 +123,9 @@ def tuning_lines(
         f"tuning seeds {list(tune.seeds)} (the results are scored on "
         f"{list(comparison.seeds)}, which the tuning never saw). A trial's score: {score} on "
         "the server's validation set (mean "
-        "over the tuning seeds); the test set is never read. The scored runs take the best "
-        "trial's settings.",
+        "over the tuning seeds); a trial never evaluates the test set "
+        "(`federation.val_only`). The scored runs take the best trial's settings; on a tie "
+        "of scores, the first drawn (the lowest trial number).",
         "",
         "- *budget*: trials completed / pruned (and failed: a round with every client left "
         "out), rounds run by all of a study's trials and their "
@@ -94,14 +133,20 @@ def tuning_lines(
         f"{BUDGET_TOLERANCE:.0%} (seconds differ by method by construction: the baseline "
         "trains no client).",
         "- *val n, SE*: the validation images the choice was made on (over the tuning seeds) "
-        "and the standard error of the chosen trial's accuracy on them, sqrt(p(1-p)/n).",
+        "and the standard error of the chosen trial's score on them (each image's score: "
+        "its correctness over the rounds the trial's score averages; the std of those over "
+        "sqrt(n)).",
         "- *flip*: how often the runner-up scores higher than the chosen trial (a tie counts "
         "half) on the validation images resampled with replacement (2000 draws, the two "
-        "trials' final networks scored image by image).",
+        "trials scored image by image on the score the choice is made on).",
+        "- *ties*: the completed trials whose score equals the chosen one's (itself "
+        "included). *within 1 SE*: the other completed trials whose score is within one "
+        "paired standard error of the chosen one's (the std of the image-by-image "
+        "differences over sqrt(n): the same images for both), of all of them.",
         "",
         "| setting | method | trials (done / pruned) | rounds | seconds | best val | "
-        "val n, SE | flip | chosen settings |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "val n, SE | flip | ties | within 1 SE | chosen settings |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         ref = base.get(r.setting)
@@ -114,9 +159,13 @@ def tuning_lines(
         best = f"{100 * r.value:.2f}" if r.value is not None else "-"
         chosen = ", ".join(f"`{k.split('.')[-1]}={_short(v)}`" for k, v in r.params.items())
         failed = f" / {r.failed} failed" if r.failed else ""
+        ties = f"{r.ties}" if r.value is not None else "-"
+        within = f"{n.within} of {n.others}" if n and n.within is not None else "-"
+        if n and n.score == "last round":  # trials of an earlier fedlit: their final networks
+            val += " (last round)"
         lines.append(
             f"| {r.setting} | {r.method} | {r.complete} / {r.pruned}{failed} | {r.rounds}{flag} | "
-            f"{r.seconds:.0f} | {best} | {val} | {flip} | {chosen or '-'} |"
+            f"{r.seconds:.0f} | {best} | {val} | {flip} | {ties} | {within} | {chosen or '-'} |"
         )
     return lines
 
@@ -144,6 +193,8 @@ def summary_rows(
             "n_val": n.n_val if n else None,
             "val_se": n.se if n else None,
             "flip_rate": n.flips if n else None,
+            "ties": r.ties if r.value is not None else None,
+            "within_1se": n.within if n else None,
             "chosen": ", ".join(f"{k}={_short(v)}" for k, v in r.params.items()),
         }
         rows.append(row)

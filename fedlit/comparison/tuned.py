@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from fedlit.comparison.plan import PlannedRun
 from fedlit.comparison.runner import FitFn, execute
+from fedlit.comparison.runner_up import gap_lines, runner_up_runs
 from fedlit.comparison.spec import Comparison
 from fedlit.comparison.studies import StudyResult, final_runs, run_studies, tuning_sources
 from fedlit.comparison.tune_report import (
@@ -29,9 +30,11 @@ class Tuning:
     runs: list[PlannedRun]
     results: list[StudyResult]
     noise: dict[tuple[str, str], Noise | None] = field(default_factory=dict)
+    runner_up: dict[PlannedRun, PlannedRun] = field(default_factory=dict)
 
     def lines(self) -> list[str]:
-        return tuning_lines(self.comparison, self.results, self.noise)
+        lines = tuning_lines(self.comparison, self.results, self.noise)
+        return lines + gap_lines(self.comparison, self.runner_up, self.runs)
 
     def log_to_wandb(self) -> None:
         log_tuning_to_wandb(self.comparison, self.results, self.noise)
@@ -58,4 +61,9 @@ def tune_runs(
     finals = final_runs(runs, results)
     for run, final in zip(runs, finals, strict=True):
         per_run[final] = per_run[run]
-    return Tuning(comparison, finals, results, noise)
+    second: dict[PlannedRun, PlannedRun] = {}
+    if comparison.tune is not None and comparison.tune.runner_up:  # on the scoring seeds
+        second = runner_up_runs(comparison, runs, results)
+        counted = {run: per_run[base] for run, base in second.items()}
+        execute(list(second), counted, fit, log, comparison.jobs, children)
+    return Tuning(comparison, finals, results, noise, second)

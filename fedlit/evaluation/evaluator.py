@@ -56,3 +56,11 @@ class Evaluator(AugmentsOnDevice, LightningModule):
             f"{prefix}/acc": accuracy,
             f"{prefix}/loss": float(self._loss_sum) / max(self._count, 1),
         }
+
+    def correct(self) -> list[bool]:
+        """Which examples since the test began the network classified right, in the loader's
+        order."""
+        if not self._predicted:
+            return []
+        predicted, labels = (torch.cat(t) for t in zip(*self._predicted, strict=True))
+        return [bool(c) for c in (predicted == labels).cpu().tolist()]

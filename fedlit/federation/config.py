@@ -81,6 +81,11 @@ class FederationConfig:
             (a comparison gives each run its recipe's name as ``method``, its ``setting`` and
             its ``recipe``); a label named ``method`` or ``seed`` replaces the run's own. What
             a run is called, not what it computes: a resume may change them.
+        val_only: evaluate on the server's validation split alone, never on the test set (no
+            ``test/*``, nor a warm start's or bootstrap's test accuracy), and record which
+            validation images the network classifies right each round
+            (:data:`~fedlit.run_layout.VAL_CORRECT_FILE`): a tuning trial's run, whose choice
+            is made on ``val/*`` and whose selection noise is measured image by image.
     """
 
     rounds: int = 10
@@ -101,6 +106,7 @@ class FederationConfig:
     ray: RaySettings = DEFAULT_RAY
     compile: Literal["default", "reduce-overhead", "max-autotune"] | None = None
     labels: dict[str, str] | None = None
+    val_only: bool = False
 
     def __post_init__(self) -> None:
         if self.compile is not None and self.compile not in COMPILE_MODES:

@@ -82,7 +82,7 @@ def run_round(ctx: RoundContext, round_idx: int) -> dict[str, float]:
     metrics = work.metrics | ended
     if round_idx % cfg.eval_every == 0 or round_idx == cfg.rounds:
         ctx.callbacks.stage(round_idx, "evaluation")
-        metrics |= ctx.server.evaluate()
+        metrics |= ctx.server.evaluate(round_idx=round_idx)
     for direction, counts in (("down", work.down), ("up", work.up)):  # in all, then by part
         metrics[f"comm/bytes_{direction}"] = float(sum(counts.values()))
         metrics |= {f"comm/bytes_{direction}/{part}": float(n) for part, n in counts.items()}

@@ -4,6 +4,7 @@ global model that is no longer finite) before the round is written."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,7 @@ from fedlit.federation.seeding import CENTRAL, EVAL, FINETUNE, SERVER, derive_se
 from fedlit.methods.base import FederatedMethod
 from fedlit.methods.client_side import ClientUpdate
 from fedlit.methods.plan import CentralTraining, Step
+from fedlit.run_layout import VAL_CORRECT_FILE
 
 
 def client_steps_per_round(config: FederationConfig, data: FederatedDataModule) -> int:
@@ -50,6 +52,11 @@ class Server:
 
     def __post_init__(self) -> None:
         check_batches(self.trainer, self.data)  # before any fit, nothing written yet
+        if self.config.val_only and not len(self.data.val):
+            raise ValueError(
+                "federation.val_only: the run has no validation set to evaluate "
+                "(data.val_per_class=0)"
+            )
         check_optimizers(self.method, self.data, self.config.rounds)
 
     def server_step(
@@ -133,20 +140,37 @@ class Server:
             "steps_per_round": trains if self.data.labels_at != "client" else [],
         }
 
-    def evaluate(self, prefix: str = "test") -> dict[str, float]:
+    def evaluate(self, prefix: str = "test", round_idx: int | None = None) -> dict[str, float]:
         """Top-1 accuracy and loss of the method's evaluation network on the test set, its
         BatchNorm statistics re-estimated on the server's clean images (:func:`scored`); with
         ``prefix`` "test", also on the server's validation split (``val/acc``, ``val/loss``)
-        where it has images (``data.val_per_class``): what a model is selected by."""
+        where it has images (``data.val_per_class``): what a model is selected by. With
+        ``federation.val_only``, the validation split alone (nothing for another ``prefix``),
+        its images' correctness recorded for round ``round_idx``
+        (:data:`~fedlit.run_layout.VAL_CORRECT_FILE`)."""
+        val_only = self.config.val_only
+        if val_only and prefix != "test":
+            return {}
         seed_all(derive_seed(self.seed, 0, EVAL))
         network = scored(self.method.eval_network(), self.data, self.trainer.device(), shared=True)
         evaluator = Evaluator(network, self.data.num_classes)
-        self.trainer.test(evaluator, self.data.test_dataloader())
-        metrics = evaluator.metrics(prefix)
+        metrics = {}
+        if not val_only:
+            self.trainer.test(evaluator, self.data.test_dataloader())
+            metrics = evaluator.metrics(prefix)
         if prefix == "test" and len(self.data.val):
             self.trainer.test(evaluator, self.data.val_dataloader())  # its sums start afresh
             metrics |= evaluator.metrics("val")
+            if val_only and round_idx is not None:
+                self._record_val(round_idx, evaluator.correct())
         return metrics
+
+    def _record_val(self, round_idx: int, correct: Sequence[bool]) -> None:
+        """Append round ``round_idx``'s validation correctness to the run's record."""
+        bits = "".join("1" if c else "0" for c in correct)
+        path = self.checkpoint_path.parent.parent / VAL_CORRECT_FILE
+        with path.open("a") as out:
+            out.write(json.dumps({"round": round_idx, "correct": bits}) + "\n")
 
     def evaluate_encoder(self) -> dict[str, float]:
         """The configured protocols (finetune, linear) on the global encoder: ``eval/<p>_acc``."""

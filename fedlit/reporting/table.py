@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import csv
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import astuple, fields
 from pathlib import Path
 
@@ -24,6 +24,8 @@ __all__ = [
     "config_groups",
     "budget_table",
     "calibration_verdict",
+    "headroom_shares",
+    "headroom_verdict",
     "last_k_warning",
     "score",
     "setting_differences",
@@ -129,6 +131,51 @@ def _significance(row: ResultRow) -> int:
 REFERENCE_MARKS = ("oracle", "centralized")
 
 
+#: The joint centralized reference: FixMatch with every client's images pooled at the server
+#: and a batch of the labels in each step (``recipes/centralized_fixmatch_joint.yaml``), what
+#: semi-supervised learning itself gives at the protocol's budget (docs/comparing.md, *The
+#: calibration verdict*). A table with its row gives each method's gain as a share of its.
+HEADROOM_REFERENCE = "centralized_fixmatch_joint"
+#: The headroom rule: the joint reference's paired mean at least this many points above the
+#: baseline ...
+HEADROOM_MEAN = 8.0
+#: ... and its paired 95% interval's low end at least this many.
+HEADROOM_LOW = 5.0
+
+
+def _gain(rows: Sequence[ResultRow], found: Callable[[ResultRow], bool]) -> float:
+    """The paired mean difference (points) of the first row ``found`` picks, where it is
+    positive; NaN otherwise (no row, no pairing, or no gain to share)."""
+    for row in rows:
+        if found(row) and row.delta_seeds and math.isfinite(row.delta_mean):
+            return 100 * row.delta_mean if row.delta_mean > 0 else math.nan
+    return math.nan
+
+
+def headroom_shares(row: ResultRow, rows: Sequence[ResultRow]) -> tuple[float, float]:
+    """A row's paired gain over the baseline as a share of the joint centralized reference's
+    (:data:`HEADROOM_REFERENCE`) and of the oracle's (the row marked ``oracle``), among one
+    setting's ``rows``: (share of the reference's, share of the oracle's), fractions of their
+    mean differences; NaN where the row has no paired difference or the reference (the
+    oracle) is absent or gains nothing."""
+    if not row.delta_seeds or not math.isfinite(row.delta_mean):
+        return math.nan, math.nan
+    mine = 100 * row.delta_mean
+    joint = _gain(rows, lambda r: r.method == HEADROOM_REFERENCE)
+    oracle = _gain(rows, lambda r: "oracle" in r.marks)
+    return mine / joint, mine / oracle
+
+
+def _shares(row: ResultRow, rows: Sequence[ResultRow], baseline: str) -> str:
+    """The *share of headroom* cell: ``60% / 20%`` (of the joint reference's gain / of the
+    oracle's), ``-`` for what is undefined."""
+    if row.method == baseline:
+        return "-"
+    joint, oracle = headroom_shares(row, rows)
+    shown = [f"{100 * share:.0f}%" if math.isfinite(share) else "-" for share in (joint, oracle)]
+    return "-" if shown == ["-", "-"] else " / ".join(shown)
+
+
 def summary(
     rows: Sequence[ResultRow],
     baseline: str,
@@ -138,7 +185,8 @@ def summary(
     """What one setting's rows show against ``baseline``, in words, from the rows alone: the
     baseline's score (mean ± std over seeds) and whether its mean reaches ``target``; each
     reference's (oracle's, centralized reference's) paired difference; with ``calibration``
-    (points) the protocol's calibration verdict (:func:`calibration_verdict`); and which
+    (points) the protocol's calibration verdict (:func:`calibration_verdict`, then its rule on
+    the semi-supervised headroom, :func:`headroom_verdict`); and which
     methods the 95% interval puts above the baseline, below it, or does not separate from it
     (each group by descending difference)."""
     base = [row for row in rows if row.method == baseline]
@@ -164,6 +212,7 @@ def summary(
                 lines.append(f"- {row.method} ({mark}) vs {baseline}: {_points(row, baseline)}.")
     if calibration is not None:
         lines.append(f"- {calibration_verdict(rows, calibration)}")
+        lines.append(f"- {headroom_verdict(rows)}")
     groups = {1: "above", -1: "below", 0: "not separated from"}
     for sign, words in groups.items():
         names = [
@@ -217,6 +266,44 @@ def calibration_verdict(rows: Sequence[ResultRow], threshold: float) -> str:
     return f"Calibration ({need}): {verdict}."
 
 
+def headroom_verdict(rows: Sequence[ResultRow]) -> str:
+    """The calibration verdict's second rule, on one setting's rows, in words: whether the
+    joint centralized reference (:data:`HEADROOM_REFERENCE`: semi-supervised learning on the
+    clients' images pooled at the server) is at least :data:`HEADROOM_MEAN` points above the
+    baseline with its paired 95% interval's low end at :data:`HEADROOM_LOW` or more
+    (docs/comparing.md, *The calibration verdict*): *room to help* where both hold; *room on
+    the mean only* where the mean does but not the low end (or one seed gives no interval);
+    *no semi-supervised headroom* where the mean is below. Says so where no such row is
+    compared with the baseline."""
+    need = (
+        f"{HEADROOM_REFERENCE} at least {HEADROOM_MEAN:+g} points above the baseline, its "
+        f"interval's low end at {HEADROOM_LOW:+g} or more"
+    )
+    found = [r for r in rows if r.method == HEADROOM_REFERENCE and r.delta_seeds]
+    if not found:
+        return f"Semi-supervised headroom ({need}): not judged, no {HEADROOM_REFERENCE} row."
+    row = found[0]
+    mean = 100 * row.delta_mean
+    shown = f"{mean:+.2f}"
+    low = math.nan
+    if math.isfinite(row.delta_ci95) and row.delta_seeds >= 2:
+        low = mean - 100 * row.delta_ci95
+        shown += f" [{low:+.2f}, {mean + 100 * row.delta_ci95:+.2f}]"
+    if mean < HEADROOM_MEAN:
+        verdict = (
+            f"**no semi-supervised headroom**: {shown} is below {HEADROOM_MEAN:+g}. "
+            "Semi-supervised learning itself, every client's image at the server, gains less "
+            "than that here, so no federated method's row can show more"
+        )
+    elif math.isfinite(low) and low >= HEADROOM_LOW:
+        verdict = f"**room to help**: {shown}"
+    elif math.isfinite(low):
+        verdict = f"**room on the mean only**: {shown}, its low end below {HEADROOM_LOW:+g}"
+    else:
+        verdict = f"**room on the mean only**: {shown}, from one seed (no interval)"
+    return f"Semi-supervised headroom ({need}): {verdict}."
+
+
 def _n_seeds(n: int) -> str:
     """``1 seed``, ``3 seeds``."""
     return f"{n} seed" + ("s" if n != 1 else "")
@@ -249,7 +336,10 @@ def to_markdown(
     bytes.
     ``target`` (a fraction) only labels the rounds-to-target column; pass the one given to
     summarize, and the same ``baseline`` for its column of paired differences (points, with
-    their 95% interval, ``*`` where it excludes 0). A
+    their 95% interval, ``*`` where it excludes 0). Where a setting has the joint
+    centralized reference (:data:`HEADROOM_REFERENCE`), a column beside the paired one gives
+    each row's gain as a share of the reference's and of the oracle's
+    (:func:`headroom_shares`). A
     "paper" column is added when ``published`` is given; "finetune" and "linear" columns when
     some row has those final evaluations. With ``baseline``, each table is followed by its
     ``summary`` (with ``calibration``, its calibration verdict). A "flags" column after the
@@ -264,6 +354,9 @@ def to_markdown(
         header.append(f"mean of last {last_k}")
     if baseline is not None:
         header.append(f"vs {baseline} (paired, 95% CI)")
+    shares = baseline is not None and any(r.method == HEADROOM_REFERENCE for r in rows)
+    if shares:
+        header.append(f"share of {HEADROOM_REFERENCE} / oracle gain")
     flagged = any(row.flags for row in rows)
     if flagged:
         header.append("flags")
@@ -297,6 +390,9 @@ def to_markdown(
                 cells.append(_pct(row.score_mean, row.score_std))
             if baseline is not None:
                 cells.append(_points(row, baseline))
+            if shares:
+                assert baseline is not None
+                cells.append(_shares(row, group, baseline))
             if flagged:
                 cells.append("; ".join(row.flags) or "-")
             cells += [
