@@ -208,13 +208,15 @@ def test_compile_is_refused_where_triton_or_torch_cannot_build_it(
 
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(
-        importlib.util, "find_spec", lambda name, *a: object() if name == "triton" else find_spec(name, *a)
+        importlib.util,
+        "find_spec",
+        lambda name, *a: object() if name == "triton" else find_spec(name, *a),
     )
     fake_cuda(capability=(6, 0))
     assert "compute capability 6.0" in (compile_toolchain_missing(torch.device("cuda")) or "")
     fake_cuda(capability=(8, 0))
     assert compile_toolchain_missing(torch.device("cuda")) is None
-    monkeypatch.delitem(torch._dynamo.config._config, "trace_autograd_ops")
+    monkeypatch.delitem(vars(torch._dynamo.config)["_config"], "trace_autograd_ops")
     assert not hasattr(torch._dynamo.config, "trace_autograd_ops")
     for device in ("cuda", "cpu"):
         assert "2.11" in (compile_toolchain_missing(torch.device(device)) or "")
