@@ -174,10 +174,13 @@ def gpu_index(devices: list[int] | str | int) -> int | None:
     """The GPU index ``trainer.devices`` names (``[i]`` or ``"i,"``, Lightning's spellings of
     one index), or None (a number of devices or "auto": the current GPU). More than one
     device is refused before the run (:func:`~fedlit.federation.checks.check_trainer`)."""
-    if isinstance(devices, str) and devices.strip() != "auto" and "," in devices:
-        devices = [int(d) for d in devices.split(",") if d.strip()]
-    if isinstance(devices, (list, tuple)) and devices:
-        return int(devices[0])
+    try:
+        if isinstance(devices, str) and devices.strip() != "auto" and "," in devices:
+            devices = [int(d) for d in devices.split(",") if d.strip()]
+        if isinstance(devices, (list, tuple)) and devices:
+            return int(devices[0])
+    except (TypeError, ValueError):  # not an index: Lightning's check names it
+        pass
     return None
 
 
