@@ -307,6 +307,18 @@ def test_an_eager_fp16_fit_trains_as_plain_torch_and_a_skipped_step_counts_as_no
     assert objective.steps_taken() == objective.after_steps == taken
 
 
+def test_an_fp16_fit_whose_every_gradient_overflows_stops_with_an_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A skipped step counts as none, so a fit of steps that all overflow (a loss that is not
+    finite) would never end: it stops after ``MAX_SKIPPED`` in a row, naming the precision."""
+    monkeypatch.setattr(loop, "MAX_SKIPPED", 7)
+    objective = Counted(_poisoned(frozenset(range(10**6))), lr=0.1)
+    with pytest.raises(FloatingPointError, match="16-mixed: 7 steps in a row had inf or NaN"):
+        loop.fit(objective, _loader().on_device(torch.device("cpu")), 1, 50, FP16, {}, False)
+    assert objective.steps_taken() == objective.after_steps == 0
+
+
 def test_a_compiled_fp16_fit_trains_as_plain_torch_within_rounding(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
