@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# First run benchmarks/gpu_ready.sh on the machine (one line per check, under 10 minutes;
+# docs/executors.md, "Is fedlit ready on this GPU?"): this script assumes what it checks.
 # Paper 002 at its own scale on one lent GPU, every training step compiled (issue 44), in calls
 # of at most ~9.5 minutes that chain on a warm machine:
 #   0. with PROFILE_S > 0: a compiled run whose round 3 runs under torch.profiler (the summary
@@ -8,15 +10,18 @@
 #      step, and the headline with them) then eager, each for a fixed time, with each round's
 #      stage times and round 3 under
 #      cProfile (benchmarks/round_profile.py; its torch.profiler summary of a round took longer
-#      than the round itself to write at this scale, so it is left out here);
+#      than the round itself to write at this scale, so it is left out here); then, each for a
+#      fixed time, the round eager in 16-mixed (FP16_S), on a pool of 4 workers (POOL_S) and on
+#      Ray with a quarter GPU a client (RAY_S, where Ray is installed);
 #   2. the headline: Server-SL and FedSEAL, IID, ResNet-18, the paper's 200 rounds, seeds 0-2
 #      (recipes/comparisons/paper002_fmnist.yaml's runs), side by side with `jobs` $JOBS,
 #      compiled, for what is left of the call.
 # nvidia-smi samples the GPU's utilisation every second throughout. The comparison lives in
 # /tmp/cmp on the machine, so the same script called again while the machine is warm (SOLO=0)
-# resumes it. Set-up as ../shared/gpu/README.md says: the call carries .whl (lightly,
-# jsonargparse and their needs) and .fmnist (Debian's files).
-#   device run: SOLO=1 EAGER_S=0 COMPILED_S=120 BUDGET=560 bash benchmarks/gpu_paper002.sh
+# resumes it. Set-up on a machine without a package registry: the call carries .whl (wheels of
+# lightly, jsonargparse, docstring-parser, typeshed-client, hydra-core, omegaconf and
+# antlr4-python3-runtime, installed into /tmp/site) and .fmnist (Debian's Fashion-MNIST .gz).
+#   device run: SOLO=1 COMPILED_S=120 BUDGET=560 bash benchmarks/gpu_paper002.sh
 #               (carry [".whl", ".fmnist"], timeout_s 590: the round alone, then the headline)
 #   device run: SOLO=0 BUDGET=... bash benchmarks/gpu_paper002.sh   (the next call)
 # What comes back in $OUT: summary.json (per run: rounds done, s/round, last test/acc;
@@ -31,6 +36,9 @@ SOLO=${SOLO:-1}
 MODE=${MODE:-reduce-overhead}    # federation.compile for the compiled runs
 JOBS=${JOBS:-6}
 EAGER_S=${EAGER_S:-50}           # seconds of the eager solo run (0: none)
+FP16_S=${FP16_S:-40}             # seconds of the eager 16-mixed solo run (0: none)
+POOL_S=${POOL_S:-40}             # seconds of the eager solo run on 4 pool workers (0: none)
+RAY_S=${RAY_S:-40}               # seconds of the eager solo run on Ray, where installed (0: none)
 COMPILED_S=${COMPILED_S:-110}    # seconds of the compiled solo run (its compilation included)
 PROFILE_S=${PROFILE_S:-0}        # seconds for a run whose round 3 is under torch.profiler (0: none)
 FINAL=${OUT:-/tmp/gpu_out}        # what comes back: summary.json and results.tgz
@@ -86,6 +94,13 @@ if [ "$SOLO" = 1 ]; then
     if failed compiled3; then MODE=none; fi  # no compiled headline
   fi
   if [ "$EAGER_S" -gt 0 ]; then solo eager "$EAGER_S"; fi  # EAGER_S=0: no eager run
+  if [ "$FP16_S" -gt 0 ]; then solo fp16 "$FP16_S" --trainer.precision 16-mixed; fi
+  if [ "$POOL_S" -gt 0 ]; then
+    solo pool "$POOL_S" --federation.executor pool --federation.pool.workers 4
+  fi
+  if [ "$RAY_S" -gt 0 ] && python3 -c "import ray" 2> /dev/null; then
+    solo ray "$RAY_S" --federation.executor ray --federation.ray.gpus 0.25
+  fi
 fi
 echo "headline mode: $MODE" >> "$OUT/gpu.txt"
 
@@ -137,7 +152,8 @@ PY
 cp /tmp/cmp/report.md "$OUT/report.md" 2>/dev/null
 cp "$OUT/summary.json" "$FINAL/"
 tar czf "$FINAL/results.tgz" -C /tmp --exclude='*.ckpt' --exclude='*.pt' --exclude='clients' \
-  gpu_work cmp solo_eager solo_compiled solo_compiled3 solo_profile 2>/dev/null
+  gpu_work cmp solo_eager solo_fp16 solo_pool solo_ray solo_compiled solo_compiled3 solo_profile \
+  2>/dev/null
 grep -h "exit" "$OUT"/solo_*.log "$OUT/compare.log" 2>/dev/null
 tail -3 "$OUT/compare.log" 2>/dev/null
 cat "$OUT"/stages_*.jsonl 2>/dev/null

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from fedlit.comparison.devices import GpuSlots, visible_gpus
 from fedlit.comparison.plan import (
     INIT_FROM_ARG,
     ROOT_DIR_ARG,
@@ -58,17 +59,19 @@ FitFn = Callable[[Sequence[str]], None]
 def fit_in_subprocess(log_dir: Path, threads: int, children: Children | None = None) -> FitFn:
     """A ``fit`` that runs ``fedlit fit`` in its own Python process with ``threads`` torch
     threads, its output appended to ``log_dir/<run>.log``; raises if the process fails. The
-    process is one of ``children``: it stops when the comparison stops."""
+    process is one of ``children``: it stops when the comparison stops. On a machine with
+    several GPUs each process sees one (:class:`~fedlit.comparison.devices.GpuSlots`)."""
     children = children or Children()
+    gpus = GpuSlots(visible_gpus())
 
     def fit(args: Sequence[str]) -> None:
         run_dir = next(a.split("=", 1)[1] for a in args if a.startswith(ROOT_DIR_ARG))
         log_dir.mkdir(parents=True, exist_ok=True)
         name = Path(run_dir).as_posix().replace("/", "_")
         env = os.environ | {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-        with open(log_dir / f"{name}.log", "a") as out:
+        with open(log_dir / f"{name}.log", "a") as out, gpus.taken() as gpu:
             proc = children.start(
-                [sys.executable, "-m", "fedlit.cli", *args], env=env, stdout=out, stderr=out
+                [sys.executable, "-m", "fedlit.cli", *args], env=env | gpu, stdout=out, stderr=out
             )
             if proc is None:
                 raise RuntimeError(f"{run_dir}: not started, the comparison is stopping")

@@ -33,7 +33,7 @@ def val_correct(args: Sequence[str], run_dir: Path, seed: int) -> np.ndarray:
         data.setup_federation(seed)
     seed_all(derive_seed(seed, 0, EVAL))
     device = cli.trainer.device() if hasattr(cli.trainer, "device") else torch.device("cpu")
-    network = scored(model.eval_network(), data, device).eval()
+    network = scored(model.eval_network(), data, device).to(device).eval()  # loaded on the CPU
     right = []
     with torch.no_grad():
         for x, y in data.val_dataloader():

@@ -6,7 +6,7 @@ import errno
 import os
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -145,6 +145,10 @@ class RunCheckpoint:
     meta: dict[str, Any]
     #: The run's flat config (a resume compares its settings with them).
     hparams: dict[str, Any]
+    #: fp16's gradient scalers of the method's networks, by module name
+    #: (:func:`~fedlit.federation.fit.loop.scaler_states`); empty outside fp16 and in a
+    #: checkpoint written before they were kept.
+    scalers: dict[str, Any] = field(default_factory=dict)
 
     def save(self, path: Path) -> None:
         """Write it to ``path`` (:func:`save_checkpoint`: atomically, :class:`WriteFailed`
@@ -157,10 +161,11 @@ class RunCheckpoint:
         path if it is not one or lacks a key. Its settings are under their keys now
         (:func:`~fedlit.run_layout.current_keys`: a run of an earlier fedlit resumes)."""
         ckpt = load_checkpoint(path)
-        missing = [f.name for f in fields(cls) if f.name not in ckpt]
+        optional = {f.name for f in fields(cls) if f.default_factory is not MISSING}
+        missing = [f.name for f in fields(cls) if f.name not in ckpt and f.name not in optional]
         if missing:
             raise ValueError(f"{path} is not a complete fedlit checkpoint (no {missing})")
-        values = {f.name: ckpt[f.name] for f in fields(cls)}
+        values = {f.name: ckpt[f.name] for f in fields(cls) if f.name in ckpt}
         return cls(**values | {"hparams": current_keys(values["hparams"] or {})})
 
 

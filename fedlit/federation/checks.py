@@ -15,6 +15,7 @@ from dataclasses import replace
 from typing import Any
 
 import torch
+import torch._dynamo
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from fedlit.data.datamodule import FederatedDataModule
@@ -22,7 +23,7 @@ from fedlit.federation.config import FederationConfig
 from fedlit.federation.console import warn
 from fedlit.federation.fit import TrainerTemplate
 from fedlit.federation.fit.loop import PRECISIONS, limited, optimizer_and_scheduler
-from fedlit.federation.fit.settings import one_call_asked
+from fedlit.federation.fit.settings import gpu_index, one_call_asked
 from fedlit.federation.fit.trainer import build
 from fedlit.federation.seeding import rng_states, set_rng_states
 from fedlit.methods.base import FederatedMethod
@@ -64,6 +65,17 @@ def check_trainer(trainer: TrainerTemplate) -> None:
         raise ValueError(
             f"trainer.accelerator={trainer.accelerator!r}: this machine has no CUDA GPU "
             "(torch.cuda.is_available() is False); use 'cpu' or 'auto'"
+        )
+    if trainer.accelerator not in ("auto", "cpu", "gpu", "cuda"):  # mps would train on the CPU
+        raise ValueError(
+            f"trainer.accelerator={trainer.accelerator!r}: fedlit trains on a CPU or a CUDA "
+            "GPU; use 'cpu', 'gpu', 'cuda' or 'auto'"
+        )
+    index = gpu_index(trainer.devices) if trainer.device().type == "cuda" else None
+    if index is not None and not 0 <= index < torch.cuda.device_count():
+        raise ValueError(
+            f"trainer.devices={trainer.devices!r}: this machine has "
+            f"{torch.cuda.device_count()} visible GPU(s), numbered from 0"
         )
     ours = "fedlit's loop fits every fedlit objective and runs every evaluation"
     rules: dict[str, tuple[Callable[[Any], bool], str]] = {
@@ -109,9 +121,18 @@ def check_trainer(trainer: TrainerTemplate) -> None:
 
 def compile_toolchain_missing(device: torch.device) -> str | None:
     """Why ``torch.compile``'s default backend (inductor) cannot build kernels for ``device``
-    here, or None: it compiles C++ on a CPU and Triton kernels on a GPU."""
+    here, or None: it compiles C++ on a CPU and Triton kernels on a GPU. The compiled step
+    also needs torch 2.11 or later (it traces its backward into its graph with dynamo's
+    ``trace_autograd_ops``, which older torch lacks)."""
+    if not hasattr(torch._dynamo.config, "trace_autograd_ops"):
+        return f"torch {torch.__version__} lacks torch._dynamo.config.trace_autograd_ops: 2.11+"
     if device.type == "cuda":
-        return None if importlib.util.find_spec("triton") else "the triton package is missing"
+        if not importlib.util.find_spec("triton"):
+            return "the triton package is missing"
+        major, minor = torch.cuda.get_device_capability(device)
+        if major < 7:  # Triton's oldest target is Volta
+            return f"Triton builds no kernels for compute capability {major}.{minor} (7.0+)"
+        return None
     # inductor's own test of its compiler (``$CXX``, else g++): it answers ``--version``
     compiler = os.environ.get("CXX") or "g++"
     try:

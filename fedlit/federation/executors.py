@@ -103,6 +103,14 @@ class RaySettings:
             )
 
 
+def on_host(value: Any) -> Any:
+    """``value``'s tensors on the CPU (what a Ray actor sends back to a driver on the CPU: a
+    head without a GPU cannot unpickle a CUDA tensor); a CPU tensor is not copied."""
+    from lightning.fabric.utilities import move_data_to_device
+
+    return move_data_to_device(value, "cpu")
+
+
 def _worker_class() -> Any:
     """The Ray actor class (built on first use, so that Ray is imported only when used)."""
     import ray
@@ -112,19 +120,23 @@ def _worker_class() -> Any:
         """A long-lived worker: holds the run's :class:`ClientRunner` (the method's client
         side, the data, the Trainer template), received once, and runs clients."""
 
-        def __init__(self, runner: ClientRunner, threads: int) -> None:
+        def __init__(self, runner: ClientRunner, threads: int, to_host: bool = False) -> None:
             import torch
 
             torch.set_num_threads(threads)  # the CPUs it was given, not every core
             self.runner = runner
+            # a driver on the CPU (a head without a GPU) cannot unpickle a CUDA tensor
+            self.sent: Callable[[Any], Any] = on_host if to_host else lambda value: value
 
         def run(
             self, payload: Payload, client_id: int, round_idx: int, state: Any, visit: int
         ) -> ClientUpdate:
-            return self.runner(payload, client_id, round_idx, state, visit)
+            update = self.runner(payload, client_id, round_idx, state, visit)
+            return replace(update, upload=self.sent(update.upload), state=self.sent(update.state))
 
         def receive(self, payload: Payload, job: ReceiveJob) -> list[Any]:
-            return self.runner.receive(replace(job, payload=payload))
+            received: list[Any] = self.sent(self.runner.receive(replace(job, payload=payload)))
+            return received
 
         def where(self) -> tuple[str, int]:
             """(node id, process id): where this worker runs."""
@@ -155,6 +167,14 @@ class RayPool:
     """
 
     def __init__(self, runner: ClientRunner, settings: RaySettings, clients_per_round: int):
+        if not settings.gpus and runner.trainer.device().type == "cuda":
+            # an actor asks Ray for no GPU: Ray hides the GPUs from it (the client trains on
+            # the CPU) or, in recent Ray, lets every actor onto GPU 0 uncounted
+            raise ValueError(
+                "federation.ray.gpus=0 on a machine with a CUDA GPU: give each client a GPU "
+                "or a share of one (federation.ray.gpus 1, or 0.25: four on a GPU), or train "
+                "on the CPU (trainer.accelerator cpu)"
+            )
         import ray
         from ray.util import ActorPool
 
@@ -193,8 +213,9 @@ class RayPool:
             shared = ray.put(runner)
             worker = _worker_class()
             threads = max(1, int(settings.cpus))
+            to_host = runner.trainer.device().type == "cpu"
             self.actors = [
-                worker.options(**options).remote(shared, threads) for _ in range(workers)
+                worker.options(**options).remote(shared, threads, to_host) for _ in range(workers)
             ]
             self.pool = ActorPool(self.actors)
         except BaseException:

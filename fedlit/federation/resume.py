@@ -11,6 +11,7 @@ from fedlit.data.datamodule import FederatedDataModule
 from fedlit.federation.checkpoint import RunCheckpoint
 from fedlit.federation.config import RESUME_MAY_CHANGE, FederationConfig
 from fedlit.federation.console import first_line, note
+from fedlit.federation.fit.loop import restore_scalers, scaler_states
 from fedlit.federation.rundir import checkpoint_run_dir
 from fedlit.federation.seeding import rng_states, set_rng_states
 from fedlit.federation.store import CLIENT_DIR, ClientStateStore
@@ -102,6 +103,7 @@ class Checkpointer:
             rng=rng_states(),
             meta=self.meta,
             hparams=self.hparams,
+            scalers=scaler_states(self.method),
         ).save(self.path)
         self.store.checkpointed()
         self.round = round_idx
@@ -157,6 +159,7 @@ class Checkpointer:
         assert config.resume is not None
         self.store.load_state_dict(ckpt.client_states, Path(config.resume).parent / CLIENT_DIR)
         set_rng_states(ckpt.rng)
+        restore_scalers(self.method, ckpt.scalers)
         self.round = ckpt.round
         _note_new_schedule(ckpt, config)
 

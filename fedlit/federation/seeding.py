@@ -68,4 +68,7 @@ def set_rng_states(states: dict[str, Any]) -> None:
     np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
     torch.set_rng_state(states["torch"])
     if "cuda" in states and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(states["cuda"])
+        # the GPUs both runs see: a resume that sees fewer than the checkpoint saw restores
+        # those it has (a run trains on one; the others' generators draw nothing)
+        for index, state in enumerate(states["cuda"][: torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(state, index)

@@ -57,9 +57,11 @@ class PersistentNetwork:
 
     @classmethod
     def build(cls, architecture: Architecture) -> PersistentNetwork:
-        """``architecture`` built from :data:`BUILD_SEED`, torch's global generators untouched."""
+        """``architecture`` built from :data:`BUILD_SEED`, torch's global generators untouched:
+        only the CPU's generator is seeded (the network is built on the CPU); ``manual_seed``
+        would also re-seed every GPU's generator, which the fork does not restore."""
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(BUILD_SEED)
+            torch.default_generator.manual_seed(BUILD_SEED)
             network = architecture.build()
         return cls(network, {k: v.detach().clone() for k, v in network.state_dict().items()})
 

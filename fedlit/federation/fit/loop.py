@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import itertools
 import warnings
+import weakref
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
@@ -37,6 +38,72 @@ PRECISIONS: dict[Any, torch.dtype | None] = {
     "16-mixed": torch.float16,
     "16": torch.float16,
 }
+
+
+#: fp16's gradient scaler of each network the run fits without a worker's kept optimisers (the
+#: server's networks, in the driver's process), kept across its fits: a new one starts at
+#: 2**16, which overflows (and skips) the first steps of a network such as ResNet-18 at every
+#: fit. A client's fit (on a worker's persistent network) gets a new scaler every fit: a
+#: worker's kept one would make a client's update depend on the clients its worker ran before
+#: (and so on the executor and its workers).
+SCALERS: weakref.WeakKeyDictionary[torch.nn.Module, torch.amp.GradScaler] = (
+    weakref.WeakKeyDictionary()
+)
+#: Scalers' states read from a checkpoint (:func:`restore_scalers`), each taken by its
+#: network's first fp16 fit.
+_SAVED_SCALERS: weakref.WeakKeyDictionary[torch.nn.Module, dict[str, Any]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def kept_scaler(network: torch.nn.Module, device: torch.device) -> torch.amp.GradScaler:
+    """``network``'s fp16 gradient scaler, made on its first fit (from its checkpointed state
+    where a resume restored one) and kept for the run's later fits (:data:`SCALERS`)."""
+    scaler = SCALERS.get(network)
+    if scaler is None:
+        scaler = SCALERS[network] = torch.amp.GradScaler(device.type)
+        saved = _SAVED_SCALERS.pop(network, None)
+        if saved:
+            scaler.load_state_dict(saved)
+    return scaler
+
+
+def scaler_states(root: torch.nn.Module) -> dict[str, dict[str, Any]]:
+    """The fp16 scalers' states of ``root``'s submodules (by module name; a checkpoint's
+    ``scalers``): plain numbers, loadable with ``weights_only``."""
+    return {
+        name: SCALERS[module].state_dict()
+        for name, module in root.named_modules()
+        if module in SCALERS
+    }
+
+
+def restore_scalers(root: torch.nn.Module, states: Mapping[str, dict[str, Any]]) -> None:
+    """Set ``root``'s submodules' fp16 scalers to ``states`` (:func:`scaler_states`): a
+    resumed run scales as the run it continues."""
+    for name, state in states.items():
+        module = root.get_submodule(name)
+        if module in SCALERS:
+            SCALERS[module].load_state_dict(state)
+        else:
+            _SAVED_SCALERS[module] = dict(state)
+
+
+#: fp16 steps skipped in a row (the scale halved each time) that stop a fit: its loss is not
+#: finite.
+MAX_SKIPPED = 100
+
+
+def scaled_step(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer) -> bool:
+    """The scaler's optimiser step and update, after its ``unscale_``; whether the step was
+    taken (False: a gradient was inf or NaN, the optimiser not called and the scale backed
+    off). The gradients' check is read on the host, as ``scaler.step`` reads it anyway."""
+    found = scaler._per_optimizer_states[id(optimizer)]["found_inf_per_device"]
+    taken = not sum(v.item() for v in found.values())
+    if taken:  # a fused optimiser told to skip still makes its first step's momentum buffers
+        scaler.step(optimizer)  # (torch.empty_like: garbage its next step reads)
+    scaler.update()
+    return taken
 
 
 @dataclass(frozen=True)
@@ -200,6 +267,8 @@ class Fit:
     def __init__(
         self, module: Objective, state: FitState, settings: LoopSettings, one_call: bool
     ) -> None:
+        """``state.kept_optimizers`` set (a client's fit on a worker's network): a new fp16
+        scaler; else the network's own, kept across its fits (:func:`kept_scaler`)."""
         self.module, self.state, self.settings = module, state, settings
         module.fit_state = state
         self.optimizer, self.scheduler, self.interval, self.frequency = optimizer_and_scheduler(
@@ -207,7 +276,11 @@ class Fit:
         )
         how = settings.autocast()
         fp16 = how is not None and how[1] == torch.float16
-        self.scaler = torch.amp.GradScaler(settings.device.type) if fp16 else None
+        self.scaler: torch.amp.GradScaler | None = None
+        if fp16 and state.kept_optimizers is None:
+            self.scaler = kept_scaler(getattr(module, "network", module), settings.device)
+        elif fp16:
+            self.scaler = torch.amp.GradScaler(settings.device.type)
         self.forward_context = settings.forward_context()  # reused by every step
         #: SAM's settings where the objective takes sharpness-aware steps (eager alone).
         self.sam = module.sharpness_aware()
@@ -215,11 +288,13 @@ class Fit:
         if one_call and self.scaler is None:
             self.one_call = one_call_step(module, self.optimizer, how)
         self.intervals = 0
+        self.skipped = 0  # fp16 steps skipped in a row
 
     def step(self, batch: Any) -> None:
         """One optimiser step: the training step (in autocast), zero_grad, backward, the
         learning rate logged, clipping, the optimiser's step; or the one call that makes them
-        all. Then the step-interval scheduler and the objective's ``after_step``."""
+        all. Then the step-interval scheduler and the objective's ``after_step``: not after
+        a step fp16's scaler skipped (an inf or NaN gradient), which counts as no step."""
         module, optimizer, scaler = self.module, self.optimizer, self.scaler
         lr = float(optimizer.param_groups[0]["lr"])
         if self.one_call is not None:
@@ -238,9 +313,15 @@ class Fit:
             clip(optimizer, self.settings.gradient_clip_val, self.settings.gradient_clip_algorithm)
             if scaler is None:
                 optimizer.step()
-            else:
-                scaler.step(optimizer)
-                scaler.update()
+            elif not scaled_step(scaler, optimizer):
+                self.skipped += 1
+                if self.skipped >= MAX_SKIPPED:
+                    raise FloatingPointError(
+                        f"trainer.precision=16-mixed: {MAX_SKIPPED} steps in a row had inf "
+                        "or NaN gradients at every scale; the loss is not finite"
+                    )
+                return
+            self.skipped = 0
         self.state.steps_taken += 1
         self.schedule("step")
         module.after_step()
@@ -332,14 +413,15 @@ def fit(
         while state.steps_taken < state.planned_steps and (max_steps is not None or done < epochs):
             if done > 0:
                 iterator = epoch(iter(loaders) if isinstance(loaders, CombinedLoader) else loaders)
-            taken = state.steps_taken
+            seen = 0
             for batch in itertools.islice(iterator, per_epoch):
+                seen += 1
                 run.step(views(batch, settings.device, state))
                 if state.steps_taken >= state.planned_steps:
                     break
             run.schedule("epoch")
             done += 1
-            if state.steps_taken == taken:  # an epoch that took no step: no more will
+            if seen == 0:  # an epoch of no batch: no more will have one
                 break
         module.after_fit()
     state.compiled_step, state.slots, state.draws = None, None, None

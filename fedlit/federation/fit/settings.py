@@ -48,11 +48,14 @@ _HOOKS = {
 
 def default_precision(accelerator: str = "auto", cpu_bf16: bool | None = None) -> PrecisionInput:
     """The precision of a run that leaves ``trainer.precision`` unset: on a GPU, bf16 mixed
-    where supported, else fp16 mixed; on a CPU, bf16 mixed where it computes bf16 natively
-    (``cpu_bf16``; None: :func:`~fedlit.machine.cpu_computes_bf16`), else fp32 (bf16
-    emulated is slower)."""
+    where it computes bf16 natively (compute capability 8.0 and up: Ampere and later), else
+    fp16 mixed (a T4, V100 or RTX 20xx: torch emulates bf16 there, and cuDNN has no bf16
+    convolutions); on a CPU, bf16 mixed where it computes bf16 natively (``cpu_bf16``; None:
+    :func:`~fedlit.machine.cpu_computes_bf16`), else fp32 (bf16 emulated is slower)."""
     if accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available():
-        return "bf16-mixed" if torch.cuda.is_bf16_supported() else "16-mixed"
+        # not is_bf16_supported(): by default it counts emulation (a T4 says yes)
+        native = bool(torch.version.hip) or torch.cuda.get_device_capability() >= (8, 0)
+        return "bf16-mixed" if native else "16-mixed"
     if cpu_bf16 is None:
         cpu_bf16 = cpu_computes_bf16()
     return "bf16-mixed" if cpu_bf16 else "32-true"
@@ -103,10 +106,14 @@ class TrainerTemplate:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "compile"}
 
     def device(self) -> torch.device:
-        """The device fits and evaluations train on (the first GPU where there is one and
-        the accelerator allows it), for work done outside a Trainer."""
+        """The device fits and evaluations train on, for work done outside a Trainer: the GPU
+        ``devices`` names (a list of one index, or "i,"; a number or "auto": the current
+        one) where there is one and the accelerator allows it, else the CPU."""
         gpu = self.accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available()
-        return torch.device("cuda") if gpu else torch.device("cpu")
+        if not gpu:
+            return torch.device("cpu")
+        index = gpu_index(self.devices)
+        return torch.device("cuda") if index is None else torch.device("cuda", index)
 
     def resolved(self) -> TrainerTemplate:
         """These settings with :meth:`decided_precision` (once, in the driver's process, so
@@ -125,7 +132,7 @@ class TrainerTemplate:
     def loop(self) -> LoopSettings:
         """What fedlit's loop takes of these settings (:mod:`fedlit.federation.fit.loop`)."""
         device = self.device()
-        if device.type == "cuda":
+        if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
         same = (f.name for f in fields(LoopSettings) if f.name not in ("device", "precision"))
         return LoopSettings(device, self.decided_precision(), **{k: getattr(self, k) for k in same})
@@ -161,6 +168,20 @@ class TrainerTemplate:
             raise TypeError(f"{type(evaluator).__name__}: test runs fedlit's Evaluator only")
         settings = self.loop()
         loop.test(evaluator, on_device(evaluator, loader, settings.device), settings)
+
+
+def gpu_index(devices: list[int] | str | int) -> int | None:
+    """The GPU index ``trainer.devices`` names (``[i]`` or ``"i,"``, Lightning's spellings of
+    one index), or None (a number of devices or "auto": the current GPU). More than one
+    device is refused before the run (:func:`~fedlit.federation.checks.check_trainer`)."""
+    try:
+        if isinstance(devices, str) and devices.strip() != "auto" and "," in devices:
+            devices = [int(d) for d in devices.split(",") if d.strip()]
+        if isinstance(devices, (list, tuple)) and devices:
+            return int(devices[0])
+    except (TypeError, ValueError):  # not an index: Lightning's check names it
+        pass
+    return None
 
 
 def one_call_asked() -> bool:
