@@ -301,7 +301,8 @@ class Fit:
             module.record(self.one_call(batch)[1])
             module.accumulate(1.0, lr=lr)
         elif self.sam is not None:
-            self.sharpness_aware_step(batch, lr)
+            if not self.sharpness_aware_step(batch, lr):
+                return
         else:
             with self.forward_context:
                 loss = module.training_step(batch, self.state.steps_taken)
@@ -311,27 +312,18 @@ class Fit:
                 scaler.unscale_(optimizer)
             module.accumulate(1.0, lr=lr)
             clip(optimizer, self.settings.gradient_clip_val, self.settings.gradient_clip_algorithm)
-            if scaler is None:
-                optimizer.step()
-            elif not scaled_step(scaler, optimizer):
-                self.skipped += 1
-                if self.skipped >= MAX_SKIPPED:
-                    raise FloatingPointError(
-                        f"trainer.precision=16-mixed: {MAX_SKIPPED} steps in a row had inf "
-                        "or NaN gradients at every scale; the loss is not finite"
-                    )
+            if not self.optimizer_step():
                 return
-            self.skipped = 0
         self.state.steps_taken += 1
         self.schedule("step")
         module.after_step()
 
-    def sharpness_aware_step(self, batch: Any, lr: float) -> None:
+    def sharpness_aware_step(self, batch: Any, lr: float) -> bool:
         """One optimiser step on the objective's sharpness-aware gradients
         (:func:`~fedlit.objectives.sam.sharpness_aware_gradients`), set as the parameters'
-        ``.grad``, then clipping and the optimiser's step. In fp16 every loss is scaled
-        (eps = rho g / ||g|| does not change with the scale) and the gradients unscaled before
-        clipping, as a plain step's."""
+        ``.grad``, then clipping and the optimiser's step (:meth:`optimizer_step`: whether it
+        was taken). In fp16 every loss is scaled (eps = rho g / ||g|| does not change with the
+        scale) and the gradients unscaled before clipping, as a plain step's."""
         module, optimizer, scaler = self.module, self.optimizer, self.scaler
         assert self.sam is not None
         params = [p for group in optimizer.param_groups for p in group["params"]]
@@ -354,11 +346,25 @@ class Fit:
             scaler.unscale_(optimizer)
         module.accumulate(1.0, lr=lr)
         clip(optimizer, self.settings.gradient_clip_val, self.settings.gradient_clip_algorithm)
-        if scaler is None:
-            optimizer.step()
-        else:
-            scaler.step(optimizer)
-            scaler.update()
+        return self.optimizer_step()
+
+    def optimizer_step(self) -> bool:
+        """The optimiser's step, through fp16's scaler where there is one; False where the
+        scaler skipped it (an inf or NaN gradient), which counts as no step. Stops the fit after
+        :data:`MAX_SKIPPED` skips in a row."""
+        if self.scaler is None:
+            self.optimizer.step()
+            return True
+        if scaled_step(self.scaler, self.optimizer):
+            self.skipped = 0
+            return True
+        self.skipped += 1
+        if self.skipped >= MAX_SKIPPED:
+            raise FloatingPointError(
+                f"trainer.precision=16-mixed: {MAX_SKIPPED} steps in a row had inf "
+                "or NaN gradients at every scale; the loss is not finite"
+            )
+        return False
 
     def schedule(self, interval: str) -> None:
         """One ``interval`` ("step" or "epoch") done: its scheduler steps every ``frequency``."""
