@@ -5,7 +5,7 @@ CLI can name its classes (``--model.class_path=own_optimizers.Lists``)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -91,3 +91,9 @@ class ServerManual(ServerSL):
 
     def server_objective(self) -> Objective:
         return ManualCE(self.network, **self._server_kwargs())
+
+
+class Untuned(ServerSL):
+    """A method that declares no search space (a tuning of it is refused by name)."""
+
+    search_space: ClassVar[dict[str, Any]] = {}

@@ -214,6 +214,15 @@ def test_a_batch_draws_the_trials_that_fit_in_the_budget(spent: int, jobs: int, 
         ({"spaces": {"server_sl": {SERVER_LR: {"low": 0.1, "high": 0.01}}}},
          f"tune.spaces.server_sl.{SERVER_LR}: low=0.1 is above high=0.01"),
         ({"spaces": {"nope": {SERVER_LR: {"low": 0.01, "high": 0.1}}}}, "'nope'"),
+        # issue 73: every field checked before anything is written
+        ({"objective": "val/bogus"}, "tune.objective='val/bogus': not a validation metric"),
+        ({"objective": "val/loss"}, "tune.objective='val/loss'"),
+        ({"sampler_seed": -1}, "tune.sampler_seed=-1"),
+        ({"seeds": [-1]}, "tune.seeds: -1 is not a seed"),
+        ({"trials": 10**9}, "tune.trials=1000000000: at most 10000"),
+        ({"spaces": {"server_sl": {SERVER_LR: {"low": "a", "high": 0.1}}}},
+         f"tune.spaces.server_sl.{SERVER_LR}: low='a' is not a number"),
+        ({"recipes": [*RECIPES, "UNTUNED"]}, "Untuned (untuned) declares no search space"),
     ],
 )
 def test_refused_by_name_before_anything_is_written(
@@ -223,9 +232,15 @@ def test_refused_by_name_before_anything_is_written(
     tune: dict[str, Any],
     named: str,
 ) -> None:
+    if "UNTUNED" in tune.get("recipes", []):  # a recipe whose method has no search space
+        untuned = tmp_path / "untuned.yaml"
+        text = (REPO / "recipes/server_sl.yaml").read_text()
+        untuned.write_text(text.replace("fedlit.methods.ServerSL", "own_optimizers.Untuned"))
+        tune["recipes"] = [str(untuned) if r == "UNTUNED" else r for r in tune["recipes"]]
     spec = _spec(tmp_path, fmnist_root, **tune)
     err = refused(["compare", f"--config={spec}"], capsys)
-    assert named in err
+    assert named in err, err
+    assert "Traceback" not in err, err
     assert not (tmp_path / "out").exists()
 
 
