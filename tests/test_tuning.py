@@ -483,3 +483,79 @@ def test_a_trial_whose_round_fails_is_a_failed_trial_of_the_budget(
     journal = (out / "tune" / "studies.journal").read_bytes()
     main(["compare", f"--config={spec}"])
     assert (out / "tune" / "studies.journal").read_bytes() == journal
+
+
+def test_a_study_whose_trials_all_fail_is_reported_as_not_tuned(
+    fmnist_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every trial's run fails (a range that diverges): the scored runs take the recipe's own
+    settings, and the report says so, naming the study (it once read as tuned)."""
+    from fedlit.federation import Federation
+    from fedlit.federation.faults import RoundFailed
+
+    original = Federation.run_round
+
+    def diverging(self: Federation, index: int) -> dict[str, float]:
+        if "tune" in Path(self.run_dir).parts and index == 2:
+            raise RoundFailed("the global model is no longer finite")
+        return original(self, index)
+
+    monkeypatch.setattr(Federation, "run_round", diverging)
+    spec = _spec(tmp_path, fmnist_root, recipes=RECIPES[:1], pruner="none", trials=1)
+    main(["compare", f"--config={spec}"])
+    report = (tmp_path / "out" / "tuned.md").read_text()
+    assert "**default/server_sl is not tuned**: none of its trials completed" in report
+
+
+def test_the_report_reads_the_runs_and_survives_a_torn_journal_and_gone_checkpoints(
+    fmnist_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A finished tuned comparison run again after (1) its journal's last record is cut mid
+    line (a kill during a write: once Optuna's JSONDecodeError on every run): the cut record
+    set aside, the study goes on to the same choice; a line cut before the last: refused by
+    name, nothing changed; (2) a trial's value edited in the journal: the report gives its
+    runs' score; (3) every trial's checkpoint deleted: the report is written, the selection
+    noise said not measured (once a ValueError)."""
+    spec = _spec(tmp_path, fmnist_root, recipes=RECIPES[:1], pruner="none", trials=2)
+    main(["compare", f"--config={spec}"])
+    out = tmp_path / "out"
+    journal = out / "tune" / "studies.journal"
+    chosen = _trials(out)["default/server_sl"]
+
+    def row() -> str:  # the study's row of the report's Tuning table
+        text = (out / "tuned.md").read_text().split("### Tuning")[1]
+        return next(line for line in text.splitlines() if line.startswith("| default |"))
+
+    tuned = row()
+    # (1) the last record cut mid line
+    whole = journal.read_bytes()
+    last = whole.rstrip(b"\n").rsplit(b"\n", 1)[-1]
+    journal.write_bytes(whole[: len(whole) - len(last) // 2 - 1])
+    main(["compare", f"--config={spec}"])
+    assert capsys.readouterr().err.count("was cut short") == 1
+    assert (out / "tune" / "studies.journal.torn").is_file()
+    assert _trials(out)["default/server_sl"] == chosen
+    assert row() == tuned
+    lines = journal.read_bytes().splitlines(keepends=True)
+    cut = b"".join([*lines[:2], lines[2][:10] + b"\n", *lines[3:]])
+    journal.write_bytes(cut)
+    err = refused(["compare", f"--config={spec}"], capsys)
+    assert f"line 3 of {journal} is not a whole Optuna record" in err, err
+    assert journal.read_bytes() == cut
+    journal.write_bytes(b"".join(lines))
+    # (2) a trial's value edited in the journal
+    edited = []
+    for line in lines:
+        record = json.loads(line)
+        if record.get("values"):
+            record["values"] = [0.999]
+        edited.append(json.dumps(record).encode() + b"\n")
+    journal.write_bytes(b"".join(edited))
+    main(["compare", f"--config={spec}"])
+    best = max(v for s, _, v in chosen if s == "COMPLETE")
+    assert "99.90" not in row() and f"| {100 * best:.2f} |" in row()
+    # (3) every trial's checkpoint deleted
+    for ckpt in (out / "tune").rglob("last.ckpt"):
+        ckpt.unlink()
+    main(["compare", f"--config={spec}"])
+    assert "*val n, SE* and *flip* not measured" in (out / "tuned.md").read_text()

@@ -37,6 +37,7 @@ from fedlit.comparison.plan import ROOT_DIR_ARG, PlannedRun, plan
 from fedlit.comparison.runner import FitFn, execute
 from fedlit.comparison.spec import Comparison
 from fedlit.comparison.tune import TuneSettings, overrides
+from fedlit.federation.console import warn
 from fedlit.federation.children import Children
 from fedlit.federation.trial import (
     OBJECTIVE,
@@ -274,7 +275,10 @@ def _study(storage: Any, name: str, rule: str, terms: dict[str, Any]) -> Any:
     import optuna
 
     try:
-        return optuna.load_study(study_name=name, storage=storage, pruner=make_pruner(rule))
+        study = optuna.load_study(study_name=name, storage=storage, pruner=make_pruner(rule))
+        if TERMS not in study.user_attrs:  # a kill cut the record of its terms
+            study.set_user_attr(TERMS, terms)
+        return study
     except KeyError:
         study = optuna.create_study(
             study_name=name, storage=storage, direction="maximize", pruner=make_pruner(rule)
@@ -311,6 +315,9 @@ def check_studies(comparison: Comparison) -> str | None:
     path = storage_path(comparison)
     if not path.is_file():
         return None
+    torn = repair_journal(path)
+    if torn:
+        return torn
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = open_storage(path)
     names = {s.study_name: s for s in optuna.get_all_study_summaries(storage)}
@@ -322,13 +329,55 @@ def check_studies(comparison: Comparison) -> str | None:
                 continue
             bases = [r for r in runs if r.setting == setting and r.method == Path(recipe).stem]
             terms = study_terms(comparison, recipe, bases)
-            stored = names[name].user_attrs.get(TERMS, {})
+            if TERMS not in names[name].user_attrs:  # its record cut by a kill: written again
+                continue
+            stored = names[name].user_attrs[TERMS]
             for key, value in terms.items():
                 if json.loads(json.dumps(value)) != stored.get(key):
                     return (
                         f"tune: the study {name} in {path} ran with another {key} than this "
                         "spec's; give the comparison another name or out to start afresh"
                     )
+    return None
+
+
+#: Where :func:`repair_journal` sets aside a record cut short (``<journal>.torn``).
+TORN_SUFFIX = ".torn"
+
+
+def repair_journal(path: Path) -> str | None:
+    """The studies' journal made whole after a write cut short (a kill, a full disk): its
+    last line, where it is not a whole record, set aside in ``<journal>.torn`` and cut off,
+    as a kill just before that write would have left it (the trial it told is resumed and
+    told again; a trial it drew is drawn again, from the same seed). A line before the last
+    that is not a record: returned, naming the file and the line (nothing is changed)."""
+    data = path.read_bytes()
+    lines = data.splitlines(keepends=True)
+    offset = 0
+    for number, line in enumerate(lines, start=1):
+        whole = line.endswith(b"\n")
+        if whole:
+            try:
+                whole = isinstance(json.loads(line), dict)
+            except ValueError:
+                whole = False
+        if not whole and number < len(lines):
+            return (
+                f"tune: line {number} of {path} is not a whole Optuna record (a write cut "
+                "short); the studies cannot be read. Move the file aside to run them afresh, "
+                "or give the comparison another out"
+            )
+        if not whole:
+            torn = path.with_name(path.name + TORN_SUFFIX)
+            with open(torn, "ab") as f:
+                f.write(line if line.endswith(b"\n") else line + b"\n")
+            with open(path, "r+b") as f:
+                f.truncate(offset)
+            warn(
+                f"tune: the last record of {path} was cut short (a kill or a full disk during "
+                f"its write); set aside in {torn}, and the studies go on from the records before it"
+            )
+        offset += len(line)
     return None
 
 
@@ -399,9 +448,10 @@ def _result(
     from optuna.trial import TrialState
 
     trials = study.get_trials(deepcopy=False)
+    values = run_values(comparison, setting, stem, trials)  # the runs', not the journal's
     done = sorted(
-        (t for t in trials if t.state == TrialState.COMPLETE),
-        key=lambda t: (-t.value, t.number),
+        (t for t in trials if t.state == TrialState.COMPLETE and t.number in values),
+        key=lambda t: (-values[t.number], t.number),
     )
     result = StudyResult(setting, stem)
     result.complete = len(done)
@@ -411,12 +461,35 @@ def _result(
     result.rounds = len(history)
     result.seconds = sum(r.get("time/round_s", 0.0) for r in history)
     if done:
-        result.params, result.value = done[0].params, done[0].value
+        result.params, result.value = done[0].params, values[done[0].number]
         result.best_trial = done[0].number
     if len(done) > 1:
-        result.runner_up, result.runner_up_value = done[1].params, done[1].value
+        result.runner_up, result.runner_up_value = done[1].params, values[done[1].number]
         result.runner_up_trial = done[1].number
     return result
+
+
+def run_values(
+    comparison: Comparison, setting: str, stem: str, trials: Sequence[Any]
+) -> dict[int, float]:
+    """Each completed trial's score read from its runs' metrics (:func:`trial_score`), not
+    from the journal (a value edited there is not a run's); a trial whose runs' metrics are
+    gone is left out."""
+    assert comparison.tune is not None
+    tune = comparison.tune
+    values = {}
+    for t in trials:
+        if t.state.name != "COMPLETE":
+            continue
+        try:
+            scores = [
+                trial_score(d, tune.objective, tune.last_k)
+                for d in trial_dirs(comparison, setting, stem, t.number)
+            ]
+        except (OSError, ValueError, RuntimeError):
+            continue
+        values[t.number] = float(np.mean(scores))
+    return values
 
 
 def final_runs(runs: Sequence[PlannedRun], results: Sequence[StudyResult]) -> list[PlannedRun]:
