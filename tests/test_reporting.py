@@ -572,9 +572,16 @@ def test_the_calibration_verdict_reads_the_oracles_interval(tmp_path: Path) -> N
         rows, 11
     )
     one_seed = [replace(r, delta_ci95=math.nan, delta_seeds=1) for r in rows]
-    assert "on the mean only**: O's +10.00 is at or above +5, from one seed" in (
+    assert "on the mean only**: O's +10.00 is at or above +5, from 1 seed (no interval" in (
         calibration_verdict(one_seed, 5)
     )
+    # an interval that crosses 0 is named so (issue 73: +5.67 [-0.88, +12.21] said nothing)
+    wide = [replace(r, delta_ci95=0.12) if r.method == "O" else r for r in rows]
+    assert (
+        "O's +10.00 [-2.00, +22.00], the mean at or above +5 but the interval reaching below "
+        "it; its interval includes 0: from these seeds the oracle is not separated from the "
+        "baseline."
+    ) in calibration_verdict(wide, 5)
     without = [replace(r, marks=()) for r in rows]
     assert "not judged, no oracle row" in calibration_verdict(without, 5)
     text = to_markdown(rows, baseline="B", calibration=5)
@@ -875,3 +882,27 @@ def test_flags_name_a_server_budget_and_silent_clients(tmp_path: Path) -> None:
         "server budget: 12 epochs (bootstrap 6) vs 10 epochs (bootstrap 4)",
     )
     assert [row.flags for row in summarize([r for r in runs if r.method == "FedSEAL"])] == [()]
+
+
+def test_fewer_than_three_seeds_or_a_zero_spread_give_no_interval_star_or_side(
+    tmp_path: Path,
+) -> None:
+    """Two seeds with the same difference once read ``+0.25 ± 0.00 [+0.25, +0.25] *`` and
+    "Above", one seed "Not separated": no interval, no star and no side, and the note says
+    why under the table."""
+    from fedlit.reporting.table import NO_INTERVAL
+
+    for seeds, offsets in ((2, [0.0025, 0.0025]), (1, [0.0025])):
+        folder = tmp_path / f"s{seeds}"
+        for seed in range(seeds):
+            for method, acc in (("B", 0.7 + seed / 100), ("M", 0.7 + seed / 100 + offsets[seed])):
+                meta = {"method": method, "seed": seed, "setting": "s", "marks": []}
+                rows = [{"round": 0.0}, {"round": 1.0, "test/acc": acc}]
+                write_run(folder / f"{method}{seed}", rows, rounds=1, run_json=meta)
+        rows = summarize(find_runs([folder]), baseline="B")
+        text = to_markdown(rows, baseline="B")
+        row = next(line for line in text.splitlines() if line.startswith("| M |"))
+        assert "+0.25" in row and "[" not in row and "*" not in row, row
+        assert "Above B" not in text and "Not separated" not in text, text
+        assert "- Not sorted against B: M (+0.25)." in text
+        assert NO_INTERVAL[1:] in text
