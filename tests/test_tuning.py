@@ -4,6 +4,7 @@ on seeds the tuning never saw; its refusals; the methods' search spaces."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,8 @@ def test_a_tuned_comparison_scores_the_best_settings_on_unseen_seeds(
 ) -> None:
     spec = _spec(tmp_path, fmnist_root)
     main(["compare", f"--config={spec}"])
+    err = capsys.readouterr().err  # said once by the comparison, not by each of its runs
+    assert err.count("importing torch and Lightning") == 1 and "baseline to beat" not in err
     out = tmp_path / "out"
     studies = _trials(out)
     assert sorted(studies) == ["default/fedavg_fixmatch", "default/server_sl"]
@@ -518,6 +521,9 @@ def test_the_report_reads_the_runs_and_survives_a_torn_journal_and_gone_checkpoi
     noise said not measured (once a ValueError)."""
     spec = _spec(tmp_path, fmnist_root, recipes=RECIPES[:1], pruner="none", trials=2)
     main(["compare", f"--config={spec}"])
+    log = capsys.readouterr().out  # the budget before the trials, each run's time after it
+    assert "tuning: 1 study, up to 4 rounds of trials in all (2 trials" in log
+    assert re.search(r"seed 0: took \d+ s \([\d.]+ s a round\)", log), log
     out = tmp_path / "out"
     journal = out / "tune" / "studies.journal"
     chosen = _trials(out)["default/server_sl"]
@@ -559,3 +565,12 @@ def test_the_report_reads_the_runs_and_survives_a_torn_journal_and_gone_checkpoi
         ckpt.unlink()
     main(["compare", f"--config={spec}"])
     assert "*val n, SE* and *flip* not measured" in (out / "tuned.md").read_text()
+
+
+def test_the_time_left_is_estimated_from_the_runs_measured() -> None:
+    """10 s for 2 rounds, then 30 s for 2: 10 s a round; 3 runs of 2 rounds left: 1 minute."""
+    from fedlit.comparison.runner import timing
+
+    assert timing([(10.0, 2)], []) == "took 10 s (5.0 s a round)"
+    text = timing([(10.0, 2), (30.0, 2)], [2, 2, 2])
+    assert text == "took 30 s (15.0 s a round); the 3 runs left: about 1.0 min at most"
