@@ -28,6 +28,7 @@ from fedlit.reporting import (
     to_markdown,
     write_csv,
 )
+from fedlit.comparison.report import wandb_table
 from fedlit.reporting.table import calibration_verdict, summary, t_quantile
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -873,6 +874,12 @@ def test_flags_name_a_server_budget_and_silent_clients(tmp_path: Path) -> None:
     assert rows["Warm"].flags == ("server budget: 12 epochs vs 12 epochs, another warm start",)
     assert rows["Warm"].warm_start == "ServerSL round 9"
     assert rows["Warm"].client_activity == pytest.approx(0.1)
+    # in percent in the CSV, as in the table and on W&B (once 0.1 beside W&B's 10)
+    with open(write_csv(list(rows.values()), tmp_path / "results.csv"), newline="") as f:
+        shares = {r["method"]: float(r["client_activity"]) for r in csv.DictReader(f)}
+    columns, cells = wandb_table(list(rows.values()))
+    logged = {c[columns.index("method")]: c[columns.index("client_activity")] for c in cells}
+    assert shares["Warm"] == pytest.approx(10.0) == logged["Warm"]
     text = to_markdown(list(rows.values()), baseline="FedAvg")
     assert "| FedSEAL | 12 (bootstrap 6 + 3 x 2) | 24 | - | 2/6 | 6.7% |" in text
     assert "| FedAvg | 12 (6 x 2) | 24 | - | 4/6 | 1.7% |" in text  # (0 + 0 + 0.05) / 3
@@ -906,3 +913,36 @@ def test_fewer_than_three_seeds_or_a_zero_spread_give_no_interval_star_or_side(
         assert "Above B" not in text and "Not separated" not in text, text
         assert "- Not sorted against B: M (+0.25)." in text
         assert NO_INTERVAL[1:] in text
+
+
+def test_a_rerun_logs_the_results_into_the_same_wandb_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """W&B once got a new ``<name>/results`` run at each re-run of a finished comparison."""
+    import wandb
+
+    from fedlit.comparison.report import log_to_wandb
+
+    calls: list[dict[str, Any]] = []
+
+    class Run:
+        dir = str(tmp_path / "wandb" / "files")
+
+        def log(self, media: Any) -> None:
+            pass
+
+        def finish(self) -> None:
+            pass
+
+    def init(**kwargs: Any) -> Run:
+        calls.append(kwargs)
+        return Run()
+
+    monkeypatch.setattr(wandb, "init", init)
+    write_run(tmp_path / "r", synthetic_rows("FedAvg", [0.5, 0.6]), rounds=2)
+    runs = find_runs([tmp_path])
+    for _ in range(2):
+        log_to_wandb(runs, {}, "proj", "cmp", True, tmp_path / "out")
+    log_to_wandb(runs, {}, "proj", "cmp", True, tmp_path / "other")
+    ids = [call["id"] for call in calls]
+    assert ids[0] == ids[1] != ids[2] and calls[0]["resume"] == "allow"

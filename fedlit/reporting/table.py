@@ -59,7 +59,8 @@ def write_csv(
     """Write the rows as CSV, one column per ResultRow field (seeds and rounds
     space-separated), plus ``published`` when given (blank where absent). The accuracy fields
     (means, stds, paired differences and their intervals, scores, final evaluations) are in
-    percent, as in the tables, the plots and ``published``; bytes in bytes."""
+    percent, as in the tables, the plots and ``published``, and so is ``client_activity``
+    (the clients' confident fraction, as the table and W&B give it); bytes in bytes."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     header = [f.name for f in fields(ResultRow)]
@@ -70,7 +71,7 @@ def write_csv(
         writer.writerow(header)
         for row in rows:
             cells: list[object] = [
-                100 * value if name in PERCENT_FIELDS else value
+                100 * value if name in PERCENT_FIELDS or name == "client_activity" else value
                 for name, value in zip(header, astuple(row), strict=False)
             ]
             cells[header.index("seeds")] = " ".join(str(s) for s in row.seeds)
