@@ -130,7 +130,8 @@ def warm_starts(runs: Sequence[RunRecord], base: str | Path | None = None) -> st
         "",
         "### Warm starts",
         "",
-        "| source checkpoint (from the comparison's folder) | method | round | test/acc | SHA-256 of its weights | runs |",
+        "| source checkpoint (from the comparison's folder) | method | round | test/acc | "
+        "SHA-256 of its weights | runs |",
         "|---|---|---|---|---|---|",
     ]
     for (path, sha), started in sources.items():
