@@ -10,6 +10,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -946,3 +947,19 @@ def test_a_rerun_logs_the_results_into_the_same_wandb_run(
     log_to_wandb(runs, {}, "proj", "cmp", True, tmp_path / "other")
     ids = [call["id"] for call in calls]
     assert ids[0] == ids[1] != ids[2] and calls[0]["resume"] == "allow"
+
+
+def test_diagnostics_that_are_fractions_are_plotted_in_percent(
+    sweep: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As the tables give them: FedAvg's mask rate 0.2 a round is 20%, once 0.2 beside a
+    table in percent."""
+    from fedlit.reporting import plots
+
+    saved: list[Any] = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: saved.append(fig) or Path(path))
+    plot_diagnostics(find_runs([sweep]), tmp_path / "diag.png")
+    axes = {ax.get_title(): ax for ax in saved[0].axes if ax.get_title()}
+    assert "client/mask_rate (%)" in axes and "pseudo/pos_frac (%)" in axes
+    first = min(line.get_ydata()[0] for line in axes["client/mask_rate (%)"].get_lines())
+    assert first == pytest.approx(20.0)
