@@ -257,8 +257,17 @@ def about_lines(
         f"- setting `{name}`: `{' '.join(args) or '(the recipes as they are)'}`"
         for name, args in comparison.settings.items()
     ]
-    about = [
-        *comparison.description,
+    given = [key for key in ("seeds", "settings", "recipes", "overrides") if f"--{key}" in command]
+    if comparison.description and given:  # the spec's words may name what the command changed
+        keys = ", ".join(f"`{key}`" for key in given)
+        about = [
+            *comparison.description,
+            "",
+            f"*The description above is the spec's; this command gave its own {keys} (below).*",
+        ]
+    else:
+        about = list(comparison.description)
+    about += [
         "",
         f"Made by `{command}`: {run_counts(len(records), counts)}; this invocation took "
         f"{minutes:.1f} min; the runs' rounds took {compute:.1f} min in all). Every number "
