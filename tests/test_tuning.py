@@ -560,6 +560,11 @@ def test_the_report_reads_the_runs_and_survives_a_torn_journal_and_gone_checkpoi
     main(["compare", f"--config={spec}"])
     best = max(v for s, _, v in chosen if s == "COMPLETE")
     assert "99.90" not in row() and f"| {100 * best:.2f} |" in row()
+    # (1b) cut inside the record of the study's terms: its trials told again, not "another space"
+    assert json.loads(lines[1]).get("user_attr", {}).get("fedlit_terms") is not None
+    journal.write_bytes(lines[0] + lines[1][:40])
+    main(["compare", f"--config={spec}"])
+    assert _trials(out)["default/server_sl"] == chosen and row() == tuned
     # (3) every trial's checkpoint deleted
     for ckpt in (out / "tune").rglob("last.ckpt"):
         ckpt.unlink()
