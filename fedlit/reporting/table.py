@@ -215,8 +215,8 @@ def calibration_verdict(rows: Sequence[ResultRow], threshold: float) -> str:
     baseline, by its paired difference (docs/comparing.md, *The calibration verdict*):
     *calibrated* where its 95% interval's lower bound is at or above the threshold;
     *calibrated on the mean only* where its mean is, but not its lower bound (or it has no
-    interval: one seed); *not calibrated* where its mean is below. Says so where no row is an
-    oracle compared with the baseline."""
+    interval: :func:`has_interval`), and names an interval that includes 0; *not calibrated*
+    where its mean is below. Says so where no row is an oracle compared with the baseline."""
     oracles = [row for row in rows if "oracle" in row.marks and row.delta_seeds]
     need = f"the oracle at least {threshold:+g} points above the baseline"
     if not oracles:
