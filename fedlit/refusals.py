@@ -156,11 +156,29 @@ def _value_in(given: str, name: str) -> str | None:
     return repr(value)
 
 
+def _trainer_keys_taken(message: str) -> str:
+    """After "unrecognized arguments" naming ``trainer.*`` keys (a Lightning Trainer's own,
+    which fedlit's loop does not take): the ``trainer`` keys fedlit does take; else ""."""
+    if not message.startswith("unrecognized arguments:"):
+        return ""
+    keys = re.findall(r"--(trainer\.[\w.]+)", message)
+    if not keys:
+        return ""
+    from fedlit.federation.fit import TrainerTemplate
+
+    taken = [f.name for f in dataclasses.fields(TrainerTemplate) if f.name != "compile"]
+    return (
+        f" ({', '.join(keys)}: not a setting of fedlit's loop, which fits every objective; "
+        f"its trainer settings: {', '.join([*taken, 'default_root_dir', 'logger'])}; a run's "
+        "length is federation.rounds, federation.local_epochs and federation.server_epochs)"
+    )
+
+
 def condensed(message: str) -> str:
     """jsonargparse's error report as one sentence: the full key, the value, the rule."""
     lines = [line.strip() for line in message.strip().splitlines()]
     if len(lines) <= 1 and "Namespace(" not in message:
-        return message.strip()
+        return message.strip() + _trainer_keys_taken(message)
     keys: list[str] = []
     cls: Any = None
     value: str | None = None

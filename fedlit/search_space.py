@@ -65,9 +65,11 @@ class Distribution:
         if unknown:
             raise ValueError(f"unknown field {unknown[0]!r} (fields: {FIELDS})")
         choices = value.get("choices")
+        if choices is not None and not isinstance(choices, (list, tuple)):
+            raise ValueError(f"choices: give a list, got {choices!r}")
         return cls(
-            low=value.get("low"),
-            high=value.get("high"),
+            low=_number(value.get("low"), "low"),
+            high=_number(value.get("high"), "high"),
             log=bool(value.get("log", False)),
             integer=bool(value.get("integer", False)),
             choices=tuple(choices) if choices is not None else None,
@@ -92,6 +94,21 @@ class Distribution:
         if self.integer:
             return od.IntDistribution(int(self.low), int(self.high), log=self.log)
         return od.FloatDistribution(float(self.low), float(self.high), log=self.log)
+
+
+def _number(value: Any, name: str) -> float | None:
+    """A range's end: a number (a string YAML left unread, as ``1e-3``, read as one); another
+    value refused naming ``name``."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            raise ValueError(f"{name}={value!r} is not a number") from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name}={value!r} is not a number")
+    return value
 
 
 def log_uniform(low: float, high: float) -> Distribution:

@@ -5,7 +5,7 @@ CLI can name its classes (``--model.class_path=own_optimizers.Lists``)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -63,3 +63,37 @@ class ServerPlateau(ServerSL):
 
     def server_objective(self) -> Objective:
         return PlateauCE(self.network, **self._server_kwargs())
+
+
+class HookedFixMatch(FixMatch):
+    """Overrides a LightningModule hook fedlit's loop does not call."""
+
+    def on_before_zero_grad(self, optimizer: Any) -> None:
+        pass
+
+
+class ManualCE(SupervisedCE):
+    """Optimises by hand (Lightning's manual optimisation)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.automatic_optimization = False
+
+
+class Hooked(FedAvgFixMatch):
+    """Clients whose objective overrides ``on_before_zero_grad``."""
+
+    objective_class = HookedFixMatch
+
+
+class ServerManual(ServerSL):
+    """A server whose objective optimises by hand."""
+
+    def server_objective(self) -> Objective:
+        return ManualCE(self.network, **self._server_kwargs())
+
+
+class Untuned(ServerSL):
+    """A method that declares no search space (a tuning of it is refused by name)."""
+
+    search_space: ClassVar[dict[str, Any]] = {}

@@ -240,3 +240,36 @@ def test_what_cannot_be_known_is_left_out(tmp_path: Path) -> None:
     assert "data.dataset" not in got and "data.test_dataset" not in got
     assert got["data.num_clients"] == 2 and got["data.labeled_per_class"] == 5
     assert got["model.class_path"].endswith("test_api_record._Own")
+
+
+@pytest.mark.parametrize(
+    ("given", "named"),
+    [
+        ({"run_dir": ""}, "run_dir='': empty; name the run's directory"),
+        ({"seed": -1}, "seed=-1: a seed is an integer in [0, 4294967295]"),
+        ({"seed": "zero"}, "seed='zero': a seed is an integer"),
+        ({"method": "fedavg"}, "method='fedavg': give a fedlit method"),
+        ({"loggers": [42]}, "loggers[0]=42: not a Lightning logger"),
+    ],
+    ids=["run_dir", "seed-1", "seed-zero", "method", "loggers"],
+)
+def test_the_api_refuses_bad_arguments_by_name_before_writing(
+    given: dict[str, Any],
+    named: str,
+    fmnist_root: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``Federation(...)`` names the argument as ``fedlit fit`` names its key, and writes
+    nothing (``run_dir=""`` once wrote the run into the current directory)."""
+    monkeypatch.chdir(tmp_path)
+    arguments: dict[str, Any] = {
+        "method": ServerSL(Architecture(10, 1)),
+        "data": _data(fmnist_root),
+        "config": FederationConfig(rounds=1),
+        "run_dir": tmp_path / "run",
+    }
+    with pytest.raises(ValueError) as err:
+        Federation(**(arguments | given)).run()
+    assert named in str(err.value)
+    assert list(tmp_path.iterdir()) == []

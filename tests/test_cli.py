@@ -411,5 +411,8 @@ def test_trainer_settings_reach_every_fit_or_are_refused(
             main([*base, f"--trainer.default_root_dir={other}", bad])
         assert exit_info.value.code == 2
         key = bad.split("=")[0].removeprefix("--")
-        assert key in capsys.readouterr().err
+        err = capsys.readouterr().err
+        assert key in err
+        if bad != "--trainer.callbacks=[]":  # a Trainer's own key: what fedlit's loop takes
+            assert "its trainer settings: accelerator, devices, precision" in err, err
         assert not other.exists()

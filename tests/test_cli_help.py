@@ -72,3 +72,14 @@ def test_partition_and_compare_help_list_their_flags(command: str) -> None:
     flags = {"partition": ("--out", "--config", "--data.partitioner", "--seed_everything")}
     for flag in flags.get(command, ("--config", "--recipes", "--seeds", "--settings", "--out")):
         assert f"{flag} " in done.stdout, flag
+    if command == "compare":  # the docstrings' reST markup left out
+        for markup in ("``", ":func:", ":class:", ":mod:", ":data:", ":meth:"):
+            assert markup not in done.stdout, markup
+        assert "the fedlit compare config" in done.stdout
+
+
+def test_plain_help_drops_rest_roles_and_literals() -> None:
+    from fedlit.cli.compare import plain
+
+    text = "see :func:`~fedlit.reporting.summary`, :mod:`fedlit.comparison` and ``--out``"
+    assert plain(text) == "see summary, fedlit.comparison and --out"

@@ -564,3 +564,27 @@ def test_recipe_overrides_name_recipes(tmp_path: Path, capsys: pytest.CaptureFix
         in err
     )
     assert not (tmp_path / "out").exists()
+
+
+def test_a_description_is_marked_the_specs_where_the_command_changed_the_seeds(
+    tmp_path: Path,
+) -> None:
+    """A spec whose description says "seeds 0-2", run with ``--seeds [0]``: the report says
+    the description is the spec's and that the command gave its own seeds."""
+    from fedlit.comparison.report import about_lines
+
+    recipe = Path(__file__).parents[1] / "recipes" / "server_sl.yaml"
+    comparison = Comparison(
+        name="c", recipes=[str(recipe)], seeds=[0], out=str(tmp_path), description=["Seeds 0-2."]
+    )
+    counts = {"run": 0, "resumed": 0, "skipped": 0}
+    command = "fedlit compare --config c.yaml --seeds [0]"
+    lines = about_lines(comparison, [], [], counts, 0.0, command)
+    assert lines[:3] == [
+        "Seeds 0-2.",
+        "",
+        "*The description above is the spec's; this command gave its own `seeds` (below).*",
+    ]
+    assert "- seeds: [0]" in lines
+    plain = about_lines(comparison, [], [], counts, 0.0, "fedlit compare --config c.yaml")
+    assert not any("description above" in line for line in plain)

@@ -398,6 +398,8 @@ def test_a_users_plain_module_as_the_server_objective_trains_in_a_trainer(
         ("Plateau", "fedavg_fixmatch", "PlateauFixMatch.configure_optimizers returned Reduce"),
         ("Monitor", "fedavg_fixmatch", "MonitorFixMatch.configure_optimizers returned monitor"),
         ("ServerPlateau", "server_sl", "PlateauCE.configure_optimizers returned a ReduceLR"),
+        ("Hooked", "fedavg_fixmatch", "HookedFixMatch overrides on_before_zero_grad"),
+        ("ServerManual", "server_sl", "ManualCE.automatic_optimization is False"),
     ],
 )
 def test_fedlit_fit_refuses_optimiser_settings_the_loop_does_not_take_before_writing(

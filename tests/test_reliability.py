@@ -317,3 +317,48 @@ def test_resume_from_another_backbone_names_the_mismatch(
     )
     err = refused(args, capsys)
     assert "does not fit this model" in err and "fedcon_mnist_cnn" in err, err
+
+
+# --- the Trainer's settings as Lightning defines them (issue 73) ---------------------------
+@pytest.mark.parametrize(
+    ("given", "limit"), [("1", 1), ("3", 3), ("0.5", 0.5), ("1.0", 1.0)], ids=str
+)
+def test_limit_train_batches_integer_is_a_number_of_batches(
+    given: str, limit: float, fmnist_root: Path
+) -> None:
+    """An integer is a number of batches (1: one batch), a float a fraction, as Lightning has
+    it: the parser once made ``1`` the float 1.0, every batch."""
+    from fedlit.cli.fit import resolve
+
+    limit_arg = f"--trainer.limit_train_batches={given}"
+    cli = resolve([f"--config={SERVER_SL}", *tiny_overrides(fmnist_root), limit_arg])
+    got = cli.trainer.limit_train_batches
+    assert got == limit and type(got) is type(limit)
+    from fedlit.federation.fit.loop import limited
+
+    assert limited(10, got) == (1 if given == "1" else 3 if given == "3" else int(10 * limit))
+
+
+def test_gradient_clip_algorithm_is_read_in_either_case() -> None:
+    """``VALUE`` clips by value, as Lightning's either case; it once clipped by norm."""
+    import torch
+
+    from fedlit.federation.fit.loop import clip
+
+    for algorithm in ("value", "VALUE", "Value"):
+        weight = torch.nn.Parameter(torch.zeros(2))
+        weight.grad = torch.tensor([3.0, 4.0])
+        clip(torch.optim.SGD([weight], lr=0.1), 1.0, algorithm)
+        assert weight.grad.tolist() == [1.0, 1.0], algorithm  # by norm: [0.6, 0.8]
+
+
+def test_precision_16_is_lightnings_alias_of_16_mixed(fmnist_root: Path) -> None:
+    from fedlit.cli.fit import resolve
+    from fedlit.federation.checks import check_trainer
+    from fedlit.federation.fit import TrainerTemplate
+
+    cli = resolve([f"--config={SERVER_SL}", *tiny_overrides(fmnist_root), "--trainer.precision=16"])
+    assert cli.trainer.precision == 16
+    check_trainer(TrainerTemplate(accelerator="cpu", precision=16))
+    # on a CPU, 16-mixed (and its alias) is bf16-mixed, as Lightning has it
+    assert TrainerTemplate(accelerator="cpu", precision=16).decided_precision() == "bf16-mixed"

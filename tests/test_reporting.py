@@ -10,6 +10,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -28,6 +29,7 @@ from fedlit.reporting import (
     to_markdown,
     write_csv,
 )
+from fedlit.comparison.report import wandb_table
 from fedlit.reporting.table import (
     calibration_verdict,
     headroom_shares,
@@ -578,9 +580,16 @@ def test_the_calibration_verdict_reads_the_oracles_interval(tmp_path: Path) -> N
         rows, 11
     )
     one_seed = [replace(r, delta_ci95=math.nan, delta_seeds=1) for r in rows]
-    assert "on the mean only**: O's +10.00 is at or above +5, from one seed" in (
+    assert "on the mean only**: O's +10.00 is at or above +5, from 1 seed (no interval" in (
         calibration_verdict(one_seed, 5)
     )
+    # an interval that crosses 0 is named so (issue 73: +5.67 [-0.88, +12.21] said nothing)
+    wide = [replace(r, delta_ci95=0.12) if r.method == "O" else r for r in rows]
+    assert (
+        "O's +10.00 [-2.00, +22.00], the mean at or above +5 but the interval reaching below "
+        "it; its interval includes 0: from these seeds the oracle is not separated from the "
+        "baseline."
+    ) in calibration_verdict(wide, 5)
     without = [replace(r, marks=()) for r in rows]
     assert "not judged, no oracle row" in calibration_verdict(without, 5)
     text = to_markdown(rows, baseline="B", calibration=5)
@@ -872,6 +881,12 @@ def test_flags_name_a_server_budget_and_silent_clients(tmp_path: Path) -> None:
     assert rows["Warm"].flags == ("server budget: 12 epochs vs 12 epochs, another warm start",)
     assert rows["Warm"].warm_start == "ServerSL round 9"
     assert rows["Warm"].client_activity == pytest.approx(0.1)
+    # in percent in the CSV, as in the table and on W&B (once 0.1 beside W&B's 10)
+    with open(write_csv(list(rows.values()), tmp_path / "results.csv"), newline="") as f:
+        shares = {r["method"]: float(r["client_activity"]) for r in csv.DictReader(f)}
+    columns, cells = wandb_table(list(rows.values()))
+    logged = {c[columns.index("method")]: c[columns.index("client_activity")] for c in cells}
+    assert shares["Warm"] == pytest.approx(10.0) == logged["Warm"]
     text = to_markdown(list(rows.values()), baseline="FedAvg")
     assert "| FedSEAL | 12 (bootstrap 6 + 3 x 2) | 24 | - | 2/6 | 6.7% |" in text
     assert "| FedAvg | 12 (6 x 2) | 24 | - | 4/6 | 1.7% |" in text  # (0 + 0 + 0.05) / 3
@@ -926,3 +941,76 @@ def test_gains_are_shares_of_the_headroom_and_a_protocol_without_it_says_so(
     without = [r for r in rows if r.method != "centralized_fixmatch_joint"]
     assert "not judged, no centralized_fixmatch_joint row" in headroom_verdict(without)
     assert "share of" not in to_markdown(without, baseline="B")  # only with the reference
+
+
+def test_fewer_than_three_seeds_or_a_zero_spread_give_no_interval_star_or_side(
+    tmp_path: Path,
+) -> None:
+    """Two seeds with the same difference once read ``+0.25 ± 0.00 [+0.25, +0.25] *`` and
+    "Above", one seed "Not separated": no interval, no star and no side, and the note says
+    why under the table."""
+    from fedlit.reporting.table import NO_INTERVAL
+
+    for seeds, offsets in ((2, [0.0025, 0.0025]), (1, [0.0025])):
+        folder = tmp_path / f"s{seeds}"
+        for seed in range(seeds):
+            for method, acc in (("B", 0.7 + seed / 100), ("M", 0.7 + seed / 100 + offsets[seed])):
+                meta = {"method": method, "seed": seed, "setting": "s", "marks": []}
+                rows = [{"round": 0.0}, {"round": 1.0, "test/acc": acc}]
+                write_run(folder / f"{method}{seed}", rows, rounds=1, run_json=meta)
+        rows = summarize(find_runs([folder]), baseline="B")
+        text = to_markdown(rows, baseline="B")
+        row = next(line for line in text.splitlines() if line.startswith("| M |"))
+        assert "+0.25" in row and "[" not in row and "*" not in row, row
+        assert "Above B" not in text and "Not separated" not in text, text
+        assert "- Not sorted against B: M (+0.25)." in text
+        assert NO_INTERVAL[1:] in text
+
+
+def test_a_rerun_logs_the_results_into_the_same_wandb_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """W&B once got a new ``<name>/results`` run at each re-run of a finished comparison."""
+    import wandb
+
+    from fedlit.comparison.report import log_to_wandb
+
+    calls: list[dict[str, Any]] = []
+
+    class Run:
+        dir = str(tmp_path / "wandb" / "files")
+
+        def log(self, media: Any) -> None:
+            pass
+
+        def finish(self) -> None:
+            pass
+
+    def init(**kwargs: Any) -> Run:
+        calls.append(kwargs)
+        return Run()
+
+    monkeypatch.setattr(wandb, "init", init)
+    write_run(tmp_path / "r", synthetic_rows("FedAvg", [0.5, 0.6]), rounds=2)
+    runs = find_runs([tmp_path])
+    for _ in range(2):
+        log_to_wandb(runs, {}, "proj", "cmp", True, tmp_path / "out")
+    log_to_wandb(runs, {}, "proj", "cmp", True, tmp_path / "other")
+    ids = [call["id"] for call in calls]
+    assert ids[0] == ids[1] != ids[2] and calls[0]["resume"] == "allow"
+
+
+def test_diagnostics_that_are_fractions_are_plotted_in_percent(
+    sweep: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As the tables give them: FedAvg's mask rate 0.2 a round is 20%, once 0.2 beside a
+    table in percent."""
+    from fedlit.reporting import plots
+
+    saved: list[Any] = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: saved.append(fig) or Path(path))
+    plot_diagnostics(find_runs([sweep]), tmp_path / "diag.png")
+    axes = {ax.get_title(): ax for ax in saved[0].axes if ax.get_title()}
+    assert "client/mask_rate (%)" in axes and "pseudo/pos_frac (%)" in axes
+    first = min(line.get_ydata()[0] for line in axes["client/mask_rate (%)"].get_lines())
+    assert first == pytest.approx(20.0)

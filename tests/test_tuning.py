@@ -4,6 +4,7 @@ on seeds the tuning never saw; its refusals; the methods' search spaces."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +65,8 @@ def test_a_tuned_comparison_scores_the_best_settings_on_unseen_seeds(
 ) -> None:
     spec = _spec(tmp_path, fmnist_root, every_label=True, runner_up=True)
     main(["compare", f"--config={spec}"])
+    err = capsys.readouterr().err  # said once by the comparison, not by each of its runs
+    assert err.count("importing torch and Lightning") == 1 and "baseline to beat" not in err
     out = tmp_path / "out"
     studies = _trials(out)
     assert sorted(studies) == ["default/fedavg_fixmatch", "default/server_sl"]
@@ -249,6 +252,15 @@ def test_a_batch_draws_the_trials_that_fit_in_the_budget(spent: int, jobs: int, 
         ({"spaces": {"server_sl": {SERVER_LR: {"low": 0.1, "high": 0.01}}}},
          f"tune.spaces.server_sl.{SERVER_LR}: low=0.1 is above high=0.01"),
         ({"spaces": {"nope": {SERVER_LR: {"low": 0.01, "high": 0.1}}}}, "'nope'"),
+        # issue 73: every field checked before anything is written
+        ({"objective": "val/bogus"}, "tune.objective='val/bogus': not a validation metric"),
+        ({"objective": "val/loss"}, "tune.objective='val/loss'"),
+        ({"sampler_seed": -1}, "tune.sampler_seed=-1"),
+        ({"seeds": [-1]}, "tune.seeds: -1 is not a seed"),
+        ({"trials": 10**9}, "tune.trials=1000000000: at most 10000"),
+        ({"spaces": {"server_sl": {SERVER_LR: {"low": "a", "high": 0.1}}}},
+         f"tune.spaces.server_sl.{SERVER_LR}: low='a' is not a number"),
+        ({"recipes": [*RECIPES, "UNTUNED"]}, "Untuned (untuned) declares no search space"),
     ],
 )
 def test_refused_by_name_before_anything_is_written(
@@ -258,9 +270,15 @@ def test_refused_by_name_before_anything_is_written(
     tune: dict[str, Any],
     named: str,
 ) -> None:
+    if "UNTUNED" in tune.get("recipes", []):  # a recipe whose method has no search space
+        untuned = tmp_path / "untuned.yaml"
+        text = (REPO / "recipes/server_sl.yaml").read_text()
+        untuned.write_text(text.replace("fedlit.methods.ServerSL", "own_optimizers.Untuned"))
+        tune["recipes"] = [str(untuned) if r == "UNTUNED" else r for r in tune["recipes"]]
     spec = _spec(tmp_path, fmnist_root, **tune)
     err = refused(["compare", f"--config={spec}"], capsys)
-    assert named in err
+    assert named in err, err
+    assert "Traceback" not in err, err
     assert not (tmp_path / "out").exists()
 
 
@@ -644,3 +662,96 @@ def test_a_val_only_run_without_a_validation_set_is_refused(
     )  # fmt: skip
     assert "federation.val_only" in err and "data.val_per_class=0" in err
     assert not (tmp_path / "run" / "metrics.csv").exists()
+
+
+def test_a_study_whose_trials_all_fail_is_reported_as_not_tuned(
+    fmnist_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every trial's run fails (a range that diverges): the scored runs take the recipe's own
+    settings, and the report says so, naming the study (it once read as tuned)."""
+    from fedlit.federation import Federation
+    from fedlit.federation.faults import RoundFailed
+
+    original = Federation.run_round
+
+    def diverging(self: Federation, index: int) -> dict[str, float]:
+        if "tune" in Path(self.run_dir).parts and index == 2:
+            raise RoundFailed("the global model is no longer finite")
+        return original(self, index)
+
+    monkeypatch.setattr(Federation, "run_round", diverging)
+    spec = _spec(tmp_path, fmnist_root, recipes=RECIPES[:1], pruner="none", trials=1)
+    main(["compare", f"--config={spec}"])
+    report = (tmp_path / "out" / "tuned.md").read_text()
+    assert "**default/server_sl is not tuned**: none of its trials completed" in report
+
+
+def test_the_report_reads_the_runs_and_survives_a_torn_journal_and_gone_checkpoints(
+    fmnist_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A finished tuned comparison run again after (1) its journal's last record is cut mid
+    line (a kill during a write: once Optuna's JSONDecodeError on every run): the cut record
+    set aside, the study goes on to the same choice; a line cut before the last: refused by
+    name, nothing changed; (2) a trial's value edited in the journal: the report gives its
+    runs' score; (3) every trial's checkpoint deleted: the report is written, the selection
+    noise said not measured (once a ValueError)."""
+    spec = _spec(tmp_path, fmnist_root, recipes=RECIPES[:1], pruner="none", trials=2)
+    main(["compare", f"--config={spec}"])
+    log = capsys.readouterr().out  # the budget before the trials, each run's time after it
+    assert "tuning: 1 study, up to 4 rounds of trials in all (2 trials" in log
+    assert re.search(r"seed 0: took \d+ s \([\d.]+ s a round\)", log), log
+    out = tmp_path / "out"
+    journal = out / "tune" / "studies.journal"
+    chosen = _trials(out)["default/server_sl"]
+
+    def row() -> str:  # the study's row of the report's Tuning table
+        text = (out / "tuned.md").read_text().split("### Tuning")[1]
+        return next(line for line in text.splitlines() if line.startswith("| default |"))
+
+    tuned = row()
+    # (1) the last record cut mid line
+    whole = journal.read_bytes()
+    last = whole.rstrip(b"\n").rsplit(b"\n", 1)[-1]
+    journal.write_bytes(whole[: len(whole) - len(last) // 2 - 1])
+    main(["compare", f"--config={spec}"])
+    assert capsys.readouterr().err.count("was cut short") == 1
+    assert (out / "tune" / "studies.journal.torn").is_file()
+    assert _trials(out)["default/server_sl"] == chosen
+    assert row() == tuned
+    lines = journal.read_bytes().splitlines(keepends=True)
+    cut = b"".join([*lines[:2], lines[2][:10] + b"\n", *lines[3:]])
+    journal.write_bytes(cut)
+    err = refused(["compare", f"--config={spec}"], capsys)
+    assert f"line 3 of {journal} is not a whole Optuna record" in err, err
+    assert journal.read_bytes() == cut
+    journal.write_bytes(b"".join(lines))
+    # (2) a trial's value edited in the journal
+    edited = []
+    for line in lines:
+        record = json.loads(line)
+        if record.get("values"):
+            record["values"] = [0.999]
+        edited.append(json.dumps(record).encode() + b"\n")
+    journal.write_bytes(b"".join(edited))
+    main(["compare", f"--config={spec}"])
+    best = max(v for s, _, v in chosen if s == "COMPLETE")
+    assert "99.90" not in row() and f"| {100 * best:.2f} |" in row()
+    # (1b) cut inside the record of the study's terms: its trials told again, not "another space"
+    assert json.loads(lines[1]).get("user_attr", {}).get("fedlit_terms") is not None
+    journal.write_bytes(lines[0] + lines[1][:40])
+    main(["compare", f"--config={spec}"])
+    assert _trials(out)["default/server_sl"] == chosen and row() == tuned
+    # (3) every trial's checkpoint deleted
+    for ckpt in (out / "tune").rglob("last.ckpt"):
+        ckpt.unlink()
+    main(["compare", f"--config={spec}"])
+    assert "*val n, SE* and *flip* not measured" in (out / "tuned.md").read_text()
+
+
+def test_the_time_left_is_estimated_from_the_runs_measured() -> None:
+    """10 s for 2 rounds, then 30 s for 2: 10 s a round; 3 runs of 2 rounds left: 1 minute."""
+    from fedlit.comparison.runner import timing
+
+    assert timing([(10.0, 2)], []) == "took 10 s (5.0 s a round)"
+    text = timing([(10.0, 2), (30.0, 2)], [2, 2, 2])
+    assert text == "took 30 s (15.0 s a round); the 3 runs left: about 1.0 min at most"

@@ -276,6 +276,9 @@ def test_a_comparison_starts_each_seeds_runs_from_its_source_run(
         assert run.summary["warm_start_test/acc"] == _source_acc(source)
         results = (out / "warm.md").read_text()
         assert "### Warm starts" in results and run.init_from["sha256"] in results
+        # the source named from the comparison's folder, not by this machine's path
+        assert f"| `default/plateau/seed{seed}/checkpoints/last.ckpt` |" in results
+        assert str(out.resolve()) not in results.split("### Warm starts")[1]
     assert "*warm start*" in results
     capsys.readouterr()
     main(["compare", f"--config={path}"])

@@ -280,7 +280,9 @@ def main(args: Sequence[str] | None = None) -> None:
         print(unknown_command(argv[0]), file=sys.stderr)
         raise SystemExit(2)
     line = starting_line(argv)
-    if line is not None:
+    # a comparison's run (it passes the run's labels): the comparison said so once
+    in_comparison = any(a.startswith("--federation.labels=") for a in argv)
+    if line is not None and not in_comparison:
         print(line, file=sys.stderr, flush=True)
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 

@@ -3,18 +3,49 @@
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from jsonargparse import ActionConfigFile
+from jsonargparse import ActionConfigFile, DefaultHelpFormatter
 
 from fedlit.cli.common import CONFIG_MODE, config_file_error
 from fedlit.cli.fit import FedlitCLI, resolve
 from fedlit.refusals import (
     OneLineParser,
 )
+
+#: A reST role (``:func:`~a.b.c` ``) or a double-backtick literal in a docstring.
+_ROLE = re.compile(r":[\w:]+:`~?([^`<]*?)(?: <[^`]*>)?`|``([^`]*)``")
+
+
+def plain(text: str) -> str:
+    """``text`` (a docstring) without its reST markup, as a terminal shows it: a role's target
+    (its last part where ``~`` shortens it), a literal's text."""
+
+    def shown(m: re.Match[str]) -> str:
+        if m.group(2) is not None:
+            return m.group(2)
+        whole = m.group(0)
+        return m.group(1).rsplit(".", 1)[-1] if ":`~" in whole else m.group(1)
+
+    return _ROLE.sub(shown, text)
+
+
+class PlainHelp(DefaultHelpFormatter):
+    """jsonargparse's help, its texts (docstrings) without reST markup."""
+
+    def _format_text(self, text: str) -> str:
+        return super()._format_text(plain(text))
+
+    def _expand_help(self, action: Any) -> str:
+        return plain(super()._expand_help(action))
+
+    def start_section(self, heading: str | None) -> None:
+        super().start_section(plain(heading) if heading else heading)
+
 
 #: The groups of a comparison spec given as a mapping.
 COMPARE_GROUPS = ("settings", "recipe_overrides", "published", "wandb", "tune", "tune.spaces")
@@ -27,7 +58,10 @@ def compare_main(argv: Sequence[str]) -> None:
     from fedlit.comparison.runner import Refused
 
     parser = OneLineParser(
-        prog="fedlit compare", description=Comparison.__doc__, parser_mode=CONFIG_MODE
+        prog="fedlit compare",
+        description=Comparison.__doc__,
+        parser_mode=CONFIG_MODE,
+        formatter_class=PlainHelp,
     )
     parser.add_argument("--config", action=ActionConfigFile)
     parser.add_class_arguments(Comparison)

@@ -328,7 +328,9 @@ class FedlitCLI(LightningCLI):
         finally:
             federation.close()
         print(json_line({"run_dir": str(run_dir), **result.final}), flush=True)
-        trains_clients = model.round_plan() != SERVER_ONLY
+        # a comparison's run (its labels name its setting): the comparison has its baseline
+        in_comparison = "setting" in (federation.config.labels or {})
+        trains_clients = model.round_plan() != SERVER_ONLY and not in_comparison
         for line in closing_lines(result.history, run_dir, trains_clients):
             print(line, file=sys.stderr, flush=True)
 

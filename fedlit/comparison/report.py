@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import os
 import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import fields
@@ -82,7 +84,7 @@ def write_report(
     table = to_markdown(
         rows, target=target, published=published, baseline=baseline, calibration=calibration
     )
-    table += differing_settings(runs) + warm_starts(runs)
+    table += differing_settings(runs) + warm_starts(runs, out)
     written["markdown"] = out / f"{stem}.md"
     written["markdown"].write_text(_document(title, about, table, written, out))
     if report is not None:
@@ -112,10 +114,11 @@ def terminal_table(
     return to_markdown(rows, target=target, baseline=baseline, calibration=calibration)
 
 
-def warm_starts(runs: Sequence[RunRecord]) -> str:
+def warm_starts(runs: Sequence[RunRecord], base: str | Path | None = None) -> str:
     """The warm-started runs' sources (run.json ``init_from``) as a Markdown table, one row a
-    source: its checkpoint, method, round, test accuracy, the SHA-256 of its weights and the
-    runs that started from it (by setting and seed); empty where no run was warm-started."""
+    source: its checkpoint (relative to ``base``, the comparison's folder, where given), method,
+    round, test accuracy, the SHA-256 of its weights and the runs that started from it (by
+    setting and seed); empty where no run was warm-started."""
     sources: dict[tuple[str, str], list[RunRecord]] = {}
     for run in runs:
         if run.init_from:
@@ -127,7 +130,8 @@ def warm_starts(runs: Sequence[RunRecord]) -> str:
         "",
         "### Warm starts",
         "",
-        "| source checkpoint | method | round | test/acc | SHA-256 of its weights | runs |",
+        "| source checkpoint (from the comparison's folder) | method | round | test/acc | "
+        "SHA-256 of its weights | runs |",
         "|---|---|---|---|---|---|",
     ]
     for (path, sha), started in sources.items():
@@ -135,6 +139,8 @@ def warm_starts(runs: Sequence[RunRecord]) -> str:
         acc = info.get("test_acc")
         shown = f"{100 * acc:.2f}" if isinstance(acc, (int, float)) else "-"
         who = sorted({f"{r.setting} seed {r.seed}" for r in started})
+        if base is not None and Path(path).is_absolute():  # no machine's own folders
+            path = os.path.relpath(path, Path(base).resolve())
         lines.append(
             f"| `{path}` | {info.get('method', '-')} | {info.get('round', '-')} | {shown} | "
             f"`{sha}` | {len(started)} ({', '.join(who)}) |"
@@ -163,7 +169,8 @@ def log_to_wandb(
     baseline: str | None = None,
     last_k: int = 1,
 ) -> Path:
-    """One W&B run in the comparison's group holding the results table and the plots.
+    """One W&B run in the comparison's group holding the results table and the plots (the
+    same run at each re-run of the comparison in ``save_dir``).
 
     Returns the run's local directory.
     """
@@ -171,10 +178,14 @@ def log_to_wandb(
 
     rows = summarize(runs, target=target, baseline=baseline, last_k=last_k)
     columns, data = wandb_table(rows)
+    # one run per comparison's folder: a re-run logs into it again, not into a new run
+    folder = f"{project}/{group}/{Path(save_dir).resolve()}"
     run = wandb.init(
         project=project,
         group=group,
         name=f"{group}/results",
+        id=hashlib.sha256(folder.encode()).hexdigest()[:16],
+        resume="allow",
         job_type="report",
         dir=str(save_dir),
         mode="offline" if offline else "online",
@@ -246,8 +257,17 @@ def about_lines(
         f"- setting `{name}`: `{' '.join(args) or '(the recipes as they are)'}`"
         for name, args in comparison.settings.items()
     ]
-    about = [
-        *comparison.description,
+    given = [key for key in ("seeds", "settings", "recipes", "overrides") if f"--{key}" in command]
+    if comparison.description and given:  # the spec's words may name what the command changed
+        keys = ", ".join(f"`{key}`" for key in given)
+        about = [
+            *comparison.description,
+            "",
+            f"*The description above is the spec's; this command gave its own {keys} (below).*",
+        ]
+    else:
+        about = list(comparison.description)
+    about += [
         "",
         f"Made by `{command}`: {run_counts(len(records), counts)}; this invocation took "
         f"{minutes:.1f} min; the runs' rounds took {compute:.1f} min in all). Every number "

@@ -177,6 +177,7 @@ def execute(
     one whose warm start's source is (``renewed``: its setting and seed)."""
     counts = {"run": 0, "resumed": 0, "skipped": 0}
     todo: list[list[str]] = []
+    timed: list[tuple[float, int]] = []  # each run's seconds and rounds, as measured here
     for run in runs:  # a run directory a live process writes: refused before anything runs
         try:
             with holding(run.run_dir, None):
@@ -213,12 +214,42 @@ def execute(
             counts["run"] += 1
             log(f"{head}: {run.command()}")
         if jobs == 1:
+            start = time.perf_counter()
             fit(["fit", *args])
+            timed.append((time.perf_counter() - start, rounds[run]))
+            log(f"{head}: {timing(timed, [rounds[r] for r in runs[i:]])}")
         else:
             todo.append(["fit", *args])
     if todo:
         _run_parallel(todo, fit, jobs, children)
     return counts
+
+
+def tuning_budget(comparison: Comparison, rounds: Mapping[tuple[str, str], int]) -> str:
+    """What the tuning asks, before it runs: its studies and their rounds in all (``rounds``:
+    a run's rounds per setting and recipe); each run's time is printed as it ends."""
+    tune = comparison.tune
+    assert tune is not None
+    per = tune.trials * len(tune.seeds)
+    total = sum(per * n for n in rounds.values())
+    return (
+        f"tuning: {len(rounds)} stud{'y' if len(rounds) == 1 else 'ies'}, up to {total} rounds of trials in all ({tune.trials} "
+        f"trials x a run's rounds x {len(tune.seeds)} tuning seeds each, pruned trials' rounds "
+        "spent on more trials); each run's time and the estimate for the rest follow it"
+    )
+
+
+def timing(timed: Sequence[tuple[float, int]], left: Sequence[int]) -> str:
+    """A run's measured time, and the time of the runs ``left`` (their rounds) estimated
+    from the seconds a round of the runs measured so far (``timed``: seconds, rounds; a
+    resumed run's rounds counted whole, so the estimate errs long)."""
+    seconds, rounds = timed[-1]
+    per_round = sum(t for t, _ in timed) / max(1, sum(r for _, r in timed))
+    text = f"took {seconds:.0f} s ({seconds / max(1, rounds):.1f} s a round)"
+    if left:
+        estimate = per_round * sum(left) / 60
+        text += f"; the {len(left)} runs left: about {estimate:.1f} min at most"
+    return text
 
 
 def _run_parallel(
@@ -302,6 +333,7 @@ def run_comparison(
         refusal = check_studies(comparison)
         if refusal:
             raise Refused(refusal)
+        log(tuning_budget(comparison, {(r.setting, r.method): per_run[r] for r in runs}))
     start = time.perf_counter()
     children = None
     if comparison.jobs > 1:

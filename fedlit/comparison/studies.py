@@ -49,6 +49,7 @@ from fedlit.federation.trial import (
     TRIAL,
     make_pruner,
     open_storage,
+    repair_journal,
 )
 from fedlit.reporting import load_run
 
@@ -283,7 +284,10 @@ def _study(storage: Any, name: str, rule: str, terms: dict[str, Any]) -> Any:
     import optuna
 
     try:
-        return optuna.load_study(study_name=name, storage=storage, pruner=make_pruner(rule))
+        study = optuna.load_study(study_name=name, storage=storage, pruner=make_pruner(rule))
+        if TERMS not in study.user_attrs:  # a kill cut the record of its terms
+            study.set_user_attr(TERMS, terms)
+        return study
     except KeyError:
         study = optuna.create_study(
             study_name=name, storage=storage, direction="maximize", pruner=make_pruner(rule)
@@ -320,6 +324,9 @@ def check_studies(comparison: Comparison) -> str | None:
     path = storage_path(comparison)
     if not path.is_file():
         return None
+    torn = repair_journal(path)
+    if torn:
+        return torn
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = open_storage(path)
     names = {s.study_name: s for s in optuna.get_all_study_summaries(storage)}
@@ -331,7 +338,9 @@ def check_studies(comparison: Comparison) -> str | None:
                 continue
             bases = [r for r in runs if r.setting == setting and r.method == Path(recipe).stem]
             terms = study_terms(comparison, recipe, bases)
-            stored = names[name].user_attrs.get(TERMS, {})
+            if TERMS not in names[name].user_attrs:  # its record cut by a kill: written again
+                continue
+            stored = names[name].user_attrs[TERMS]
             for key, value in terms.items():
                 if json.loads(json.dumps(value)) != stored.get(key):
                     return (
@@ -408,9 +417,10 @@ def _result(
     from optuna.trial import TrialState
 
     trials = study.get_trials(deepcopy=False)
+    values = run_values(comparison, setting, stem, trials)  # the runs', not the journal's
     done = sorted(
-        (t for t in trials if t.state == TrialState.COMPLETE),
-        key=lambda t: (-t.value, t.number),
+        (t for t in trials if t.state == TrialState.COMPLETE and t.number in values),
+        key=lambda t: (-values[t.number], t.number),
     )
     result = StudyResult(setting, stem)
     result.complete = len(done)
@@ -420,14 +430,37 @@ def _result(
     result.rounds = len(history)
     result.seconds = sum(r.get("time/round_s", 0.0) for r in history)
     if done:  # a tie: the first drawn (the lowest trial number) is chosen
-        result.params, result.value = done[0].params, done[0].value
+        result.params, result.value = done[0].params, values[done[0].number]
         result.best_trial = done[0].number
-        result.ties = sum(t.value == done[0].value for t in done)
+        result.ties = sum(values[t.number] == result.value for t in done)
         result.completed = tuple(t.number for t in done)
     if len(done) > 1:
-        result.runner_up, result.runner_up_value = done[1].params, done[1].value
+        result.runner_up, result.runner_up_value = done[1].params, values[done[1].number]
         result.runner_up_trial = done[1].number
     return result
+
+
+def run_values(
+    comparison: Comparison, setting: str, stem: str, trials: Sequence[Any]
+) -> dict[int, float]:
+    """Each completed trial's score read from its runs' metrics (:func:`trial_score`), not
+    from the journal (a value edited there is not a run's); a trial whose runs' metrics are
+    gone is left out."""
+    assert comparison.tune is not None
+    tune = comparison.tune
+    values = {}
+    for t in trials:
+        if t.state.name != "COMPLETE":
+            continue
+        try:
+            scores = [
+                trial_score(d, tune.objective, tune.last_k)
+                for d in trial_dirs(comparison, setting, stem, t.number)
+            ]
+        except (OSError, ValueError, RuntimeError):
+            continue
+        values[t.number] = float(np.mean(scores))
+    return values
 
 
 def final_runs(runs: Sequence[PlannedRun], results: Sequence[StudyResult]) -> list[PlannedRun]:

@@ -19,6 +19,13 @@ from fedlit.search_space import Distribution
 #: The pruners a spec may name: Optuna's median rule and successive halving, over rounds.
 PRUNERS = ("median", "halving", "none")
 
+#: The scores a study may maximise: the ``val/*`` metrics every run logs each round that grow
+#: with a better model (``val/loss`` shrinks).
+OBJECTIVES = (VAL_ACC,)
+
+#: The most trials a study may be given (each is a run on each tuning seed).
+MAX_TRIALS = 10_000
+
 
 @dataclass(frozen=True)
 class TuneSettings:
@@ -33,11 +40,12 @@ class TuneSettings:
     then run on the comparison's ``seeds``, which the tuning never sees.
 
     Args:
-        trials: the budget per recipe and setting, in unpruned trials (>= 1): ``trials`` x
-            a run's rounds x the tuning seeds rounds; at least ``trials`` trials run.
+        trials: the budget per recipe and setting, in unpruned trials (1 to
+            :data:`MAX_TRIALS`): ``trials`` x a run's rounds x the tuning seeds rounds; at
+            least ``trials`` trials run.
         seeds: the tuning's run seeds, none of them one of the comparison's ``seeds``.
-        objective: the validation metric a trial is scored by (``val/acc``, or another
-            ``val/*`` key of the runs' metrics); a ``test/*`` metric is refused.
+        objective: the validation metric a trial is scored by (``val/acc``, the one the runs
+            log each round that a study maximises); a ``test/*`` metric is refused.
         last_k: a trial's score is the mean of its last ``last_k`` rounds' objective.
         pruner: "median" (Optuna's MedianPruner), "halving" (SuccessiveHalvingPruner) or
             "none": a trial stops early when the rule says so after a round.
@@ -80,16 +88,38 @@ class TuneSettings:
                 raise ValueError(f"tune.{key} must be true or false, got {getattr(self, key)!r}")
         if isinstance(self.trials, bool) or not isinstance(self.trials, int) or self.trials < 1:
             raise ValueError(f"tune.trials must be a positive integer, got {self.trials!r}")
-        if not self.objective.startswith("val/"):
+        if self.trials > MAX_TRIALS:
+            raise ValueError(
+                f"tune.trials={self.trials}: at most {MAX_TRIALS} trials a study (each trial "
+                "is a whole run on each tuning seed)"
+            )
+        if not isinstance(self.objective, str) or not self.objective.startswith("val/"):
             raise ValueError(
                 f"tune.objective={self.objective!r}: tune on a validation metric (val/acc); a "
                 "test metric would choose the settings on the test set the results are scored on"
             )
-        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
-            raise ValueError(f"tune.seeds: give distinct seeds, got {self.seeds}")
+        if self.objective not in OBJECTIVES:
+            raise ValueError(
+                f"tune.objective={self.objective!r}: not a validation metric the runs log "
+                f"that a study maximises; give one of {list(OBJECTIVES)} (val/loss is a loss)"
+            )
+        if not isinstance(self.seeds, (list, tuple)) or not self.seeds:
+            raise ValueError(f"tune.seeds: give a list of distinct seeds, got {self.seeds!r}")
         for seed in self.seeds:
             if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
-                raise ValueError(f"tune.seeds: {seed!r} is not a seed")
+                raise ValueError(
+                    f"tune.seeds: {seed!r} is not a seed (an integer in [0, {MAX_SEED}])"
+                )
+        if len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"tune.seeds: give distinct seeds, got {self.seeds}")
+        seed = self.sampler_seed
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+            raise ValueError(
+                f"tune.sampler_seed={seed!r}: a seed is an integer in [0, {MAX_SEED}]"
+            )
+        startup = self.startup_trials
+        if startup is not None and (isinstance(startup, bool) or not isinstance(startup, int)):
+            raise ValueError(f"tune.startup_trials must be an integer or null, got {startup!r}")
         for key in ("last_k", "warmup_rounds"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -100,7 +130,13 @@ class TuneSettings:
             raise ValueError(f"tune.startup_trials must be >= 1, got {self.startup_trials!r}")
         if self.pruner not in PRUNERS:
             raise ValueError(f"tune.pruner must be one of {PRUNERS}, got {self.pruner!r}")
+        if not isinstance(self.spaces, Mapping):
+            raise ValueError(f"tune.spaces: a mapping of recipe stems, got {self.spaces!r}")
+        if not isinstance(self.replace, (list, tuple)):
+            raise ValueError(f"tune.replace: a list of recipe stems, got {self.replace!r}")
         for stem, space in self.spaces.items():
+            if not isinstance(space, Mapping):
+                raise ValueError(f"tune.spaces.{stem}: a mapping of keys to ranges, got {space!r}")
             if not space:
                 raise ValueError(f"tune.spaces.{stem}: an empty space (give at least one key)")
             for key, value in space.items():
@@ -134,6 +170,13 @@ class TuneSettings:
         for stem in [*self.spaces, *self.replace]:
             if stem not in stems:
                 raise ValueError(f"tune.spaces: {stem!r} is not one of the recipes {list(stems)}")
+        for stem, recipe in stems.items():
+            if not self.space(recipe):
+                raise ValueError(
+                    f"tune: {method_class(recipe).__name__} ({stem}) declares no search space, "
+                    f"so its trials would all be the same run; give its keys in tune.spaces.{stem} "
+                    "and list it in tune.replace"
+                )
         for stem, space in self.spaces.items():
             if stem in self.replace:
                 continue

@@ -11,7 +11,13 @@ from fedlit.comparison.plan import PlannedRun
 from fedlit.comparison.runner import FitFn, execute
 from fedlit.comparison.runner_up import gap_lines, runner_up_runs
 from fedlit.comparison.spec import Comparison
-from fedlit.comparison.studies import StudyResult, final_runs, run_studies, tuning_sources
+from fedlit.comparison.studies import (
+    StudyResult,
+    final_runs,
+    run_studies,
+    trial_dirs,
+    tuning_sources,
+)
 from fedlit.comparison.tune_report import (
     Noise,
     log_tuning_to_wandb,
@@ -19,6 +25,7 @@ from fedlit.comparison.tune_report import (
     tuning_lines,
 )
 from fedlit.federation.children import Children
+from fedlit.run_layout import CHECKPOINT
 
 
 @dataclass
@@ -33,11 +40,45 @@ class Tuning:
     runner_up: dict[PlannedRun, PlannedRun] = field(default_factory=dict)
 
     def lines(self) -> list[str]:
-        lines = tuning_lines(self.comparison, self.results, self.noise)
+        lines = [*tuning_lines(self.comparison, self.results, self.noise), *self.notes()]
         return lines + gap_lines(self.comparison, self.runner_up, self.runs)
+
+    def notes(self) -> list[str]:
+        """What the table cannot say: a study none of whose trials completed (its scored runs
+        take the recipe's own settings, which may lie outside its range), a study whose
+        selection noise could not be measured (its trials' checkpoints gone)."""
+        notes = []
+        for r in self.results:
+            if r.best_trial is None:
+                notes.append(
+                    f"- **{r.setting}/{r.method} is not tuned**: none of its trials completed "
+                    f"({r.pruned} pruned, {r.failed} failed); its scored runs take the recipe's "
+                    "own settings, which may lie outside its range."
+                )
+            elif self.noise.get((r.setting, r.method)) is None:
+                notes.append(
+                    f"- {r.setting}/{r.method}: *val n, SE* and *flip* not measured: a chosen "
+                    "or runner-up trial's checkpoint is gone."
+                )
+        return ["", *notes] if notes else []
 
     def log_to_wandb(self) -> None:
         log_tuning_to_wandb(self.comparison, self.results, self.noise)
+
+
+def _noise(
+    comparison: Comparison, result: StudyResult, log: Callable[[str], None]
+) -> Noise | None:
+    """:func:`selection_noise`, or None (said in the log) where a trial it scores has no
+    checkpoint left (deleted to free disk: its metrics still give the study's choice)."""
+    trials = [t for t in (result.best_trial, result.runner_up_trial) if t is not None]
+    for number in trials:
+        for run_dir in trial_dirs(comparison, result.setting, result.method, number):
+            if not (run_dir / CHECKPOINT).is_file():
+                gone = run_dir / CHECKPOINT
+                log(f"{result.setting}/{result.method}: no selection noise, {gone} is gone")
+                return None
+    return selection_noise(comparison, result)
 
 
 def tune_runs(
@@ -57,7 +98,7 @@ def tune_runs(
         configured = {s: rounds(s.args) for s in sources}
         execute(sources, configured, fit, log, comparison.jobs, children)
     results = run_studies(comparison, rounds, fit, log, children)
-    noise = {(r.setting, r.method): selection_noise(comparison, r) for r in results}
+    noise = {(r.setting, r.method): _noise(comparison, r, log) for r in results}
     finals = final_runs(runs, results)
     for run, final in zip(runs, finals, strict=True):
         per_run[final] = per_run[run]

@@ -23,7 +23,7 @@ from fedlit.federation.config import FederationConfig
 from fedlit.federation.console import warn
 from fedlit.federation.fit import TrainerTemplate
 from fedlit.federation.fit.loop import PRECISIONS, limited, optimizer_and_scheduler
-from fedlit.federation.fit.settings import gpu_index, one_call_asked
+from fedlit.federation.fit.settings import gpu_index, how_to_fit, one_call_asked
 from fedlit.federation.fit.trainer import build
 from fedlit.federation.seeding import rng_states, set_rng_states
 from fedlit.methods.base import FederatedMethod
@@ -210,8 +210,10 @@ def loading_data(data: FederatedDataModule) -> Iterator[None]:
 
 
 def check_optimizers(method: FederatedMethod, data: FederatedDataModule, rounds: int) -> None:
-    """Refuse, naming it, an objective whose ``configure_optimizers`` returns what fedlit's
-    loop does not take (:func:`~fedlit.federation.fit.loop.optimizer_and_scheduler`): the
+    """Refuse, naming it, an objective that overrides a LightningModule hook fedlit's loop does
+    not call or optimises by hand (:func:`~fedlit.federation.fit.how_to_fit`), or whose
+    ``configure_optimizers`` returns what fedlit's loop does not take
+    (:func:`~fedlit.federation.fit.loop.optimizer_and_scheduler`): the
     server's, the centralized step's and a client's objectives, built once on a copy of the
     method, the random generators' states kept. A client's is built only by fedlit's own
     ``ClientSide.objective`` (a method's own is its code, run in its workers; its objective is
@@ -230,6 +232,7 @@ def check_optimizers(method: FederatedMethod, data: FederatedDataModule, rounds:
             objectives.append(side.objective(copied.broadcast(), data.client_data(0), None))
         for objective in objectives:
             if objective is not None:
+                how_to_fit(objective, TrainerTemplate())  # hooks the loop does not call
                 optimizer_and_scheduler(objective)
     finally:
         set_rng_states(states)

@@ -28,7 +28,39 @@ from fedlit.federation.store import CLIENT_DIR, ClientStateStore
 from fedlit.federation.fit import TrainerTemplate
 from fedlit.federation.warmstart import WarmStart, load_warm_start, start_afresh
 from fedlit.methods.base import FederatedMethod
-from fedlit.run_layout import WARM_START_EVAL
+from fedlit.run_layout import MAX_SEED, WARM_START_EVAL
+
+def check_arguments(federation: Federation) -> None:
+    """Refuse, naming the argument as ``fedlit fit`` names its key, a :class:`Federation`
+    given what it cannot run: an empty ``run_dir`` (once the current directory), a ``seed``
+    that is no integer in [0, 2**32 - 1], a ``method``, ``data``, ``config`` or ``trainer``
+    of another type, a logger that is not a Lightning ``Logger``."""
+    run_dir = federation.run_dir
+    if not isinstance(run_dir, (str, Path)) or not str(run_dir).strip():
+        raise ValueError(f"run_dir={run_dir!r}: empty; name the run's directory (e.g. runs/<name>)")
+    seed = federation.seed
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+        raise ValueError(f"seed={seed!r}: a seed is an integer in [0, {MAX_SEED}]")
+    kinds = {
+        "method": (FederatedMethod, "a fedlit method, e.g. fedlit.methods.FedAvgFixMatch(...)"),
+        "data": (FederatedDataModule, "fedlit.data.FederatedDataModule(...)"),
+        "config": (FederationConfig, "fedlit.federation.FederationConfig(...)"),
+        "trainer": (TrainerTemplate, "fedlit.federation.fit.TrainerTemplate(...)"),
+    }
+    for name, (kind, what) in kinds.items():
+        value = getattr(federation, name)
+        if not isinstance(value, kind):
+            raise ValueError(f"{name}={value!r}: give {what}, not a {type(value).__name__}")
+    loggers = federation.loggers
+    if isinstance(loggers, (str, bytes, Logger)) or not isinstance(loggers, Sequence):
+        raise ValueError(f"loggers={loggers!r}: give a list of Lightning loggers")
+    for k, logger in enumerate(loggers):
+        if not isinstance(logger, Logger):
+            raise ValueError(
+                f"loggers[{k}]={logger!r}: not a Lightning logger "
+                "(e.g. lightning.pytorch.loggers.WandbLogger(...))"
+            )
+
 
 @dataclass
 class Federation:
@@ -52,6 +84,7 @@ class Federation:
     extra_callbacks: Sequence[Callback] = ()
 
     def __post_init__(self) -> None:
+        check_arguments(self)  # before anything is read or written
         self.run_dir = Path(self.run_dir)
         self.directory = RunDirectory(self.run_dir)
         self.store = ClientStateStore(self.checkpoint_path.parent / CLIENT_DIR)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from fedlit.federation.callbacks import Callback, Ending, RunView
+from fedlit.federation.console import warn
 
 STUDY, STORAGE, TRIAL, STEP = "study", "storage", "trial", "step"
 OBJECTIVE, PRUNER = "objective", "pruner"
@@ -34,6 +35,46 @@ def open_storage(path: str | Path) -> Any:
     from optuna.storages.journal import JournalFileBackend
 
     return JournalStorage(JournalFileBackend(str(path)))
+
+
+#: Where :func:`repair_journal` sets aside a record cut short (``<journal>.torn``).
+TORN_SUFFIX = ".torn"
+
+
+def repair_journal(path: Path) -> str | None:
+    """The studies' journal made whole after a write cut short (a kill, a full disk): its
+    last line, where it is not a whole record, set aside in ``<journal>.torn`` and cut off,
+    as a kill just before that write would have left it (the trial it told is resumed and
+    told again; a trial it drew is drawn again, from the same seed). A line before the last
+    that is not a record: returned, naming the file and the line (nothing is changed)."""
+    data = path.read_bytes()
+    lines = data.splitlines(keepends=True)
+    offset = 0
+    for number, line in enumerate(lines, start=1):
+        whole = line.endswith(b"\n")
+        if whole:
+            try:
+                whole = isinstance(json.loads(line), dict)
+            except ValueError:
+                whole = False
+        if not whole and number < len(lines):
+            return (
+                f"tune: line {number} of {path} is not a whole Optuna record (a write cut "
+                "short); the studies cannot be read. Move the file aside to run them afresh, "
+                "or give the comparison another out"
+            )
+        if not whole:
+            torn = path.with_name(path.name + TORN_SUFFIX)
+            with open(torn, "ab") as f:
+                f.write(line if line.endswith(b"\n") else line + b"\n")
+            with open(path, "r+b") as f:
+                f.truncate(offset)
+            warn(
+                f"tune: the last record of {path} was cut short (a kill or a full disk during "
+                f"its write); set aside in {torn}, and the studies go on from the records before it"
+            )
+        offset += len(line)
+    return None
 
 
 class ReportToStudy(Callback):

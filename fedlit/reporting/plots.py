@@ -36,6 +36,10 @@ DIAGNOSTICS: tuple[str, ...] = (
     "client/mask_rate",
 )
 
+#: The diagnostics that are fractions (a share of the images, an accuracy): plotted in
+#: percent, as the tables give them.
+PERCENT_DIAGNOSTICS = frozenset(k for k in DIAGNOSTICS if k.endswith(("_frac", "_acc", "_rate")))
+
 
 def _new_figure(width: float, height: float) -> Figure:
     """A constrained-layout Figure on an Agg canvas."""
@@ -238,9 +242,10 @@ def plot_diagnostics(runs: Sequence[RunRecord], path: str | Path) -> Path | None
             rounds, mean, _, _ = _mean_curve(group_runs, key)
             if rounds.size:
                 colour, style = styles[method]
-                ax.plot(rounds, mean, color=colour, ls=style, marker=markers[setting], ms=4)
+                scale = 100 if key in PERCENT_DIAGNOSTICS else 1
+                ax.plot(rounds, scale * mean, color=colour, ls=style, marker=markers[setting], ms=4)
                 shown.add(method)
-        ax.set_title(key)
+        ax.set_title(f"{key} (%)" if key in PERCENT_DIAGNOSTICS else key)
         ax.set_xlabel("round")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)

@@ -61,7 +61,8 @@ def write_csv(
     """Write the rows as CSV, one column per ResultRow field (seeds and rounds
     space-separated), plus ``published`` when given (blank where absent). The accuracy fields
     (means, stds, paired differences and their intervals, scores, final evaluations) are in
-    percent, as in the tables, the plots and ``published``; bytes in bytes."""
+    percent, as in the tables, the plots and ``published``, and so is ``client_activity``
+    (the clients' confident fraction, as the table and W&B give it); bytes in bytes."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     header = [f.name for f in fields(ResultRow)]
@@ -72,7 +73,7 @@ def write_csv(
         writer.writerow(header)
         for row in rows:
             cells: list[object] = [
-                100 * value if name in PERCENT_FIELDS else value
+                100 * value if name in PERCENT_FIELDS or name == "client_activity" else value
                 for name, value in zip(header, astuple(row), strict=False)
             ]
             cells[header.index("seeds")] = " ".join(str(s) for s in row.seeds)
@@ -109,16 +110,39 @@ def _points(row: ResultRow, baseline: str) -> str:
     if not row.delta_seeds:
         return "-"
     std = f" ± {100 * row.delta_std:.2f}" if math.isfinite(row.delta_std) else ""
-    if not math.isfinite(row.delta_ci95):
+    if not has_interval(row):  # fewer than 3 seeds, or a zero spread: no interval, no star
         return f"{100 * row.delta_mean:+.2f}{std}"
     low, high = 100 * (row.delta_mean - row.delta_ci95), 100 * (row.delta_mean + row.delta_ci95)
     star = " *" if _significance(row) else ""
     return f"{100 * row.delta_mean:+.2f}{std} [{low:+.2f}, {high:+.2f}]{star}"
 
 
+#: The fewest paired seeds whose difference gets an interval, a ``*`` and a side of the
+#: baseline (with 2, the t-interval rests on one degree of freedom's spread).
+MIN_INTERVAL_SEEDS = 3
+
+#: Said under a table with a row that has no interval (:func:`has_interval`).
+NO_INTERVAL = (
+    f"no interval, no `*` and no side of the baseline for a row of fewer than "
+    f"{MIN_INTERVAL_SEEDS} paired seeds or whose differences are all the same (a zero spread "
+    "says nothing of the seed-to-seed noise)"
+)
+
+
+def has_interval(row: ResultRow) -> bool:
+    """Whether the row's paired difference has a 95% interval worth stating: at least
+    :data:`MIN_INTERVAL_SEEDS` paired seeds and a spread above zero."""
+    return (
+        row.delta_seeds >= MIN_INTERVAL_SEEDS
+        and math.isfinite(row.delta_ci95)
+        and row.delta_ci95 > 0
+    )
+
+
 def _significance(row: ResultRow) -> int:
-    """+1 / -1 where the paired difference's 95% interval lies above / below 0, else 0."""
-    if not (row.delta_seeds >= 2 and math.isfinite(row.delta_ci95)):
+    """+1 / -1 where the paired difference's 95% interval lies above / below 0, else 0 (and
+    0 where it has none: :func:`has_interval`)."""
+    if not has_interval(row):
         return 0
     if row.delta_mean - row.delta_ci95 > 0:
         return 1
@@ -214,15 +238,23 @@ def summary(
         lines.append(f"- {calibration_verdict(rows, calibration)}")
         lines.append(f"- {headroom_verdict(rows)}")
     groups = {1: "above", -1: "below", 0: "not separated from"}
+    methods = [row for row in others if not set(REFERENCE_MARKS) & set(row.marks)]
     for sign, words in groups.items():
         names = [
             f"{row.method} ({100 * row.delta_mean:+.2f}"
             + (f"; flagged: {'; '.join(row.flags)})" if row.flags else ")")
-            for row in others
-            if _significance(row) == sign and not set(REFERENCE_MARKS) & set(row.marks)
+            for row in methods
+            if has_interval(row) and _significance(row) == sign
         ]
-        lines.append(f"- {words.capitalize()} {baseline} (paired 95% CI): "
-                     + (", ".join(names) if names else "none") + ".")  # fmt: skip
+        if names or all(has_interval(row) for row in methods):
+            lines.append(f"- {words.capitalize()} {baseline} (paired 95% CI): "
+                         + (", ".join(names) if names else "none") + ".")  # fmt: skip
+    unsorted = [f"{row.method} ({100 * row.delta_mean:+.2f})" for row in methods
+                if not has_interval(row)]  # fmt: skip
+    if unsorted or any(not has_interval(row) for row in others):
+        if unsorted:
+            lines.append(f"- Not sorted against {baseline}: {', '.join(unsorted)}.")
+        lines.append(f"- {NO_INTERVAL[0].upper()}{NO_INTERVAL[1:]}.")
     return "\n".join(lines) + "\n"
 
 
@@ -232,8 +264,8 @@ def calibration_verdict(rows: Sequence[ResultRow], threshold: float) -> str:
     baseline, by its paired difference (docs/comparing.md, *The calibration verdict*):
     *calibrated* where its 95% interval's lower bound is at or above the threshold;
     *calibrated on the mean only* where its mean is, but not its lower bound (or it has no
-    interval: one seed); *not calibrated* where its mean is below. Says so where no row is an
-    oracle compared with the baseline."""
+    interval: :func:`has_interval`), and names an interval that includes 0; *not calibrated*
+    where its mean is below. Says so where no row is an oracle compared with the baseline."""
     oracles = [row for row in rows if "oracle" in row.marks and row.delta_seeds]
     need = f"the oracle at least {threshold:+g} points above the baseline"
     if not oracles:
@@ -241,9 +273,15 @@ def calibration_verdict(rows: Sequence[ResultRow], threshold: float) -> str:
     row = oracles[0]
     mean = 100 * row.delta_mean
     shown = f"{row.method}'s {mean:+.2f}"
-    if math.isfinite(row.delta_ci95) and row.delta_seeds >= 2:
+    crosses = ""
+    if has_interval(row):
         low, high = mean - 100 * row.delta_ci95, mean + 100 * row.delta_ci95
         shown += f" [{low:+.2f}, {high:+.2f}]"
+        if low <= 0 <= high:
+            crosses = (
+                f"; its interval includes 0: from these seeds the oracle is not separated "
+                "from the baseline"
+            )
     else:
         low = math.nan
     if mean < threshold:
@@ -261,9 +299,10 @@ def calibration_verdict(rows: Sequence[ResultRow], threshold: float) -> str:
     else:
         verdict = (
             f"**calibrated on the mean only**: {shown} is at or above {threshold:+g}, from "
-            "one seed (no interval)"
+            f"{_n_seeds(row.delta_seeds)} (no interval: fewer than {MIN_INTERVAL_SEEDS} "
+            "paired seeds, or a zero spread)"
         )
-    return f"Calibration ({need}): {verdict}."
+    return f"Calibration ({need}): {verdict}{crosses}."
 
 
 def headroom_verdict(rows: Sequence[ResultRow]) -> str:

@@ -37,6 +37,7 @@ PRECISIONS: dict[Any, torch.dtype | None] = {
     "bf16": torch.bfloat16,
     "16-mixed": torch.float16,
     "16": torch.float16,
+    16: torch.float16,  # Lightning's alias of 16-mixed
 }
 
 
@@ -112,9 +113,9 @@ class LoopSettings:
 
     device: torch.device
     precision: Any = "32-true"
-    gradient_clip_val: float | int | None = None
+    gradient_clip_val: int | float | None = None
     gradient_clip_algorithm: str | None = None
-    limit_train_batches: float | int | None = None
+    limit_train_batches: int | float | None = None
     detect_anomaly: bool = False
     deterministic: bool | str | None = None
     benchmark: bool | None = None
@@ -140,7 +141,7 @@ class LoopSettings:
         return torch.autocast(how[0], dtype=how[1], cache_enabled=False)
 
 
-def limited(length: int, limit: float | int | None) -> int:
+def limited(length: int, limit: int | float | None) -> int:
     """Batches of an epoch of ``length`` under ``limit_train_batches`` (a fraction, or a
     number); a fraction that leaves no batch of a loader that has some is refused."""
     if limit is None:
@@ -156,7 +157,7 @@ def limited(length: int, limit: float | int | None) -> int:
     return min(length, limit)
 
 
-def batches(loader: Iterable[Any], limit: float | int | None) -> tuple[Iterable[Any], int]:
+def batches(loader: Iterable[Any], limit: int | float | None) -> tuple[Iterable[Any], int]:
     """What each epoch iterates and the batches it takes: one loader, or several combined
     (``max_size_cycle``), each limited; a ``CombinedLoader``'s first iterator is made here."""
     if not isinstance(loader, (CombinedLoader, Mapping, list, tuple)):
@@ -249,12 +250,14 @@ def optimizer_and_scheduler(module: Objective) -> tuple[torch.optim.Optimizer, A
     return conf["optimizer"], scheduler, interval, frequency
 
 
-def clip(optimizer: torch.optim.Optimizer, value: float | int | None, algorithm: str | None) -> None:
+def clip(
+    optimizer: torch.optim.Optimizer, value: int | float | None, algorithm: str | None
+) -> None:
     """Clip the optimiser's gradients to ``value``, by norm (the default) or by value."""
     if not value:
         return
     params = [p for group in optimizer.param_groups for p in group["params"]]
-    if algorithm == "value":
+    if (algorithm or "norm").lower() == "value":  # either case, as Lightning has it
         torch.nn.utils.clip_grad_value_(params, clip_value=value)
     else:
         torch.nn.utils.clip_grad_norm_(params, value)

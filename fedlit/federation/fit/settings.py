@@ -82,7 +82,8 @@ class TrainerTemplate:
         accumulate_grad_batches: batches whose gradients make one optimizer step.
         deterministic: torch's deterministic algorithms (True, False or "warn").
         benchmark: cuDNN's benchmark mode.
-        limit_train_batches: batches per epoch (a number, or a fraction of the loader).
+        limit_train_batches: batches per epoch, as Lightning has it: an integer is a number of
+            batches (1: one batch), a float a fraction of the loader (1.0: all of it).
         detect_anomaly: torch's autograd anomaly detection.
         compile: torch.compile's mode for the whole training step (``federation.compile``,
             not a ``trainer`` key; :mod:`fedlit.federation.fit.compiled`).
@@ -92,12 +93,12 @@ class TrainerTemplate:
     devices: list[int] | str | int = 1
     precision: PrecisionInput | None = None
     strategy: str = "auto"
-    gradient_clip_val: float | int | None = None
+    gradient_clip_val: int | float | None = None
     gradient_clip_algorithm: str | None = None
     accumulate_grad_batches: int = 1
     deterministic: bool | Literal["warn"] | None = None
     benchmark: bool | None = None
-    limit_train_batches: float | int | None = None
+    limit_train_batches: int | float | None = None
     detect_anomaly: bool = False
     compile: str | None = None
 
@@ -125,7 +126,7 @@ class TrainerTemplate:
         bf16-mixed, as Lightning has it (CPU autocast in fp16 is slow and has no gradient
         scaler)."""
         precision = self.precision or default_precision(self.accelerator)
-        if precision in ("16-mixed", "16") and self.device().type == "cpu":
+        if precision in ("16-mixed", "16", 16) and self.device().type == "cpu":
             return "bf16-mixed"
         return precision
 
