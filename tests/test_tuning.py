@@ -560,10 +560,12 @@ def test_the_selection_noise_is_measured_on_the_score_the_choice_is_made_on(
     assert within_one_se([best], [[near], [far], [best.copy()]]) == 1
 
 
-def test_ties_are_broken_by_trial_number_and_reported(tmp_path: Path) -> None:
+def test_ties_are_broken_by_trial_number_and_reported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A study's best score shared by several trials: the first drawn is chosen, and the
     tuning section says how many tie."""
-    from fedlit.comparison import Comparison
+    from fedlit.comparison import Comparison, studies
     from fedlit.comparison.studies import _result
     from fedlit.comparison.tune import TuneSettings
     from fedlit.comparison.tune_report import Noise, tuning_lines
@@ -577,6 +579,10 @@ def test_ties_are_broken_by_trial_number_and_reported(tmp_path: Path) -> None:
     for value in (0.70, 0.72, 0.72, 0.72, 0.69):
         trial = study.ask({"x": optuna.distributions.FloatDistribution(0, 1)})
         study.tell(trial, value)
+    # the runs' scores (read from their metrics in a real study) as the journal's
+    monkeypatch.setattr(
+        studies, "run_values", lambda c, s, m, trials: {t.number: t.value for t in trials}
+    )
     result = _result(comparison, study, [], "default", "server_sl")
     assert (result.best_trial, result.runner_up_trial, result.ties) == (1, 2, 3)
     assert result.completed == (1, 2, 3, 0, 4)
