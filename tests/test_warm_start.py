@@ -378,6 +378,37 @@ def test_the_lr02_spec_is_the_long_one_but_for_the_client_lr() -> None:
     assert all(mid["out"] != o["out"] and mid["report"] != o["report"] for o in others)
 
 
+def test_the_semifl_fl2_spec_runs_lr02s_protocol_on_both_methods_and_their_ablations(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """recipes/comparisons/fmnist_warm_semifl_fl2.yaml: fmnist_warm_long_lr02's protocol (its
+    warm start, settings and overrides) on seeds 0-2, with SemiFL, (FL)^2 and every ablation
+    recipe of theirs in recipes/ablations/; every planned run resolves to its recipe's
+    method; its own folder and document."""
+    from fedlit.cli import resolve
+    from fedlit.comparison import Comparison, SourceRun, plan
+
+    monkeypatch.chdir(REPO)
+    mid, new = _spec("fmnist_warm_long_lr02"), _spec("fmnist_warm_semifl_fl2")
+    for key in ("init_from", "settings", "overrides", "baseline", "last_k"):
+        assert new[key] == mid[key], key
+    assert new["seeds"] == [0, 1, 2] and new["out"] != mid["out"]
+    ablations = sorted(
+        str(p.relative_to(REPO))
+        for p in (REPO / "recipes/ablations").glob("*.yaml")
+        if p.stem.startswith(("semifl_", "fl2_"))
+    )
+    assert len(ablations) == 9 and set(new["recipes"]) == {
+        *mid["recipes"][:4], "recipes/semifl.yaml", "recipes/fl2.yaml", *ablations
+    }  # lr02's server_sl, fedavg_sl, centralized_fixmatch_joint and fedavg_fixmatch
+    comparison = Comparison(**new | {"init_from": SourceRun(**new["init_from"])})
+    classes = set()
+    for run in plan(comparison):
+        if run.seed == 0 and run.setting == "iid":
+            classes.add(resolve(run.args).config.as_dict()["model"]["class_path"])
+    assert {"fedlit.methods.SemiFL", "fedlit.methods.FL2"} <= classes
+
+
 def test_the_ramp_spec_adds_one_fedseal_ablation_to_the_lr02_runs(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
