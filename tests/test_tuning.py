@@ -761,3 +761,37 @@ def test_the_time_left_is_estimated_from_the_runs_measured() -> None:
     assert timing([(10.0, 2)], []) == "took 10 s (5.0 s a round)"
     text = timing([(10.0, 2), (30.0, 2)], [2, 2, 2])
     assert text == "took 30 s (15.0 s a round); the 3 runs left: about 1.0 min at most"
+
+
+def test_a_rerun_logs_the_tuning_into_the_same_wandb_run(tmp_path: Path) -> None:
+    """W&B once got a new ``<name>/tuning`` run at each re-run of a finished comparison: its
+    id is now one per comparison's folder, and not the results run's."""
+    from fedlit.comparison import Comparison
+    from fedlit.comparison.report import rerun_id
+    from fedlit.comparison.spec import WandbSettings
+    from fedlit.comparison.tune_report import log_tuning_to_wandb
+
+    calls: list[dict[str, Any]] = []
+
+    class Run:
+        dir = str(tmp_path / "wandb" / "files")
+
+        def log(self, media: Any) -> None:
+            pass
+
+        def finish(self) -> None:
+            pass
+
+    def init(**kwargs: Any) -> Run:
+        calls.append(kwargs)
+        return Run()
+
+    for out in ("a", "a", "b"):
+        comparison = Comparison(
+            name="c", recipes=RECIPES, baseline="server_sl", out=str(tmp_path / out),
+            wandb=WandbSettings(project="p", offline=True),
+        )  # fmt: skip
+        log_tuning_to_wandb(comparison, [], {}, init=init)
+    ids = [call["id"] for call in calls]
+    assert ids[0] == ids[1] != ids[2] and calls[0]["resume"] == "allow"
+    assert ids[0] != rerun_id("p", "c", tmp_path / "a")  # the results run's

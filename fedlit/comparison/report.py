@@ -158,6 +158,13 @@ def _document(
     return "\n".join(lines)
 
 
+def rerun_id(project: str, group: str, folder: str | Path, kind: str = "") -> str:
+    """The W&B run id of a comparison's ``kind`` of summary run ("": its results) in
+    ``folder``: one run per folder, so a re-run logs into it again, not into a new run."""
+    key = f"{project}/{group}/{Path(folder).resolve()}" + (f"/{kind}" if kind else "")
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
 def log_to_wandb(
     runs: Sequence[RunRecord],
     written: Mapping[str, Path],
@@ -178,13 +185,11 @@ def log_to_wandb(
 
     rows = summarize(runs, target=target, baseline=baseline, last_k=last_k)
     columns, data = wandb_table(rows)
-    # one run per comparison's folder: a re-run logs into it again, not into a new run
-    folder = f"{project}/{group}/{Path(save_dir).resolve()}"
     run = wandb.init(
         project=project,
         group=group,
         name=f"{group}/results",
-        id=hashlib.sha256(folder.encode()).hexdigest()[:16],
+        id=rerun_id(project, group, save_dir),
         resume="allow",
         job_type="report",
         dir=str(save_dir),

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from fedlit.comparison.report import rerun_id
 from fedlit.comparison.selection import (
     accuracy_se,
     flip_rate,
@@ -209,7 +210,8 @@ def log_tuning_to_wandb(
     init: Callable[..., Any] | None = None,
 ) -> Path:
     """One W&B run in the comparison's group (``job_type`` "tuning") holding the tuning
-    summary as a table; returns its local directory."""
+    summary as a table (the same run at each re-run, :func:`~fedlit.comparison.report.rerun_id`);
+    returns its local directory."""
     import wandb
 
     assert comparison.wandb is not None
@@ -218,6 +220,8 @@ def log_tuning_to_wandb(
         project=comparison.wandb.project,
         group=comparison.name,
         name=f"{comparison.name}/tuning",
+        id=rerun_id(comparison.wandb.project, comparison.name, comparison.out, "tuning"),
+        resume="allow",
         job_type="tuning",
         dir=str(comparison.out),
         mode="offline" if comparison.wandb.offline else "online",
