@@ -252,7 +252,9 @@ def test_a_users_own_module_trains_in_a_trainer_and_an_objective_never_does(
         how_to_fit(module, TrainerTemplate(accelerator="cpu", compile="default"))
 
 
-@pytest.mark.parametrize("precision", ["64", "64-true", "16-true", "bf16-true", "transformer-engine"])
+@pytest.mark.parametrize(
+    "precision", ["64", "64-true", "16-true", "bf16-true", "transformer-engine"]
+)
 def test_precisions_the_loop_does_not_take_are_refused_by_name(precision: str) -> None:
     """They once reached a Trainer that converted the input before fedlit made the views on
     the device, and ended in a dtype mismatch's traceback."""

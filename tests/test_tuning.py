@@ -760,7 +760,7 @@ def test_the_time_left_is_estimated_from_the_runs_measured() -> None:
 
     assert timing([(10.0, 2)], []) == "took 10 s (5.0 s a round)"
     text = timing([(10.0, 2), (30.0, 2)], [2, 2, 2])
-    assert text == "took 30 s (15.0 s a round); the 3 runs left: about 1.0 min at most"
+    assert text == "took 30 s (15.0 s a round); the 3 runs left: about 1.0 min at this pace"
 
 
 def test_a_rerun_logs_the_tuning_into_the_same_wandb_run(tmp_path: Path) -> None:

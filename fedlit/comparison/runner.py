@@ -233,22 +233,23 @@ def tuning_budget(comparison: Comparison, rounds: Mapping[tuple[str, str], int])
     per = tune.trials * len(tune.seeds)
     total = sum(per * n for n in rounds.values())
     return (
-        f"tuning: {len(rounds)} stud{'y' if len(rounds) == 1 else 'ies'}, up to {total} rounds of trials in all ({tune.trials} "
-        f"trials x a run's rounds x {len(tune.seeds)} tuning seeds each, pruned trials' rounds "
-        "spent on more trials); each run's time and the estimate for the rest follow it"
+        f"tuning: {len(rounds)} stud{'y' if len(rounds) == 1 else 'ies'}, up to {total} rounds "
+        f"of trials in all ({tune.trials} trials x a run's rounds x {len(tune.seeds)} tuning "
+        "seeds each, pruned trials' rounds spent on more trials); each run's time and the "
+        "estimate for the rest follow it"
     )
 
 
 def timing(timed: Sequence[tuple[float, int]], left: Sequence[int]) -> str:
     """A run's measured time, and the time of the runs ``left`` (their rounds) estimated
-    from the seconds a round of the runs measured so far (``timed``: seconds, rounds; a
-    resumed run's rounds counted whole, so the estimate errs long)."""
+    from the seconds a round of the runs measured so far (``timed``: seconds, rounds): a
+    guide, not a bound, since methods' rounds differ in cost."""
     seconds, rounds = timed[-1]
     per_round = sum(t for t, _ in timed) / max(1, sum(r for _, r in timed))
     text = f"took {seconds:.0f} s ({seconds / max(1, rounds):.1f} s a round)"
     if left:
         estimate = per_round * sum(left) / 60
-        text += f"; the {len(left)} runs left: about {estimate:.1f} min at most"
+        text += f"; the {len(left)} runs left: about {estimate:.1f} min at this pace"
     return text
 
 
