@@ -12,7 +12,7 @@ import numpy as np
 import optuna
 import pytest
 import yaml
-from conftest import refused, tiny_overrides
+from conftest import refused, tiny_overrides, wandb_records
 
 from fedlit.cli import main
 from fedlit.comparison.selection import (
@@ -366,17 +366,8 @@ def test_flip_rate_counts_resamples_where_the_runner_up_wins() -> None:
 
 def _wandb_run(run_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     """An offline W&B run's run record and config, read by wandb's own inspector."""
-    import subprocess
-    import sys
-
     (run_file,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
-    out = subprocess.run(
-        [sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(run_file)],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
-    records = [json.loads(line) for line in out.splitlines() if line.strip()]
+    records = wandb_records(run_file)
     run = next(r["run"] for r in records if r["type"] == "run")
     config: dict[str, Any] = {}
     for r in records:
@@ -772,33 +763,24 @@ def test_the_halving_pruner_sees_each_round_once_as_the_mean_over_two_tuning_see
     reports nothing."""
     from types import SimpleNamespace
 
-    from fedlit.comparison import Comparison
-    from fedlit.comparison.plan import plan
-    from fedlit.comparison.studies import (
-        pruner_rule,
-        storage_path,
-        study_name,
-        trial_run,
-        tuning_comparison,
-    )
-    from fedlit.comparison.tune import TuneSettings
+    from fedlit.comparison import Comparison, TuneSettings, plan, studies
     from fedlit.federation.trial import make_pruner, open_storage, trial_callbacks
 
     tune = TuneSettings(trials=3, seeds=[100, 101], pruner="halving", warmup_rounds=1)
     comparison = Comparison(
         name="c", recipes=RECIPES[:1], baseline="server_sl", out=str(tmp_path), tune=tune
     )
-    storage_path(comparison).parent.mkdir(parents=True)
+    studies.storage_path(comparison).parent.mkdir(parents=True)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(
-        study_name=study_name(comparison, "default", "server_sl"),
-        storage=open_storage(storage_path(comparison)),
+        study_name=studies.study_name(comparison, "default", "server_sl"),
+        storage=open_storage(studies.storage_path(comparison)),
         direction="maximize",
-        pruner=make_pruner(pruner_rule(tune)),
+        pruner=make_pruner(studies.pruner_rule(tune)),
     )
     study.ask({"x": optuna.distributions.FloatDistribution(0, 1)})
-    bases = plan(tuning_comparison(comparison))
-    runs = [trial_run(comparison, base, 0, {"x": 0.5}) for base in bases]
+    bases = plan(studies.tuning_comparison(comparison))
+    runs = [studies.trial_run(comparison, base, 0, {"x": 0.5}) for base in bases]
     scores = {100: [0.1, 0.5, 0.6], 101: [0.2, 0.7, 0.9]}  # rounds 0, 1, 2 of each seed
     first, last = runs
     first.run_dir.mkdir(parents=True)
