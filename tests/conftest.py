@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import torch
 
+from fedlit.data import FederatedDataModule
 from fedlit.data.datasets import DEBIAN_FASHION_MNIST, stage_debian_fashion_mnist
 from fedlit.machine import CPU_BF16_ENV, available_cores
 
@@ -92,6 +93,16 @@ def refused(args: list[str], capsys: pytest.CaptureFixture[str]) -> str:
     assert exc.value.code == 2, err
     assert "Traceback" not in err
     return err
+
+
+def fed_dm(root: Path, **kw: object) -> FederatedDataModule:
+    """A data module on the local Fashion-MNIST (5 clients of 300 images, 20 validation
+    images a class; ``kw``: other settings), its federation set up with seed 7."""
+    args = dict(root=str(root), num_clients=5, examples_per_client=300, val_per_class=20)
+    args.update(kw)
+    dm = FederatedDataModule(**args)  # type: ignore[arg-type]
+    dm.setup_federation(seed=7)
+    return dm
 
 
 def load_script(path: Path) -> types.ModuleType:
