@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import importlib.util
 import os
 import re
 import subprocess
@@ -10,10 +12,12 @@ import types
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
+from fedlit.data import FederatedDataModule
 from fedlit.data.datasets import DEBIAN_FASHION_MNIST, stage_debian_fashion_mnist
 from fedlit.machine import CPU_BF16_ENV, available_cores
 
@@ -89,6 +93,38 @@ def refused(args: list[str], capsys: pytest.CaptureFixture[str]) -> str:
     assert exc.value.code == 2, err
     assert "Traceback" not in err
     return err
+
+
+def fed_dm(root: Path, **kw: object) -> FederatedDataModule:
+    """A data module on the local Fashion-MNIST (5 clients of 300 images, 20 validation
+    images a class; ``kw``: other settings), its federation set up with seed 7."""
+    args = dict(root=str(root), num_clients=5, examples_per_client=300, val_per_class=20)
+    args.update(kw)
+    dm = FederatedDataModule(**args)  # type: ignore[arg-type]
+    dm.setup_federation(seed=7)
+    return dm
+
+
+def load_script(path: Path) -> types.ModuleType:
+    """The Python file ``path`` (a benchmark script) run as the module named by its stem,
+    registered in ``sys.modules`` (its dataclasses need it)."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def wandb_records(run_file: Path) -> list[dict[str, Any]]:
+    """The records of an offline W&B run's transaction log, read by wandb's own inspector."""
+    out = subprocess.run(
+        [sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(run_file)],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    return [json.loads(line) for line in out.splitlines() if line.strip()]
 
 
 @contextmanager

@@ -121,7 +121,8 @@ def test_recipes_built_by_hand_record_what_the_cli_records(recipe: str) -> None:
     """The objects ``fedlit fit`` builds from a recipe, given to a Federation without its
     flat config: the record read from them is the CLI's, key for key and in order, but for
     the partitioner's path, which the recipes spell by its module."""
-    from fedlit.cli.fit import federation_of, resolve
+    from fedlit.cli.fit import federation_of
+    from fedlit.resolver import resolve
 
     cli = resolve(["--config", str(REPO / "recipes" / recipe), "--data.num_clients=2"])
     mine, theirs = federation_of(cli).hparams, cli.flat_config()

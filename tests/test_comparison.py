@@ -5,8 +5,6 @@ from __future__ import annotations
 import csv
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -15,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from conftest import refused, tiny_overrides
+from conftest import refused, tiny_overrides, wandb_records
 
 from fedlit.cli import main
 from fedlit.comparison import Comparison, execute, plan, run_state
@@ -284,17 +282,6 @@ def test_a_calibration_needs_a_baseline_and_a_number(tmp_path: Path) -> None:
     assert Comparison(**spec, baseline="server_sl", calibration=5).calibration == 5
 
 
-def _wandb_records(run_file: Path) -> list[dict]:
-    """The records of an offline run's transaction log, read by wandb's own inspector."""
-    out = subprocess.run(
-        [sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(run_file)],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
-    return [json.loads(line) for line in out.splitlines() if line.strip()]
-
-
 def test_compare_logs_to_wandb_offline(
     fmnist_root: Path,
     tmp_path: Path,
@@ -326,7 +313,7 @@ def test_compare_logs_to_wandb_offline(
         for seed in (0, 1):  # each run of the comparison is a W&B run of its own, in one group
             run_dir = tmp_path / f"out/default/{method}/seed{seed}"
             (run_file,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
-            records = _wandb_records(run_file)
+            records = wandb_records(run_file)
             run = next(r["run"] for r in records if r["type"] == "run")
             assert run["run_group"] == "tiny"
             assert run["job_type"] == method  # W&B's runs table groups each method's runs

@@ -20,7 +20,7 @@ from conftest import tiny_overrides
 from test_one_call_step import SmoothNet
 from torch._dynamo.utils import counters
 
-from fedlit.cli.fit import federation_of, resolve
+from fedlit.cli.fit import federation_of
 from fedlit.data import ImageBatches, dataset_spec, load_split
 from fedlit.data.augment import FitDraws
 from fedlit.federation.fit import compiled, loop, settings
@@ -28,6 +28,7 @@ from fedlit.federation.callbacks import Callback, RunView
 from fedlit.federation.fit.compiled import whole_step_compiled
 from fedlit.models import build_classifier
 from fedlit.objectives import FitState, FixMatch, FixMatchLoss, Objective, SupervisedCE
+from fedlit.resolver import resolve
 
 REPO = Path(__file__).parents[1]
 #: Paper 002's Table 1: their client and server steps compile whole, with no graph break.

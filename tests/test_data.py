@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import fed_dm
 
 from fedlit.data import (
     Dirichlet,
@@ -19,16 +20,8 @@ from fedlit.data import (
 )
 
 
-def _dm(root: Path, **kw: object) -> FederatedDataModule:
-    args = dict(root=str(root), num_clients=5, examples_per_client=300, val_per_class=20)
-    args.update(kw)
-    dm = FederatedDataModule(**args)  # type: ignore[arg-type]
-    dm.setup_federation(seed=7)
-    return dm
-
-
 def test_server_split_is_class_balanced_and_disjoint(fmnist_root: Path) -> None:
-    dm = _dm(fmnist_root)
+    dm = fed_dm(fmnist_root)
     assert torch.bincount(dm.server.labels, minlength=10).tolist() == [50] * 10
     assert torch.bincount(dm.val.labels, minlength=10).tolist() == [20] * 10
     assert [len(c) for c in dm.clients] == [300] * 5
@@ -45,7 +38,7 @@ def test_server_split_is_class_balanced_and_disjoint(fmnist_root: Path) -> None:
 
 
 def test_same_seed_same_split_other_seed_differs(fmnist_root: Path) -> None:
-    a, b = _dm(fmnist_root), _dm(fmnist_root)
+    a, b = fed_dm(fmnist_root), fed_dm(fmnist_root)
     assert torch.equal(a.server.images, b.server.images)
     assert all(torch.equal(x.images, y.images) for x, y in zip(a.clients, b.clients, strict=True))
     c = FederatedDataModule(root=str(fmnist_root), num_clients=5, examples_per_client=300)
@@ -54,12 +47,12 @@ def test_same_seed_same_split_other_seed_differs(fmnist_root: Path) -> None:
 
 
 def test_labeled_fraction(fmnist_root: Path) -> None:
-    dm = _dm(fmnist_root, labeled_per_class=None, labeled_fraction=0.01, val_per_class=0)
+    dm = fed_dm(fmnist_root, labeled_per_class=None, labeled_fraction=0.01, val_per_class=0)
     assert torch.bincount(dm.server.labels).tolist() == [60] * 10
 
 
 def test_client_loaders_yield_images_only(fmnist_root: Path) -> None:
-    dm = _dm(fmnist_root)
+    dm = fed_dm(fmnist_root)
     batch = next(iter(dm.client_data(0).dataloader(("weak", "strong"))))
     assert isinstance(batch, (list, tuple)) and len(batch) == 2
     for view in batch:
@@ -72,7 +65,7 @@ def test_client_loaders_yield_images_only(fmnist_root: Path) -> None:
 
 
 def test_oracle_loader_has_true_labels(fmnist_root: Path) -> None:
-    dm = _dm(fmnist_root)
+    dm = fed_dm(fmnist_root)
     loader = dm.client_data(2).oracle_dataloader()
     labels = torch.cat([y for _, y in loader])
     assert len(labels) == 256  # 300 images in full batches of 64
@@ -84,7 +77,9 @@ def test_oracle_loader_has_true_labels(fmnist_root: Path) -> None:
 
 
 def test_non_iid_partition_is_logged(fmnist_root: Path) -> None:
-    dm = _dm(fmnist_root, partitioner=Dirichlet(alpha=0.1), num_clients=10, examples_per_client=500)
+    dm = fed_dm(
+        fmnist_root, partitioner=Dirichlet(alpha=0.1), num_clients=10, examples_per_client=500
+    )
     assert dm.partition_summary()["partition/R"] > 0.5
 
 
@@ -133,7 +128,7 @@ def test_too_many_labels_rejected_at_setup(fmnist_root: Path) -> None:
 
 
 def test_partition_class_counts_match_shards(fmnist_root: Path) -> None:
-    dm = _dm(fmnist_root, partitioner=Dirichlet(alpha=0.5))
+    dm = fed_dm(fmnist_root, partitioner=Dirichlet(alpha=0.5))
     for k, shard in enumerate(dm.clients):
         assert np.array_equal(np.bincount(shard.labels.numpy(), minlength=10), dm.class_counts[k])
 
@@ -148,7 +143,7 @@ def _plain(images: torch.Tensor) -> torch.Tensor:
 
 
 def test_stream_steps_cut_each_shard_into_consecutive_chunks(fmnist_root: Path) -> None:
-    dm = _dm(fmnist_root, stream_steps=3)
+    dm = fed_dm(fmnist_root, stream_steps=3)
     for k, shard in enumerate(dm.clients):
         chunks = [dm.client_shard(k, v) for v in (1, 2, 3)]
         assert [len(c) for c in chunks] == [100, 100, 100]
@@ -167,21 +162,21 @@ def test_stream_steps_cut_each_shard_into_consecutive_chunks(fmnist_root: Path) 
 
 
 def test_without_streaming_every_visit_sees_the_whole_shard(fmnist_root: Path) -> None:
-    dm = _dm(fmnist_root)
+    dm = fed_dm(fmnist_root)
     assert dm.client_shard(2, 5) is dm.clients[2]
     assert len(dm.client_data(2)) == len(dm.client_data(2, 9)) == 300
     assert dm.partition_summary()["data/stream_steps"] == 0
 
 
 def test_near_equal_chunks_and_too_many_steps(fmnist_root: Path) -> None:
-    dm = _dm(fmnist_root, examples_per_client=302, stream_steps=3)
+    dm = fed_dm(fmnist_root, examples_per_client=302, stream_steps=3)
     assert [len(dm.client_shard(0, v)) for v in (1, 2, 3)] == [101, 101, 100]
     with pytest.raises(ValueError, match=r"data\.stream_steps=301"):
-        _dm(fmnist_root, examples_per_client=300, stream_steps=301)
+        fed_dm(fmnist_root, examples_per_client=300, stream_steps=301)
 
 
 def test_streamed_loaders_yield_exactly_the_visible_chunk(fmnist_root: Path) -> None:
-    dm = _dm(fmnist_root, stream_steps=3, eval_batch_size=32, client_batch_size=16)
+    dm = fed_dm(fmnist_root, stream_steps=3, eval_batch_size=32, client_batch_size=16)
     chunk = dm.clients[1].images[100:200]
     expected = _plain(chunk)
 
@@ -206,7 +201,7 @@ def test_streamed_loaders_yield_exactly_the_visible_chunk(fmnist_root: Path) -> 
 def test_with_index_covers_the_visible_shard_in_full_batches(fmnist_root: Path) -> None:
     """Every index of the visible shard at most once, all but the last partial batch's."""
     for kw, k, visit, n in (({}, 3, 1, 300), ({"stream_steps": 3}, 0, 3, 100)):
-        dm = _dm(fmnist_root, **kw)
+        dm = fed_dm(fmnist_root, **kw)
         shard = dm.client_shard(k, visit)
         idx, xs = [], []
         for batch in dm.client_data(k, visit).dataloader(("plain", "weak"), with_index=True):
@@ -224,8 +219,8 @@ def test_with_index_covers_the_visible_shard_in_full_batches(fmnist_root: Path) 
 
 def test_labels_at_client_are_dealt_class_by_class(fmnist_root: Path) -> None:
     kw = {"num_clients": 10, "examples_per_client": 200}
-    dm = _dm(fmnist_root, labels_at="client", **kw)
-    ref = _dm(fmnist_root, **kw)  # labels at the server, same seed
+    dm = fed_dm(fmnist_root, labels_at="client", **kw)
+    ref = fed_dm(fmnist_root, **kw)  # labels at the server, same seed
     assert len(dm.pool.labeled) == 10
     for split in dm.pool.labeled:
         assert torch.bincount(split.labels, minlength=10).tolist() == [5] * 10
@@ -246,7 +241,7 @@ def test_labels_at_client_are_dealt_class_by_class(fmnist_root: Path) -> None:
 
 
 def test_labeled_loaders_follow_labels_at(fmnist_root: Path) -> None:
-    dm = _dm(fmnist_root, labels_at="client")
+    dm = fed_dm(fmnist_root, labels_at="client")
     batches = list(dm.client_data(3).labeled_dataloader(("weak", "strong")))
     assert all(len(b) == 3 for b in batches)
     labels = torch.cat([b[-1] for b in batches])
@@ -258,21 +253,23 @@ def test_labeled_loaders_follow_labels_at(fmnist_root: Path) -> None:
     assert batches[0][0].shape[1:] == (1, 28, 28)
     with pytest.raises(ValueError, match=r"data\.labels_at"):
         dm.server_dataloader()
-    server = _dm(fmnist_root)
+    server = fed_dm(fmnist_root)
     with pytest.raises(ValueError, match=r"data\.labels_at"):
         server.client_data(0).labeled_dataloader()
 
 
 def test_too_few_labels_for_every_client_rejected(fmnist_root: Path) -> None:
     with pytest.raises(ValueError, match=r"data\.labeled_per_class=4"):
-        _dm(fmnist_root, labels_at="client", labeled_per_class=4)
+        fed_dm(fmnist_root, labels_at="client", labeled_per_class=4)
     with pytest.raises(ValueError, match=r"data\.labeled_fraction"):
-        _dm(fmnist_root, labels_at="client", labeled_per_class=None, labeled_fraction=1e-4)
+        fed_dm(fmnist_root, labels_at="client", labeled_per_class=None, labeled_fraction=1e-4)
 
 
 def test_random_proportions_partition_is_logged(fmnist_root: Path) -> None:
     """Paper 002's non-IID split through the data module: equal shards, its R logged."""
-    dm = _dm(fmnist_root, partitioner=RandomProportions(), num_clients=10, examples_per_client=500)
+    dm = fed_dm(
+        fmnist_root, partitioner=RandomProportions(), num_clients=10, examples_per_client=500
+    )
     summary = dm.partition_summary()
     assert summary["partition/min_client_size"] == summary["partition/max_client_size"] == 500
     assert summary["partition/R"] == dm.non_iid_R

@@ -3,38 +3,17 @@
 from __future__ import annotations
 
 import csv
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+from conftest import load_script, tiny_overrides
 
 SCRIPT = Path(__file__).parents[1] / "benchmarks" / "fedseal_diagnosis.py"
 
 
 def _script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("fedseal_diagnosis", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-def _tiny(root: Path) -> list[str]:
-    return [
-        f"--data.root={root}",
-        "--data.num_clients=2",
-        "--data.examples_per_client=32",
-        "--data.client_batch_size=16",
-        "--data.labeled_per_class=5",
-        "--data.val_per_class=2",
-        "--data.test_subset=100",
-        "--federation.rounds=2",
-        "--federation.clients_per_round=2",
-        "--federation.server_epochs=1",
-    ]
+    return load_script(SCRIPT)
 
 
 def _rows(run_dir: Path) -> list[dict[str, str]]:
@@ -60,7 +39,7 @@ def test_diagnosis_runs_the_ablations_and_reports_their_rows(
         f"--report={tmp_path / 'docs' / 'fedseal.md'}",
         "--fedseal_overrides=--model.init_args.bootstrap_epochs=1",
         "--",
-        *_tiny(fmnist_root),
+        *tiny_overrides(fmnist_root, rounds=2),
     ]
     written = script.main(argv)
     text = written.read_text()

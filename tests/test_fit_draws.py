@@ -9,7 +9,7 @@ import torch
 
 from fedlit.data import ImageBatches, dataset_spec
 from fedlit.data.augment import CUTOUT_SCALE, BatchView, FitDraws, batch_view
-from fedlit.data.loaders import AugmentsOnDevice, DrawnBatch, RawBatch, draw_batches
+from fedlit.data.loaders import DrawnBatch, RawBatch, draw_batches, expand_batches
 from fedlit.federation.fit import compiled, loop
 from fedlit.federation.fit import TrainerTemplate
 from fedlit.models import build_classifier
@@ -118,7 +118,7 @@ def test_fit_draws_have_the_eager_draws_ranges_and_distributions(name: str) -> N
 
 def test_eager_draws_are_unchanged_on_the_global_generator() -> None:
     """Without fit draws a batch draws as before: each view's :meth:`BatchView.draw` on the
-    global generator, view after view, and the hook's views are :meth:`RawBatch.expand`'s,
+    global generator, view after view, and the expanded views are :meth:`RawBatch.expand`'s,
     bit for bit."""
     torch.manual_seed(0)
     images = torch.randint(0, 256, (16, 1, 28, 28), dtype=torch.uint8)
@@ -129,9 +129,8 @@ def test_eager_draws_are_unchanged_on_the_global_generator() -> None:
     expected = [view.draw(16, 28, 28) for view in _views(*raw.views)]
     assert all(torch.equal(a, e) for a, e in zip(drawn.draws, expected, strict=True))
 
-    hook = AugmentsOnDevice()
     torch.manual_seed(5)
-    views = hook.on_after_batch_transfer(raw, 0)
+    views = expand_batches(raw)
     torch.manual_seed(5)
     assert all(torch.equal(a, e) for a, e in zip(views, raw.expand(), strict=True))
 

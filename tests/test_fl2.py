@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import stop_in_round
+from conftest import load_script, stop_in_round
 from ray_runs import differences, federation
 from torch import Tensor, nn
 
@@ -285,15 +285,7 @@ def test_fl2_resume_is_exact(
 def test_sacrs_step_never_waits_for_the_device() -> None:
     """SACR's two gradients and SAM's perturbation read nothing back to the host
     (benchmarks/step_profile.py's counter, as tests/test_step_syncs.py uses it)."""
-    import importlib.util
-    import sys
-
-    script = Path(__file__).parents[1] / "benchmarks" / "step_profile.py"
-    spec = importlib.util.spec_from_file_location("step_profile", script)
-    assert spec is not None and spec.loader is not None
-    profile = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(spec.name, profile)
-    spec.loader.exec_module(profile)
+    profile = load_script(Path(__file__).parents[1] / "benchmarks" / "step_profile.py")
     objective, images = _client()
     objective.before_fit()
     objective.loss = replace(objective.loss, sam_tau=0.0)

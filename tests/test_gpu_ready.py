@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from test_lean import _loader
+from test_fit_loop import _loader
 
 from fedlit.data.augment import FitDraws
 from fedlit.federation.checkpoint import RunCheckpoint

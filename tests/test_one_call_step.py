@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 import torch
-from test_lean import _loader
+from test_fit_loop import _loader
 
 from fedlit.federation.checks import check_trainer
 from fedlit.federation.fit import TrainerTemplate, compiled, how_to_fit, loop

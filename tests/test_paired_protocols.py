@@ -4,13 +4,13 @@ name."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import load_script
 from scipy import stats
 
 SCRIPT = Path(__file__).parents[1] / "benchmarks" / "paired_protocols.py"
@@ -51,10 +51,7 @@ def _run(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, *args: str
 ) -> tuple[int, str, str]:
     """(exit code, stdout, stderr) of the script's ``main`` with ``args``."""
-    spec = importlib.util.spec_from_file_location("paired_protocols", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_script(SCRIPT)
     monkeypatch.setattr(sys, "argv", [str(SCRIPT), *args])
     code = 0
     try:

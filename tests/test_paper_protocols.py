@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_overrides
+from conftest import fed_dm, tiny_overrides
 
 from fedlit.cli import main
 from fedlit.data import FederatedDataModule
@@ -68,17 +68,9 @@ def test_server_objective_feeds_the_unlabeled_batch_to_j_only() -> None:
 
 
 # --- the data -------------------------------------------------------------------------------
-def _dm(root: Path, **kw: object) -> FederatedDataModule:
-    args = dict(root=str(root), num_clients=5, examples_per_client=300, val_per_class=20)
-    args.update(kw)
-    dm = FederatedDataModule(**args)  # type: ignore[arg-type]
-    dm.setup_federation(seed=7)
-    return dm
-
-
 def test_server_unlabeled_split_and_loader(fmnist_root: Path) -> None:
-    base = _dm(fmnist_root)
-    dm = _dm(fmnist_root, server_unlabeled_fraction=0.01)
+    base = fed_dm(fmnist_root)
+    dm = fed_dm(fmnist_root, server_unlabeled_fraction=0.01)
     assert len(base.server_unlabeled) == 0
     assert dm.partition_summary()["data/server_unlabeled"] == 600
     # 1% of each Fashion-MNIST class (6,000 each), taken after the labeled and validation sets
@@ -103,7 +95,7 @@ def test_bad_server_unlabeled_fraction_names_the_key(bad: float) -> None:
 
 def test_a_split_that_does_not_fit_names_the_key(fmnist_root: Path) -> None:
     with pytest.raises(ValueError, match="data.server_unlabeled_fraction=0.6"):
-        _dm(
+        fed_dm(
             fmnist_root, labeled_per_class=None, labeled_fraction=0.5, server_unlabeled_fraction=0.6
         )
 

@@ -328,7 +328,7 @@ def test_limit_train_batches_integer_is_a_number_of_batches(
 ) -> None:
     """An integer is a number of batches (1: one batch), a float a fraction, as Lightning has
     it: the parser once made ``1`` the float 1.0, every batch."""
-    from fedlit.cli.fit import resolve
+    from fedlit.resolver import resolve
 
     limit_arg = f"--trainer.limit_train_batches={given}"
     cli = resolve([f"--config={SERVER_SL}", *tiny_overrides(fmnist_root), limit_arg])
@@ -353,7 +353,7 @@ def test_gradient_clip_algorithm_is_read_in_either_case() -> None:
 
 
 def test_precision_16_is_lightnings_alias_of_16_mixed(fmnist_root: Path) -> None:
-    from fedlit.cli.fit import resolve
+    from fedlit.resolver import resolve
     from fedlit.federation.checks import check_trainer
     from fedlit.federation.fit import TrainerTemplate
 

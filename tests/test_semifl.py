@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import stop_in_round
+from conftest import load_script, stop_in_round
 from ray_runs import differences
 from torch import nn
 
@@ -321,15 +321,7 @@ def test_no_host_sync_inside_semifl_s_client_steps() -> None:
     """benchmarks/step_profile.py's counter: SemiFL's client steps (fixed labels gathered by
     index, the fix and mix losses over masks, the step's lam read on the device) read nothing
     back; its labels are made before the first step."""
-    import importlib.util
-    import sys
-
-    script = Path(__file__).parents[1] / "benchmarks" / "step_profile.py"
-    spec = importlib.util.spec_from_file_location("step_profile", script)
-    assert spec is not None and spec.loader is not None
-    profile = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = profile
-    spec.loader.exec_module(profile)
+    profile = load_script(Path(__file__).parents[1] / "benchmarks" / "step_profile.py")
     setting = profile.Setting("semifl", "small_cnn", clients=2, examples=16, batch=8, rounds=1,
                               server_epochs=1)  # fmt: skip
     phases = profile.profiled(profile.run_fedlit, setting, count=True).phases

@@ -4,14 +4,13 @@ counter on tiny steps)."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 import torch
+from conftest import load_script
 
 from fedlit.data.augment import BatchView
 from fedlit.data.datasets import dataset_spec
@@ -26,12 +25,7 @@ SCRIPT = Path(__file__).parents[1] / "benchmarks" / "step_profile.py"
 
 @pytest.fixture(scope="module")
 def profile() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("step_profile", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT)
 
 
 def test_the_counter_counts_reads_and_value_dependent_shapes(profile: ModuleType) -> None:

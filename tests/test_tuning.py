@@ -12,7 +12,7 @@ import numpy as np
 import optuna
 import pytest
 import yaml
-from conftest import refused, tiny_overrides
+from conftest import refused, tiny_overrides, wandb_records
 
 from fedlit.cli import main
 from fedlit.comparison.selection import (
@@ -299,7 +299,7 @@ def test_a_replaced_space_with_a_key_no_recipe_has_is_refused_by_the_parser(
 def test_every_recipe_method_declares_a_space_its_recipe_takes() -> None:
     """Each top-level recipe's method tunes the server's rate and epochs; every key of its
     space is a setting of its recipe, at both ends of its range."""
-    from fedlit.cli.fit import resolve
+    from fedlit.resolver import resolve
 
     for recipe in sorted((REPO / "recipes").glob("*.yaml")):
         space = method_class(str(recipe)).search_space
@@ -366,17 +366,8 @@ def test_flip_rate_counts_resamples_where_the_runner_up_wins() -> None:
 
 def _wandb_run(run_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     """An offline W&B run's run record and config, read by wandb's own inspector."""
-    import subprocess
-    import sys
-
     (run_file,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
-    out = subprocess.run(
-        [sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(run_file)],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
-    records = [json.loads(line) for line in out.splitlines() if line.strip()]
+    records = wandb_records(run_file)
     run = next(r["run"] for r in records if r["type"] == "run")
     config: dict[str, Any] = {}
     for r in records:
@@ -795,3 +786,83 @@ def test_a_rerun_logs_the_tuning_into_the_same_wandb_run(tmp_path: Path) -> None
     ids = [call["id"] for call in calls]
     assert ids[0] == ids[1] != ids[2] and calls[0]["resume"] == "allow"
     assert ids[0] != rerun_id("p", "c", tmp_path / "a")  # the results run's
+
+
+def test_the_halving_pruner_sees_each_round_once_as_the_mean_over_two_tuning_seeds(
+    tmp_path: Path,
+) -> None:
+    """A trial on two tuning seeds reports, at round r's step, the mean of the seeds' round-r
+    scores, once per step: the halving pruner completes one rung per step it reaches (not
+    the many rungs a step offset by seed would pass at once), and the earlier seed's run
+    reports nothing."""
+    from types import SimpleNamespace
+
+    from fedlit.comparison import Comparison, TuneSettings, plan, studies
+    from fedlit.federation.trial import make_pruner, open_storage, trial_callbacks
+
+    tune = TuneSettings(trials=3, seeds=[100, 101], pruner="halving", warmup_rounds=1)
+    comparison = Comparison(
+        name="c", recipes=RECIPES[:1], baseline="server_sl", out=str(tmp_path), tune=tune
+    )
+    studies.storage_path(comparison).parent.mkdir(parents=True)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(
+        study_name=studies.study_name(comparison, "default", "server_sl"),
+        storage=open_storage(studies.storage_path(comparison)),
+        direction="maximize",
+        pruner=make_pruner(studies.pruner_rule(tune)),
+    )
+    study.ask({"x": optuna.distributions.FloatDistribution(0, 1)})
+    bases = plan(studies.tuning_comparison(comparison))
+    runs = [studies.trial_run(comparison, base, 0, {"x": 0.5}) for base in bases]
+    scores = {100: [0.1, 0.5, 0.6], 101: [0.2, 0.7, 0.9]}  # rounds 0, 1, 2 of each seed
+    first, last = runs
+    first.run_dir.mkdir(parents=True)
+    meta = {"method": "server_sl", "seed": 100, "rounds": 2}
+    (first.run_dir / "run.json").write_text(json.dumps(meta))
+    (first.run_dir / "metrics.csv").write_text(
+        "round,val/acc\n" + "".join(f"{r},{v}\n" for r, v in enumerate(scores[100]))
+    )
+    for run in runs:
+        [callback] = trial_callbacks(dict(run.trial_labels))
+        view = SimpleNamespace(history=[], run_dir=run.run_dir, config=SimpleNamespace(rounds=2))
+        for r, value in enumerate(scores[run.seed]):
+            view.history.append({"round": float(r), "val/acc": value})
+            if r:
+                callback.on_round_end(view, r, {})
+        if run is first:  # the earlier seed's run: nothing reported
+            assert study.trials[0].intermediate_values == {}
+    trial = study.trials[0]
+    assert trial.intermediate_values == pytest.approx({0: 0.15, 1: 0.6, 2: 0.75})
+    # round 1 reached rung 0 (min_resource 1); round 2, the last, asks no pruner
+    assert sorted(k for k in trial.system_attrs if "rung" in k) == ["completed_rung_0"]
+    assert trial.system_attrs["completed_rung_0"] == pytest.approx(0.6)
+
+
+def test_one_sampler_per_study_draws_what_a_sampler_seeded_per_trial_draws() -> None:
+    """The study's one sampler draws, trial by trial, what a TPE sampler seeded with the
+    sampler's seed and the trial's number draws (the settings an earlier fedlit chose), and a
+    study loaded afresh with a new sampler draws its next trial as the running one would."""
+    from fedlit.comparison.sampler import draw_seed, number_seeded_sampler
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    space = {
+        "lr": optuna.distributions.FloatDistribution(0.01, 1.0, log=True),
+        "epochs": optuna.distributions.IntDistribution(1, 5),
+    }
+    storage = optuna.storages.InMemoryStorage()
+    ours = optuna.create_study(
+        study_name="s", storage=storage, direction="maximize", sampler=number_seeded_sampler(7, 2)
+    )
+    reseeded = optuna.create_study(direction="maximize")
+    for n in range(6):
+        reseeded.sampler = optuna.samplers.TPESampler(seed=draw_seed(7, n), n_startup_trials=2)
+        mine, theirs = ours.ask(space), reseeded.ask(space)
+        assert mine.params == theirs.params
+        value = -abs(np.log(mine.params["lr"]) + 2.0) + mine.params["epochs"] / 10
+        ours.tell(mine, value)
+        reseeded.tell(theirs, value)
+    sampler = number_seeded_sampler(7, 2)
+    loaded = optuna.load_study(study_name="s", storage=storage, sampler=sampler)
+    reseeded.sampler = optuna.samplers.TPESampler(seed=draw_seed(7, 6), n_startup_trials=2)
+    assert loaded.ask(space).params == reseeded.ask(space).params

@@ -23,9 +23,11 @@ import os
 import sys
 import traceback
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from contextlib import suppress
 from typing import TYPE_CHECKING, Any, NoReturn
+
+from fedlit.cli.paths import config_paths
 
 if TYPE_CHECKING:
     from fedlit.cli.common import (
@@ -47,13 +49,13 @@ if TYPE_CHECKING:
         executor_warnings,
         interrupted,
         loggers,
-        resolve,
         template,
         write_failure,
     )
     from fedlit.cli.partition import PARTITION_HELP, PartitionCLI, partition_main
     from fedlit.cli.report import report_main
     from fedlit.cli.test import SPLIT_FREE, TEST_HELP, run_test
+    from fedlit.resolver import resolve
 
 __all__ = [
     "COMMANDS",
@@ -100,10 +102,11 @@ _HOMES = {
     "fedlit.cli.compare": ("COMPARE_GROUPS", "compare_main"),
     "fedlit.cli.fit": (
         *("EXECUTOR_GROUPS", "FIT_HELP", "INTERRUPTED", "FedlitCLI", "executor_warnings"),
-        *("interrupted", "loggers", "resolve", "template", "write_failure"),
+        *("interrupted", "loggers", "template", "write_failure"),
     ),
     "fedlit.cli.partition": ("PARTITION_HELP", "PartitionCLI", "partition_main"),
     "fedlit.cli.report": ("report_main",),
+    "fedlit.resolver": ("resolve",),
     "fedlit.cli.test": ("SPLIT_FREE", "TEST_HELP", "run_test"),
 }
 _HOME_OF = {name: module for module, names in _HOMES.items() for name in names}
@@ -212,15 +215,6 @@ def exit_now(code: int) -> NoReturn:
             with suppress(Exception):
                 stream.flush()
         os._exit(code)
-
-
-def config_paths(argv: Sequence[str]) -> Iterator[str]:
-    """The files given with ``--config``/``-c`` (``--config X`` or ``--config=X``)."""
-    for i, arg in enumerate(argv):
-        if arg in ("--config", "-c") and i + 1 < len(argv):
-            yield argv[i + 1]
-        elif arg.startswith("--config="):
-            yield arg.split("=", 1)[1]
 
 
 #: What each command that says so first does, in the line it starts with.

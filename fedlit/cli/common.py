@@ -15,7 +15,7 @@ import yaml
 from jsonargparse import get_loader, set_loader
 from lightning import Trainer
 
-from fedlit.cli import config_paths
+from fedlit.cli.paths import config_paths
 from fedlit.federation import TrainerTemplate
 from fedlit.refusals import (
     DuplicateKey,

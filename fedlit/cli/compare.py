@@ -12,10 +12,11 @@ import numpy as np
 from jsonargparse import ActionConfigFile, DefaultHelpFormatter
 
 from fedlit.cli.common import CONFIG_MODE, config_file_error
-from fedlit.cli.fit import FedlitCLI, resolve
+from fedlit.cli.fit import FedlitCLI
 from fedlit.refusals import (
     OneLineParser,
 )
+from fedlit.resolver import resolve
 
 #: A reST role (``:func:`~a.b.c` ``) or a double-backtick literal in a docstring.
 _ROLE = re.compile(r":[\w:]+:`~?([^`<]*?)(?: <[^`]*>)?`|``([^`]*)``")

@@ -457,15 +457,10 @@ def _floats(value: Any, key: str = "") -> Iterator[tuple[str, float]]:
         yield key, value
 
 
-def resolve(args: Sequence[str]) -> FedlitCLI:
-    """A recipe and its overrides (``fit``'s arguments), parsed and instantiated, not run."""
-    return FedlitCLI(args=list(args), run=False)
-
-
 def federation_of(cli: FedlitCLI, run_dir: Path | None = None, **settings: Any) -> Federation:
-    """The federation a resolved recipe (:func:`resolve`) describes, in ``run_dir`` (None:
-    its ``trainer.default_root_dir``), not prepared; ``settings``: the :class:`Federation`'s
-    other fields (loggers, extra callbacks, progress)."""
+    """The federation a resolved recipe (:func:`~fedlit.resolver.resolve`) describes, in
+    ``run_dir`` (None: its ``trainer.default_root_dir``), not prepared; ``settings``: the
+    :class:`Federation`'s other fields (loggers, extra callbacks, progress)."""
     config = cli.config
     return Federation(
         method=cli.model,

@@ -4,7 +4,8 @@
 tuned comparison's studies (:mod:`~fedlit.comparison.tune`, :mod:`~fedlit.comparison.studies`)."""
 
 from fedlit.comparison.plan import PlannedRun, plan, run_state
-from fedlit.comparison.runner import execute, run_comparison
+from fedlit.comparison.runner import run_comparison
+from fedlit.comparison.runs import execute
 from fedlit.comparison.spec import Comparison, SourceRun, WandbSettings
 from fedlit.comparison.tune import TuneSettings
 from fedlit.run_layout import RUN_FILE

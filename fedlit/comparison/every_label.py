@@ -117,7 +117,7 @@ def _renamed(arg: str, run: PlannedRun, run_dir: Path, name: str) -> str:
 
 def flat_config(args: Sequence[str]) -> dict[str, Any]:
     """A run's flat config from its ``fedlit fit`` arguments, as the run records it."""
-    from fedlit.cli.fit import resolve
+    from fedlit.resolver import resolve
 
     return resolve(args).flat_config()
 

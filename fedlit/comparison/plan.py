@@ -93,7 +93,7 @@ def source_settings(comparison: Comparison) -> dict[str, str]:
 def _trains_no_clients(run: PlannedRun) -> bool:
     """Whether ``run``'s method trains no clients: its round plan is the server's step alone
     (its recipe and overrides resolved, nothing run)."""
-    from fedlit.cli import resolve
+    from fedlit.resolver import resolve
     from fedlit.methods.plan import SERVER_ONLY
 
     return bool(resolve(run.args).model.round_plan() == SERVER_ONLY)

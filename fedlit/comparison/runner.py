@@ -1,276 +1,55 @@
-"""``fedlit compare``: recipes x settings x seeds, run one after another, then one report.
-
-Each run is an ordinary ``fedlit fit`` of a recipe with the comparison's overrides, in its own
-directory ``<out>/<setting>/<recipe>/seed<k>`` (:mod:`~fedlit.comparison.plan`) with a
-``run.json`` naming its method, setting, seed and recipe. A finished run is skipped; an
-interrupted one is resumed from its checkpoint, so re-running the same command continues a
-comparison where it stopped. A run directory a live process is writing (its ``.lock`` held: a
-fit of an earlier comparison still running) is refused before anything starts.
-
-With ``jobs >= 2`` the fits are child processes, and they stop when the comparison stops
-(:class:`~fedlit.federation.children.Children`): a SIGTERM or SIGINT is passed on to each
-running fit (which stops at its next safe point, resumable) and waited for, and each child is
-started with Linux's parent-death signal, so that even a SIGKILL of the comparison stops them.
+"""``fedlit compare``: recipes x settings x seeds, then one report, as a pipeline of stages
+(:func:`run_comparison`): check everything, run the source runs, the studies (a tuned
+comparison), the scored runs, then write the report and log it to W&B. Each stage is a
+function of what the stages before it give; the runs themselves are run by
+:mod:`~fedlit.comparison.runs`.
 """
 
 from __future__ import annotations
 
-import os
-import sys
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import nullcontext
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from fedlit.comparison.devices import GpuSlots, visible_gpus
-from fedlit.comparison.plan import (
-    INIT_FROM_ARG,
-    ROOT_DIR_ARG,
-    PlannedRun,
-    plan,
-    plan_sources,
-    run_state,
-)
+from fedlit.comparison.every_label import check_every_label, with_every_label
+from fedlit.comparison.plan import PlannedRun, plan, plan_sources
 from fedlit.comparison.report import about_lines, log_to_wandb, terminal_table, write_report
+from fedlit.comparison.runs import (
+    FitFn,
+    Refused,
+    changed_runs,
+    chosen_settings,
+    execute,
+    fit_in_subprocess,
+    refuse_changed,
+    timing,
+)
 from fedlit.comparison.spec import Comparison
-from fedlit.federation.checkpoint import checkpoint_settings
+from fedlit.comparison.studies import check_studies, tuning_comparison, with_settings
+from fedlit.comparison.tune import overrides
+from fedlit.comparison.tuned import Tuning, tune_runs
 from fedlit.federation.children import Children
 from fedlit.federation.console import warn
 from fedlit.federation.loggers import quiet_wandb
-from fedlit.federation.resume import changed_settings
-from fedlit.federation.rundir import holding, set_aside, set_aside_dead_run
 from fedlit.machine import available_cores
-from fedlit.reporting import last_k_warning, load_run
-from fedlit.run_layout import CHECKPOINT
+from fedlit.reporting import RunRecord, last_k_warning, load_run
 
-
-class Refused(ValueError):
-    """A comparison that cannot go on for a reason its user can fix (a run directory a live
-    process is writing); ``fedlit compare`` exits with status 2 and this message."""
-
-
-FitFn = Callable[[Sequence[str]], None]
-
-
-def fit_in_subprocess(log_dir: Path, threads: int, children: Children | None = None) -> FitFn:
-    """A ``fit`` that runs ``fedlit fit`` in its own Python process with ``threads`` torch
-    threads, its output appended to ``log_dir/<run>.log``; raises if the process fails. The
-    process is one of ``children``: it stops when the comparison stops. On a machine with
-    several GPUs each process sees one (:class:`~fedlit.comparison.devices.GpuSlots`)."""
-    children = children or Children()
-    gpus = GpuSlots(visible_gpus())
-
-    def fit(args: Sequence[str]) -> None:
-        run_dir = next(a.split("=", 1)[1] for a in args if a.startswith(ROOT_DIR_ARG))
-        log_dir.mkdir(parents=True, exist_ok=True)
-        name = Path(run_dir).as_posix().replace("/", "_")
-        env = os.environ | {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-        with open(log_dir / f"{name}.log", "a") as out, gpus.taken() as gpu:
-            proc = children.start(
-                [sys.executable, "-m", "fedlit.cli", *args], env=env | gpu, stdout=out, stderr=out
-            )
-            if proc is None:
-                raise RuntimeError(f"{run_dir}: not started, the comparison is stopping")
-            code = children.wait(proc)
-        if code != 0:
-            raise RuntimeError(f"{run_dir}: fedlit fit exited with {code}, see {out.name}")
-
-    return fit
-
-
-def changed_runs(
-    runs: Sequence[PlannedRun],
-    rounds: Mapping[PlannedRun, int],
-    settings: Mapping[PlannedRun, dict[str, Any]],
-    renewed: Collection[tuple[str, int]] = (),
-) -> dict[PlannedRun, str]:
-    """The runs written already (finished, or to resume) whose recorded settings (their
-    checkpoint's flat config) differ from what the spec now gives them (``settings``: each
-    run's flat config as ``fedlit fit`` would record it), each with its first differing
-    setting in words. The comparison is a resume's
-    (:func:`~fedlit.federation.resume.changed_settings`); the seed and the warm start's
-    source are the run's own. A run of a setting and seed in ``renewed``, whose warm start's
-    source is run afresh, has changed too."""
-    changed = {}
-    for run in runs:
-        if run_state(run, rounds[run]) not in ("finished", "resumable"):
-            continue
-        if (run.setting, run.seed) in renewed:
-            changed[run] = "its warm start's source (federation.init_from) is run afresh"
-            continue
-        if run not in settings:
-            continue
-        saved = checkpoint_settings(run.run_dir / CHECKPOINT)
-        given = settings[run] | {"seed_everything": run.seed}
-        source = [a.split("=", 1)[1] for a in run.args if a.startswith(INIT_FROM_ARG)]
-        if source:  # a run per seed: the seed's own
-            given["federation.init_from"] = source[-1]
-        keys = changed_settings(saved, given)
-        if keys:
-            key = keys[0]
-            more = f" (and {len(keys) - 1} more)" if len(keys) > 1 else ""
-            changed[run] = f"{key}={given[key]!r}, the run's {saved[key]!r}{more}"
-    return changed
-
-
-def chosen_settings(
-    runs: Sequence[PlannedRun], settings: Callable[[Sequence[str]], dict[str, Any]]
-) -> dict[PlannedRun, dict[str, Any]]:
-    """Each of a tuned comparison's scored ``runs``' flat config with its study's chosen
-    settings (``settings``: as ``fedlit fit`` would record it), resolved once per recipe and
-    setting."""
-    flat: dict[tuple[str, str], dict[str, Any]] = {}
-    for run in runs:
-        key = (run.setting, str(run.run_dir.parent))
-        if key not in flat:
-            flat[key] = settings(run.args)
-    return {run: flat[(run.setting, str(run.run_dir.parent))] for run in runs}
-
-
-def refuse_changed(changed: Mapping[PlannedRun, str]) -> None:
-    """Raise :class:`Refused` naming the first of the ``changed`` runs (:func:`changed_runs`)
-    and its first differing setting; nothing where none changed."""
-    if not changed:
-        return
-    run, what = next(iter(changed.items()))
-    others = f" (and {len(changed) - 1} other run(s))" if len(changed) > 1 else ""
-    raise Refused(
-        f"{run.run_dir}{others}: written with other settings than the spec now gives it: "
-        f"{what}. Re-run the changed runs with --rerun_changed=true (each old run is set "
-        "aside in <run>.changed<n>, never deleted), or give the spec another out"
-    )
-
-
-def set_aside_changed_run(run_dir: Path) -> Path:
-    """Move a run whose settings the spec changed out of the way, to ``<run>.changed<n>``
-    (never delete what was written); returns where."""
-    with holding(run_dir, None):
-        try:
-            return set_aside(run_dir, "changed")
-        except ValueError as err:
-            raise Refused(str(err)) from None
-
-
-def execute(
-    runs: Sequence[PlannedRun],
-    rounds: Mapping[PlannedRun, int],
-    fit: FitFn,
-    log: Callable[[str], None] = print,
-    jobs: int = 1,
-    children: Children | None = None,
-    settings: Mapping[PlannedRun, dict[str, Any]] | None = None,
-    rerun_changed: bool = False,
-    renewed: Collection[tuple[str, int]] = (),
-) -> dict[str, int]:
-    """Run what is not finished, ``jobs`` at a time; returns how many runs were run, resumed
-    and skipped. With ``jobs > 1`` a failed run stops new ones from starting, lets the running
-    ones finish, then raises; ``children``, the processes ``fit`` starts, are stopped with
-    the comparison (:meth:`Children.forwarding_signals`). Raises :class:`Refused` before
-    anything runs if a live process holds a run directory's lock, or if a run written already
-    has other settings than the spec gives it (``settings``: each run's flat config;
-    :func:`changed_runs`), naming the run and the first setting that differs; with
-    ``rerun_changed``, such a run is set aside in ``<run>.changed<n>`` and run afresh, as is
-    one whose warm start's source is (``renewed``: its setting and seed)."""
-    counts = {"run": 0, "resumed": 0, "skipped": 0}
-    todo: list[list[str]] = []
-    timed: list[tuple[float, int]] = []  # each run's seconds and rounds, as measured here
-    for run in runs:  # a run directory a live process writes: refused before anything runs
-        try:
-            with holding(run.run_dir, None):
-                pass
-        except ValueError as err:
-            raise Refused(
-                f"{err} (a fit of an earlier fedlit compare may still be running)"
-            ) from None
-    changed = changed_runs(runs, rounds, settings or {}, renewed)
-    if not rerun_changed:
-        refuse_changed(changed)
-    for run in changed:
-        aside = set_aside_changed_run(run.run_dir)
-        log(f"{run.setting} {run.method} seed {run.seed}: settings changed, set aside in {aside}")
-    for i, run in enumerate(runs, start=1):
-        state = run_state(run, rounds[run])
-        head = f"[{i}/{len(runs)}] {run.setting} {run.method} seed {run.seed}"
-        if state == "finished":
-            log(f"{head}: finished, skipped")
-            counts["skipped"] += 1
-            continue
-        args = [*run.args, run.labels_arg()]  # run.json names the run by these
-        if state == "resumable":
-            args.append(f"--federation.resume={run.run_dir / CHECKPOINT}")
-            counts["resumed"] += 1
-            log(f"{head}: resuming")
-        else:
-            if state == "broken":
-                try:
-                    aside = set_aside_dead_run(run.run_dir)
-                except ValueError as err:
-                    raise Refused(str(err)) from None
-                log(f"{head}: incomplete run set aside in {aside}")
-            counts["run"] += 1
-            log(f"{head}: {run.command()}")
-        if jobs == 1:
-            start = time.perf_counter()
-            fit(["fit", *args])
-            timed.append((time.perf_counter() - start, rounds[run]))
-            log(f"{head}: {timing(timed, [rounds[r] for r in runs[i:]])}")
-        else:
-            todo.append(["fit", *args])
-    if todo:
-        _run_parallel(todo, fit, jobs, children)
-    return counts
-
-
-def tuning_budget(comparison: Comparison, rounds: Mapping[tuple[str, str], int]) -> str:
-    """What the tuning asks, before it runs: its studies and their rounds in all (``rounds``:
-    a run's rounds per setting and recipe); each run's time is printed as it ends."""
-    tune = comparison.tune
-    assert tune is not None
-    per = tune.trials * len(tune.seeds)
-    total = sum(per * n for n in rounds.values())
-    return (
-        f"tuning: {len(rounds)} stud{'y' if len(rounds) == 1 else 'ies'}, up to {total} rounds "
-        f"of trials in all ({tune.trials} trials x a run's rounds x {len(tune.seeds)} tuning "
-        "seeds each, pruned trials' rounds spent on more trials); each run's time and the "
-        "estimate for the rest follow it"
-    )
-
-
-def timing(timed: Sequence[tuple[float, int]], left: Sequence[int]) -> str:
-    """A run's measured time, and the time of the runs ``left`` (their rounds) estimated
-    from the seconds a round of the runs measured so far (``timed``: seconds, rounds): a
-    guide, not a bound, since methods' rounds differ in cost."""
-    seconds, rounds = timed[-1]
-    per_round = sum(t for t, _ in timed) / max(1, sum(r for _, r in timed))
-    text = f"took {seconds:.0f} s ({seconds / max(1, rounds):.1f} s a round)"
-    if left:
-        estimate = per_round * sum(left) / 60
-        text += f"; the {len(left)} runs left: about {estimate:.1f} min at this pace"
-    return text
-
-
-def _run_parallel(
-    todo: Sequence[list[str]], fit: FitFn, jobs: int, children: Children | None = None
-) -> None:
-    failed: list[BaseException] = []
-
-    def one(args: list[str]) -> None:
-        if failed:  # a run failed: start no more
-            return
-        try:
-            fit(args)
-        except Exception as err:
-            failed.append(err)
-
-    stopping = children.forwarding_signals() if children is not None else nullcontext()
-    with stopping, ThreadPoolExecutor(max_workers=jobs) as pool:
-        list(pool.map(one, todo))
-    if failed:
-        raise RuntimeError(f"{len(failed)} run(s) failed; the first: {failed[0]}")
+__all__ = [
+    "Checked",
+    "FitFn",
+    "Refused",
+    "Scoring",
+    "check",
+    "execute",
+    "fit_in_subprocess",
+    "run_comparison",
+    "timing",
+    "tuning_budget",
+]
 
 
 def run_comparison(
@@ -283,25 +62,74 @@ def run_comparison(
     settings: Callable[[Sequence[str]], dict[str, Any]] | None = None,
     rerun_changed: bool = False,
 ) -> dict[str, Path]:
-    """Check every recipe x setting, run what is not finished, then write the report and
-    show its main tables (``log``).
+    """Check every recipe x setting (:func:`check`), run what is not finished (the source
+    runs, the studies, the scored runs), then write the report, log it to W&B and show its
+    main tables (``log``); returns name -> path of every file of the report.
 
-    Args:
-        comparison: what to run.
-        command: the command line that asked for it (quoted in the report).
-        fit: runs ``fedlit fit`` with the given arguments.
-        rounds: a run's configured rounds from its ``fit`` arguments; raises (or exits) on
-            bad input, so every run is checked before the first one starts.
-        partition: the (clients x classes) counts a run's data makes for a seed.
-        log: where progress lines go.
-        settings: a run's flat config (as ``fedlit fit`` records it) from its ``fit``
-            arguments: a run written already is reused only where its settings are these
-            (:func:`execute`). None: not checked.
-        rerun_changed: run afresh a run written with other settings, the old one set aside.
+    ``command`` is quoted in the report; ``fit`` runs ``fedlit fit`` with the given
+    arguments; ``rounds`` gives a run's configured rounds from its ``fit`` arguments and
+    raises (or exits) on bad input; ``partition`` gives the (clients x classes) counts a
+    run's data makes for a seed; ``settings`` gives a run's flat config (as ``fedlit fit``
+    records it): a run written already is reused only where its settings are these
+    (:func:`~fedlit.comparison.runs.execute`; None: not checked); ``rerun_changed`` runs
+    afresh a run written with other settings, the old one set aside."""
+    checked = check(comparison, rounds, partition, settings, rerun_changed, log)
+    start = time.perf_counter()
+    fit, children = fit_for_jobs(comparison, fit)
+    with quiet_wandb():  # no W&B summary block after each run: the table comes last
+        run_sources(comparison, checked, fit, log, children)
+        scoring = run_tuning(comparison, checked, rounds, fit, log, children, settings)
+        counts = run_scored(comparison, checked, scoring, fit, log, children)
+    minutes = (time.perf_counter() - start) / 60
+    records, written = report(comparison, checked, scoring, counts, minutes, command)
+    if comparison.wandb is not None:
+        to_wandb(comparison, records, written, scoring.tuning)
+    table = terminal_table(
+        records, comparison.target, comparison.baseline, comparison.last_k, comparison.calibration
+    )
+    log(table)
+    return written
 
-    Returns:
-        name -> path of every file of the report.
-    """
+
+@dataclass
+class Checked:
+    """A comparison checked before anything runs: its source runs and runs (:func:`plan`),
+    each run's configured rounds (``rounds``, learning the tuned runs' too) and flat config
+    (``given``; empty where not checked), each setting's partition, the settings and seeds
+    whose source is run afresh (``renewed``), and whether changed runs are run afresh."""
+
+    sources: list[PlannedRun]
+    runs: list[PlannedRun]
+    rounds: dict[PlannedRun, int]
+    given: dict[PlannedRun, dict[str, Any]]
+    partitions: dict[str, np.ndarray]
+    renewed: set[tuple[str, int]]
+    rerun_changed: bool = False
+
+
+@dataclass
+class Scoring:
+    """The runs the report scores, the flat config each is checked against, and what the
+    tuning (None: untuned) says of them."""
+
+    runs: list[PlannedRun]
+    given: Mapping[PlannedRun, dict[str, Any]]
+    tuning: Tuning | None = None
+    label_lines: list[str] = field(default_factory=list)
+
+
+def check(
+    comparison: Comparison,
+    rounds: Callable[[Sequence[str]], int],
+    partition: Callable[[Sequence[str], int], np.ndarray],
+    settings: Callable[[Sequence[str]], dict[str, Any]] | None,
+    rerun_changed: bool,
+    log: Callable[[str], None] = print,
+) -> Checked:
+    """Every run checked before the first one starts (a tuned comparison's scored runs once
+    their settings are chosen): each recipe and setting parsed once, a run written with other
+    settings refused (:class:`~fedlit.comparison.runs.Refused`) unless ``rerun_changed``, and
+    a tuned comparison's studies checked (:func:`check_tuning`)."""
     sources, runs = plan_sources(comparison), plan(comparison)
     configured: dict[tuple[str, str], int] = {}
     flat: dict[tuple[str, str], dict[str, Any]] = {}
@@ -317,61 +145,137 @@ def run_comparison(
             partitions[run.setting] = partition(run.args, run.seed)
     per_run = {run: configured[(run.setting, str(run.run_dir.parent))] for run in (*sources, *runs)}
     given = {run: flat[(run.setting, str(run.run_dir.parent))] for run in (*sources, *runs) if flat}
-    # every run checked before the first one starts; a tuned comparison's scored runs once
-    # their settings are chosen
+    # a tuned comparison's scored runs are checked once their settings are chosen
     checked = (*sources, *runs) if comparison.tune is None else sources
     if not rerun_changed:
         refuse_changed(changed_runs(checked, per_run, given))
-    if comparison.tune is not None:  # every study's settings parse, before anything runs
-        from fedlit.comparison.every_label import check_every_label
-        from fedlit.comparison.studies import check_spaces, check_studies
-
-        check_spaces(comparison, rounds)
-        try:
-            check_every_label(comparison, settings)
-        except ValueError as err:
-            raise Refused(str(err)) from None
-        refusal = check_studies(comparison)
-        if refusal:
-            raise Refused(refusal)
+    if comparison.tune is not None:
+        check_tuning(comparison, rounds, settings)
         log(tuning_budget(comparison, {(r.setting, r.method): per_run[r] for r in runs}))
-    start = time.perf_counter()
-    children = None
-    if comparison.jobs > 1:
-        threads = max(1, available_cores() // comparison.jobs)
-        children = Children()
-        fit = fit_in_subprocess(Path(comparison.out) / "logs", threads, children)
     # a source run afresh: the runs that start from it, too
     renewed = {(r.setting, r.seed) for r in changed_runs(sources, per_run, given)}
-    tuning, label_lines = None, list[str]()
-    with quiet_wandb():  # no W&B summary block after each run: the table comes last
-        if sources:  # the runs the others start from, first
-            execute(sources, per_run, fit, log, comparison.jobs, children, given, rerun_changed)
-        if comparison.tune is not None:  # the studies, then their best settings on `seeds`
-            from fedlit.comparison.every_label import with_every_label
-            from fedlit.comparison.tuned import tune_runs
+    return Checked(sources, runs, per_run, given, partitions, renewed, rerun_changed)
 
-            tuning = tune_runs(comparison, runs, per_run, rounds, fit, log, children)
-            runs, label_lines = with_every_label(comparison, tuning.runs, per_run, settings)
-            given = chosen_settings(runs, settings) if settings is not None else {}
-        counts = execute(
-            runs, per_run, fit, log, comparison.jobs, children, given, rerun_changed, renewed
-        )
-    minutes = (time.perf_counter() - start) / 60
-    records = [load_run(run.run_dir) for run in runs]
+
+def check_tuning(
+    comparison: Comparison,
+    rounds: Callable[[Sequence[str]], int],
+    settings: Callable[[Sequence[str]], dict[str, Any]] | None,
+) -> None:
+    """Every study's settings parse, its ``every_label`` row can be made, and the studies
+    already in ``out`` can go on, before anything runs; :class:`Refused` otherwise."""
+    check_spaces(comparison, rounds)
+    try:
+        check_every_label(comparison, settings)
+    except ValueError as err:
+        raise Refused(str(err)) from None
+    refusal = check_studies(comparison)
+    if refusal:
+        raise Refused(refusal)
+
+
+def check_spaces(comparison: Comparison, rounds: Callable[[Sequence[str]], int]) -> None:
+    """Have ``fedlit fit``'s parser check every study's settings at both ends of their ranges
+    (``rounds`` parses a run's arguments and exits on a bad key or value), before anything
+    runs."""
+    assert comparison.tune is not None
+    runs = plan(tuning_comparison(comparison))
+    for recipe in comparison.recipes:
+        stem = Path(recipe).stem
+        base = next(r for r in runs if r.method == stem)
+        space = comparison.tune.space(recipe)
+        for end in ("low", "high"):
+            params = {
+                key: (d.choices[0 if end == "low" else -1] if d.choices else getattr(d, end))
+                for key, d in space.items()
+            }
+            params = {k: int(v) if space[k].integer else v for k, v in params.items()}
+            rounds(with_settings(base.args, overrides(params)))
+
+
+def fit_for_jobs(comparison: Comparison, fit: FitFn) -> tuple[FitFn, Children | None]:
+    """The ``fit`` the runs use: ``fit`` itself one at a time, or with ``jobs >= 2`` a child
+    process per run with the cores shared among them, and those children."""
+    if comparison.jobs <= 1:
+        return fit, None
+    threads = max(1, available_cores() // comparison.jobs)
+    children = Children()
+    return fit_in_subprocess(Path(comparison.out) / "logs", threads, children), children
+
+
+def run_sources(
+    comparison: Comparison,
+    checked: Checked,
+    fit: FitFn,
+    log: Callable[[str], None],
+    children: Children | None,
+) -> None:
+    """Run the source runs, which the others start from, first."""
+    if checked.sources:
+        execute(
+            checked.sources, checked.rounds, fit, log, comparison.jobs, children, checked.given,
+            checked.rerun_changed,
+        )  # fmt: skip
+
+
+def run_tuning(
+    comparison: Comparison,
+    checked: Checked,
+    rounds: Callable[[Sequence[str]], int],
+    fit: FitFn,
+    log: Callable[[str], None],
+    children: Children | None,
+    settings: Callable[[Sequence[str]], dict[str, Any]] | None,
+) -> Scoring:
+    """The runs to score: an untuned comparison's own; a tuned one's after its studies
+    (:func:`~fedlit.comparison.tuned.tune_runs`), with their chosen settings and the
+    ``every_label`` row where asked."""
+    if comparison.tune is None:
+        return Scoring(checked.runs, checked.given)
+    tuning = tune_runs(comparison, checked.runs, checked.rounds, rounds, fit, log, children)
+    runs, label_lines = with_every_label(comparison, tuning.runs, checked.rounds, settings)
+    given = chosen_settings(runs, settings) if settings is not None else {}
+    return Scoring(runs, given, tuning, label_lines)
+
+
+def run_scored(
+    comparison: Comparison,
+    checked: Checked,
+    scoring: Scoring,
+    fit: FitFn,
+    log: Callable[[str], None],
+    children: Children | None,
+) -> dict[str, int]:
+    """Run the scored runs; returns how many were run, resumed and skipped."""
+    return execute(
+        scoring.runs, checked.rounds, fit, log, comparison.jobs, children, scoring.given,
+        checked.rerun_changed, checked.renewed,
+    )  # fmt: skip
+
+
+def report(
+    comparison: Comparison,
+    checked: Checked,
+    scoring: Scoring,
+    counts: dict[str, int],
+    minutes: float,
+    command: str,
+) -> tuple[list[RunRecord], dict[str, Path]]:
+    """The scored runs' records and the report written from them."""
+    records = [load_run(run.run_dir) for run in scoring.runs]
     short = last_k_warning(records, comparison.last_k)
     if short:
         warn(short)
-    about = about_lines(comparison, records, sources, counts, minutes, command)
-    if tuning is not None:
-        about += [*tuning.lines(), "", *label_lines]
+    about = about_lines(comparison, records, checked.sources, counts, minutes, command)
+    if scoring.tuning is not None:
+        about += [*scoring.tuning.lines(), "", *scoring.label_lines]
     written = write_report(
         records,
         comparison.out,
         title=f"Comparison: {comparison.name}",
         target=comparison.target,
         published=comparison.published,
-        partitions=partitions,
+        partitions=checked.partitions,
         about=about,
         report=comparison.report,
         baseline=comparison.baseline,
@@ -379,22 +283,42 @@ def run_comparison(
         name=comparison.name,
         calibration=comparison.calibration,
     )
-    if comparison.wandb is not None:
-        log_to_wandb(
-            records,
-            written,
-            comparison.wandb.project,
-            comparison.name,
-            comparison.wandb.offline,
-            comparison.out,
-            target=comparison.target,
-            baseline=comparison.baseline,
-            last_k=comparison.last_k,
-        )
-        if tuning is not None:
-            tuning.log_to_wandb()
-    table = terminal_table(
-        records, comparison.target, comparison.baseline, comparison.last_k, comparison.calibration
+    return records, written
+
+
+def to_wandb(
+    comparison: Comparison,
+    records: Sequence[RunRecord],
+    written: Mapping[str, Path],
+    tuning: Tuning | None,
+) -> None:
+    """Log the report (and the studies) to the comparison's W&B project."""
+    assert comparison.wandb is not None
+    log_to_wandb(
+        records,
+        written,
+        comparison.wandb.project,
+        comparison.name,
+        comparison.wandb.offline,
+        comparison.out,
+        target=comparison.target,
+        baseline=comparison.baseline,
+        last_k=comparison.last_k,
     )
-    log(table)
-    return written
+    if tuning is not None:
+        tuning.log_to_wandb()
+
+
+def tuning_budget(comparison: Comparison, rounds: Mapping[tuple[str, str], int]) -> str:
+    """What the tuning asks, before it runs: its studies and their rounds in all (``rounds``:
+    a run's rounds per setting and recipe); each run's time is printed as it ends."""
+    tune = comparison.tune
+    assert tune is not None
+    per = tune.trials * len(tune.seeds)
+    total = sum(per * n for n in rounds.values())
+    return (
+        f"tuning: {len(rounds)} stud{'y' if len(rounds) == 1 else 'ies'}, up to {total} rounds "
+        f"of trials in all ({tune.trials} trials x a run's rounds x {len(tune.seeds)} tuning "
+        "seeds each, pruned trials' rounds spent on more trials); each run's time and the "
+        "estimate for the rest follow it"
+    )

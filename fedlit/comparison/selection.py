@@ -18,11 +18,11 @@ def val_correct(args: Sequence[str], run_dir: Path, seed: int) -> np.ndarray:
     server's clean images, the evaluation's seed), so its mean is the run's last ``val/acc``."""
     import torch
 
-    from fedlit.cli.fit import resolve
     from fedlit.evaluation import scored
     from fedlit.federation import load_checkpoint
     from fedlit.federation.checks import loading_data
     from fedlit.federation.seeding import EVAL, derive_seed, seed_all
+    from fedlit.resolver import resolve
     from fedlit.run_layout import CHECKPOINT
 
     kept = [a for a in args if not a.startswith("--trainer.logger")]

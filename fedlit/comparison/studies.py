@@ -13,8 +13,9 @@ rounds of a run x the tuning seeds), the same for every recipe. A trial the prun
 leaves its unrun rounds to more trials, so a study runs at least ``trials`` trials and
 spends its budget to within one trial's rounds (:func:`batch_size`).
 
-Trials run in batches of up to ``jobs``: a batch's trials are drawn together (trial n's draw
-seeded by the sampler's seed and n), run at once, and told to the study when all have ended,
+Trials run in batches of up to ``jobs``: a batch's trials are drawn together by the study's
+one sampler (:func:`~fedlit.comparison.sampler.number_seeded_sampler`: trial n's draw seeded
+by the sampler's seed and n), run at once, and told to the study when all have ended,
 so each draw, each pruning decision and each batch's size sees the trials of the earlier
 batches alone. A study is then the same however often it was stopped: a trial left running
 by a kill is resumed from its run's checkpoint (or its pruning mark) and told once; a
@@ -34,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from fedlit.comparison.plan import ROOT_DIR_ARG, PlannedRun, plan
-from fedlit.comparison.runner import FitFn, execute
+from fedlit.comparison.runs import FitFn, execute
 from fedlit.comparison.spec import Comparison
 from fedlit.comparison.tune import TuneSettings, overrides
 from fedlit.federation.children import Children
@@ -43,10 +44,10 @@ from fedlit.federation.trial import (
     FAILED_FILE,
     PRUNED_FILE,
     PRUNER,
-    STEP,
     STORAGE,
     STUDY,
     TRIAL,
+    TRIAL_RUNS,
     make_pruner,
     open_storage,
     repair_journal,
@@ -138,11 +139,12 @@ def trial_run(
     args = [*with_settings(kept, extra), f"{ROOT_DIR_ARG}{run_dir}"]
     if comparison.wandb is not None:
         args += trial_wandb_args(comparison, base, number, params, run_dir)
+    study_key = (base.setting, base.method)
     labels = {
-        STUDY: study_name(comparison, base.setting, base.method),
+        STUDY: study_name(comparison, *study_key),
         STORAGE: str(storage_path(comparison)),
         TRIAL: str(number),
-        STEP: str(tune.seeds.index(base.seed) * 10_000),
+        TRIAL_RUNS: json.dumps([str(d) for d in trial_dirs(comparison, *study_key, number)]),
         OBJECTIVE: tune.objective,
         PRUNER: pruner_rule(tune),
     }
@@ -197,6 +199,8 @@ def run_studies(
     setting, recipe by recipe; returns what each chose and spent."""
     import optuna
 
+    from fedlit.comparison.sampler import number_seeded_sampler
+
     assert comparison.tune is not None
     tune = comparison.tune
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -212,7 +216,9 @@ def run_studies(
             space = tune.space(recipe)
             total = rounds(bases[0].args)
             terms = study_terms(comparison, recipe, bases)
-            study = _study(storage, study_name(comparison, setting, stem), pruner_rule(tune), terms)
+            sampler = number_seeded_sampler(tune.sampler_seed, tune.startup)
+            name = study_name(comparison, setting, stem)
+            study = _study(storage, name, pruner_rule(tune), terms, sampler)
             distributions = {key: dist.to_optuna() for key, dist in space.items()}
 
             def one(number: int, params: dict[str, Any]) -> tuple[int, float | str | None]:
@@ -229,10 +235,6 @@ def run_studies(
                     break
                 first = running[0].number if running else len(trials)
                 while len(study.get_trials(deepcopy=False)) < first + max(size, len(running)):
-                    number = len(study.get_trials(deepcopy=False))
-                    study.sampler = optuna.samplers.TPESampler(
-                        seed=_draw_seed(tune.sampler_seed, number), n_startup_trials=tune.startup
-                    )
                     study.ask(distributions)
                 batch = [
                     (t.number, t.params)
@@ -278,19 +280,20 @@ def rounds_run(
     ]
 
 
-def _study(storage: Any, name: str, rule: str, terms: dict[str, Any]) -> Any:
-    """The study ``name``, created on first use with its ``terms`` (a study that exists is
-    loaded, and its journal gets no record)."""
+def _study(storage: Any, name: str, rule: str, terms: dict[str, Any], sampler: Any) -> Any:
+    """The study ``name`` with its one ``sampler``, created on first use with its ``terms``
+    (a study that exists is loaded, and its journal gets no record)."""
     import optuna
 
+    pruner = make_pruner(rule)
     try:
-        study = optuna.load_study(study_name=name, storage=storage, pruner=make_pruner(rule))
+        study = optuna.load_study(study_name=name, storage=storage, pruner=pruner, sampler=sampler)
         if TERMS not in study.user_attrs:  # a kill cut the record of its terms
             study.set_user_attr(TERMS, terms)
         return study
     except KeyError:
         study = optuna.create_study(
-            study_name=name, storage=storage, direction="maximize", pruner=make_pruner(rule)
+            study_name=name, storage=storage, direction="maximize", pruner=pruner, sampler=sampler
         )
         study.set_user_attr(TERMS, terms)
         return study
@@ -348,10 +351,6 @@ def check_studies(comparison: Comparison) -> str | None:
                         "spec's; give the comparison another name or out to start afresh"
                     )
     return None
-
-
-def _draw_seed(seed: int, number: int) -> int:
-    return int(np.random.SeedSequence([seed, number]).generate_state(1)[0])
 
 
 def _in_parallel(
@@ -478,25 +477,6 @@ def final_runs(runs: Sequence[PlannedRun], results: Sequence[StudyResult]) -> li
 def _final_tag(arg: str) -> str:
     tags = "--trainer.logger.dict_kwargs.tags=["
     return f"{tags}final, {arg[len(tags):]}" if arg.startswith(tags) else arg
-
-
-def check_spaces(comparison: Comparison, rounds: Callable[[Sequence[str]], int]) -> None:
-    """Have ``fedlit fit``'s parser check every study's settings at both ends of their ranges
-    (``rounds`` parses a run's arguments and exits on a bad key or value), before anything
-    runs."""
-    assert comparison.tune is not None
-    runs = plan(tuning_comparison(comparison))
-    for recipe in comparison.recipes:
-        stem = Path(recipe).stem
-        base = next(r for r in runs if r.method == stem)
-        space = comparison.tune.space(recipe)
-        for end in ("low", "high"):
-            params = {
-                key: (d.choices[0 if end == "low" else -1] if d.choices else getattr(d, end))
-                for key, d in space.items()
-            }
-            params = {k: int(v) if space[k].integer else v for k, v in params.items()}
-            rounds(with_settings(base.args, overrides(params)))
 
 
 def tuning_sources(comparison: Comparison) -> list[PlannedRun]:

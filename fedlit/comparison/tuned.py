@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from fedlit.comparison.plan import PlannedRun
-from fedlit.comparison.runner import FitFn, execute
+from fedlit.comparison.runs import FitFn, execute
 from fedlit.comparison.runner_up import gap_lines, runner_up_runs
 from fedlit.comparison.spec import Comparison
 from fedlit.comparison.studies import (

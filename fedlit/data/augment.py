@@ -15,7 +15,7 @@ Every random parameter is drawn on the CPU, so the same seed gives the same view
 on a GPU. A fit in fedlit's loop, eager or compiled, takes them from its :class:`FitDraws`: a
 chunk of steps drawn from the fit's own generator in a few whole-tensor ops
 (:meth:`BatchView.from_uniforms`) and moved to the device in one transfer, each step then
-taking its slice. A batch drawn outside fedlit's loop (a Lightning Trainer's, a view called
+taking its slice. A batch drawn outside fedlit's loop (a loader iterated by hand, a view called
 directly) draws its own from torch's global generator (:meth:`BatchView.draw`): 6-12 small
 calls per view. The rows and their distributions are the same either way; the values are
 not. The views and the draws of their parameters are one contract, kept in this module.

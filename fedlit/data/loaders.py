@@ -6,11 +6,10 @@ in order) and slices it: no per-image ``__getitem__``, no collation. The views a
 the whole batch by :mod:`fedlit.data.augment`:
 
 - iterated directly (a notebook, a manual loop), it yields the finished batch tuples on the CPU;
-- inside a Trainer (:meth:`ImageBatches.on_device`, which
-  :class:`~fedlit.federation.TrainerTemplate` applies), it yields :class:`RawBatch` objects
-  that Lightning moves to the training device as uint8, and the module's
-  ``on_after_batch_transfer`` hook
-  (:func:`expand_batches`) computes the views there, on the GPU when there is one.
+- inside fedlit's fit loop (:meth:`ImageBatches.on_device`, which the loop applies for a
+  module that is :class:`AugmentsOnDevice`: fedlit's objectives and evaluator), it yields
+  :class:`RawBatch` objects that the loop moves to the training device as uint8, then
+  computes their views there (:func:`expand_batches`), on the GPU when there is one.
 
 Either way a batch is ``(index?, view_1, ..., view_n, labels?)``: the index (B,) int64 with
 ``with_index``, one float32 tensor (B, C, H, W) per view, and the labels (B,) int64 when the
@@ -153,14 +152,10 @@ def draw_batches(batch: Any, fit_draws: FitDraws | None = None) -> Any:
 
 
 class AugmentsOnDevice:
-    """Mixin for the LightningModules that take these loaders' batches (objectives, the
-    evaluator): the views of every :class:`RawBatch` are computed on the device the module
-    runs on, after the transfer (fedlit's fit draws them, :mod:`fedlit.federation.fit`; in a
-    Lightning Trainer, its ``on_after_batch_transfer`` hook). Put it before
-    ``LightningModule`` in the bases."""
-
-    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        return expand_batches(batch)
+    """Mark of the LightningModules that take these loaders' batches (objectives, the
+    evaluator): fedlit's fit loop (:mod:`fedlit.federation.fit`) gives them
+    :class:`RawBatch` objects and computes their views on the device the module runs on,
+    after the transfer. Put it before ``LightningModule`` in the bases."""
 
 
 #: Each split's tensor staged on a device, by (id of the split's tensor, device); an entry is
@@ -242,7 +237,7 @@ class ImageBatches:
         """A copy that yields :class:`RawBatch` objects, to be expanded after the transfer to
         the training device (:func:`expand_batches`). With ``device``, the split's tensors are
         staged there (:func:`staged`: copied once, while the split lives) and the batches are
-        drawn there by index, so Lightning's transfer moves nothing; mapped images stay
+        drawn there by index, so the fit loop's transfer moves nothing; mapped images stay
         where they are."""
         deferred = copy.copy(self)
         deferred.deferred = True

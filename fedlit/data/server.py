@@ -18,7 +18,7 @@ class ServerData:
     """What the server holds, and the loaders over it.
 
     Every loader is an :class:`ImageBatches`: index draws from the split's uint8 tensor, the
-    views computed a whole batch at a time (on the training device inside a Trainer).
+    views computed a whole batch at a time (on the training device inside fedlit's fit loop).
 
     Attributes:
         labeled: the labeled set (empty when the labels are at the clients).

@@ -1,4 +1,5 @@
-"""The federation driver: rounds, clients, Trainers, logging, checkpoints."""
+"""The federation driver: rounds, clients, the fits (fedlit's own loop for its objectives),
+logging, checkpoints."""
 
 from fedlit.federation.callbacks import Callback, RunView
 from fedlit.federation.checkpoint import load_checkpoint, save_checkpoint

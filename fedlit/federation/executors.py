@@ -118,7 +118,7 @@ def _worker_class() -> Any:
     @ray.remote
     class ClientWorker:
         """A long-lived worker: holds the run's :class:`ClientRunner` (the method's client
-        side, the data, the Trainer template), received once, and runs clients."""
+        side, the data, the run's ``trainer`` settings), received once, and runs clients."""
 
         def __init__(self, runner: ClientRunner, threads: int, to_host: bool = False) -> None:
             import torch

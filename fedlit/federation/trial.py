@@ -2,22 +2,33 @@
 round it reports its validation score to the study and stops when the study's pruner says so.
 
 A comparison names a trial's run by its ``federation.labels`` (:data:`STUDY`, :data:`STORAGE`,
-:data:`TRIAL`, :data:`STEP`), so ``fedlit fit`` needs nothing else to know it: the same
+:data:`TRIAL`, :data:`TRIAL_RUNS`), so ``fedlit fit`` needs nothing else to know it: the same
 command line in this process or in a child. The study's file is Optuna's journal, which
 several processes append to safely.
+
+A trial runs on each tuning seed, one seed after another. Its score at round ``r`` (step
+``r``, as Optuna's pruners count) is the mean over the tuning seeds of their round-``r``
+scores: the run of the last tuning seed reports it, once per step, reading the earlier
+seeds' rounds from their finished runs, and it alone is pruned. The trial's value is told by
+the study's own loop (``study.tell``); a run reports through the study's storage and asks its
+pruner (``pruner.prune``), as Optuna's trials do, with no trial object built by hand.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from fedlit.federation.callbacks import Callback, Ending, RunView
 from fedlit.federation.console import warn
 
-STUDY, STORAGE, TRIAL, STEP = "study", "storage", "trial", "step"
+STUDY, STORAGE, TRIAL = "study", "storage", "trial"
+#: The label naming a trial's run directories, one per tuning seed in order (a JSON list).
+TRIAL_RUNS = "trial_runs"
 OBJECTIVE, PRUNER = "objective", "pruner"
 #: Written into a run directory when its trial is pruned: the round it stopped after.
 PRUNED_FILE = "pruned.json"
@@ -78,20 +89,30 @@ def repair_journal(path: Path) -> str | None:
 
 
 class ReportToStudy(Callback):
-    """After each round, report its ``objective`` to trial ``trial`` of ``study`` (step
-    ``step + round``; rounds of an earlier, interrupted process too, once each), then ask
-    the pruner; when it prunes, write :data:`PRUNED_FILE` and raise :class:`TrialPruned`.
-    It comes after the checkpoint, so the run stops whole."""
+    """After each round, report the trial's score to trial ``trial`` of ``study``: at step
+    ``r``, the mean over the trial's runs (``runs``: one per tuning seed, in order; this run
+    the last) of their round-``r`` ``objective``, each step once (rounds of an earlier,
+    interrupted process too), then ask the pruner; when it prunes, write :data:`PRUNED_FILE`
+    and raise :class:`TrialPruned`. A run of an earlier tuning seed reports nothing (the last
+    seed's run averages its rounds in). It comes after the checkpoint, so the run stops whole."""
 
     def __init__(
-        self, storage: str, study: str, trial: int, step: int, objective: str, pruner: str
+        self,
+        storage: str,
+        study: str,
+        trial: int,
+        objective: str,
+        pruner: str,
+        runs: Sequence[str] = (),
     ) -> None:
         self.storage, self.study_name, self.number = storage, study, trial
-        self.step, self.objective, self.pruner = step, objective, pruner
+        self.objective, self.pruner, self.runs = objective, pruner, [Path(r) for r in runs]
 
     def on_round_end(self, run: RunView, round_idx: int, metrics: dict[str, float]) -> None:
         import optuna
 
+        if self.runs and self.runs[-1].resolve() != Path(run.run_dir).resolve():
+            return  # an earlier tuning seed's run: the last one reports the mean
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         storage = open_storage(self.storage)
         study = optuna.load_study(
@@ -101,13 +122,12 @@ class ReportToStudy(Callback):
         study_id = storage.get_study_id_from_name(self.study_name)
         trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, self.number)
         reported = storage.get_trial(trial_id).intermediate_values
-        trial = optuna.Trial(study, trial_id)
-        for row in run.history:
-            step = self.step + int(row["round"])
-            if self.objective in row and step not in reported:
-                trial.report(float(row[self.objective]), step)
-        if round_idx < run.config.rounds and trial.should_prune():
-            marker = {"round": round_idx, "step": self.step + round_idx}
+        for step, value in mean_by_round(run.history, self.runs[:-1], self.objective).items():
+            if step not in reported:
+                storage.set_trial_intermediate_value(trial_id, step, value)
+        trial = storage.get_trial(trial_id)
+        if round_idx < run.config.rounds and study.pruner.prune(study, trial):
+            marker = {"round": round_idx, "step": round_idx}
             (run.run_dir / PRUNED_FILE).write_text(json.dumps(marker))
             raise TrialPruned(f"trial {self.number} pruned after round {round_idx}")
 
@@ -116,6 +136,26 @@ class ReportToStudy(Callback):
             rounds = [int(row["round"]) for row in run.history]
             marker = {"rounds_run": max(rounds, default=0)}
             (run.run_dir / FAILED_FILE).write_text(json.dumps(marker))
+
+
+def mean_by_round(
+    history: Sequence[Mapping[str, float]], earlier: Sequence[Path], objective: str
+) -> dict[int, float]:
+    """Each round's ``objective`` averaged over a trial's runs: this run's ``history`` and the
+    finished runs of its ``earlier`` tuning seeds (read from their metrics); a round some run
+    lacks is left out."""
+    from fedlit.reporting.runs import load_run
+
+    rows = [list(history)]
+    for run_dir in earlier:
+        record = load_run(run_dir)
+        rows.append([record.summary, *record.history])
+    by_run = [
+        {int(row["round"]): float(row[objective]) for row in run if objective in row}
+        for run in rows
+    ]
+    rounds = sorted(set.intersection(*(set(values) for values in by_run)))
+    return {r: float(np.mean([values[r] for values in by_run])) for r in rounds}
 
 
 def make_pruner(rule: str) -> Any:
@@ -144,8 +184,8 @@ def trial_callbacks(labels: Mapping[str, str] | None) -> list[Callback]:
             labels[STORAGE],
             labels[STUDY],
             int(labels[TRIAL]),
-            int(labels.get(STEP, 0)),
             labels.get(OBJECTIVE, "val/acc"),
             labels.get(PRUNER, "none:1:0"),
+            json.loads(labels.get(TRIAL_RUNS, "[]")),
         )
     ]

@@ -3,8 +3,9 @@
 A method is a LightningModule that holds the *global* network and evaluates it, plus the
 method's rules: which objective the server trains and when, which objective a client trains,
 what is sent down, what is uploaded and how uploads are aggregated, and what a client keeps
-between rounds. The federation driver (``fedlit.federation``) runs the rounds and owns Trainers,
-logging and checkpoints; it never knows which method it runs.
+between rounds. The federation driver (``fedlit.federation``) runs the rounds, fits the objectives
+in fedlit's own loop (:mod:`fedlit.federation.fit`), and owns logging and checkpoints; it never
+knows which method it runs.
 """
 
 from __future__ import annotations

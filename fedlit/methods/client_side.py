@@ -69,8 +69,8 @@ class PersistentNetwork:
         """The network holding ``weights`` (state-dict keys to tensors of the keys' shapes), and
         every key ``weights`` lacks as built; a ValueError names a key the network lacks.
 
-        The live tensors are looked up every time: moving a module between devices (as a
-        Trainer does after a fit) replaces its buffers."""
+        The live tensors are looked up every time: moving a module between devices (to the
+        training device for a fit, and back) replaces its buffers."""
         missing = [k for k in weights if k not in self.built]
         if missing:
             raise ValueError(f"payload key {missing[0]!r} is not in the network")

@@ -40,6 +40,30 @@ def predict_probabilities(
     return torch.cat(probs), (torch.cat(labels) if labels else None)
 
 
+class AttachedImages:
+    """Mixin of the client objectives that read their client's un-augmented images before
+    training (FedSEAL, SemiFL, (FL)^2): the images and the hidden labels the method attaches
+    (:meth:`attach`), and the network's predictions on them (:meth:`predict_attached`)."""
+
+    images: Iterable[tuple[Tensor, ...]] | None = None
+    hidden_labels: Tensor | None = None
+
+    def attach(
+        self, images: Iterable[tuple[Tensor, ...]], hidden_labels: Tensor | None = None
+    ) -> None:
+        """The client's un-augmented images, in index order (batches ``(x,)``), and, for the
+        diagnostics only, their true labels (never used by the loss)."""
+        self.images, self.hidden_labels = images, hidden_labels
+
+    def predict_attached(self, network: nn.Module) -> Tensor:
+        """``network``'s softmax outputs (N, M) on the attached images
+        (:func:`predict_probabilities`); a RuntimeError naming the objective if none are."""
+        if self.images is None:
+            raise RuntimeError(f"{type(self).__name__} needs attach() before training")
+        probs, _ = predict_probabilities(network, self.images)
+        return probs
+
+
 def class_thresholds(probs: Tensor, labels: Tensor) -> Tensor:
     """Class-wise confidence thresholds on the validation set, paper 002 eq 5.
 
@@ -168,7 +192,7 @@ class FedSEALLoss:
         return self.lambda_max * gaussian_rampup(progress, self.ramp)
 
 
-class FedSEALClient(Objective):
+class FedSEALClient(AttachedImages, Objective):
     """FedSEAL's client objective, paper 002 eqs 13-15: L = lambda L+ + L-.
 
     Before training (:meth:`before_fit`) the received model w^t predicts every example of
@@ -204,24 +228,13 @@ class FedSEALClient(Objective):
         # neither recompiles a compiled step nor re-records its CUDA graphs
         self.lam_tensor = torch.tensor(lam, dtype=torch.float32)
         self.previous = ensemble
-        self.images: Iterable[tuple[Tensor, ...]] | None = None
-        self.hidden_labels: Tensor | None = None
         self.ensemble: tuple[Tensor, int] | None = None
         # the client's sets over its examples, set as training starts (step_input)
         self.pseudo = self.complementary = torch.empty(0, dtype=torch.long)
         self.positive = self.negative = torch.empty(0)
 
-    def attach(
-        self, images: Iterable[tuple[Tensor, ...]], hidden_labels: Tensor | None = None
-    ) -> None:
-        """The client's un-augmented images, in index order (batches ``(x,)``), and, for the
-        diagnostics only, their true labels (never used by the loss)."""
-        self.images, self.hidden_labels = images, hidden_labels
-
     def before_fit(self) -> None:
-        if self.images is None:
-            raise RuntimeError("FedSEALClient needs attach() before training")
-        probs, _ = predict_probabilities(self.network, self.images)
+        probs = self.predict_attached(self.network)
         previous, t = self.previous if self.previous is not None else (None, 0)
         if previous is not None and previous.shape != probs.shape:
             raise ValueError(

@@ -5,7 +5,6 @@ on the confident ones."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,7 +15,7 @@ from torch import Tensor
 from fedlit.models import Classifier
 from fedlit.objectives.base import Step
 from fedlit.objectives.consistency import WeakStrongObjective
-from fedlit.objectives.fedseal import predict_probabilities
+from fedlit.objectives.fedseal import AttachedImages
 from fedlit.objectives.fixmatch import FixMatchLoss
 from fedlit.objectives.sam import SamLosses, SharpnessAware
 
@@ -93,7 +92,7 @@ class FL2Loss(FixMatchLoss):
             raise ValueError(f"temperature must be finite and > 0, got {self.temperature}")
 
 
-class FL2Client(WeakStrongObjective):
+class FL2Client(AttachedImages, WeakStrongObjective):
     """(FL)^2's client: before its fit, the received model's predictions on the client's
     un-augmented images give its thresholds (:func:`adaptive_thresholds`; ``loss.tau`` for
     every class where ``adaptive`` is off) and its mean confidence tau_k (:attr:`confidence`,
@@ -116,19 +115,12 @@ class FL2Client(WeakStrongObjective):
     ) -> None:
         super().__init__(network, lr, loss, **kw)
         self.adaptive, self.use_sam = adaptive, sharpness_aware
-        self.images: Iterable[tuple[Tensor, ...]] | None = None
         #: tau_k, set by :meth:`before_fit`.
         self.confidence: Tensor | None = None
         self.thresholds = torch.full((network.num_classes,), loss.tau)
 
-    def attach(self, images: Iterable[tuple[Tensor, ...]]) -> None:
-        """The client's un-augmented images (batches ``(x,)``) its thresholds are measured on."""
-        self.images = images
-
-    def before_fit(self) -> None:
-        if self.images is None:
-            raise RuntimeError("FL2Client needs attach() before training")
-        probs, _ = predict_probabilities(self.network, self.images)
+    def before_fit(self) -> None:  # its thresholds measured on the attached images
+        probs = self.predict_attached(self.network)
         thresholds, self.confidence = adaptive_thresholds(probs)
         if not self.adaptive:
             thresholds = torch.full_like(thresholds, self.loss.tau)

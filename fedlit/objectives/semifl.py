@@ -4,7 +4,6 @@ pseudo-labels and the "mix" loss on mixup of them, the pseudo-labels fixed for t
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,7 +13,7 @@ from torch import Tensor
 
 from fedlit.models import Classifier
 from fedlit.objectives.base import Objective, Step
-from fedlit.objectives.fedseal import predict_probabilities
+from fedlit.objectives.fedseal import AttachedImages
 from fedlit.objectives.fixmatch import FixMatchLoss
 from fedlit.objectives.mixing import beta_draws, mixup, mixup_cross_entropy
 
@@ -49,7 +48,7 @@ class SemiFLLoss(FixMatchLoss):
             raise ValueError(f"loss.mix_weight must be finite and >= 0, got {self.mix_weight}")
 
 
-class SemiFLClient(Objective):
+class SemiFLClient(AttachedImages, Objective):
     """SemiFL's client objective (its Algorithm 1): L = L_fix + w L_mix, each a mean over the
     batch's confident examples (0 where there is none).
 
@@ -86,8 +85,6 @@ class SemiFLClient(Objective):
     ) -> None:
         super().__init__(network, lr, **kw)
         self.loss, self.global_labels, self.mix = loss, global_labels, mix
-        self.images: Iterable[tuple[Tensor, ...]] | None = None
-        self.hidden_labels: Tensor | None = None
         # the round's pseudo-labels and mask over the client's images, and the fit's mixing
         # weights with the step that reads them, set as training starts (step_input)
         self.pseudo = torch.empty(0, dtype=torch.long)
@@ -95,18 +92,9 @@ class SemiFLClient(Objective):
         self.lams = torch.full((1,), 0.5)
         self.lam_step = torch.zeros((), dtype=torch.long)
 
-    def attach(
-        self, images: Iterable[tuple[Tensor, ...]], hidden_labels: Tensor | None = None
-    ) -> None:
-        """The client's un-augmented images, in index order (batches ``(x,)``), and, for the
-        diagnostics only, their true labels (never used by the loss)."""
-        self.images, self.hidden_labels = images, hidden_labels
-
     def before_fit(self) -> None:
         if self.global_labels:
-            if self.images is None:
-                raise RuntimeError("SemiFLClient needs attach() before training")
-            probs, _ = predict_probabilities(self.network, self.images)
+            probs = self.predict_attached(self.network)
             pseudo, confident = confident_labels(probs, self.loss.tau)
             self.step_input("pseudo", pseudo)
             self.step_input("confident", confident)
