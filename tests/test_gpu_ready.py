@@ -66,9 +66,9 @@ def test_the_tune_reports_scoring_puts_the_network_on_the_images_device(
     """``val_correct`` loads the run's network to the CPU and sends the images to the
     trainer's device: a spy network records where its weights and its inputs are (the
     ``meta`` device standing for a GPU)."""
-    import fedlit.cli.fit
     import fedlit.evaluation
     import fedlit.federation
+    import fedlit.resolver
     from fedlit.comparison.selection import val_correct
 
     seen: list[tuple[str, str]] = []
@@ -103,7 +103,7 @@ def test_the_tune_reports_scoring_puts_the_network_on_the_images_device(
     class Cli:
         model, datamodule, trainer = Model(), Data(), Trainer()
 
-    monkeypatch.setattr(fedlit.cli.fit, "resolve", lambda args: Cli())
+    monkeypatch.setattr(fedlit.resolver, "resolve", lambda args: Cli())
     monkeypatch.setattr(fedlit.federation, "load_checkpoint", lambda path: {"method_state": {}})
     monkeypatch.setattr(fedlit.evaluation, "scored", lambda net, data, device: net)  # as loaded
     right = val_correct([], tmp_path, 0)
