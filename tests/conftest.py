@@ -127,6 +127,27 @@ def wandb_records(run_file: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in out.splitlines() if line.strip()]
 
 
+def recording_wandb_init(tmp_path: Path) -> tuple[list[dict[str, Any]], Callable[..., Any]]:
+    """A stand-in for ``wandb.init`` that records each call's arguments (the list) and gives
+    a run that logs nothing, its files under ``tmp_path``."""
+    calls: list[dict[str, Any]] = []
+
+    class Run:
+        dir = str(tmp_path / "wandb" / "files")
+
+        def log(self, media: Any) -> None:
+            pass
+
+        def finish(self) -> None:
+            pass
+
+    def init(**kwargs: Any) -> Run:
+        calls.append(kwargs)
+        return Run()
+
+    return calls, init
+
+
 @contextmanager
 def lock_held_by_another_process(lock_file: Path) -> Iterator[None]:
     """``lock_file`` flock-ed by a second process (as a running fit holds its run's lock) until

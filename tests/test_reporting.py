@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 import yaml
+from conftest import recording_wandb_init
 
 from fedlit.reporting import (
     DIAGNOSTICS,
@@ -975,21 +976,7 @@ def test_a_rerun_logs_the_results_into_the_same_wandb_run(
 
     from fedlit.comparison.report import log_to_wandb
 
-    calls: list[dict[str, Any]] = []
-
-    class Run:
-        dir = str(tmp_path / "wandb" / "files")
-
-        def log(self, media: Any) -> None:
-            pass
-
-        def finish(self) -> None:
-            pass
-
-    def init(**kwargs: Any) -> Run:
-        calls.append(kwargs)
-        return Run()
-
+    calls, init = recording_wandb_init(tmp_path)
     monkeypatch.setattr(wandb, "init", init)
     write_run(tmp_path / "r", synthetic_rows("FedAvg", [0.5, 0.6]), rounds=2)
     runs = find_runs([tmp_path])

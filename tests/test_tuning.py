@@ -12,7 +12,7 @@ import numpy as np
 import optuna
 import pytest
 import yaml
-from conftest import refused, tiny_overrides, wandb_records
+from conftest import recording_wandb_init, refused, tiny_overrides, wandb_records
 
 from fedlit.cli import main
 from fedlit.comparison.selection import (
@@ -762,21 +762,7 @@ def test_a_rerun_logs_the_tuning_into_the_same_wandb_run(tmp_path: Path) -> None
     from fedlit.comparison.spec import WandbSettings
     from fedlit.comparison.tune_report import log_tuning_to_wandb
 
-    calls: list[dict[str, Any]] = []
-
-    class Run:
-        dir = str(tmp_path / "wandb" / "files")
-
-        def log(self, media: Any) -> None:
-            pass
-
-        def finish(self) -> None:
-            pass
-
-    def init(**kwargs: Any) -> Run:
-        calls.append(kwargs)
-        return Run()
-
+    calls, init = recording_wandb_init(tmp_path)
     for out in ("a", "a", "b"):
         comparison = Comparison(
             name="c", recipes=RECIPES, baseline="server_sl", out=str(tmp_path / out),
