@@ -23,7 +23,6 @@ from typing import Any, NoReturn
 
 import yaml
 from jsonargparse import ArgumentParser
-from lightning.pytorch.cli import LightningArgumentParser
 
 FEDLIT_DIR = str(Path(__file__).resolve().parent)
 
@@ -262,7 +261,7 @@ def one_line(message: str, err: BaseException | None = None, keys: Iterable[str]
     return condensed(message)
 
 
-class _OneLineErrors:
+class OneLineErrors:
     """An ``error`` that prints ``error: <one sentence>`` and exits 2 (where the parser exits
     on errors; inside jsonargparse's own trials it raises as before)."""
 
@@ -278,12 +277,8 @@ class _OneLineErrors:
         raise SystemExit(2)
 
 
-class OneLineParser(_OneLineErrors, ArgumentParser):
+class OneLineParser(OneLineErrors, ArgumentParser):
     """jsonargparse's parser whose refusals are one sentence."""
-
-
-class OneLineLightningParser(_OneLineErrors, LightningArgumentParser):
-    """LightningCLI's parser whose refusals are one sentence."""
 
 
 class DuplicateKey(yaml.YAMLError):

@@ -83,3 +83,22 @@ def test_plain_help_drops_rest_roles_and_literals() -> None:
 
     text = "see :func:`~fedlit.reporting.summary`, :mod:`fedlit.comparison` and ``--out``"
     assert plain(text) == "see summary, fedlit.comparison and --out"
+
+
+def test_compare_help_imports_neither_torch_nor_lightning() -> None:
+    """``fedlit compare --help`` reads the spec's settings only: it printed after 8-12 s of
+    importing torch and Lightning before."""
+    code = (
+        "import sys\n"
+        "from fedlit.cli import main\n"
+        "try:\n"
+        "    main(['compare', '--help'])\n"
+        "except SystemExit as done:\n"
+        "    assert done.code == 0, done.code\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'lightning'))\n"
+        "print('HEAVY', heavy[:3])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    assert "usage: fedlit compare" in done.stdout
+    assert "HEAVY []" in done.stdout

@@ -304,6 +304,16 @@ def test_two_workers_give_the_in_process_run(fmnist_root: Path, tmp_path: Path) 
     assert differences(local, pool) == []
 
 
+def test_static_batchnorm_without_data_is_refused_not_skipped() -> None:
+    """sBN needs the server's labeled images: a broadcast without a data module (never given,
+    or gone) refuses by the key, where it once sent the running statistics in silence."""
+    method = SemiFL(Architecture(10, 1), global_momentum=0.0)
+    with pytest.raises(RuntimeError, match=r"model\.static_bn=True"):
+        method.broadcast()
+    method.static_bn = False  # the key's other value: the statistics as they are
+    assert state_part(method.broadcast(), MODEL)
+
+
 def test_without_the_fine_tune_the_server_s_model_is_half_the_aggregate() -> None:
     """SemiFL's parallel baseline: (w_s + mean_k w_k) / 2 with equal n_k (no momentum)."""
     method = SemiFL(Architecture(10, 1), server_finetune=False, global_momentum=0.0)

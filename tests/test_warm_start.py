@@ -409,6 +409,27 @@ def test_the_semifl_fl2_spec_runs_lr02s_protocol_on_both_methods_and_their_ablat
     assert {"fedlit.methods.SemiFL", "fedlit.methods.FL2"} <= classes
 
 
+def test_the_semifl_server_step_spec_changes_only_the_server_step(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """recipes/comparisons/fmnist_warm_semifl_server_step.yaml: fmnist_warm_semifl_fl2's warm
+    start, overrides and seeds, IID, with every run's server step 10 epochs a round."""
+    from fedlit.cli import resolve
+    from fedlit.comparison import Comparison, SourceRun, plan
+
+    monkeypatch.chdir(REPO)
+    first, step = _spec("fmnist_warm_semifl_fl2"), _spec("fmnist_warm_semifl_server_step")
+    for key in ("init_from", "overrides", "seeds", "baseline", "last_k"):
+        assert step[key] == first[key], key
+    assert step["settings"] == {"iid_server10": ["--federation.server_epochs=10"]}
+    assert set(step["recipes"]) < set(first["recipes"]) and step["out"] != first["out"]
+    comparison = Comparison(**step | {"init_from": SourceRun(**step["init_from"])})
+    runs = [run for run in plan(comparison) if run.seed == 0]
+    assert len(runs) == 5
+    for run in runs:
+        assert resolve(run.args).config.as_dict()["federation"]["server_epochs"] == 10
+
+
 def test_the_ramp_spec_adds_one_fedseal_ablation_to_the_lr02_runs(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -33,12 +33,9 @@ if TYPE_CHECKING:
     from fedlit.cli.common import (
         CONFIG_MODE,
         FIT_GROUPS,
-        LIGHTNING_ONLY,
-        TRAINER_KEYS,
         config_file_error,
         json_line,
         load_config,
-        without_lightning_defaults,
     )
     from fedlit.cli.compare import COMPARE_GROUPS, compare_main
     from fedlit.cli.fit import (
@@ -55,6 +52,7 @@ if TYPE_CHECKING:
     from fedlit.cli.partition import PARTITION_HELP, PartitionCLI, partition_main
     from fedlit.cli.report import report_main
     from fedlit.cli.test import SPLIT_FREE, TEST_HELP, run_test
+    from fedlit.cli.trainer_group import LIGHTNING_ONLY, TRAINER_KEYS, without_lightning_defaults
     from fedlit.resolver import resolve
 
 __all__ = [
@@ -96,9 +94,9 @@ __all__ = [
 #: Where each name this package re-exports is defined: imported on first use (PEP 562).
 _HOMES = {
     "fedlit.cli.common": (
-        *("CONFIG_MODE", "FIT_GROUPS", "LIGHTNING_ONLY", "TRAINER_KEYS", "config_file_error"),
-        *("json_line", "load_config", "without_lightning_defaults"),
+        *("CONFIG_MODE", "FIT_GROUPS", "config_file_error", "json_line", "load_config"),
     ),
+    "fedlit.cli.trainer_group": ("LIGHTNING_ONLY", "TRAINER_KEYS", "without_lightning_defaults"),
     "fedlit.cli.compare": ("COMPARE_GROUPS", "compare_main"),
     "fedlit.cli.fit": (
         *("EXECUTOR_GROUPS", "FIT_HELP", "INTERRUPTED", "FedlitCLI", "executor_warnings"),
@@ -278,6 +276,9 @@ def main(args: Sequence[str] | None = None) -> None:
     in_comparison = any(a.startswith("--federation.labels=") for a in argv)
     if line is not None and not in_comparison:
         print(line, file=sys.stderr, flush=True)
+    if argv[0] == "compare" and line is None:  # its help: the spec's settings, no imports
+        COMMANDS["compare"](argv[1:])
+        return
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
     from fedlit.cli.fit import INTERRUPTED, FedlitCLI

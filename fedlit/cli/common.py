@@ -1,69 +1,39 @@
 """What every ``fedlit`` command shares: how config files are read (YAML, a key given
-twice refused, a group that is not a mapping refused) and results printed as JSON."""
+twice refused, a group that is not a mapping refused) and results printed as JSON. It imports
+neither torch nor Lightning."""
 
 from __future__ import annotations
 
-import inspect
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 import yaml
 from jsonargparse import get_loader, set_loader
-from lightning import Trainer
 
 from fedlit.cli.paths import config_paths
-from fedlit.federation import TrainerTemplate
 from fedlit.refusals import (
     DuplicateKey,
     refuse_duplicate_keys,
 )
 
-#: The ``trainer`` group's keys: the per-step Trainers' settings, the run directory, the loggers.
-TRAINER_KEYS = (
-    *(f.name for f in fields(TrainerTemplate) if f.name != "compile"),
-    "default_root_dir",
-    "logger",
-)
-#: ``lightning.Trainer``'s other arguments and their defaults: a run directory's config.yaml
-#: written before fedlit had a ``trainer`` group of its own lists them all.
-LIGHTNING_ONLY = {
-    name: parameter.default
-    for name, parameter in inspect.signature(Trainer.__init__).parameters.items()
-    if name != "self" and name not in TRAINER_KEYS
-}
 #: The parser mode of fedlit's parsers: YAML, with a config's ``trainer`` group read tolerantly
-#: (:func:`without_lightning_defaults`).
+#: (:func:`~fedlit.cli.trainer_group.without_lightning_defaults`).
 CONFIG_MODE = "fedlit_yaml"
-
-
-def without_lightning_defaults(trainer: dict[str, Any]) -> dict[str, Any]:
-    """A config's ``trainer`` group without the ``lightning.Trainer`` arguments fedlit never
-    applied (:data:`LIGHTNING_ONLY`) that hold Lightning's default, as a run directory's
-    config.yaml of an earlier fedlit lists them. Raises ValueError naming one that holds
-    another value."""
-    for key, value in trainer.items():
-        if key in LIGHTNING_ONLY and value != LIGHTNING_ONLY[key]:
-            raise ValueError(
-                f"trainer.{key}={value!r}: a Lightning Trainer setting fedlit never applied "
-                "(it runs each server and client step on its own: lengths are "
-                "federation.rounds, federation.local_epochs, federation.server_epochs; logging "
-                "and checkpoints are the federation's); remove it. trainer keys: "
-                + ", ".join(TRAINER_KEYS)
-            )
-    return {k: v for k, v in trainer.items() if k not in LIGHTNING_ONLY}
 
 
 def load_config(text: str) -> Any:
     """jsonargparse's YAML loader, refusing a key given twice in one mapping
     (:class:`~fedlit.refusals.DuplicateKey`), a config's ``trainer`` group read tolerantly
-    (:func:`without_lightning_defaults`)."""
+    (:func:`~fedlit.cli.trainer_group.without_lightning_defaults`, imported only for a config
+    that has one: a comparison spec's help and parsing need no Lightning)."""
     refuse_duplicate_keys(text)
     value = get_loader("yaml")(text)
     if isinstance(value, dict) and isinstance(value.get("trainer"), dict):
+        from fedlit.cli.trainer_group import without_lightning_defaults
+
         value["trainer"] = without_lightning_defaults(value["trainer"])
     return value
 

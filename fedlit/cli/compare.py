@@ -6,17 +6,19 @@ import json
 import re
 import shlex
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 from jsonargparse import ActionConfigFile, DefaultHelpFormatter
 
 from fedlit.cli.common import CONFIG_MODE, config_file_error
-from fedlit.cli.fit import FedlitCLI
 from fedlit.refusals import (
     OneLineParser,
 )
-from fedlit.resolver import resolve
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from fedlit.cli.fit import FedlitCLI
 
 #: A reST role (``:func:`~a.b.c` ``) or a double-backtick literal in a docstring.
 _ROLE = re.compile(r":[\w:]+:`~?([^`<]*?)(?: <[^`]*>)?`|``([^`]*)``")
@@ -53,10 +55,9 @@ COMPARE_GROUPS = ("settings", "recipe_overrides", "published", "wandb", "tune", 
 
 
 def compare_main(argv: Sequence[str]) -> None:
-    """``fedlit compare --config comparison.yaml [--seeds [0,1] ...]``."""
-    from fedlit.cli import main  # each run is ``fedlit fit``, in this process
-    from fedlit.comparison import Comparison, run_comparison  # needs matplotlib
-    from fedlit.comparison.runner import Refused
+    """``fedlit compare --config comparison.yaml [--seeds [0,1] ...]``. Its help and its
+    refusals of the spec import neither torch nor Lightning: those come with the runs."""
+    from fedlit.comparison.spec import Comparison
 
     parser = OneLineParser(
         prog="fedlit compare",
@@ -84,6 +85,9 @@ def compare_main(argv: Sequence[str]) -> None:
         comparison = Comparison(**vars(parser.instantiate_classes(cfg)))
     except ValueError as err:
         parser.error(str(err))
+    from fedlit.cli import main  # each run is ``fedlit fit``, in this process
+    from fedlit.comparison.runner import Refused, run_comparison
+    from fedlit.resolver import resolve
 
     resolved: dict[tuple[str, ...], FedlitCLI] = {}
 

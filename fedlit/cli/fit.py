@@ -36,8 +36,12 @@ from fedlit.federation.trial import TrialPruned, trial_callbacks
 from fedlit.machine import available_cores
 from fedlit.methods import FederatedMethod
 from fedlit.methods.plan import SERVER_ONLY
-from fedlit.refusals import OneLineLightningParser, one_line
+from fedlit.refusals import OneLineErrors, one_line
 from fedlit.run_layout import MAX_SEED, flat_config, write_path_error
+
+class OneLineLightningParser(OneLineErrors, LightningArgumentParser):
+    """LightningCLI's parser whose refusals are one sentence."""
+
 
 #: The exit status of a run stopped by Ctrl-C (SIGINT), as shells report it: 128 + 2.
 INTERRUPTED = 130

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fedlit.comparison.spec import Comparison
-from fedlit.federation.checkpoint import checkpoint_round
 from fedlit.run_layout import CHECKPOINT, RUN_MARKERS
 
 ROOT_DIR_ARG = "--trainer.default_root_dir="
@@ -196,6 +195,8 @@ def run_state(run: PlannedRun, rounds: int) -> str:
     or "broken" (files but no checkpoint: stopped inside its first round)."""
     ckpt = run.run_dir / CHECKPOINT
     if ckpt.is_file():
+        from fedlit.federation.checkpoint import checkpoint_round  # torch: with the runs only
+
         # the round alone, from a checkpoint of any format: a finished run written by an
         # earlier fedlit is finished; one to resume needs today's format (the resume says so)
         return "finished" if checkpoint_round(ckpt) >= rounds else "resumable"

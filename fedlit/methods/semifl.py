@@ -124,8 +124,15 @@ class SemiFL(FederatedMethod):
         """The global model; under sBN its BatchNorm statistics first re-estimated on the
         server's clean labeled images (:func:`~fedlit.evaluation.recalibrate`, on the network's
         device): what the clients label with. SemiFL's server does so as it distributes."""
-        data = self.data() if self.data is not None else None
-        if self.static_bn and data is not None:
+        if self.static_bn:
+            data = self.data() if self.data is not None else None
+            if data is None:  # sBN never skipped in silence
+                raise RuntimeError(
+                    "model.static_bn=True: SemiFL re-estimates BatchNorm on the server's "
+                    "labeled images at each broadcast, and holds no data module (the federation "
+                    "gives it through validate_data(data) before the first round); give it one, "
+                    "or set model.static_bn=false"
+                )
             recalibrate(self.network, data)
         return super().broadcast()
 
