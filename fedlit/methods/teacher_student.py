@@ -33,6 +33,54 @@ TEACHER = "teacher"  # the payload / upload part of the teacher's weights
 KL_REPORT = "kl"
 
 
+class TeacherStudentClientSide(ClientSide):
+    """A teacher-student client: the student trained on the teacher's pseudo-labels (weak
+    view -> strong view), with CE on its own labels where it has them
+    (:class:`~fedlit.objectives.TeacherStudentClient`); the student alone where the payload
+    carries no teacher.
+
+    Args:
+        loss: lambda_u, tau and mu (:class:`~fedlit.objectives.TeacherStudentLoss`).
+        teacher_ema: the per-batch EMA decay of the local teacher; None: the teacher stays.
+        upload_teacher: the local teacher is uploaded with the student.
+        The others: see :class:`~fedlit.methods.client_side.ClientSide`.
+    """
+
+    def __init__(
+        self,
+        setup: ClientSetup,
+        loss: TeacherStudentLoss,
+        teacher_ema: float | None,
+        upload_teacher: bool,
+    ) -> None:
+        super().__init__(setup, ("weak", "strong"))
+        self.loss, self.teacher_ema, self.upload_teacher = loss, teacher_ema, upload_teacher
+
+    def loader(self, client: ClientData) -> ImageBatches | CombinedLoader:
+        unlabeled = client.dataloader(self.views)
+        if client.labeled is None:
+            return unlabeled
+        labeled = client.labeled_dataloader(("weak",))
+        return CombinedLoader({"unlabeled": unlabeled, "labeled": labeled}, "max_size_cycle")
+
+    def objective(self, payload: Payload, client: ClientData, state: Any) -> Objective:
+        teacher = state_part(payload, TEACHER) if TEACHER in payload else None
+        return TeacherStudentClient(
+            self.model(payload),
+            teacher=self.network(teacher, TEACHER) if teacher is not None else None,
+            num_classes=self.architecture.num_classes,
+            teacher_ema=self.teacher_ema,
+            loss=self.loss,
+            **self.optimizer_kwargs(),
+        )
+
+    def upload(self, objective: Objective) -> Payload:
+        upload = super().upload(objective)
+        if self.upload_teacher:
+            upload[TEACHER] = detached_copy(objective.teacher)  # type: ignore[arg-type]
+        return upload
+
+
 class TeacherStudentEMA(FederatedMethod):
     """The shared shape of paper 003's teacher-student methods (Algorithms 1 and 2).
 
@@ -69,6 +117,8 @@ class TeacherStudentEMA(FederatedMethod):
     supports_labels_at_client = True
     local_teacher_adaptation: ClassVar[bool] = False
     upload_teacher: ClassVar[bool] = False
+    #: The clients' side, built from ``loss`` and the flags above (FedSwitch's also reports eq 2).
+    client_side_class: ClassVar[type[TeacherStudentClientSide]] = TeacherStudentClientSide
 
     def __init__(
         self,
@@ -118,7 +168,7 @@ class TeacherStudentEMA(FederatedMethod):
 
     # --- client ---------------------------------------------------------------------------
     def client_side(self) -> TeacherStudentClientSide:
-        return TeacherStudentClientSide(
+        return self.client_side_class(
             self._client_setup(),
             loss=self.loss,
             teacher_ema=self.client_ema_decay if self.local_teacher_adaptation else None,
@@ -147,54 +197,6 @@ class TeacherStudentEMA(FederatedMethod):
         return {}
 
 
-class TeacherStudentClientSide(ClientSide):
-    """A teacher-student client: the student trained on the teacher's pseudo-labels (weak
-    view -> strong view), with CE on its own labels where it has them
-    (:class:`~fedlit.objectives.TeacherStudentClient`); the student alone where the payload
-    carries no teacher.
-
-    Args:
-        loss: lambda_u, tau and mu (:class:`~fedlit.objectives.TeacherStudentLoss`).
-        teacher_ema: the per-batch EMA decay of the local teacher; None: the teacher stays.
-        upload_teacher: the local teacher is uploaded with the student.
-        The others: see :class:`~fedlit.methods.client_side.ClientSide`.
-    """
-
-    def __init__(
-        self,
-        setup: ClientSetup,
-        loss: TeacherStudentLoss,
-        teacher_ema: float | None,
-        upload_teacher: bool,
-    ) -> None:
-        super().__init__(setup, ("weak", "strong"))
-        self.loss, self.teacher_ema, self.upload_teacher = loss, teacher_ema, upload_teacher
-
-    def loader(self, client: ClientData) -> ImageBatches | CombinedLoader:
-        unlabeled = client.dataloader(self.views)
-        if client.labeled is None:
-            return unlabeled
-        labeled = client.labeled_dataloader(("weak",))
-        return CombinedLoader({"unlabeled": unlabeled, "labeled": labeled}, "max_size_cycle")
-
-    def objective(self, payload: Payload, client: ClientData, state: Any) -> Objective:
-        teacher = state_part(payload, TEACHER) if TEACHER in payload else None
-        return TeacherStudentClient(
-            self.model(payload),
-            teacher=self.network(teacher, TEACHER) if teacher is not None else None,
-            num_classes=self.architecture.num_classes,
-            teacher_ema=self.teacher_ema,
-            loss=self.loss,
-            **self.optimizer_kwargs(),
-        )
-
-    def upload(self, objective: Objective) -> Payload:
-        upload = super().upload(objective)
-        if self.upload_teacher:
-            upload[TEACHER] = detached_copy(objective.teacher)  # type: ignore[arg-type]
-        return upload
-
-
 class TSServerEMA(TeacherStudentEMA):
     """TS-Server EMA (paper 003 3.3): clients pseudo-label with their copy of the global
     teacher, which they neither update nor upload; only the teacher's server EMA moves it."""
@@ -207,6 +209,23 @@ class TSClientEMA(TeacherStudentEMA):
 
     local_teacher_adaptation = True
     upload_teacher = True
+
+
+class FedSwitchClientSide(TeacherStudentClientSide):
+    """FedSwitch's client: a teacher-student client that also reports eq 2's measures,
+    D_KL^T and D_KL^S (the means over its batches, as its metrics ``kl/teacher`` and
+    ``kl/student`` log them), as its upload's :data:`KL_REPORT` part; a client without a
+    teacher reports no D_KL^T."""
+
+    def upload(self, objective: Objective) -> Payload:
+        upload = super().upload(objective)
+        measured = objective.epoch_metrics()
+        upload[KL_REPORT] = {
+            name: torch.tensor(measured[f"kl/{name}"], dtype=torch.float64)
+            for name in ("teacher", "student")
+            if f"kl/{name}" in measured
+        }
+        return upload
 
 
 class FedSwitch(TeacherStudentEMA):
@@ -235,6 +254,7 @@ class FedSwitch(TeacherStudentEMA):
     """
 
     local_teacher_adaptation = True
+    client_side_class = FedSwitchClientSide
 
     def __init__(
         self,
@@ -269,14 +289,6 @@ class FedSwitch(TeacherStudentEMA):
         kl_teacher, kl_student = self.kl.tolist()
         return abs(kl_teacher - beta) < abs(kl_student - beta)
 
-    def client_side(self) -> FedSwitchClientSide:
-        return FedSwitchClientSide(
-            self._client_setup(),
-            loss=self.loss,
-            teacher_ema=self.client_ema_decay,
-            upload_teacher=self.upload_teacher,
-        )
-
     def aggregate(self, updates: Sequence[ClientUpdate]) -> Aggregated:
         """The students' mean; the round's mean D_KL^T and D_KL^S from the clients' reports
         (a client without a teacher reports no D_KL^T)."""
@@ -288,20 +300,3 @@ class FedSwitch(TeacherStudentEMA):
                 self.kl[i] = sum(values) / len(values)
                 self.kl_measured[i] = True
         return result
-
-
-class FedSwitchClientSide(TeacherStudentClientSide):
-    """FedSwitch's client: a teacher-student client that also reports eq 2's measures,
-    D_KL^T and D_KL^S (the means over its batches, as its metrics ``kl/teacher`` and
-    ``kl/student`` log them), as its upload's :data:`KL_REPORT` part; a client without a
-    teacher reports no D_KL^T."""
-
-    def upload(self, objective: Objective) -> Payload:
-        upload = super().upload(objective)
-        measured = objective.epoch_metrics()
-        upload[KL_REPORT] = {
-            name: torch.tensor(measured[f"kl/{name}"], dtype=torch.float64)
-            for name in ("teacher", "student")
-            if f"kl/{name}" in measured
-        }
-        return upload
