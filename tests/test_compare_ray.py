@@ -18,13 +18,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 import yaml
-from conftest import refused, tiny_overrides
+from conftest import lock_held_by_another_process, refused, tiny_overrides
 
 from fedlit.cli import main
 from fedlit.comparison import Comparison
+from fedlit.comparison.cluster import continued
 from fedlit.federation.rundir import holding
-from fedlit.run_layout import CHECKPOINT
+from fedlit.run_layout import CHECKPOINT, LOCK_FILE
 
 REPO = Path(__file__).parents[1]
 TESTS = Path(__file__).parent
@@ -220,3 +222,40 @@ def test_an_unknown_executor_and_bad_ray_settings_are_refused_by_name(
         [*args, "--ray.max_retries=-1"], capsys
     )
     assert not (tmp_path / "out").exists()
+
+
+def _checkpoint(run_dir: Path, done: int, rounds: int) -> Path:
+    """A federation checkpoint of round ``done`` of a run of ``rounds`` rounds."""
+    path = run_dir / CHECKPOINT
+    path.parent.mkdir(parents=True)
+    hparams = {"federation.rounds": rounds}
+    torch.save({"format": "fedlit-federation/1", "round": done, "hparams": hparams}, path)
+    return path
+
+
+def test_a_retried_run_goes_on_from_what_its_directory_holds(tmp_path: Path) -> None:
+    """What a run Ray starts again (its worker died) runs: afresh where nothing is written,
+    from its checkpoint, nothing where its checkpoint has its last round, afresh with the
+    files of a run stopped in its first round set aside; never while a live process holds
+    its directory."""
+    args = ["fit", "--config=r.yaml", f"--trainer.default_root_dir={tmp_path / 'new'}"]
+    assert continued(args) == args
+    resumable = tmp_path / "resumable"
+    ckpt = _checkpoint(resumable, done=1, rounds=2)
+    args = ["fit", f"--trainer.default_root_dir={resumable}"]
+    assert continued(args) == [*args, f"--federation.resume={ckpt}"]
+    resumed = [*args, f"--federation.resume={ckpt}"]
+    assert continued(resumed) == resumed  # resumed already: as given
+    finished = tmp_path / "finished"
+    _checkpoint(finished, done=2, rounds=2)
+    assert continued(["fit", f"--trainer.default_root_dir={finished}"]) is None
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.yaml").write_text("seed_everything: 0\n")
+    args = ["fit", f"--trainer.default_root_dir={broken}"]
+    assert continued(args) == args
+    assert not broken.exists() and (tmp_path / "broken.incomplete1/config.yaml").is_file()
+    held = tmp_path / "held"
+    _checkpoint(held, done=1, rounds=2)
+    with lock_held_by_another_process(held / LOCK_FILE), pytest.raises(ValueError, match="another"):
+        continued(["fit", f"--trainer.default_root_dir={held}"], wait_s=0.5)

@@ -25,6 +25,7 @@ from pathlib import Path
 from fedlit.comparison.plan import ROOT_DIR_ARG
 from fedlit.comparison.runs import FitKilled, Refused, fit_in_subprocess
 from fedlit.comparison.spec import RayCluster
+from fedlit.federation.checkpoint import checkpoint_round, checkpoint_settings
 from fedlit.federation.executors import connect_ray, fitting
 from fedlit.federation.rundir import holding, set_aside_dead_run
 from fedlit.run_layout import CHECKPOINT, RUN_MARKERS
@@ -32,15 +33,15 @@ from fedlit.run_layout import CHECKPOINT, RUN_MARKERS
 #: A ``fedlit fit`` argument that resumes a run from its checkpoint.
 RESUME_ARG = "--federation.resume="
 
-#: How long a retried run waits for the fit of its attempt before to let go of its directory
-#: (a fit stops at its step's end once its worker is gone).
+#: How long a retried run waits for its earlier fit to let go of its directory, in seconds (a
+#: fit stops at its step's end once its worker is gone).
 RELEASE_WAIT_S = 300.0
 
 
 class RayRuns:
-    """The comparison's ``fit`` (a ``FitFn``) with ``executor: ray``:
-    each call runs ``fedlit fit`` with the given arguments as a Ray task (:func:`fit_on_node`)
-    and waits for it; raises if the fit fails. Made before any run starts: it connects to
+    """The comparison's ``fit`` (a ``FitFn``) with ``executor: ray``: each call runs ``fedlit
+    fit`` with the given arguments as a Ray task (:func:`fit_on_node`) and waits for it;
+    raises if the fit fails. Made before any run starts: it connects to
     ``ray.address`` (or starts Ray on this machine) and counts the runs the cluster holds at
     once (``capacity``); a cluster that does not answer, or where no node has a run's CPUs
     and GPUs, is refused (:class:`~fedlit.comparison.runs.Refused`, naming the key)."""
@@ -103,24 +104,30 @@ def fit_on_node(args: Sequence[str], cwd: str, log_dir: str, threads: int) -> st
     log = Path(log_dir) / f"{run_dir.as_posix().replace('/', '_')}.log"
     with open(log, "a") as out:
         out.write(f"fedlit compare: ray node {node}, process {os.getpid()}\n")
-    fit_in_subprocess(Path(log_dir), threads)(continued(args))
+    going_on = continued(args)
+    if going_on is not None:
+        fit_in_subprocess(Path(log_dir), threads)(going_on)
     return str(node)
 
 
-def continued(args: Sequence[str], wait_s: float = RELEASE_WAIT_S) -> list[str]:
+def continued(args: Sequence[str], wait_s: float = RELEASE_WAIT_S) -> list[str] | None:
     """A run's ``fit`` arguments as they go on from what its directory holds, once no live
     process holds it (a retried run's earlier fit stops at its step's end; waited for up to
     ``wait_s`` seconds): a run written already resumes from its checkpoint; one stopped
-    before its first checkpoint is set aside (``<run>.incomplete<n>``); ``args`` that resume
-    already, or whose directory holds nothing, as given."""
+    before its first checkpoint is set aside (``<run>.incomplete<n>``); None where its
+    checkpoint has its last round (it finished before its worker died: nothing to run);
+    ``args`` as given where its directory holds nothing."""
     run_dir = Path(next(a.split("=", 1)[1] for a in args if a.startswith(ROOT_DIR_ARG)))
     if not run_dir.is_dir():
         return list(args)
     _wait_until_free(run_dir, wait_s)
-    if any(a.startswith(RESUME_ARG) for a in args):
-        return list(args)
-    if (run_dir / CHECKPOINT).is_file():
-        return [*args, f"{RESUME_ARG}{run_dir / CHECKPOINT}"]
+    ckpt = run_dir / CHECKPOINT
+    if ckpt.is_file():
+        rounds = checkpoint_settings(ckpt).get("federation.rounds")
+        if rounds is not None and checkpoint_round(ckpt) >= int(rounds):
+            return None
+        resumed = any(a.startswith(RESUME_ARG) for a in args)
+        return list(args) if resumed else [*args, f"{RESUME_ARG}{ckpt}"]
     if any((run_dir / marker).exists() for marker in RUN_MARKERS):
         set_aside_dead_run(run_dir)
     return list(args)
