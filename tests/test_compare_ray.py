@@ -1,6 +1,6 @@
 """``fedlit compare`` with ``executor: ray``: on a two-node Ray cluster the test starts (a head
 and a worker node, tests/ray_runs.py), a tuned comparison gives the trials and the table of
-``executor: local``; its driver killed mid-run and the command run again resumes, nothing run
+``executor: local``; its driver stopped mid-run and the command run again resumes, nothing run
 twice; a Ray worker killed mid-run has its run retried by Ray; and without Ray the executor
 is refused by name before anything is written."""
 
@@ -24,7 +24,7 @@ from conftest import lock_held_by_another_process, refused, tiny_overrides
 
 from fedlit.cli import main
 from fedlit.comparison import Comparison
-from fedlit.comparison.cluster import continued
+from fedlit.comparison.cluster import RayTasks, continued
 from fedlit.federation.rundir import holding
 from fedlit.run_layout import CHECKPOINT, LOCK_FILE
 
@@ -146,14 +146,17 @@ def test_a_tuned_comparison_on_a_ray_cluster_survives_kills_and_gives_the_local_
     main(["compare", f"--config={_spec(tmp_path, fmnist_root, 'local')}"])
     out = tmp_path / "ray"
     spec = _spec(tmp_path, fmnist_root, "ray", executor="ray", ray={"address": cluster})
-    # the driver killed once a run has a checkpoint: its fits stop with their workers
+    # the driver stopped (SIGTERM) once a run has a checkpoint: it cancels its Ray tasks, their
+    # workers end and their fits stop with them
     first = _compare(spec)
     try:
         _wait(lambda: list(out.rglob(CHECKPOINT.name)), 120, "a checkpoint")
+        first.send_signal(signal.SIGTERM)
+        stopped, _ = first.communicate(timeout=60)
     finally:
         first.kill()
-        first.wait()
-    _wait(lambda: not _fits(out) and _free(out), 60, "the killed driver's fits to stop")
+    assert first.returncode == 143 and "stopped by SIGTERM" in stopped, stopped[-3000:]
+    _wait(lambda: not _fits(out) and _free(out), 60, "the stopped driver's fits to stop")
     # what the killed runs kept: their rows up to their last checkpoint
     kept = {c.parents[1]: _untimed(c.parents[1] / "metrics.csv") for c in out.rglob("last.ckpt")}
     # run again: a Ray worker killed under its fit, mid-run, has its run retried
@@ -259,3 +262,29 @@ def test_a_retried_run_goes_on_from_what_its_directory_holds(tmp_path: Path) -> 
     _checkpoint(held, done=1, rounds=2)
     with lock_held_by_another_process(held / LOCK_FILE), pytest.raises(ValueError, match="another"):
         continued(["fit", f"--trainer.default_root_dir={held}"], wait_s=0.5)
+
+
+def test_a_signal_to_the_comparison_cancels_its_ray_tasks_and_starts_no_more() -> None:
+    """A SIGTERM of ``fedlit compare`` (passed on by ``forwarding_signals``) cancels the runs'
+    tasks in flight, their workers ended (Ray's ``force``); no task is started after."""
+
+    class FakeRay:
+        cancelled: list[tuple[str, bool]] = []
+
+        def cancel(self, ref: str, force: bool = False) -> None:
+            self.cancelled.append((ref, force))
+
+    class FakeTask:
+        started: list[str] = []
+
+        def remote(self, name: str) -> str:
+            self.started.append(name)
+            return f"ref {name}"
+
+    ray, task = FakeRay(), FakeTask()
+    tasks = RayTasks(ray)
+    one, two = tasks.submit(task, "one"), tasks.submit(task, "two")
+    tasks.done(one)  # ended already: not cancelled
+    tasks.forward(signal.SIGTERM)
+    assert ray.cancelled == [(two, True)] and tasks.stopped_by == signal.SIGTERM
+    assert tasks.submit(task, "three") is None and task.started == ["one", "two"]

@@ -21,11 +21,13 @@ import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from fedlit.comparison.plan import ROOT_DIR_ARG
 from fedlit.comparison.runs import FitKilled, Refused, fit_in_subprocess
 from fedlit.comparison.spec import RayCluster
 from fedlit.federation.checkpoint import checkpoint_round, checkpoint_settings
+from fedlit.federation.children import Children
 from fedlit.federation.executors import connect_ray, fitting
 from fedlit.federation.rundir import holding, set_aside_dead_run
 from fedlit.run_layout import CHECKPOINT, RUN_MARKERS
@@ -36,6 +38,41 @@ RESUME_ARG = "--federation.resume="
 #: How long a retried run waits for its earlier fit to let go of its directory, in seconds (a
 #: fit stops at its step's end once its worker is gone).
 RELEASE_WAIT_S = 300.0
+
+
+class RayTasks(Children):
+    """The runs' Ray tasks in flight, stopped with the comparison as its local fits are
+    (:class:`~fedlit.federation.children.Children`): a SIGTERM or SIGINT of ``fedlit compare``
+    cancels them, each task's worker ended (``ray.cancel(force=True)``, never retried) and its
+    fit stopped with it at its step's end, resumable; no task starts after."""
+
+    def __init__(self, ray: Any) -> None:
+        super().__init__()
+        self._ray = ray
+        self.refs: set[Any] = set()
+
+    def submit(self, task: Any, *args: Any) -> Any | None:
+        """``task.remote(*args)``'s reference, kept while in flight (:meth:`done`); None once
+        the comparison is stopping."""
+        with self._lock:
+            if self.stopped_by is not None:
+                return None
+            ref = task.remote(*args)
+            self.refs.add(ref)
+            return ref
+
+    def done(self, ref: Any) -> None:
+        with self._lock:
+            self.refs.discard(ref)
+
+    def forward(self, signum: int) -> None:
+        """Cancel every task in flight (``signum``: the signal that stops the comparison), and
+        start no more."""
+        with self._lock:
+            self.stopped_by = self.stopped_by or signum
+            refs = list(self.refs)
+        for ref in refs:
+            self._ray.cancel(ref, force=True)
 
 
 class RayRuns:
@@ -71,18 +108,23 @@ class RayRuns:
             runtime_env={"env_vars": env} if env else None,
         )
         self._where = (os.getcwd(), str(log_dir.resolve()), max(1, int(cluster.cpus)))
+        self.tasks = RayTasks(ray)
 
     def __call__(self, args: Sequence[str]) -> None:
-        ref = self._task.remote(list(args), *self._where)
+        run_dir = next(a.split("=", 1)[1] for a in args if a.startswith(ROOT_DIR_ARG))
+        ref = self.tasks.submit(self._task, list(args), *self._where)
+        if ref is None:
+            raise RuntimeError(f"{run_dir}: not started, the comparison is stopping")
         try:
             self._ray.get(ref)
         except self._ray.exceptions.RayTaskError as err:  # the fit's own error, from the node
             cause = getattr(err, "cause", None)
             raise RuntimeError(str(cause if cause is not None else err)) from None
-        except self._ray.exceptions.RayError as err:  # its workers died, retries spent
-            run_dir = next(a.split("=", 1)[1] for a in args if a.startswith(ROOT_DIR_ARG))
+        except self._ray.exceptions.RayError as err:  # its workers died, retries spent; cancelled
             text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             raise RuntimeError(f"{run_dir}: its Ray task failed: {text}") from None
+        finally:
+            self.tasks.done(ref)
 
     def close(self) -> None:
         """Disconnect from Ray where this connected (a Ray it started stops with it)."""

@@ -199,10 +199,11 @@ def check_spaces(comparison: Comparison, rounds: Callable[[Sequence[str]], int])
 def fit_for_jobs(
     comparison: Comparison, fit: FitFn, log: Callable[[str], None] = print
 ) -> Iterator[tuple[FitFn, Children | None]]:
-    """While the runs run: the ``fit`` they use, and the local processes it starts. With
-    ``executor: local``, ``fit`` itself one at a time, or with ``jobs >= 2`` a child process
-    per run with the cores shared among them; with ``executor: ray``, a Ray task per run
-    (:class:`~fedlit.comparison.cluster.RayRuns`, connected here and disconnected after)."""
+    """While the runs run: the ``fit`` they use, and what it starts, stopped with the
+    comparison. With ``executor: local``, ``fit`` itself one at a time, or with ``jobs >= 2``
+    a child process per run with the cores shared among them; with ``executor: ray``, a Ray
+    task per run (:class:`~fedlit.comparison.cluster.RayRuns`, connected here and
+    disconnected after)."""
     if comparison.executor == "ray":
         runs = RayRuns(comparison.ray, Path(comparison.out) / "logs")
         log(
@@ -210,7 +211,7 @@ def fit_for_jobs(
             f"CPUs and {comparison.ray.gpus:g} GPUs at once; jobs: {comparison.jobs} at a time"
         )
         try:
-            yield runs, None
+            yield runs, runs.tasks
         finally:
             runs.close()
     elif comparison.jobs <= 1:
