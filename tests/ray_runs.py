@@ -1,12 +1,18 @@
 """Runs for tests/test_executors.py, in a process of their own (Ray changes a process's signal
 handlers and environment): each federation in this process, then on Ray, both at one torch
-thread; prints what differs as JSON. usage: ray_runs.py local|cluster DATA_ROOT OUT_DIR"""
+thread; prints what differs as JSON. usage: ray_runs.py local|cluster DATA_ROOT OUT_DIR
+
+``ray_runs.py serve``: the same two-node cluster (:func:`two_node_cluster`) for other
+processes (tests/test_compare_ray.py): prints ``ADDRESS <address>``, then holds it until its
+standard input closes."""
 
 from __future__ import annotations
 
 import json
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -32,7 +38,7 @@ def federation(
     )
     kw = {"bootstrap_epochs": 1} if cls is FedSEAL else {}
     method = cls(Architecture(10, 1), optim=Optimization(client_lr=0.03), **kw)
-    cfg = FederationConfig(rounds=2, clients_per_round=3, executor=executor, ray=ray)  # type: ignore[arg-type]
+    cfg = FederationConfig(rounds=2, clients_per_round=3, executor=executor, ray=ray)
     return Federation(method, data, cfg, run_dir=run_dir, seed=0, progress=False)
 
 
@@ -78,7 +84,26 @@ def compare(
     }
 
 
+@contextmanager
+def two_node_cluster() -> Iterator[str]:
+    """A Ray head and a worker node on this machine (each its own raylet processes), one CPU
+    each; their address. Stopped after."""
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    try:
+        cluster.add_node(num_cpus=1)
+        yield cluster.address
+    finally:
+        cluster.shutdown()
+
+
 def main() -> None:
+    if sys.argv[1] == "serve":
+        with two_node_cluster() as address:
+            print(f"ADDRESS {address}", flush=True)
+            sys.stdin.read()
+        return
     mode, root, out = sys.argv[1], sys.argv[2], Path(sys.argv[3])
     assert torch.get_num_threads() == 1, "run with OMP_NUM_THREADS=1"
     import ray
@@ -98,18 +123,14 @@ def main() -> None:
         results["died"] = Path(os.environ["FEDLIT_TEST_DIE_ONCE"]).is_file()
         ray.shutdown()
     else:  # a head and a worker node on this machine, one CPU each
-        from ray.cluster_utils import Cluster
-
-        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
-        cluster.add_node(num_cpus=1)
-        try:
-            settings = RaySettings(address=cluster.address)
-            results["cluster"] = compare(
-                root, out, "cluster", FedAvgFixMatch, FedAvgFixMatch, settings
-            )
-        finally:
-            ray.shutdown()
-            cluster.shutdown()
+        with two_node_cluster() as address:
+            try:
+                settings = RaySettings(address=address)
+                results["cluster"] = compare(
+                    root, out, "cluster", FedAvgFixMatch, FedAvgFixMatch, settings
+                )
+            finally:
+                ray.shutdown()
     print("RESULTS " + json.dumps(results))
 
 

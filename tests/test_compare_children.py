@@ -16,6 +16,7 @@ import yaml
 from conftest import lock_held_by_another_process, tiny_overrides
 
 from fedlit.cli import main
+from fedlit.federation.children import Children
 from fedlit.federation.rundir import remove_dead_run, set_aside_dead_run
 from fedlit.run_layout import LOCK_FILE
 
@@ -161,3 +162,17 @@ def test_a_dead_run_without_a_live_holder_is_set_aside(tmp_path: Path) -> None:
     aside = set_aside_dead_run(run_dir)
     assert aside == tmp_path / "seed0.incomplete1" and not run_dir.exists()
     assert (aside / "config.yaml").read_text() == "seed_everything: 0\n"
+
+
+def test_a_stopped_comparison_exits_with_the_signal_over_its_stopped_fits_errors(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A study's trials end the block with the error of a fit the signal stopped (a child's
+    status 143, a cancelled Ray task): the comparison still exits with 128 + the signal,
+    saying how to go on, not with that error's traceback."""
+    children = Children()
+    with pytest.raises(SystemExit) as exc, children.forwarding_signals():
+        children.forward(signal.SIGTERM)  # as the handler does on SIGTERM
+        raise RuntimeError("a trial's fit exited with 143")
+    assert exc.value.code == 143
+    assert "stopped by SIGTERM" in capsys.readouterr().err

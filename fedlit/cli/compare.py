@@ -51,7 +51,9 @@ class PlainHelp(DefaultHelpFormatter):
 
 
 #: The groups of a comparison spec given as a mapping.
-COMPARE_GROUPS = ("settings", "recipe_overrides", "published", "wandb", "tune", "tune.spaces")
+COMPARE_GROUPS = (
+    "settings", "recipe_overrides", "published", "wandb", "tune", "tune.spaces", "ray",
+)  # fmt: skip
 
 
 def compare_main(argv: Sequence[str]) -> None:

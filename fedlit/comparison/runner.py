@@ -8,13 +8,15 @@ function of what the stages before it give; the runs themselves are run by
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from fedlit.comparison.cluster import RayRuns
 from fedlit.comparison.every_label import check_every_label, with_every_label
 from fedlit.comparison.plan import PlannedRun, plan, plan_sources
 from fedlit.comparison.report import about_lines, log_to_wandb, terminal_table, write_report
@@ -75,8 +77,8 @@ def run_comparison(
     afresh a run written with other settings, the old one set aside."""
     checked = check(comparison, rounds, partition, settings, rerun_changed, log)
     start = time.perf_counter()
-    fit, children = fit_for_jobs(comparison, fit)
-    with quiet_wandb():  # no W&B summary block after each run: the table comes last
+    # no W&B summary block after each run: the table comes last
+    with fit_for_jobs(comparison, fit, log) as (fit, children), quiet_wandb():
         run_sources(comparison, checked, fit, log, children)
         scoring = run_tuning(comparison, checked, rounds, fit, log, children, settings)
         counts = run_scored(comparison, checked, scoring, fit, log, children)
@@ -193,14 +195,31 @@ def check_spaces(comparison: Comparison, rounds: Callable[[Sequence[str]], int])
             rounds(with_settings(base.args, overrides(params)))
 
 
-def fit_for_jobs(comparison: Comparison, fit: FitFn) -> tuple[FitFn, Children | None]:
-    """The ``fit`` the runs use: ``fit`` itself one at a time, or with ``jobs >= 2`` a child
-    process per run with the cores shared among them, and those children."""
-    if comparison.jobs <= 1:
-        return fit, None
-    threads = max(1, available_cores() // comparison.jobs)
-    children = Children()
-    return fit_in_subprocess(Path(comparison.out) / "logs", threads, children), children
+@contextmanager
+def fit_for_jobs(
+    comparison: Comparison, fit: FitFn, log: Callable[[str], None] = print
+) -> Iterator[tuple[FitFn, Children | None]]:
+    """While the runs run: the ``fit`` they use, and what it starts, stopped with the
+    comparison. With ``executor: local``, ``fit`` itself one at a time, or with ``jobs >= 2``
+    a child process per run with the cores shared among them; with ``executor: ray``, a Ray
+    task per run (:class:`~fedlit.comparison.cluster.RayRuns`, connected here and
+    disconnected after)."""
+    if comparison.executor == "ray":
+        runs = RayRuns(comparison.ray, Path(comparison.out) / "logs")
+        log(
+            f"ray: {runs.nodes} node(s) hold {runs.capacity} run(s) of {comparison.ray.cpus:g} "
+            f"CPUs and {comparison.ray.gpus:g} GPUs at once; jobs: {comparison.jobs} at a time"
+        )
+        try:
+            yield runs, runs.tasks
+        finally:
+            runs.close()
+    elif comparison.jobs <= 1:
+        yield fit, None
+    else:
+        threads = max(1, available_cores() // comparison.jobs)
+        children = Children()
+        yield fit_in_subprocess(Path(comparison.out) / "logs", threads, children), children
 
 
 def run_sources(

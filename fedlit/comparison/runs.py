@@ -16,6 +16,7 @@ the comparison stops them.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -41,6 +42,11 @@ class Refused(ValueError):
 FitFn = Callable[[Sequence[str]], None]
 
 
+class FitKilled(RuntimeError):
+    """A ``fedlit fit`` process that a signal ended (killed, or stopped by SIGTERM): run
+    again, it resumes from its checkpoint (what Ray's retries of a run do, ``executor: ray``)."""
+
+
 def fit_in_subprocess(log_dir: Path, threads: int, children: Children | None = None) -> FitFn:
     """A ``fit`` that runs ``fedlit fit`` in its own Python process with ``threads`` torch
     threads, its output appended to ``log_dir/<run>.log``; raises if the process fails. The
@@ -62,7 +68,8 @@ def fit_in_subprocess(log_dir: Path, threads: int, children: Children | None = N
                 raise RuntimeError(f"{run_dir}: not started, the comparison is stopping")
             code = children.wait(proc)
         if code != 0:
-            raise RuntimeError(f"{run_dir}: fedlit fit exited with {code}, see {out.name}")
+            error = FitKilled if code < 0 or code == 128 + signal.SIGTERM else RuntimeError
+            raise error(f"{run_dir}: fedlit fit exited with {code}, see {out.name}")
 
     return fit
 

@@ -3,6 +3,7 @@ as it is built, before anything runs (:class:`Comparison`), and where each run g
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +50,43 @@ class WandbSettings:
 
     project: str = "fedlit"
     offline: bool = False
+
+
+#: The executors a comparison's ``executor`` may name.
+EXECUTORS = ("local", "ray")
+
+
+@dataclass(frozen=True)
+class RayCluster:
+    """Where a comparison's runs go with ``executor: ray``, and what each run takes there.
+
+    Args:
+        address: the Ray cluster's address: ``auto`` (the cluster this machine is a node
+            of), ``host:port`` or ``ray://host:port``. None starts Ray on this machine alone.
+        cpus: CPUs each run takes on its node (its torch threads).
+        gpus: GPUs each run takes on its node; fractions share a GPU (0.5: two runs on one).
+        max_retries: times Ray runs a run again whose worker process died, or whose
+            ``fedlit fit`` was killed by a signal; it resumes from its checkpoint.
+        connect_timeout: seconds to wait for ``address`` to answer before the comparison is
+            refused.
+    """
+
+    address: str | None = None
+    cpus: float = 1.0
+    gpus: float = 0.0
+    max_retries: int = 3
+    connect_timeout: float = 10.0
+
+    def __post_init__(self) -> None:
+        for key, bound in (("cpus", "> 0"), ("gpus", ">= 0"), ("connect_timeout", "> 0")):
+            value = getattr(self, key)
+            number = isinstance(value, (int, float)) and not isinstance(value, bool)
+            bad = not number or not math.isfinite(value) or value < 0
+            if bad or (value == 0 and bound == "> 0"):
+                raise ValueError(f"ray.{key} must be a number {bound}, got {value!r}")
+        retries = self.max_retries
+        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+            raise ValueError(f"ray.max_retries must be an integer >= 0, got {retries!r}")
 
 
 @dataclass(frozen=True)
@@ -105,7 +143,13 @@ class Comparison:
         jobs: runs at a time. 1 runs them one after another in this process; more runs each in
             its own ``fedlit fit`` process with torch limited to (CPU cores // jobs) threads
             (``OMP_NUM_THREADS``: processes that each take every core slow each other down
-            many times over), its output in ``<out>/logs/``.
+            many times over), its output in ``<out>/logs/``. With ``executor: ray``, the runs
+            on the cluster at a time (and the trials a study draws together).
+        executor: where the runs run: ``local`` (processes on this machine) or ``ray``
+            (each run a Ray task on a node with ``ray.cpus`` and ``ray.gpus`` free, over an
+            ``out`` every node sees at the same path; needs fedlit's ray extra).
+        ray: the Ray cluster and each run's resources, with ``executor: ray``
+            (:class:`RayCluster`).
         tune: tune every recipe in every setting before scoring it (:class:`TuneSettings`):
             its studies' runs go to ``<out>/tune/``, and the runs on ``seeds`` take the best
             trial's settings. None: the recipes as they are.
@@ -129,6 +173,8 @@ class Comparison:
     jobs: int = 1
     init_from: SourceRun | None = None
     tune: TuneSettings | None = None
+    executor: str = "local"
+    ray: RayCluster = field(default_factory=RayCluster)
 
     def __post_init__(self) -> None:
         if not self.name or Path(self.name).name != self.name or self.name in (".", ".."):
@@ -185,6 +231,9 @@ class Comparison:
             raise ValueError(f"last_k must be a positive integer, got {self.last_k!r}")
         if isinstance(self.jobs, bool) or not isinstance(self.jobs, int) or self.jobs < 1:
             raise ValueError(f"jobs must be a positive integer, got {self.jobs!r}")
+        error = executor_error(self.executor)
+        if error:
+            raise ValueError(error)
         if self.target is not None and not 0 < self.target <= 1:
             raise ValueError(f"target must be in (0, 1], got {self.target}")
         if self.tune is not None:
@@ -235,3 +284,16 @@ class Comparison:
         """Where the run of ``setting``, ``folder`` (a recipe's stem, or ``init_from``'s
         folder) and ``seed`` is written: ``<out>/<setting>/<folder>/seed<k>``."""
         return Path(self.out) / setting / folder / f"seed{seed}"
+
+
+def executor_error(name: str) -> str | None:
+    """The refusal of an ``executor`` that is not one of :data:`EXECUTORS`, or of ``ray``
+    where Ray is not installed (naming the extra to install); None where it can run."""
+    if name not in EXECUTORS:
+        return f"executor must be one of {EXECUTORS}, got {name!r}"
+    if name == "ray" and importlib.util.find_spec("ray") is None:
+        return (
+            "executor='ray': Ray is not installed here; install fedlit's ray extra "
+            "(pip install 'fedlit[ray]'), or use executor local"
+        )
+    return None

@@ -57,7 +57,8 @@ class Children:
     @contextmanager
     def forwarding_signals(self) -> Iterator[None]:
         """While the children run (in the main thread): a SIGTERM or SIGINT is passed on to
-        them; then the comparison waits for them to stop and exits with 128 + the signal."""
+        them; then the comparison waits for them to stop and exits with 128 + the signal, also
+        where a stopped child's error ended the block (a study's trials)."""
         if threading.current_thread() is not threading.main_thread():
             yield
             return
@@ -72,12 +73,13 @@ class Children:
         finally:
             for sig, old in previous.items():
                 signal.signal(sig, old)
-        if self.stopped_by is not None:
-            name = signal.Signals(self.stopped_by).name
-            print(
-                f"fedlit compare: stopped by {name}; its fits were stopped too. Run the same "
-                "command again to go on (interrupted runs resume from their checkpoints).",
-                file=sys.stderr,
-                flush=True,
-            )
-            raise SystemExit(128 + self.stopped_by)
+            if self.stopped_by is not None:  # also over the errors of the fits it stopped
+                name = signal.Signals(self.stopped_by).name
+                print(
+                    f"fedlit compare: stopped by {name}; its fits were stopped too. Run the "
+                    "same command again to go on (interrupted runs resume from their "
+                    "checkpoints).",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                raise SystemExit(128 + self.stopped_by)

@@ -180,27 +180,7 @@ class RayPool:
 
         self._ray = ray
         self.actors: list[Any] = []
-        self._connected = False
-        if not ray.is_initialized():
-            if settings.address is not None:
-                check_reachable(settings.address, settings.connect_timeout)
-            try:
-                with _own_signal_handlers():  # a SIGTERM stops the run as without Ray (143)
-                    ray.init(
-                        address=settings.address,
-                        include_dashboard=False,
-                        log_to_driver=False,
-                        configure_logging=False,
-                    )
-            except Exception as err:  # ConnectionError, a missing Ray Client, ...
-                if ray.is_initialized():
-                    ray.shutdown()
-                text = str(err).strip().splitlines()[0] if str(err).strip() else ""
-                raise ValueError(
-                    f"federation.ray.address={settings.address!r}: Ray could not "
-                    f"{'connect' if settings.address else 'start'}: {type(err).__name__}: {text}"
-                ) from None
-            self._connected = True
+        self._connected = connect_ray(settings.address, settings.connect_timeout)
         try:
             nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
             workers = fitting_workers(settings, clients_per_round, nodes)
@@ -279,45 +259,90 @@ def fitting_workers(
     (Ray's ``{"CPU": 16.0, "GPU": 1.0, ...}`` each): ``settings.workers``, or as many as fit
     (each needs ``cpus`` and ``gpus`` on one node), at most ``clients_per_round``. A ValueError
     names the key and the cluster's resources if not one worker, or not ``workers``, fit."""
-    cpus = [node.get("CPU", 0.0) for node in nodes]
-    gpus = [node.get("GPU", 0.0) for node in nodes]
-    offer = (
-        f"the Ray cluster offers {sum(cpus):g} CPUs and {sum(gpus):g} GPUs on {len(nodes)} "
-        f"node(s), at most {max(cpus, default=0):g} CPUs and {max(gpus, default=0):g} GPUs on "
-        "one node"
-    )
-    fits = 0
-    for cpu, gpu in zip(cpus, gpus, strict=True):
-        here = int(cpu // settings.cpus + 1e-9)
-        if settings.gpus > 0:
-            here = min(here, int(gpu // settings.gpus + 1e-9))
-        fits += here
-    if settings.gpus > 0 and all(gpu < settings.gpus for gpu in gpus):
-        raise ValueError(
-            f"federation.ray.gpus={settings.gpus:g}: no node has {settings.gpus:g} GPU(s) for "
-            f"a client ({offer})"
-        )
-    if fits == 0:
-        raise ValueError(
-            f"federation.ray.cpus={settings.cpus:g}: no node has {settings.cpus:g} CPUs"
-            f"{f' and {settings.gpus:g} GPUs' if settings.gpus else ''} for a client ({offer})"
-        )
+    fits = fitting(settings.cpus, settings.gpus, nodes, "federation.ray", "a client")
     if settings.workers is not None and settings.workers > fits:
         raise ValueError(
             f"federation.ray.workers={settings.workers}: only {fits} worker(s) of "
-            f"{settings.cpus:g} CPUs and {settings.gpus:g} GPUs fit ({offer})"
+            f"{settings.cpus:g} CPUs and {settings.gpus:g} GPUs fit ({offer(nodes)})"
         )
     return settings.workers or max(1, min(fits, clients_per_round))
 
 
-def check_reachable(address: str, timeout: float) -> None:
-    """Refuse (ValueError naming ``federation.ray.address``) an address whose host does not
+def offer(nodes: Sequence[dict[str, float]]) -> str:
+    """What a Ray cluster whose live nodes have ``nodes`` resources offers, in words."""
+    cpus = [node.get("CPU", 0.0) for node in nodes]
+    gpus = [node.get("GPU", 0.0) for node in nodes]
+    return (
+        f"the Ray cluster offers {sum(cpus):g} CPUs and {sum(gpus):g} GPUs on {len(nodes)} "
+        f"node(s), at most {max(cpus, default=0):g} CPUs and {max(gpus, default=0):g} GPUs on "
+        "one node"
+    )
+
+
+def fitting(
+    cpus: float, gpus: float, nodes: Sequence[dict[str, float]], key: str, each: str
+) -> int:
+    """How many tasks of ``cpus`` and ``gpus`` each fit at once on a cluster whose live nodes
+    have ``nodes`` resources, each task on one node. A ValueError names ``<key>.cpus`` or
+    ``<key>.gpus`` and the cluster's resources if not one fits (``each``: what a task is, in
+    words)."""
+    fits = 0
+    for node in nodes:
+        here = int(node.get("CPU", 0.0) // cpus + 1e-9)
+        if gpus > 0:
+            here = min(here, int(node.get("GPU", 0.0) // gpus + 1e-9))
+        fits += here
+    if gpus > 0 and all(node.get("GPU", 0.0) < gpus for node in nodes):
+        raise ValueError(
+            f"{key}.gpus={gpus:g}: no node has {gpus:g} GPU(s) for {each} ({offer(nodes)})"
+        )
+    if fits == 0:
+        raise ValueError(
+            f"{key}.cpus={cpus:g}: no node has {cpus:g} CPUs"
+            f"{f' and {gpus:g} GPUs' if gpus else ''} for {each} ({offer(nodes)})"
+        )
+    return fits
+
+
+def connect_ray(address: str | None, timeout: float, settings: str = "federation.ray") -> bool:
+    """Connect this process to the Ray cluster at ``address``, or start a local Ray instance
+    (None), unless it is connected already; True where it connected here (and so disconnects
+    when done). Refused with a ValueError naming ``<settings>.address`` if the address does
+    not answer within ``timeout`` seconds (:func:`check_reachable`) or Ray cannot connect.
+    This process keeps its SIGTERM and SIGINT handlers."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    if address is not None:
+        check_reachable(address, timeout, settings)
+    try:
+        with own_signal_handlers():  # a SIGTERM stops the run as without Ray (143)
+            ray.init(
+                address=address,
+                include_dashboard=False,
+                log_to_driver=False,
+                configure_logging=False,
+            )
+    except Exception as err:  # ConnectionError, a missing Ray Client, ...
+        if ray.is_initialized():
+            ray.shutdown()
+        text = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        raise ValueError(
+            f"{settings}.address={address!r}: Ray could not "
+            f"{'connect' if address else 'start'}: {type(err).__name__}: {text}"
+        ) from None
+    return True
+
+
+def check_reachable(address: str, timeout: float, settings: str = "federation.ray") -> None:
+    """Refuse (ValueError naming ``<settings>.address``) an address whose host does not
     resolve or whose port does not accept a TCP connection within ``timeout`` seconds, so
     that ``ray.init`` never waits on it. ``auto`` (a cluster this machine belongs to) is left
     to Ray."""
     if address == "auto":
         return
-    key = f"federation.ray.address={address!r}"
+    key = f"{settings}.address={address!r}"
     host, sep, port = address.removeprefix("ray://").rpartition(":")
     if not sep or not host or not port.isdigit():
         raise ValueError(f"{key}: give host:port, ray://host:port or auto")
@@ -343,12 +368,12 @@ def check_reachable(address: str, timeout: float) -> None:
         reason = "timed out" if isinstance(err, TimeoutError) else err.strerror or str(err)
         raise ValueError(
             f"{key}: nothing answers at {host}:{port} within {timeout:g} s ({reason}); is a "
-            "Ray cluster running there? (federation.ray.connect_timeout sets the wait)"
+            f"Ray cluster running there? ({settings}.connect_timeout sets the wait)"
         ) from None
 
 
 @contextmanager
-def _own_signal_handlers() -> Iterator[None]:
+def own_signal_handlers() -> Iterator[None]:
     """Keep this process's SIGTERM and SIGINT handlers: ``ray.init`` replaces them with its
     own (SIGTERM would exit with status 15, not stop the run at a step's end)."""
     saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
