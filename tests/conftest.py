@@ -48,21 +48,33 @@ def fmnist_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+# The data of every tiny run: 2 clients of 32 images (both sampled, batches of 16), 50 labels,
+# 20 validation images, 100 test images.
+TINY_DATA: dict[str, Any] = {
+    "num_clients": 2,
+    "examples_per_client": 32,
+    "client_batch_size": 16,
+    "labeled_per_class": 5,
+    "val_per_class": 2,
+    "test_subset": 100,
+}
+
+
 def tiny_overrides(root: Path, rounds: int = 1, test_subset: int = 100) -> list[str]:
     """Overrides that shrink a top-level recipe to a few seconds on the local Fashion-MNIST:
-    2 clients of 32 images (both sampled), 50 labels, 20 validation images, 1 server epoch."""
-    return [
-        f"--data.root={root}",
-        "--data.num_clients=2",
-        "--data.examples_per_client=32",
-        "--data.client_batch_size=16",
-        "--data.labeled_per_class=5",
-        "--data.val_per_class=2",
-        f"--data.test_subset={test_subset}",
+    :data:`TINY_DATA`, both clients sampled, 1 server epoch."""
+    data = {"root": root} | TINY_DATA | {"test_subset": test_subset}
+    return [f"--data.{key}={value}" for key, value in data.items()] + [
         f"--federation.rounds={rounds}",
         "--federation.clients_per_round=2",
         "--federation.server_epochs=1",
     ]
+
+
+def tiny_data(root: Path, **settings: Any) -> FederatedDataModule:
+    """The data module of :data:`TINY_DATA` under ``root``; ``settings``: others, or other
+    values."""
+    return FederatedDataModule(**({"root": str(root)} | TINY_DATA | settings))
 
 
 def stop_in_round(monkeypatch: pytest.MonkeyPatch, round_idx: int) -> Callable[[], None]:

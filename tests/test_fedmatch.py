@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import stop_in_round
+from conftest import stop_in_round, tiny_data
 
 from fedlit.aggregation.payloads import payload_bytes, state_part
 from fedlit.data import ClientData, FederatedDataModule, ImageSplit
@@ -308,12 +308,12 @@ def test_fedmatch_is_marked_not_private() -> None:
 
 
 def _fed(root: Path, run_dir: Path, rounds: int, **config: object) -> Federation:
-    data = FederatedDataModule(
-        root=str(root),
+    data = tiny_data(
+        root,
         num_clients=3,
         examples_per_client=64,
         client_batch_size=32,
-        val_per_class=2,
+        labeled_per_class=50,
         test_subset=500,
     )
     method = FedMatch(

@@ -24,13 +24,12 @@ from typing import Any
 import psutil
 import pytest
 import torch
-from conftest import refused, stop_in_round, tiny_overrides
+from conftest import refused, stop_in_round, tiny_data, tiny_overrides
 from dying_methods import KILLER, MARKER, STARTED, KillsItsWorker, SignalsDriver, Unreliable
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from ray_runs import differences, federation
 
 from fedlit.cli import main
-from fedlit.data import FederatedDataModule
 from fedlit.federation import (
     Callback,
     Federation,
@@ -150,15 +149,8 @@ class Updates(Callback):
 def _tiny(root: Path, run_dir: Path, pool: PoolSettings | None) -> tuple[Federation, Updates]:
     """One round of KillsItsWorker's FedAvg-FixMatch on 2 clients of 32 generated images, in
     this process (``pool`` None) or on a pool; the callback that records the updates."""
-    data = FederatedDataModule(
-        "synthetic",
-        root=str(root),
-        num_clients=2,
-        examples_per_client=32,
-        client_batch_size=16,
-        labeled_per_class=2,
-        val_per_class=0,
-        test_subset=50,
+    data = tiny_data(
+        root, dataset="synthetic", labeled_per_class=2, val_per_class=0, test_subset=50
     )
     method = KillsItsWorker(Architecture(10, 1), optim=Optimization(client_lr=0.03))
     cfg = FederationConfig(

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import load_script, stop_in_round
+from conftest import load_script, stop_in_round, tiny_data
 from ray_runs import differences
 from torch import nn
 
@@ -215,14 +215,8 @@ def test_the_switches_choose_the_plan_and_the_momentum() -> None:
 
 
 def _data(root: Path) -> FederatedDataModule:
-    return FederatedDataModule(
-        root=str(root),
-        num_clients=4,
-        examples_per_client=64,
-        client_batch_size=32,
-        labeled_per_class=5,
-        val_per_class=2,
-        test_subset=200,
+    return tiny_data(
+        root, num_clients=4, examples_per_client=64, client_batch_size=32, test_subset=200
     )
 
 
