@@ -71,6 +71,18 @@ def tiny_overrides(root: Path, rounds: int = 1, test_subset: int = 100) -> list[
     ]
 
 
+def tiny_fit(recipe: Path, root: Path, run_dir: Path, *extra: str, rounds: int = 1) -> list[str]:
+    """``fedlit fit`` arguments for ``recipe`` shrunk by :func:`tiny_overrides` (``rounds``
+    rounds), into ``run_dir``; ``extra``: more overrides."""
+    return [
+        "fit",
+        f"--config={recipe}",
+        *tiny_overrides(root, rounds=rounds),
+        f"--trainer.default_root_dir={run_dir}",
+        *extra,
+    ]
+
+
 def tiny_data(root: Path, **settings: Any) -> FederatedDataModule:
     """The data module of :data:`TINY_DATA` under ``root``; ``settings``: others, or other
     values."""
