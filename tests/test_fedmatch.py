@@ -126,11 +126,8 @@ def test_decomposition_penalty_against_numpy() -> None:
     np.testing.assert_allclose(torch.cat([t.grad.ravel() for t in psi]).numpy(), want_grad)
 
 
-def test_fedmatch_loss_settings_are_validated() -> None:
-    with pytest.raises(ValueError, match="loss.tau"):
-        FedMatchLoss(tau=1.5)
-    with pytest.raises(ValueError, match="loss.lambda_l2"):
-        FedMatchLoss(lambda_l2=-1.0)
+def test_fedmatch_settings_are_validated() -> None:
+    """(The loss's: tests/test_objectives.py's ``BAD_SETTINGS``.)"""
     with pytest.raises(ValueError, match="model.helper_interval"):
         FedMatch(Architecture(10, 1), helper_interval=0)
     with pytest.raises(ValueError, match="model.delta_threshold"):

@@ -49,13 +49,8 @@ def test_the_mask_keeps_exactly_the_labels_at_or_above_tau() -> None:
     assert confident_labels(probs, 0.0)[1].tolist() == [1.0] * 4
 
 
-def test_the_loss_settings_are_checked_naming_the_key() -> None:
-    with pytest.raises(ValueError, match="loss.alpha"):
-        SemiFLLoss(alpha=0.0)
-    with pytest.raises(ValueError, match="loss.mix_weight"):
-        SemiFLLoss(mix_weight=-1.0)
-    with pytest.raises(ValueError, match="tau"):
-        SemiFLLoss(tau=1.5)
+def test_the_method_settings_are_checked_naming_the_key() -> None:
+    """(The loss's: tests/test_objectives.py's ``BAD_SETTINGS``.)"""
     with pytest.raises(ValueError, match="global_momentum"):
         SemiFL(Architecture(10, 1), global_momentum=1.0)
     with pytest.raises(ValueError, match="static_bn"):
