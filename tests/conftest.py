@@ -48,8 +48,8 @@ def fmnist_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-# The data of every tiny run: 2 clients of 32 images (both sampled, batches of 16), 50 labels,
-# 20 validation images, 100 test images.
+# The data of every tiny run: 2 clients of 32 images (batches of 16), 50 labels, 20 validation
+# images, 100 test images (Fashion-MNIST's 10 classes).
 TINY_DATA: dict[str, Any] = {
     "num_clients": 2,
     "examples_per_client": 32,
