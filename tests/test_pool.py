@@ -310,6 +310,18 @@ def _workers(driver: psutil.Process) -> list[psutil.Process]:
         return []
 
 
+def _wait_on_a_pool(
+    fit: subprocess.Popen[bytes], driver: psutil.Process, started: Path, first_worker: bool
+) -> None:
+    """Waits (400 s at most) while ``fit`` runs, until its first worker process appears
+    (``first_worker``) or both workers run a client (:func:`_fit_on_a_pool`)."""
+    deadline = time.monotonic() + 400
+    while fit.poll() is None and time.monotonic() < deadline:
+        if (first_worker and _workers(driver)) or len(list(started.iterdir())) == 2:
+            return
+        time.sleep(0.01)
+
+
 @pytest.mark.parametrize("moment", ["start-up", "clients"])
 def test_sigterm_of_a_pool_fit_ends_every_process_within_3_s(moment: str, tmp_path: Path) -> None:
     """``fedlit fit`` on a pool of 2 workers, sent SIGTERM as its first worker process appears
@@ -321,11 +333,7 @@ def test_sigterm_of_a_pool_fit_ends_every_process_within_3_s(moment: str, tmp_pa
     fit = _fit_on_a_pool(tmp_path / "run", started)
     driver = psutil.Process(fit.pid)
     try:
-        deadline = time.monotonic() + 400
-        while fit.poll() is None and time.monotonic() < deadline:
-            if (moment == "start-up" and _workers(driver)) or len(list(started.iterdir())) == 2:
-                break
-            time.sleep(0.01)
+        _wait_on_a_pool(fit, driver, started, moment == "start-up")
         assert fit.poll() is None, (tmp_path / "fit.log").read_text()
         children = driver.children(recursive=True)
         assert len(_workers(driver)) >= 1
@@ -364,11 +372,7 @@ def test_a_sigkilled_drivers_workers_end_within_1_s(moment: str, tmp_path: Path)
     driver = psutil.Process(fit.pid)
     workers: list[psutil.Process] = []
     try:
-        deadline = time.monotonic() + 400
-        while fit.poll() is None and time.monotonic() < deadline:
-            if (moment == "set-up" and _workers(driver)) or len(list(started.iterdir())) == 2:
-                break
-            time.sleep(0.01)
+        _wait_on_a_pool(fit, driver, started, moment == "set-up")
         if moment == "set-up":
             time.sleep(0.5)
         workers = _workers(driver)
