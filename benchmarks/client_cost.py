@@ -16,15 +16,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import tempfile
 import time
-from pathlib import Path
 
 import torch
-from round_overhead import plain_train
+from round_overhead import plain_train, prepared_on_cpu
 
 from fedlit.data import FederatedDataModule
-from fedlit.federation import Federation, FederationConfig, TrainerTemplate
 from fedlit.federation.seeding import derive_seed, seed_all
 from fedlit.methods import FedAvgFixMatch
 from fedlit.models import Architecture
@@ -44,18 +41,7 @@ def main() -> None:
     method = FedAvgFixMatch(
         Architecture(10, 1, backbone=args.backbone), optim=Optimization(client_lr=0.003)
     )
-    # the plain loop runs on the CPU in fp32: so does the engine here, whatever the CPU's default
-    template = TrainerTemplate(accelerator="cpu", precision="32-true")
-    with tempfile.TemporaryDirectory() as tmp:
-        fed = Federation(
-            method,
-            data,
-            FederationConfig(rounds=100, clients_per_round=10),
-            run_dir=Path(tmp) / "run",
-            trainer=template,
-            progress=False,
-        )
-        fed.prepare()
+    template = prepared_on_cpu(method, data)
     payload = method.broadcast()
     side = method.client_side()
     times: dict[str, list[float]] = {part: [] for part in PARTS}

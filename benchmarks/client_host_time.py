@@ -20,15 +20,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import tempfile
 import time
-from pathlib import Path
 
 import torch
-from round_overhead import plain_train
+from round_overhead import plain_train, prepared_on_cpu
 
 from fedlit.data import FederatedDataModule
-from fedlit.federation import Federation, FederationConfig, TrainerTemplate
 from fedlit.federation.client import ClientRunner
 from fedlit.federation.seeding import derive_seed, seed_all
 from fedlit.methods import FedAvgFixMatch, FedAvgSL, FederatedMethod
@@ -58,18 +55,7 @@ def main() -> None:
     method = METHODS[args.method](
         Architecture(10, 1, backbone=args.backbone), optim=Optimization(client_lr=0.003)
     )
-    # the plain loop runs on the CPU in fp32: so does the engine here, whatever the CPU's default
-    template = TrainerTemplate(accelerator="cpu", precision="32-true")
-    with tempfile.TemporaryDirectory() as tmp:
-        fed = Federation(
-            method,
-            data,
-            FederationConfig(rounds=100, clients_per_round=10),
-            run_dir=Path(tmp) / "run",
-            trainer=template,
-            progress=False,
-        )
-        fed.prepare()
+    template = prepared_on_cpu(method, data)
     payload = method.broadcast()
     runner = ClientRunner(method.client_side(), data, template, seed=0, total_rounds=100)
     plain_side = method.client_side()  # its own networks: the runner's stay the runner's

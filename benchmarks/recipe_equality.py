@@ -79,15 +79,7 @@ def record(out: Path, only: Sequence[str]) -> None:
         for i, recipe in enumerate(recipes, 1):
             name = str(recipe.relative_to(ROOT))
             run_dir = Path(tmp) / "runs" / name.replace("/", "__")
-            args = [
-                sys.executable,
-                "-m",
-                "fedlit",
-                "fit",
-                f"--config={recipe}",
-                *tests_cli.tiny(data, run_dir, recipe),
-                "--federation.rounds=2",
-            ]
+            args = tests_cli.two_tiny_rounds(data, run_dir, recipe)
             start = time.perf_counter()
             proc = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True)
             took = time.perf_counter() - start

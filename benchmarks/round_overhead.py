@@ -60,6 +60,20 @@ def plain_train(objective: Objective, loader: Iterable[Any], epochs: int) -> Non
                 scheduler.step()
 
 
+def prepared_on_cpu(method: FederatedMethod, data: FederatedDataModule) -> TrainerTemplate:
+    """Sets ``method`` and ``data`` up as a run of 100 rounds of 10 clients does (in a run
+    folder removed after); returns the engine's template for them: the CPU in fp32, as the
+    plain loop runs, whatever the CPU's default."""
+    template = TrainerTemplate(accelerator="cpu", precision="32-true")
+    with tempfile.TemporaryDirectory() as tmp:
+        config = FederationConfig(rounds=100, clients_per_round=10)
+        fed = Federation(
+            method, data, config, run_dir=Path(tmp) / "run", trainer=template, progress=False
+        )
+        fed.prepare()
+    return template
+
+
 def plain_round(fed: Federation, round_idx: int) -> None:
     """One round of ``fed``'s method written directly in PyTorch (no Lightning, no logging)."""
     method, data, cfg = fed.method, fed.data, fed.config

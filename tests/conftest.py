@@ -48,21 +48,45 @@ def fmnist_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+# The data of every tiny run: 2 clients of 32 images (batches of 16), 50 labels, 20 validation
+# images, 100 test images (Fashion-MNIST's 10 classes).
+TINY_DATA: dict[str, Any] = {
+    "num_clients": 2,
+    "examples_per_client": 32,
+    "client_batch_size": 16,
+    "labeled_per_class": 5,
+    "val_per_class": 2,
+    "test_subset": 100,
+}
+
+
 def tiny_overrides(root: Path, rounds: int = 1, test_subset: int = 100) -> list[str]:
     """Overrides that shrink a top-level recipe to a few seconds on the local Fashion-MNIST:
-    2 clients of 32 images (both sampled), 50 labels, 20 validation images, 1 server epoch."""
-    return [
-        f"--data.root={root}",
-        "--data.num_clients=2",
-        "--data.examples_per_client=32",
-        "--data.client_batch_size=16",
-        "--data.labeled_per_class=5",
-        "--data.val_per_class=2",
-        f"--data.test_subset={test_subset}",
+    :data:`TINY_DATA`, both clients sampled, 1 server epoch."""
+    data = {"root": root} | TINY_DATA | {"test_subset": test_subset}
+    return [f"--data.{key}={value}" for key, value in data.items()] + [
         f"--federation.rounds={rounds}",
         "--federation.clients_per_round=2",
         "--federation.server_epochs=1",
     ]
+
+
+def tiny_fit(recipe: Path, root: Path, run_dir: Path, *extra: str, rounds: int = 1) -> list[str]:
+    """``fedlit fit`` arguments for ``recipe`` shrunk by :func:`tiny_overrides` (``rounds``
+    rounds), into ``run_dir``; ``extra``: more overrides."""
+    return [
+        "fit",
+        f"--config={recipe}",
+        *tiny_overrides(root, rounds=rounds),
+        f"--trainer.default_root_dir={run_dir}",
+        *extra,
+    ]
+
+
+def tiny_data(root: Path, **settings: Any) -> FederatedDataModule:
+    """The data module of :data:`TINY_DATA` under ``root``; ``settings``: others, or other
+    values."""
+    return FederatedDataModule(**({"root": str(root)} | TINY_DATA | settings))
 
 
 def stop_in_round(monkeypatch: pytest.MonkeyPatch, round_idx: int) -> Callable[[], None]:

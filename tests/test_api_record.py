@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 import yaml
-from conftest import tiny_overrides
+from conftest import tiny_data, tiny_overrides
 from torch import nn
 from torch.utils.data import TensorDataset
 
@@ -30,20 +30,6 @@ def _hparams(run_dir: Path) -> dict[str, Any]:
     return data
 
 
-def _data(root: Path, **settings: Any) -> FederatedDataModule:
-    """The data of :func:`conftest.tiny_overrides`: 2 clients of 32 images, 5 labels a class."""
-    given = dict(
-        root=str(root),
-        num_clients=2,
-        examples_per_client=32,
-        client_batch_size=16,
-        labeled_per_class=5,
-        val_per_class=2,
-        test_subset=100,
-    )
-    return FederatedDataModule(**(given | settings))
-
-
 def _cli_run(root: Path, run_dir: Path) -> None:
     """``fedlit fit`` of recipes/fedavg_fixmatch.yaml, shrunk (:func:`conftest.tiny_overrides`)."""
     recipe = str(REPO / "recipes" / "fedavg_fixmatch.yaml")
@@ -58,7 +44,7 @@ def test_an_api_run_records_what_it_ran(fmnist_root: Path, tmp_path: Path) -> No
         optim=Optimization(server_lr=0.02, client_lr=0.05),
         loss=FixMatchLoss(tau=0.8),
     )
-    data = _data(fmnist_root, partitioner=Dirichlet(alpha=0.5), labeled_per_class=7)
+    data = tiny_data(fmnist_root, partitioner=Dirichlet(alpha=0.5), labeled_per_class=7)
     config = FederationConfig(rounds=1, clients_per_round=2, server_epochs=3, final_eval=["linear"])
     Federation(method, data, config, tmp_path / "api", seed=7).run()
     got = _hparams(tmp_path / "api")
@@ -94,7 +80,7 @@ def test_an_api_run_records_what_the_cli_records_for_the_same_run(
         loss=FixMatchLoss(tau=0.9, mu=0.0),
     )
     config = FederationConfig(rounds=1, clients_per_round=2, local_epochs=1, server_epochs=1)
-    Federation(method, _data(fmnist_root), config, api_dir, seed=0).run()
+    Federation(method, tiny_data(fmnist_root), config, api_dir, seed=0).run()
     cli, api = _hparams(cli_dir), _hparams(api_dir)
     assert list(cli) == list(api)
     differ = {key for key in cli if cli[key] != api[key]}
@@ -140,7 +126,7 @@ def test_a_report_lists_what_differs_between_an_api_run_and_a_cli_run(
     table and its flag, where the report shows the server's budget."""
     config = FederationConfig(rounds=1, clients_per_round=2, server_epochs=3)
     method = ServerSL(Architecture(10, 1), optim=Optimization(server_lr=0.05))
-    Federation(method, _data(fmnist_root), config, tmp_path / "api").run()
+    Federation(method, tiny_data(fmnist_root), config, tmp_path / "api").run()
     cli_dir = tmp_path / "cli"
     _cli_run(fmnist_root, cli_dir)
     out = tmp_path / "report"
@@ -162,19 +148,19 @@ def test_resuming_an_api_run_with_a_changed_setting_is_refused(
     (one more round, which a resume may change) it continues."""
     run_dir = tmp_path / "api"
     first = FederationConfig(rounds=1, clients_per_round=2, server_epochs=1)
-    Federation(ServerSL(Architecture(10, 1)), _data(fmnist_root), first, run_dir).run()
+    Federation(ServerSL(Architecture(10, 1)), tiny_data(fmnist_root), first, run_dir).run()
     ckpt = str(run_dir / "checkpoints" / "last.ckpt")
     changed = FederationConfig(rounds=2, clients_per_round=2, server_epochs=2, resume=ckpt)
-    federation = Federation(ServerSL(Architecture(10, 1)), _data(fmnist_root), changed, run_dir)
+    federation = Federation(ServerSL(Architecture(10, 1)), tiny_data(fmnist_root), changed, run_dir)
     with pytest.raises(ValueError, match=r"federation\.server_epochs=2 \(the checkpoint's: 1\)"):
         federation.prepare()
     method = ServerSL(Architecture(10, 1), optim=Optimization(server_lr=0.1))
     again = FederationConfig(rounds=2, clients_per_round=2, resume=ckpt)
-    other = Federation(method, _data(fmnist_root), again, run_dir)
+    other = Federation(method, tiny_data(fmnist_root), again, run_dir)
     with pytest.raises(ValueError, match=r"model\.init_args\.optim\.server_lr=0\.1"):
         other.prepare()
     same = FederationConfig(rounds=2, clients_per_round=2, server_epochs=1, resume=ckpt)
-    result = Federation(ServerSL(Architecture(10, 1)), _data(fmnist_root), same, run_dir).run()
+    result = Federation(ServerSL(Architecture(10, 1)), tiny_data(fmnist_root), same, run_dir).run()
     assert [row["round"] for row in result.history] == [1.0, 2.0]
 
 
@@ -266,7 +252,7 @@ def test_the_api_refuses_bad_arguments_by_name_before_writing(
     monkeypatch.chdir(tmp_path)
     arguments: dict[str, Any] = {
         "method": ServerSL(Architecture(10, 1)),
-        "data": _data(fmnist_root),
+        "data": tiny_data(fmnist_root),
         "config": FederationConfig(rounds=1),
         "run_dir": tmp_path / "run",
     }

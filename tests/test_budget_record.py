@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import tiny_overrides
+from conftest import tiny_data, tiny_overrides
 from test_compare_changed import digits_folder
 from test_reporting import _budget_run, write_run
 
@@ -35,15 +35,7 @@ def _csv(path: Path) -> list[dict[str, str]]:
 def _data(root: Path) -> FederatedDataModule:
     """2 clients of 32 images, 10 labels a class at the server (100: batches of 64 give one
     shuffled batch an epoch), a validation image a class."""
-    return FederatedDataModule(
-        root=str(root),
-        num_clients=2,
-        examples_per_client=32,
-        client_batch_size=16,
-        labeled_per_class=10,
-        val_per_class=1,
-        test_subset=50,
-    )
+    return tiny_data(root, labeled_per_class=10, val_per_class=1, test_subset=50)
 
 
 def test_a_python_api_run_records_its_server_budget(fmnist_root: Path, tmp_path: Path) -> None:

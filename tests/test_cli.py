@@ -75,6 +75,20 @@ def tiny(
     return args
 
 
+def two_tiny_rounds(root: Path, run_dir: Path, recipe: Path) -> list[str]:
+    """The command that fits ``recipe`` for two rounds of :func:`tiny` in a process of its own
+    (also ``benchmarks/recipe_equality.py``'s)."""
+    return [
+        sys.executable,
+        "-m",
+        "fedlit",
+        "fit",
+        f"--config={recipe}",
+        *tiny(root, run_dir, recipe),
+        "--federation.rounds=2",
+    ]
+
+
 def test_recipes_exist() -> None:
     names = {p.name for p in RECIPES}
     assert {"quickstart.yaml", "server_sl.yaml", "fedavg_sl.yaml", "fedavg_fixmatch.yaml"} <= names
@@ -353,15 +367,7 @@ def test_a_teacher_in_eval_mode_is_not_reported_to_the_user(
     second fit on); Lightning's "Found N module(s) in eval mode" warning is not shown."""
     recipe = Path(__file__).parents[1] / "recipes" / "ts_server_ema.yaml"
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "fedlit",
-            "fit",
-            f"--config={recipe}",
-            *tiny(fmnist_root, tmp_path / "run", recipe),
-            "--federation.rounds=2",
-        ],
+        two_tiny_rounds(fmnist_root, tmp_path / "run", recipe),
         capture_output=True,
         text=True,
         timeout=300,

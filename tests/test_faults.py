@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import tiny_overrides
+from conftest import tiny_fit
 
 from fedlit.aggregation import Aggregated, weighted_average
 from fedlit.aggregation.payloads import Payload, state_part
@@ -250,13 +250,7 @@ def test_nonfinite_global_model_stops_the_run(
 
 def _fit(root: Path, run_dir: Path, *extra: str) -> list[str]:
     """``fedlit fit`` arguments for a tiny FedAvg-FixMatch run (2 clients, 2 rounds)."""
-    return [
-        "fit",
-        f"--config={FIXMATCH}",
-        *tiny_overrides(root, rounds=2),
-        f"--trainer.default_root_dir={run_dir}",
-        *extra,
-    ]
+    return tiny_fit(FIXMATCH, root, run_dir, *extra, rounds=2)
 
 
 def test_cli_stops_a_failed_round_with_its_own_status(

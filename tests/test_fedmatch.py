@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import stop_in_round
+from conftest import stop_in_round, tiny_data
 
 from fedlit.aggregation.payloads import payload_bytes, state_part
 from fedlit.data import ClientData, FederatedDataModule, ImageSplit
@@ -126,11 +126,8 @@ def test_decomposition_penalty_against_numpy() -> None:
     np.testing.assert_allclose(torch.cat([t.grad.ravel() for t in psi]).numpy(), want_grad)
 
 
-def test_fedmatch_loss_settings_are_validated() -> None:
-    with pytest.raises(ValueError, match="loss.tau"):
-        FedMatchLoss(tau=1.5)
-    with pytest.raises(ValueError, match="loss.lambda_l2"):
-        FedMatchLoss(lambda_l2=-1.0)
+def test_fedmatch_settings_are_validated() -> None:
+    """(The loss's: tests/test_objectives.py's ``BAD_SETTINGS``.)"""
     with pytest.raises(ValueError, match="model.helper_interval"):
         FedMatch(Architecture(10, 1), helper_interval=0)
     with pytest.raises(ValueError, match="model.delta_threshold"):
@@ -308,12 +305,12 @@ def test_fedmatch_is_marked_not_private() -> None:
 
 
 def _fed(root: Path, run_dir: Path, rounds: int, **config: object) -> Federation:
-    data = FederatedDataModule(
-        root=str(root),
+    data = tiny_data(
+        root,
         num_clients=3,
         examples_per_client=64,
         client_batch_size=32,
-        val_per_class=2,
+        labeled_per_class=50,
         test_subset=500,
     )
     method = FedMatch(

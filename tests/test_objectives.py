@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -11,11 +12,13 @@ from torch import nn
 
 from fedlit.objectives import (
     UDA,
+    FedMatchLoss,
     FedProx,
     FitState,
     FixMatch,
     FixMatchLoss,
     Hits,
+    SemiFLLoss,
     SupervisedCE,
     UDALoss,
     fixmatch_loss,
@@ -141,15 +144,24 @@ def test_hits_kept_in_an_eager_fit_are_their_fractions_bit_for_bit(
     assert eager.epoch_metrics() == compiled.epoch_metrics() == reference.epoch_metrics()
 
 
-def test_objective_rejects_bad_settings() -> None:
-    with pytest.raises(ValueError, match="tau"):
-        FixMatchLoss(tau=1.5)
-    with pytest.raises(ValueError, match="mu"):
-        FixMatchLoss(mu=-0.1)
-    with pytest.raises(ValueError, match="temperature"):
-        UDALoss(temperature=0.0)
-    with pytest.raises(ValueError, match="optimizer"):
-        SupervisedCE(nn.Linear(1, 1), lr=0.1, optimizer="lbfgs")
+#: (an objective's or its loss's bad settings, the key the refusal names): every loss's here
+BAD_SETTINGS: list[tuple[Callable[[], object], str]] = [
+    (lambda: FixMatchLoss(tau=1.5), "tau"),
+    (lambda: FixMatchLoss(mu=-0.1), "mu"),
+    (lambda: UDALoss(temperature=0.0), "temperature"),
+    (lambda: SupervisedCE(nn.Linear(1, 1), lr=0.1, optimizer="lbfgs"), "optimizer"),
+    (lambda: SemiFLLoss(alpha=0.0), "loss.alpha"),
+    (lambda: SemiFLLoss(mix_weight=-1.0), "loss.mix_weight"),
+    (lambda: SemiFLLoss(tau=1.5), "tau"),
+    (lambda: FedMatchLoss(tau=1.5), "loss.tau"),
+    (lambda: FedMatchLoss(lambda_l2=-1.0), "loss.lambda_l2"),
+]
+
+
+@pytest.mark.parametrize(("build", "key"), BAD_SETTINGS)
+def test_objective_rejects_bad_settings(build: Callable[[], object], key: str) -> None:
+    with pytest.raises(ValueError, match=key):
+        build()
 
 
 def test_uda_loss_hand_computed() -> None:

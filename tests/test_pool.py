@@ -24,13 +24,12 @@ from typing import Any
 import psutil
 import pytest
 import torch
-from conftest import refused, stop_in_round, tiny_overrides
+from conftest import refused, stop_in_round, tiny_data, tiny_overrides
 from dying_methods import KILLER, MARKER, STARTED, KillsItsWorker, SignalsDriver, Unreliable
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from ray_runs import differences, federation
 
 from fedlit.cli import main
-from fedlit.data import FederatedDataModule
 from fedlit.federation import (
     Callback,
     Federation,
@@ -150,15 +149,8 @@ class Updates(Callback):
 def _tiny(root: Path, run_dir: Path, pool: PoolSettings | None) -> tuple[Federation, Updates]:
     """One round of KillsItsWorker's FedAvg-FixMatch on 2 clients of 32 generated images, in
     this process (``pool`` None) or on a pool; the callback that records the updates."""
-    data = FederatedDataModule(
-        "synthetic",
-        root=str(root),
-        num_clients=2,
-        examples_per_client=32,
-        client_batch_size=16,
-        labeled_per_class=2,
-        val_per_class=0,
-        test_subset=50,
+    data = tiny_data(
+        root, dataset="synthetic", labeled_per_class=2, val_per_class=0, test_subset=50
     )
     method = KillsItsWorker(Architecture(10, 1), optim=Optimization(client_lr=0.03))
     cfg = FederationConfig(
@@ -318,6 +310,18 @@ def _workers(driver: psutil.Process) -> list[psutil.Process]:
         return []
 
 
+def _wait_on_a_pool(
+    fit: subprocess.Popen[bytes], driver: psutil.Process, started: Path, first_worker: bool
+) -> None:
+    """Waits (400 s at most) while ``fit`` runs, until its first worker process appears
+    (``first_worker``) or both workers run a client (:func:`_fit_on_a_pool`)."""
+    deadline = time.monotonic() + 400
+    while fit.poll() is None and time.monotonic() < deadline:
+        if (first_worker and _workers(driver)) or len(list(started.iterdir())) == 2:
+            return
+        time.sleep(0.01)
+
+
 @pytest.mark.parametrize("moment", ["start-up", "clients"])
 def test_sigterm_of_a_pool_fit_ends_every_process_within_3_s(moment: str, tmp_path: Path) -> None:
     """``fedlit fit`` on a pool of 2 workers, sent SIGTERM as its first worker process appears
@@ -329,11 +333,7 @@ def test_sigterm_of_a_pool_fit_ends_every_process_within_3_s(moment: str, tmp_pa
     fit = _fit_on_a_pool(tmp_path / "run", started)
     driver = psutil.Process(fit.pid)
     try:
-        deadline = time.monotonic() + 400
-        while fit.poll() is None and time.monotonic() < deadline:
-            if (moment == "start-up" and _workers(driver)) or len(list(started.iterdir())) == 2:
-                break
-            time.sleep(0.01)
+        _wait_on_a_pool(fit, driver, started, moment == "start-up")
         assert fit.poll() is None, (tmp_path / "fit.log").read_text()
         children = driver.children(recursive=True)
         assert len(_workers(driver)) >= 1
@@ -372,11 +372,7 @@ def test_a_sigkilled_drivers_workers_end_within_1_s(moment: str, tmp_path: Path)
     driver = psutil.Process(fit.pid)
     workers: list[psutil.Process] = []
     try:
-        deadline = time.monotonic() + 400
-        while fit.poll() is None and time.monotonic() < deadline:
-            if (moment == "set-up" and _workers(driver)) or len(list(started.iterdir())) == 2:
-                break
-            time.sleep(0.01)
+        _wait_on_a_pool(fit, driver, started, moment == "set-up")
         if moment == "set-up":
             time.sleep(0.5)
         workers = _workers(driver)

@@ -10,10 +10,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import stop_in_round, tiny_overrides
+from conftest import stop_in_round, tiny_data, tiny_overrides
 
 from fedlit.cli import INTERRUPTED, main
-from fedlit.data import FederatedDataModule
 from fedlit.federation import Callback, Federation, FederationConfig, RunView
 from fedlit.methods import FedAvgFixMatch, FederatedMethod
 from fedlit.models import Architecture
@@ -35,15 +34,7 @@ def _tiny(
 ) -> Federation:
     """Two rounds of ``method`` (of ``Architecture(10, 1)``) on 2 of 3 clients of 32 images, with
     the progress bar and :class:`Stages`; ``kw``: the federation's other settings."""
-    data = FederatedDataModule(
-        root=str(root),
-        num_clients=3,
-        examples_per_client=32,
-        client_batch_size=16,
-        labeled_per_class=2,
-        val_per_class=1,
-        test_subset=50,
-    )
+    data = tiny_data(root, num_clients=3, labeled_per_class=2, val_per_class=1, test_subset=50)
     return Federation(
         method(Architecture(10, 1)),
         data,

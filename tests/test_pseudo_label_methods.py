@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import tiny_data
 
 from fedlit.aggregation import state_bytes
 from fedlit.data import ClientData, FederatedDataModule, visit_number
@@ -45,15 +46,13 @@ def _fed(
     **config: object,
 ) -> Federation:
     data_args = dict(
-        root=str(root),
-        num_clients=2,
         examples_per_client=64,
         client_batch_size=32,
+        labeled_per_class=50,
         val_per_class=5,
         test_subset=2000,
     )
-    data_args.update(data_kw or {})
-    data = FederatedDataModule(**data_args)  # type: ignore[arg-type]
+    data = tiny_data(root, **data_args | (data_kw or {}))
     optim = Optimization(**{"client_lr": 0.003, **(optim_kw or {})})
     method = cls(Architecture(10, 1), optim=optim, **(method_kw or {}))
     cfg = FederationConfig(**{"rounds": 1, "clients_per_round": 2, **config})  # type: ignore[arg-type]

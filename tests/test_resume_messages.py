@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import tiny_overrides
+from conftest import tiny_fit
 
 from fedlit.cli import main
 from fedlit.federation import load_checkpoint
@@ -16,13 +16,7 @@ QUICKSTART = Path(__file__).parents[1] / "recipes" / "quickstart.yaml"
 
 
 def _fit(root: Path, run_dir: Path, *extra: str) -> list[str]:
-    return [
-        "fit",
-        f"--config={QUICKSTART}",
-        *tiny_overrides(root),
-        f"--trainer.default_root_dir={run_dir}",
-        *extra,
-    ]
+    return tiny_fit(QUICKSTART, root, run_dir, *extra)
 
 
 def test_resume_names_every_differing_setting_and_the_runs_config(

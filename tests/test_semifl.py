@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import load_script, stop_in_round
+from conftest import load_script, stop_in_round, tiny_data
 from ray_runs import differences
 from torch import nn
 
@@ -49,13 +49,8 @@ def test_the_mask_keeps_exactly_the_labels_at_or_above_tau() -> None:
     assert confident_labels(probs, 0.0)[1].tolist() == [1.0] * 4
 
 
-def test_the_loss_settings_are_checked_naming_the_key() -> None:
-    with pytest.raises(ValueError, match="loss.alpha"):
-        SemiFLLoss(alpha=0.0)
-    with pytest.raises(ValueError, match="loss.mix_weight"):
-        SemiFLLoss(mix_weight=-1.0)
-    with pytest.raises(ValueError, match="tau"):
-        SemiFLLoss(tau=1.5)
+def test_the_method_settings_are_checked_naming_the_key() -> None:
+    """(The loss's: tests/test_objectives.py's ``BAD_SETTINGS``.)"""
     with pytest.raises(ValueError, match="global_momentum"):
         SemiFL(Architecture(10, 1), global_momentum=1.0)
     with pytest.raises(ValueError, match="static_bn"):
@@ -215,14 +210,8 @@ def test_the_switches_choose_the_plan_and_the_momentum() -> None:
 
 
 def _data(root: Path) -> FederatedDataModule:
-    return FederatedDataModule(
-        root=str(root),
-        num_clients=4,
-        examples_per_client=64,
-        client_batch_size=32,
-        labeled_per_class=5,
-        val_per_class=2,
-        test_subset=200,
+    return tiny_data(
+        root, num_clients=4, examples_per_client=64, client_batch_size=32, test_subset=200
     )
 
 

@@ -217,15 +217,20 @@ class _Teacher(FederatedMethod):
         self.teacher = self._new_network()
 
 
+def _refused_before_writing(fed: Federation, match: str) -> None:
+    """``fed``'s set-up is refused, ValueError matching ``match``; its run folder is not made."""
+    with pytest.raises(ValueError, match=match):
+        fed.prepare()
+    assert not fed.run_dir.exists()
+
+
 def test_a_method_that_cannot_take_a_warm_start_is_refused_by_name(
     fmnist_root: Path, source: Path, tmp_path: Path
 ) -> None:
     fed = _federation(
         fmnist_root, tmp_path / "run", _Teacher(Architecture(10, 1)), init_from=str(source)
     )
-    with pytest.raises(ValueError, match=r"federation\.init_from: _Teacher holds .*teacher"):
-        fed.prepare()
-    assert not (tmp_path / "run").exists()
+    _refused_before_writing(fed, r"federation\.init_from: _Teacher holds .*teacher")
 
 
 def test_a_network_of_another_class_count_is_refused_by_name(
@@ -241,9 +246,7 @@ def test_a_network_of_another_class_count_is_refused_by_name(
     fed = _federation(
         fmnist_root, tmp_path / "run", ServerSL(Architecture(10, 1)), init_from=str(other)
     )
-    with pytest.raises(ValueError, match=r"federation\.init_from: .* it has 5 classes, .* 10"):
-        fed.prepare()
-    assert not (tmp_path / "run").exists()
+    _refused_before_writing(fed, r"federation\.init_from: .* it has 5 classes, .* 10")
 
 
 def test_a_comparison_starts_each_seeds_runs_from_its_source_run(

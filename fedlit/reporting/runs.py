@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import csv
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -87,30 +87,32 @@ class RunRecord:
         return rounds, values
 
 
+def _read_mapping(
+    path: Path, parse: Callable[[str], Any], bad: type[Exception], kind: str, mapping: str
+) -> dict[str, Any]:
+    """``path``'s text parsed by ``parse`` (which raises ``bad`` on a bad ``kind`` file), a
+    ``mapping``; ValueError naming the path if unreadable or not a mapping."""
+    try:
+        data = parse(path.read_text())
+    except (OSError, bad) as err:
+        raise ValueError(f"{path}: unreadable {kind} ({err})") from err
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected {mapping}, got {type(data).__name__}")
+    return data
+
+
 def _read_yaml(path: Path) -> dict[str, Any]:
     """The mapping in a YAML file; ValueError naming the path if missing or not a mapping."""
     if not path.is_file():
         raise ValueError(f"{path}: not found (a run directory needs {CONFIG_FILE})")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as err:
-        raise ValueError(f"{path}: unreadable YAML ({err})") from err
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a mapping at the top, got {type(data).__name__}")
-    return data
+    return _read_mapping(path, yaml.safe_load, yaml.YAMLError, "YAML", "a mapping at the top")
 
 
 def read_run_json(path: Path) -> dict[str, Any]:
     """run.json's mapping, or {} when the file is absent; ValueError naming the path if bad."""
     if not path.is_file():
         return {}
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise ValueError(f"{path}: unreadable JSON ({err})") from err
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
-    return data
+    return _read_mapping(path, json.loads, json.JSONDecodeError, "JSON", "a JSON object")
 
 
 def _recorded_config(run_dir: Path, config: dict[str, Any]) -> dict[str, Any]:
