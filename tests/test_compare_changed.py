@@ -111,8 +111,8 @@ def test_a_warm_started_comparison_of_two_seeds_is_reused_unchanged(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The settings a run is checked by are its own: its seed and its seed's warm start
-    (``init_from``), not the first seed's; a re-run of the same spec skips every run. A
-    changed source run is refused; re-run on request, the runs that start from it are run
+    (``init_from``), not the first seed's; a re-run of the same spec skips every run, also
+    with its ``out`` reached through a link. A changed source run is refused; re-run on request, the runs that start from it are run
     afresh too (their settings did not change, their source did)."""
     source = {"recipe": str(REPO / "recipes/server_sl.yaml"), "folder": "plateau"}
     given = {"seeds": [0, 1], "recipes": [str(REPO / "recipes/server_sl.yaml")], "baseline": None}
@@ -120,6 +120,10 @@ def test_a_warm_started_comparison_of_two_seeds_is_reused_unchanged(
     main(["compare", f"--config={spec}"])
     capsys.readouterr()
     main(["compare", f"--config={spec}"])
+    assert capsys.readouterr().out.count("finished, skipped") == 4
+    link = tmp_path / "link"  # the same folder by another path: the same warm starts
+    link.symlink_to(tmp_path / "out", target_is_directory=True)
+    main(["compare", f"--config={spec}", f"--out={link}"])
     assert capsys.readouterr().out.count("finished, skipped") == 4
     longer = source | {"overrides": ["--federation.server_epochs=2"]}
     spec = _spec(tmp_path, **given, init_from=longer)

@@ -100,13 +100,23 @@ def changed_runs(
         given = settings[run] | {"seed_everything": run.seed}
         source = [a.split("=", 1)[1] for a in run.args if a.startswith(INIT_FROM_ARG)]
         if source:  # a run per seed: the seed's own
-            given["federation.init_from"] = source[-1]
+            given["federation.init_from"] = _same_folder(source[-1], saved)
         keys = changed_settings(saved, given)
         if keys:
             key = keys[0]
             more = f" (and {len(keys) - 1} more)" if len(keys) > 1 else ""
             changed[run] = f"{key}={given[key]!r}, the run's {saved[key]!r}{more}"
     return changed
+
+
+def _same_folder(source: str, saved: Mapping[str, Any]) -> str:
+    """The warm start's source the spec gives, written as the run recorded it where both name
+    the same folder (``out`` reached through a link, or relative where the run wrote it
+    absolute): the same source, not a changed setting."""
+    recorded = saved.get("federation.init_from")
+    if isinstance(recorded, str) and Path(recorded).resolve() == Path(source).resolve():
+        return recorded
+    return source
 
 
 def chosen_settings(
