@@ -35,7 +35,8 @@ import torch._dynamo
 from torch._dynamo.utils import counters
 from torch.profiler import ProfilerActivity, profile
 
-from fedlit.cli.fit import federation_of, resolve
+from fedlit.cli.fit import federation_of
+from fedlit.resolver import resolve
 from fedlit.data.datasets import stage_debian_fashion_mnist
 from fedlit.federation.callbacks import Callback, RunView
 

@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from fedlit.cli.fit import resolve
+from fedlit.resolver import resolve
 from fedlit.data.loaders import ImageBatches
 from fedlit.evaluation.batchnorm import recalibrated
 from fedlit.federation.warmstart import load_warm_start, template_network

@@ -64,7 +64,8 @@ from lightning import LightningModule
 from torch import Tensor, nn
 
 from fedlit.aggregation.payloads import MODEL
-from fedlit.cli.fit import federation_of, resolve
+from fedlit.cli.fit import federation_of
+from fedlit.resolver import resolve
 from fedlit.data.augment import BatchView, FitDraws
 from fedlit.data.sampling import sample_clients
 from fedlit.evaluation import scored

@@ -27,7 +27,8 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from fedlit.cli.fit import federation_of, loggers, resolve
+from fedlit.cli.fit import federation_of, loggers
+from fedlit.resolver import resolve
 from fedlit.federation.callbacks import Callback, RunView
 
 LAUNCHES = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx")
