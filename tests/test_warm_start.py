@@ -412,6 +412,41 @@ def test_the_semifl_fl2_spec_runs_lr02s_protocol_on_both_methods_and_their_ablat
     assert {"fedlit.methods.SemiFL", "fedlit.methods.FL2"} <= classes
 
 
+def test_the_headroom_sweep_varies_one_knob_a_point_on_lr02s_protocol(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """recipes/comparisons/fmnist_headroom_sweep.yaml: lr02's warm start and overrides, the
+    validation set as large as the training labels at every point; each point's planned runs
+    resolve to the images, labels and epochs it names."""
+    from fedlit.cli import resolve
+    from fedlit.comparison import Comparison, SourceRun, plan
+
+    monkeypatch.chdir(REPO)
+    lr02, sweep = _spec("fmnist_warm_long_lr02"), _spec("fmnist_headroom_sweep")
+    assert sweep["init_from"] == lr02["init_from"] and sweep["seeds"] == [0]
+    assert [a for a in sweep["overrides"] if "val_per_class" not in a] == [
+        a for a in lr02["overrides"] if "val_per_class" not in a
+    ]
+    comparison = Comparison(**sweep | {"init_from": SourceRun(**sweep["init_from"])})
+    want = {  # images per client, labels per class, local epochs
+        "n300": (300, 10, 2), "n1000": (1000, 10, 2), "n3000_e1": (3000, 10, 1),
+        "n3000": (3000, 10, 2), "n3000_l5": (3000, 5, 2), "n3000_l25": (3000, 25, 2),
+        "n5900": (5900, 10, 2),
+    }  # fmt: skip
+    seen = {}
+    for run in plan(comparison):
+        if run.run_dir.parent.name == "centralized_fixmatch_joint":
+            config = resolve(run.args).config.as_dict()
+            data = config["data"]
+            assert data["val_per_class"] == data["labeled_per_class"]
+            seen[run.setting] = (
+                data["examples_per_client"], data["labeled_per_class"],
+                config["federation"]["local_epochs"],
+            )  # fmt: skip
+    assert seen == want
+    assert 10 * 5900 + 10 * (10 + 10) <= 60_000  # Fashion-MNIST's training set
+
+
 def test_the_semifl_server_step_spec_changes_only_the_server_step(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
