@@ -110,7 +110,8 @@ def main() -> None:
 
     results: dict[str, object] = {}
     if mode == "local":
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        # its own instance: never a cluster another test started on this machine meanwhile
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
         settings = RaySettings(workers=2)
         results["FedAvgFixMatch"] = compare(
             root, out, "fixmatch", FedAvgFixMatch, FedAvgFixMatch, settings

@@ -17,11 +17,34 @@ import pytest
 from conftest import tiny_overrides
 
 from fedlit.federation import RaySettings
-from fedlit.federation.executors import check_reachable, fitting_workers
+from fedlit.federation.executors import check_reachable, connect_ray, fitting_workers
 
 RECIPE = Path(__file__).parents[1] / "recipes" / "fedavg_fixmatch.yaml"
 TWO_NODES = [{"CPU": 4.0, "GPU": 1.0}, {"CPU": 2.0}]
 OFFER = "the Ray cluster offers 6 CPUs and 1 GPUs on 2 node(s), at most 4 CPUs and 1 GPUs"
+
+
+def test_no_address_starts_a_new_ray_never_a_cluster_found_on_the_machine(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``address: None`` asks Ray for a new local instance (its ``"local"``): a bare
+    ``ray.init()`` joins a cluster another process started on this machine (two tests at once
+    did so); an address given is passed as it is."""
+    calls: list[object] = []
+
+    class StandIn:
+        @staticmethod
+        def is_initialized() -> bool:
+            return False
+
+        @staticmethod
+        def init(address: object = None, **settings: object) -> None:
+            calls.append(address)
+
+    monkeypatch.setitem(sys.modules, "ray", StandIn)
+    assert connect_ray(None, 1.0) is True
+    assert connect_ray("auto", 1.0) is True  # "auto" is left to Ray, not checked here
+    assert calls == ["local", "auto"]
 
 
 def test_workers_are_what_fits_on_the_nodes_at_most_clients_per_round() -> None:

@@ -305,8 +305,9 @@ def fitting(
 
 
 def connect_ray(address: str | None, timeout: float, settings: str = "federation.ray") -> bool:
-    """Connect this process to the Ray cluster at ``address``, or start a local Ray instance
-    (None), unless it is connected already; True where it connected here (and so disconnects
+    """Connect this process to the Ray cluster at ``address``, or start a new local Ray
+    instance (None: Ray's ``"local"``, not a cluster already running on this machine), unless
+    it is connected already; True where it connected here (and so disconnects
     when done). Refused with a ValueError naming ``<settings>.address`` if the address does
     not answer within ``timeout`` seconds (:func:`check_reachable`) or Ray cannot connect.
     This process keeps its SIGTERM and SIGINT handlers."""
@@ -318,8 +319,8 @@ def connect_ray(address: str | None, timeout: float, settings: str = "federation
         check_reachable(address, timeout, settings)
     try:
         with own_signal_handlers():  # a SIGTERM stops the run as without Ray (143)
-            ray.init(
-                address=address,
+            ray.init(  # None: a new instance, never a cluster Ray finds on this machine
+                address="local" if address is None else address,
                 include_dashboard=False,
                 log_to_driver=False,
                 configure_logging=False,
