@@ -28,11 +28,17 @@ HPARAMS_FILE = "hparams.yaml"  # the run's flat config (dotted keys), as its log
 #: that train it. Reports read the budget from here; a run without it has an unknown budget.
 BUDGET_KEY = "server_budget"
 CHECKPOINT = PurePath("checkpoints") / "last.ckpt"  # the last finished round's state
+#: A finished run kept as its record alone, its checkpoint dropped
+#: (:mod:`fedlit.comparison.records`): ``{"round": r}``, the round its checkpoint had finished.
+#: A directory holding one holds a finished run, never a dead one.
+RECORD_FILE = "record.json"
 LOCK_FILE = ".lock"  # flock-ed by the process writing the run; holds its pid
 #: A directory holding one of these holds a run.
 RUN_MARKERS = (METRICS_FILE, "checkpoints", CONFIG_FILE)
 #: What a run writes besides its markers (removed with a dead run; other files are kept).
 RUN_FILES = (RUN_FILE, HPARAMS_FILE, "partition.png")
+#: A run's record: the files reports read (a finished run's record is these and RECORD_FILE).
+RECORD_FILES = (RUN_FILE, CONFIG_FILE, HPARAMS_FILE, METRICS_FILE, VAL_CORRECT_FILE)
 
 
 def created_mode() -> int:

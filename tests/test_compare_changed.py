@@ -41,7 +41,9 @@ def digits_folder(root: Path, per_class: int = 12, test: int = 3) -> Path:
     return root
 
 
-def _spec(tmp_path: Path, **extra: object) -> Path:
+def digits_spec(tmp_path: Path, **extra: object) -> Path:
+    """A comparison of Server-SL and FedAvg-FixMatch, one round on a digits folder, its out
+    ``tmp_path/out`` (``extra``: the spec's other keys); its path."""
     data = digits_folder(tmp_path / "digits")
     spec = {
         "name": "digits",
@@ -82,14 +84,16 @@ def test_a_changed_spec_refuses_its_old_runs_or_reruns_them_on_request(
     budget (two epochs a round for Server-SL): refused, naming the run and the setting,
     nothing written; with ``--rerun_changed`` the changed run is set aside and run afresh,
     the unchanged one skipped, and the report shows the new budget."""
-    main(["compare", f"--config={_spec(tmp_path)}"])
+    main(["compare", f"--config={digits_spec(tmp_path)}"])
     out = tmp_path / "out"
     first = capsys.readouterr().out
     assert "server budget: 2 epochs vs 1 epochs" in first
-    main(["compare", f"--config={_spec(tmp_path)}"])  # unchanged: both skipped
+    main(["compare", f"--config={digits_spec(tmp_path)}"])  # unchanged: both skipped
     assert capsys.readouterr().out.count("finished, skipped") == 2
     before = _files(out)
-    changed = _spec(tmp_path, recipe_overrides={"server_sl": ["--federation.server_epochs=2"]})
+    changed = digits_spec(
+        tmp_path, recipe_overrides={"server_sl": ["--federation.server_epochs=2"]}
+    )
     err = refused(["compare", f"--config={changed}"], capsys)
     run = out / "default" / "server_sl" / "seed0"
     assert f"{run}: written with other settings than the spec now gives it" in err
@@ -112,11 +116,12 @@ def test_a_warm_started_comparison_of_two_seeds_is_reused_unchanged(
 ) -> None:
     """The settings a run is checked by are its own: its seed and its seed's warm start
     (``init_from``), not the first seed's; a re-run of the same spec skips every run, also
-    with its ``out`` reached through a link. A changed source run is refused; re-run on request, the runs that start from it are run
-    afresh too (their settings did not change, their source did)."""
+    with its ``out`` reached through a link. A changed source run is refused; re-run on
+    request, the runs that start from it are run afresh too (their settings did not change,
+    their source did)."""
     source = {"recipe": str(REPO / "recipes/server_sl.yaml"), "folder": "plateau"}
     given = {"seeds": [0, 1], "recipes": [str(REPO / "recipes/server_sl.yaml")], "baseline": None}
-    spec = _spec(tmp_path, **given, init_from=source)
+    spec = digits_spec(tmp_path, **given, init_from=source)
     main(["compare", f"--config={spec}"])
     capsys.readouterr()
     main(["compare", f"--config={spec}"])
@@ -126,7 +131,7 @@ def test_a_warm_started_comparison_of_two_seeds_is_reused_unchanged(
     main(["compare", f"--config={spec}", f"--out={link}"])
     assert capsys.readouterr().out.count("finished, skipped") == 4
     longer = source | {"overrides": ["--federation.server_epochs=2"]}
-    spec = _spec(tmp_path, **given, init_from=longer)
+    spec = digits_spec(tmp_path, **given, init_from=longer)
     err = refused(["compare", f"--config={spec}"], capsys)
     plateau = tmp_path / "out" / "default" / "plateau" / "seed0"
     assert f"{plateau} (and 1 other run(s)): written with other settings" in err

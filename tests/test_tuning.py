@@ -40,6 +40,7 @@ def _spec(tmp_path: Path, root: Path, out: str = "out", **tune: Any) -> Path:
         # no final evaluations: server_sl's recipe asks for them, and a trial never reads them
         "overrides": [*tiny_overrides(root, rounds=2), "--federation.final_eval=[]"],
         "baseline": "server_sl",
+        "every_label": tune.pop("every_label", False),
         "tune": {"trials": 3, "seeds": [100], "sampler_seed": 7, **tune},
     }
     path = tmp_path / f"{out}.yaml"
@@ -591,7 +592,7 @@ def test_ties_are_broken_by_trial_number_and_reported(
 def test_the_every_label_row_trains_the_baseline_on_the_whole_label_budget(
     tmp_path: Path,
 ) -> None:
-    """``tune.every_label``: one run per scoring seed of the baseline's recipe at its chosen
+    """``every_label``: one run per scoring seed of the baseline's recipe at its chosen
     settings, its labels per class the training and validation labels together and no
     validation set, named by its row; refused by name without a baseline or its numbers."""
     from fedlit.comparison import Comparison, plan
@@ -599,10 +600,10 @@ def test_the_every_label_row_trains_the_baseline_on_the_whole_label_budget(
     from fedlit.comparison.tune import TuneSettings
     from fedlit.data.draw import split_by_class
 
-    tune = TuneSettings(trials=3, every_label=True)
+    tune = TuneSettings(trials=3)
     comparison = Comparison(
         name="c", recipes=RECIPES, baseline="server_sl", seeds=[0, 1], out=str(tmp_path),
-        tune=tune,
+        tune=tune, every_label=True,
     )  # fmt: skip
     runs = plan(comparison)
     per_run = dict.fromkeys(runs, 10)
@@ -634,14 +635,23 @@ def test_the_every_label_row_trains_the_baseline_on_the_whole_label_budget(
     base, every = split(4, 2), split(6, 0)
     assert every[0].tolist() == sorted([*base[0], *base[1]])
     assert every[3].tolist() == base[3].tolist()
-    with pytest.raises(ValueError, match="tune.every_label: .*data.val_per_class=0"):
+    with pytest.raises(ValueError, match="every_label: .*data.val_per_class=0"):
         label_budget({"data.labeled_per_class": 10, "data.val_per_class": 0}, "default/server_sl")
     with pytest.raises(ValueError, match="data.labeled_per_class=None"):
         label_budget({"data.labeled_per_class": None, "data.val_per_class": 2}, "x")
-    with pytest.raises(ValueError, match="tune.every_label: give a baseline"):
-        Comparison(name="c", recipes=RECIPES, out=str(tmp_path), tune=tune)
-    with pytest.raises(ValueError, match="tune.every_label must be true or false"):
-        TuneSettings(every_label="yes")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="every_label: give a baseline"):
+        Comparison(name="c", recipes=RECIPES, out=str(tmp_path), tune=tune, every_label=True)
+    with pytest.raises(ValueError, match="every_label must be true or false"):
+        yes: Any = "yes"
+        Comparison(name="c", recipes=RECIPES, out=str(tmp_path), every_label=yes)
+    # an untuned comparison's row: the baseline as given, the budget line with it
+    untuned = Comparison(
+        name="c", recipes=RECIPES, baseline="server_sl", out=str(tmp_path), every_label=True
+    )
+    made, lines = with_every_label(untuned, plan(untuned), dict.fromkeys(plan(untuned), 10),
+                                   lambda args: flat)  # fmt: skip
+    assert [r.method for r in made][-1] == "server_sl_every_label"
+    assert "one budget of 30 per class" in lines[0] and "chosen settings" not in lines[1]
 
 
 def test_a_val_only_run_without_a_validation_set_is_refused(

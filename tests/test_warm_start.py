@@ -447,6 +447,43 @@ def test_the_headroom_sweep_varies_one_knob_a_point_on_lr02s_protocol(
     assert 10 * 5900 + 10 * (10 + 10) <= 60_000  # Fashion-MNIST's training set
 
 
+def test_the_headroom_comparison_runs_the_sweeps_chosen_point_on_unseen_seeds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Stage 2 of the sweep (fmnist_headroom_sweep_seeds.yaml) is stage 1's n3000_e1 point in
+    its out, on seeds 0-2; fmnist_headroom.yaml runs that point's protocol on seeds 3-5, none of
+    the sweep's, IID and Dirichlet(0.3), SemiFL's server step 10 epochs, with the every-label
+    row."""
+    from fedlit.cli import resolve
+    from fedlit.comparison import Comparison, SourceRun, plan
+
+    monkeypatch.chdir(REPO)
+    sweep, seeds = _spec("fmnist_headroom_sweep"), _spec("fmnist_headroom_sweep_seeds")
+    for key in ("out", "init_from", "overrides", "recipes", "baseline", "last_k"):
+        assert seeds[key] == sweep[key], key
+    assert seeds["settings"] == {"n3000_e1": sweep["settings"]["n3000_e1"]}
+    assert seeds["seeds"] == [0, 1, 2]
+    point = [*sweep["overrides"], *sweep["settings"]["n3000_e1"]]
+    answer = _spec("fmnist_headroom")
+    assert answer["init_from"] == sweep["init_from"] and answer["every_label"] is True
+    assert not set(answer["seeds"]) & set(seeds["seeds"])
+    comparison = Comparison(**answer | {"init_from": SourceRun(**answer["init_from"])})
+    base = resolve(["--config=recipes/server_sl.yaml", *point]).config.as_dict()
+    for run in plan(comparison):
+        if run.seed != 3:
+            continue
+        config = resolve(run.args).config.as_dict()
+        assert config["data"] == base["data"] | {"partitioner": config["data"]["partitioner"]}
+        fed = config["federation"]
+        assert (fed["rounds"], fed["local_epochs"]) == (10, 1)
+        assert fed["server_epochs"] == (10 if run.method == "semifl" else 1)
+        partitioner = config["data"]["partitioner"]
+        if run.setting == "dir03":
+            assert partitioner["init_args"]["alpha"] == 0.3
+        else:
+            assert partitioner == base["data"]["partitioner"]
+
+
 def test_the_semifl_server_step_spec_changes_only_the_server_step(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -77,14 +77,39 @@ def compare_main(argv: Sequence[str]) -> None:
         "gives it (the old run set aside in <run>.changed<n>, never deleted); without it, "
         "such a run is refused by name",
     )
+    parser.add_argument(
+        "--save_records",
+        type=str | None,
+        default=None,
+        help="copy each finished run's record (the files its report reads, without its "
+        "checkpoint; the source runs' with theirs) into this folder, outside out, then stop, "
+        "running nothing: a folder to commit, or to carry to another machine",
+    )
+    parser.add_argument(
+        "--restore_records",
+        type=str | None,
+        default=None,
+        help="first copy into out the records in this folder (--save_records) of the runs "
+        "out does not hold, then go on: their runs count as finished",
+    )
     error = config_file_error(argv, COMPARE_GROUPS)
     if error:
         parser.error(error)
     cfg = parser.parse_args(list(argv))
     cfg.pop("config")
     rerun_changed = bool(cfg.pop("rerun_changed"))
+    save, restore = cfg.pop("save_records"), cfg.pop("restore_records")
     try:
         comparison = Comparison(**vars(parser.instantiate_classes(cfg)))
+        if save is not None and restore is not None:
+            raise ValueError("--save_records and --restore_records: give one of them")
+        if save is not None or restore is not None:
+            from fedlit.comparison.records import restore_records, save_records
+
+            if save is not None:
+                save_records(comparison, save)
+                return
+            restore_records(comparison, restore)
     except ValueError as err:
         parser.error(str(err))
     from fedlit.cli import main  # each run is ``fedlit fit``, in this process

@@ -30,7 +30,7 @@ from fedlit.federation.checkpoint import checkpoint_round, checkpoint_settings
 from fedlit.federation.children import Children
 from fedlit.federation.executors import connect_ray, fitting
 from fedlit.federation.rundir import holding, set_aside_dead_run
-from fedlit.run_layout import CHECKPOINT, RUN_MARKERS
+from fedlit.run_layout import CHECKPOINT, RECORD_FILE, RUN_MARKERS
 
 #: A ``fedlit fit`` argument that resumes a run from its checkpoint.
 RESUME_ARG = "--federation.resume="
@@ -157,12 +157,15 @@ def continued(args: Sequence[str], wait_s: float = RELEASE_WAIT_S) -> list[str] 
     process holds it (a retried run's earlier fit stops at its step's end; waited for up to
     ``wait_s`` seconds): a run written already resumes from its checkpoint; one stopped
     before its first checkpoint is set aside (``<run>.incomplete<n>``); None where its
-    checkpoint has its last round (it finished before its worker died: nothing to run);
+    checkpoint has its last round (it finished before its worker died: nothing to run) or
+    it is kept as its record;
     ``args`` as given where its directory holds nothing."""
     run_dir = Path(next(a.split("=", 1)[1] for a in args if a.startswith(ROOT_DIR_ARG)))
     if not run_dir.is_dir():
         return list(args)
     _wait_until_free(run_dir, wait_s)
+    if (run_dir / RECORD_FILE).is_file():
+        return None  # a finished run kept as its record
     ckpt = run_dir / CHECKPOINT
     if ckpt.is_file():
         rounds = checkpoint_settings(ckpt).get("federation.rounds")

@@ -1,8 +1,9 @@
-"""A tuned comparison's row *Server-SL on every label* (``tune.every_label``): the baseline's
-recipe at its study's chosen settings, trained on the server's training and validation labels
-together, untuned, on the scoring seeds. The labels are one budget: the validation set is
-carved from it, and what the tuning spent on choosing is what this row trains on more. The row
-beside the tuned baseline shows what choosing cost (Oliver et al., arXiv 1804.09170)."""
+"""A comparison's row *Server-SL on every label* (``every_label``): the baseline's recipe (at
+its study's chosen settings in a tuned comparison), trained on the server's training and
+validation labels together, untuned, on the scoring seeds. The labels are one budget: the
+validation set is carved from it, and what the tuning spent on choosing (or an untuned
+comparison held back to watch) is what this row trains on more. The row beside the baseline
+shows what that cost (Oliver et al., arXiv 1804.09170)."""
 
 from __future__ import annotations
 
@@ -44,12 +45,12 @@ def label_budget(flat: dict[str, Any], where: str) -> tuple[int, int]:
     labeled, val = flat.get(LABELED), flat.get(VAL)
     if not isinstance(labeled, int) or isinstance(labeled, bool):
         raise ValueError(
-            f"tune.every_label: {where} gives {LABELED}={labeled!r}; the row needs a number of "
+            f"every_label: {where} gives {LABELED}={labeled!r}; the row needs a number of "
             "labels per class to add the validation labels to"
         )
     if not isinstance(val, int) or isinstance(val, bool) or val < 1:
         raise ValueError(
-            f"tune.every_label: {where} gives {VAL}={val!r}; with no validation labels the row "
+            f"every_label: {where} gives {VAL}={val!r}; with no validation labels the row "
             "would be the baseline"
         )
     return labeled, val
@@ -125,11 +126,11 @@ def flat_config(args: Sequence[str]) -> dict[str, Any]:
 def check_every_label(
     comparison: Comparison, flat: Callable[[Sequence[str]], dict[str, Any]] | None = None
 ) -> None:
-    """Refuse (ValueError naming the key) a ``tune.every_label`` whose baseline's runs give no
+    """Refuse (ValueError naming the key) an ``every_label`` whose baseline's runs give no
     number of labels per class or no validation set, before anything runs."""
     from fedlit.comparison.plan import plan
 
-    if comparison.tune is None or not comparison.tune.every_label:
+    if not comparison.every_label:
         return
     runs = [r for r in plan(comparison) if r.method == comparison.baseline]
     seen = set()
@@ -145,13 +146,13 @@ def with_every_label(
     per_run: dict[PlannedRun, int],
     flat: Callable[[Sequence[str]], dict[str, Any]] | None = None,
 ) -> tuple[list[PlannedRun], list[str]]:
-    """A tuned comparison's scored ``runs`` with the row's after them where
-    ``tune.every_label`` asks for it (``per_run`` learns their rounds: their baseline run's),
-    and the report's lines on the label budget (from the baseline's first run; none where it
-    gives its labels as a fraction)."""
+    """A comparison's scored ``runs`` with the row's after them where ``every_label`` asks
+    for it (``per_run`` learns their rounds: their baseline run's), and the report's lines on
+    the label budget where the comparison is tuned or has the row (from the baseline's first
+    run; none where it gives its labels as a fraction)."""
     flat = flat or flat_config
     base = [r for r in runs if r.method == comparison.baseline]
-    if comparison.tune is None or not base:
+    if (comparison.tune is None and not comparison.every_label) or not base:
         return list(runs), []
     lines = []
     try:
@@ -159,15 +160,16 @@ def with_every_label(
         lines.append(budget_line(labeled, val))
     except ValueError:
         pass
-    if not comparison.tune.every_label:
+    if not comparison.every_label:
         return list(runs), lines
     extra = every_label_runs(comparison, runs, flat)
     for run, made_from in extra.items():
         per_run[run] = per_run[made_from]
     lines.append(
         f"- *{row_name(comparison)}*: {comparison.baseline} on every label, the training and "
-        "validation labels together (no validation set), at its study's chosen settings, "
-        "untuned, from the same warm start: what choosing cost. Its server's epochs hold "
-        "more labels (the budget table gives its steps)."
+        "validation labels together (no validation set)"
+        + (", at its study's chosen settings, untuned" if comparison.tune else "")
+        + ", from the same warm start: what holding the validation labels back cost. Its "
+        "server's epochs hold more labels (the budget table gives its steps)."
     )
     return [*runs, *extra], lines

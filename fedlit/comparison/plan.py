@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fedlit.comparison.spec import Comparison
-from fedlit.run_layout import CHECKPOINT, RUN_MARKERS
+from fedlit.run_layout import CHECKPOINT, METRICS_FILE, RECORD_FILE, RUN_MARKERS
 
 ROOT_DIR_ARG = "--trainer.default_root_dir="
 
@@ -191,8 +191,11 @@ def _wandb_args(
 
 
 def run_state(run: PlannedRun, rounds: int) -> str:
-    """ "new" (nothing written), "finished", "resumable" (a checkpoint short of ``rounds``)
-    or "broken" (files but no checkpoint: stopped inside its first round)."""
+    """ "new" (nothing written), "finished", "resumable" (a checkpoint short of ``rounds``),
+    "broken" (files but no checkpoint: stopped inside its first round) or "record" (a
+    finished run kept as its record alone, :mod:`~fedlit.comparison.records`, that ends
+    short of ``rounds``: without its checkpoint it cannot go on). A run kept as its record
+    that reaches ``rounds`` is finished."""
     ckpt = run.run_dir / CHECKPOINT
     if ckpt.is_file():
         from fedlit.federation.checkpoint import checkpoint_round  # torch: with the runs only
@@ -200,4 +203,22 @@ def run_state(run: PlannedRun, rounds: int) -> str:
         # the round alone, from a checkpoint of any format: a finished run written by an
         # earlier fedlit is finished; one to resume needs today's format (the resume says so)
         return "finished" if checkpoint_round(ckpt) >= rounds else "resumable"
+    record = run.run_dir / RECORD_FILE
+    if record.is_file():
+        return "finished" if recorded_round(run.run_dir) >= rounds else "record"
     return "broken" if any((run.run_dir / m).exists() for m in RUN_MARKERS) else "new"
+
+
+def recorded_round(run_dir: Path) -> int:
+    """The round a run kept as its record had finished (its ``record.json``); ValueError
+    naming the file where it is unreadable or its run's ``metrics.csv`` is missing."""
+    path = run_dir / RECORD_FILE
+    try:
+        value = json.loads(path.read_text()).get("round")
+    except (OSError, ValueError, AttributeError) as err:
+        raise ValueError(f"{path}: not a run's record ({err})") from err
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{path}: 'round' must be a round number, got {value!r}")
+    if not (run_dir / METRICS_FILE).is_file():
+        raise ValueError(f"{path}: the record's {METRICS_FILE} is missing beside it")
+    return value

@@ -18,7 +18,7 @@ import numpy as np
 
 from fedlit.comparison.cluster import RayRuns
 from fedlit.comparison.every_label import check_every_label, with_every_label
-from fedlit.comparison.plan import PlannedRun, plan, plan_sources
+from fedlit.comparison.plan import INIT_FROM_ARG, PlannedRun, plan, plan_sources, run_state
 from fedlit.comparison.report import about_lines, log_to_wandb, terminal_table, write_report
 from fedlit.comparison.runs import (
     FitFn,
@@ -39,6 +39,7 @@ from fedlit.federation.console import warn
 from fedlit.federation.loggers import quiet_wandb
 from fedlit.machine import available_cores
 from fedlit.reporting import RunRecord, last_k_warning, load_run
+from fedlit.run_layout import CHECKPOINT, RECORD_FILE
 
 __all__ = [
     "Checked",
@@ -156,6 +157,11 @@ def check(
         log(tuning_budget(comparison, {(r.setting, r.method): per_run[r] for r in runs}))
     # a source run afresh: the runs that start from it, too
     renewed = {(r.setting, r.seed) for r in changed_runs(sources, per_run, given)}
+    refuse_sourceless(runs, per_run)
+    try:
+        check_every_label(comparison, settings)
+    except ValueError as err:
+        raise Refused(str(err)) from None
     return Checked(sources, runs, per_run, given, partitions, renewed, rerun_changed)
 
 
@@ -164,13 +170,9 @@ def check_tuning(
     rounds: Callable[[Sequence[str]], int],
     settings: Callable[[Sequence[str]], dict[str, Any]] | None,
 ) -> None:
-    """Every study's settings parse, its ``every_label`` row can be made, and the studies
-    already in ``out`` can go on, before anything runs; :class:`Refused` otherwise."""
+    """Every study's settings parse and the studies already in ``out`` can go on, before
+    anything runs; :class:`Refused` otherwise."""
     check_spaces(comparison, rounds)
-    try:
-        check_every_label(comparison, settings)
-    except ValueError as err:
-        raise Refused(str(err)) from None
     refusal = check_studies(comparison)
     if refusal:
         raise Refused(refusal)
@@ -222,6 +224,22 @@ def fit_for_jobs(
         yield fit_in_subprocess(Path(comparison.out) / "logs", threads, children), children
 
 
+def refuse_sourceless(runs: Sequence[PlannedRun], rounds: Mapping[PlannedRun, int]) -> None:
+    """Refuse (:class:`~fedlit.comparison.runs.Refused`) a run still to run whose warm
+    start's source is kept as its record without its checkpoint: nothing to start from."""
+    for run in runs:
+        source = [a.split("=", 1)[1] for a in run.args if a.startswith(INIT_FROM_ARG)]
+        if not source or run_state(run, rounds[run]) == "finished":
+            continue
+        folder = Path(source[-1])
+        if (folder / RECORD_FILE).is_file() and not (folder / CHECKPOINT).is_file():
+            raise Refused(
+                f"{run.run_dir}: its warm start's source {folder} is kept as its record "
+                "without its checkpoint, so it has nothing to start from; restore the "
+                "source's checkpoint (saved records keep it)"
+            )
+
+
 def run_sources(
     comparison: Comparison,
     checked: Checked,
@@ -247,10 +265,15 @@ def run_tuning(
     settings: Callable[[Sequence[str]], dict[str, Any]] | None,
 ) -> Scoring:
     """The runs to score: an untuned comparison's own; a tuned one's after its studies
-    (:func:`~fedlit.comparison.tuned.tune_runs`), with their chosen settings and the
-    ``every_label`` row where asked."""
+    (:func:`~fedlit.comparison.tuned.tune_runs`), with their chosen settings; either with
+    the ``every_label`` row where asked."""
     if comparison.tune is None:
-        return Scoring(checked.runs, checked.given)
+        runs, label_lines = with_every_label(comparison, checked.runs, checked.rounds, settings)
+        extra = runs[len(checked.runs) :]
+        given = dict(checked.given)
+        if extra and settings is not None:
+            given |= chosen_settings(extra, settings)
+        return Scoring(runs, given, None, label_lines)
     tuning = tune_runs(comparison, checked.runs, checked.rounds, rounds, fit, log, children)
     runs, label_lines = with_every_label(comparison, tuning.runs, checked.rounds, settings)
     given = chosen_settings(runs, settings) if settings is not None else {}
@@ -287,7 +310,8 @@ def report(
         warn(short)
     about = about_lines(comparison, records, checked.sources, counts, minutes, command)
     if scoring.tuning is not None:
-        about += [*scoring.tuning.lines(), "", *scoring.label_lines]
+        about += [*scoring.tuning.lines(), ""]
+    about += scoring.label_lines
     written = write_report(
         records,
         comparison.out,

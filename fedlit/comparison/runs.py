@@ -25,13 +25,15 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from fedlit.comparison.devices import GpuSlots, visible_gpus
 from fedlit.comparison.plan import INIT_FROM_ARG, ROOT_DIR_ARG, PlannedRun, run_state
 from fedlit.federation.checkpoint import checkpoint_settings
 from fedlit.federation.children import Children
 from fedlit.federation.resume import changed_settings
 from fedlit.federation.rundir import holding, set_aside, set_aside_dead_run
-from fedlit.run_layout import CHECKPOINT
+from fedlit.run_layout import CHECKPOINT, HPARAMS_FILE, current_keys
 
 
 class Refused(ValueError):
@@ -80,8 +82,8 @@ def changed_runs(
     settings: Mapping[PlannedRun, dict[str, Any]],
     renewed: Collection[tuple[str, int]] = (),
 ) -> dict[PlannedRun, str]:
-    """The runs written already (finished, or to resume) whose recorded settings (their
-    checkpoint's flat config) differ from what the spec now gives them (``settings``: each
+    """The runs written already (finished, or to resume) whose recorded settings
+    (:func:`recorded_settings`) differ from what the spec now gives them (``settings``: each
     run's flat config as ``fedlit fit`` would record it), each with its first differing
     setting in words. The comparison is a resume's
     (:func:`~fedlit.federation.resume.changed_settings`); the seed and the warm start's
@@ -89,18 +91,18 @@ def changed_runs(
     source is run afresh, has changed too."""
     changed = {}
     for run in runs:
-        if run_state(run, rounds[run]) not in ("finished", "resumable"):
+        if run_state(run, rounds[run]) not in ("finished", "resumable", "record"):
             continue
         if (run.setting, run.seed) in renewed:
             changed[run] = "its warm start's source (federation.init_from) is run afresh"
             continue
         if run not in settings:
             continue
-        saved = checkpoint_settings(run.run_dir / CHECKPOINT)
+        saved = recorded_settings(run.run_dir)
         given = settings[run] | {"seed_everything": run.seed}
         source = [a.split("=", 1)[1] for a in run.args if a.startswith(INIT_FROM_ARG)]
         if source:  # a run per seed: the seed's own
-            given["federation.init_from"] = _same_folder(source[-1], saved)
+            given["federation.init_from"] = _same_folder(source[-1], saved, run.run_dir)
         keys = changed_settings(saved, given)
         if keys:
             key = keys[0]
@@ -109,12 +111,35 @@ def changed_runs(
     return changed
 
 
-def _same_folder(source: str, saved: Mapping[str, Any]) -> str:
+def recorded_settings(run_dir: Path) -> dict[str, Any]:
+    """The flat config a written run records: its checkpoint's, else (a run kept as its
+    record) its ``hparams.yaml``, under today's keys."""
+    if (run_dir / CHECKPOINT).is_file():
+        return checkpoint_settings(run_dir / CHECKPOINT)
+    path = run_dir / HPARAMS_FILE
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as err:
+        raise Refused(f"{path}: the run's recorded settings are unreadable ({err})") from err
+    if not isinstance(data, dict):
+        raise Refused(f"{path}: the run's recorded settings are not a mapping")
+    return current_keys({str(k): v for k, v in data.items()})
+
+
+def _same_folder(source: str, saved: Mapping[str, Any], run_dir: Path) -> str:
     """The warm start's source the spec gives, written as the run recorded it where both name
     the same folder (``out`` reached through a link, or relative where the run wrote it
-    absolute): the same source, not a changed setting."""
+    absolute), or the same folder beside the run (a run moved with its ``out``, or restored
+    from its record into another): the same source, not a changed setting."""
     recorded = saved.get("federation.init_from")
-    if isinstance(recorded, str) and Path(recorded).resolve() == Path(source).resolve():
+    if not isinstance(recorded, str):
+        return source
+    if Path(recorded).resolve() == Path(source).resolve():
+        return recorded
+    written_in = saved.get("trainer.default_root_dir")
+    if isinstance(written_in, str) and os.path.relpath(recorded, written_in) == os.path.relpath(
+        source, run_dir
+    ):
         return recorded
     return source
 
@@ -174,9 +199,10 @@ def execute(
     the comparison (:meth:`Children.forwarding_signals`). Raises :class:`Refused` before
     anything runs if a live process holds a run directory's lock, or if a run written already
     has other settings than the spec gives it (``settings``: each run's flat config;
-    :func:`changed_runs`), naming the run and the first setting that differs; with
-    ``rerun_changed``, such a run is set aside in ``<run>.changed<n>`` and run afresh, as is
-    one whose warm start's source is (``renewed``: its setting and seed)."""
+    :func:`changed_runs`), naming the run and the first setting that differs, or if a run kept
+    as its record ends short of its rounds; with ``rerun_changed``, such a run is set aside
+    in ``<run>.changed<n>`` and run afresh, as is one whose warm start's source is
+    (``renewed``: its setting and seed)."""
     counts = {"run": 0, "resumed": 0, "skipped": 0}
     todo: list[list[str]] = []
     timed: list[tuple[float, int]] = []  # each run's seconds and rounds, as measured here
@@ -194,6 +220,16 @@ def execute(
     for run in changed:
         aside = set_aside_changed_run(run.run_dir)
         log(f"{run.setting} {run.method} seed {run.seed}: settings changed, set aside in {aside}")
+    short = [run for run in runs if run_state(run, rounds[run]) == "record"]
+    if short and not rerun_changed:
+        raise Refused(
+            f"{short[0].run_dir}: kept as its record alone, which ends before round "
+            f"{rounds[short[0]]}; without its checkpoint it cannot go on. Run it afresh with "
+            "--rerun_changed=true (the record is set aside in <run>.changed<n>, never deleted)"
+        )
+    for run in short:
+        aside = set_aside_changed_run(run.run_dir)
+        log(f"{run.setting} {run.method} seed {run.seed}: record too short, set aside in {aside}")
     for i, run in enumerate(runs, start=1):
         state = run_state(run, rounds[run])
         head = f"[{i}/{len(runs)}] {run.setting} {run.method} seed {run.seed}"

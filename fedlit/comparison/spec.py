@@ -153,6 +153,12 @@ class Comparison:
         tune: tune every recipe in every setting before scoring it (:class:`TuneSettings`):
             its studies' runs go to ``<out>/tune/``, and the runs on ``seeds`` take the best
             trial's settings. None: the recipes as they are.
+        every_label: add a row ``<baseline>_every_label``: the baseline's recipe (at its
+            study's chosen settings in a tuned comparison), untuned, on ``seeds``, trained on
+            the training and validation labels together (``data.labeled_per_class`` +
+            ``val_per_class``, no validation set): what holding the validation labels back
+            cost (:mod:`fedlit.comparison.every_label`). Needs a ``baseline`` whose runs give
+            both as numbers per class.
     """
 
     name: str
@@ -173,6 +179,7 @@ class Comparison:
     jobs: int = 1
     init_from: SourceRun | None = None
     tune: TuneSettings | None = None
+    every_label: bool = False
     executor: str = "local"
     ray: RayCluster = field(default_factory=RayCluster)
 
@@ -240,10 +247,12 @@ class Comparison:
             if "tune" in self.settings:
                 raise ValueError("settings: 'tune' names the tuning's folder; rename the setting")
             self.tune.check(self.recipes, self.seeds)
-            if self.tune.every_label and self.baseline is None:
-                raise ValueError("tune.every_label: give a baseline (the row is its recipe)")
-            if self.tune.every_label and f"{self.baseline}_every_label" in stems:
-                raise ValueError(f"tune.every_label: a recipe is named {self.baseline}_every_label")
+        if not isinstance(self.every_label, bool):
+            raise ValueError(f"every_label must be true or false, got {self.every_label!r}")
+        if self.every_label and self.baseline is None:
+            raise ValueError("every_label: give a baseline (the row is its recipe)")
+        if self.every_label and f"{self.baseline}_every_label" in stems:
+            raise ValueError(f"every_label: a recipe is named {self.baseline}_every_label")
         error = write_path_error(self.out, "out", "folder")
         if error is None and self.report is not None:
             error = write_path_error(self.report, "report", "file")

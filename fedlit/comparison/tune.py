@@ -58,11 +58,6 @@ class TuneSettings:
             ``optional_space`` (e.g. FedProx's mu).
         replace: recipe stems whose space is their ``spaces`` entry alone (any keys of the
             recipe's config, checked by ``fedlit fit``'s parser before anything runs).
-        every_label: add a row ``<baseline>_every_label``: the baseline's recipe at its
-            study's chosen settings, untuned, on the scoring seeds, trained on the training
-            and validation labels together (``data.labeled_per_class`` + ``val_per_class``,
-            no validation set): what choosing cost (:mod:`fedlit.comparison.every_label`).
-            Needs a ``baseline`` whose runs give both as numbers per class.
         runner_up: also run each study's runner-up settings on the scoring seeds
             (``<out>/<setting>/<recipe>_runner_up/seed<k>``), and report their test score
             minus the chosen settings', paired by seed: the selection noise measured on the
@@ -79,13 +74,11 @@ class TuneSettings:
     sampler_seed: int = 0
     spaces: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
     replace: list[str] = field(default_factory=list)
-    every_label: bool = False
     runner_up: bool = False
 
     def __post_init__(self) -> None:
-        for key in ("every_label", "runner_up"):
-            if not isinstance(getattr(self, key), bool):
-                raise ValueError(f"tune.{key} must be true or false, got {getattr(self, key)!r}")
+        if not isinstance(self.runner_up, bool):
+            raise ValueError(f"tune.runner_up must be true or false, got {self.runner_up!r}")
         if isinstance(self.trials, bool) or not isinstance(self.trials, int) or self.trials < 1:
             raise ValueError(f"tune.trials must be a positive integer, got {self.trials!r}")
         if self.trials > MAX_TRIALS:

@@ -19,7 +19,14 @@ except ImportError:  # pragma: no cover
 from fedlit.federation.console import note
 from fedlit.federation.loggers import drop_rounds_after
 from fedlit.federation.store import ClientStateStore
-from fedlit.run_layout import CHECKPOINT, LOCK_FILE, RUN_FILES, RUN_MARKERS, write_path_error
+from fedlit.run_layout import (
+    CHECKPOINT,
+    LOCK_FILE,
+    RECORD_FILE,
+    RUN_FILES,
+    RUN_MARKERS,
+    write_path_error,
+)
 
 
 def run_markers(run_dir: Path) -> list[str]:
@@ -29,7 +36,10 @@ def run_markers(run_dir: Path) -> list[str]:
 
 def is_dead_run(run_dir: Path) -> bool:
     """Whether ``run_dir`` holds a run that stopped before its first checkpoint: run files but
-    no ``checkpoints/last.ckpt``, so nothing in it can be resumed."""
+    no ``checkpoints/last.ckpt``, so nothing in it can be resumed. A finished run kept as its
+    record (``record.json``, its checkpoint dropped) is not dead."""
+    if (run_dir / RECORD_FILE).is_file():
+        return False
     return bool(run_markers(run_dir)) and not (run_dir / CHECKPOINT).is_file()
 
 
@@ -87,6 +97,8 @@ def set_aside_dead_run(run_dir: Path) -> Path:
     with holding(run_dir, None):
         if (run_dir / CHECKPOINT).is_file():
             raise ValueError(f"{run_dir} holds a checkpoint; it is not set aside")
+        if (run_dir / RECORD_FILE).is_file():
+            raise ValueError(f"{run_dir} holds a finished run's record; it is not set aside")
         return set_aside(run_dir, "incomplete")
 
 
@@ -104,6 +116,8 @@ def set_aside(run_dir: Path, kind: str) -> Path:
 def _remove_dead_run(run_dir: Path) -> list[str]:
     if (run_dir / CHECKPOINT).is_file():
         raise ValueError(f"{run_dir} holds a checkpoint; it is not removed")
+    if (run_dir / RECORD_FILE).is_file():
+        raise ValueError(f"{run_dir} holds a finished run's record; it is not removed")
     removed = []
     names = [*RUN_MARKERS, *RUN_FILES, *(p.name for p in sorted(run_dir.glob("config.resume*")))]
     for name in names:
