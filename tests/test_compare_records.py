@@ -46,6 +46,8 @@ def test_records_carry_a_warm_started_comparison_to_a_new_out(
         "config.yaml", "hparams.yaml", "metrics.csv", "record.json", "run.json",
     ]  # fmt: skip
     assert json.loads((run / "record.json").read_text()) == {"round": 1}
+    source = json.loads((run / "run.json").read_text())["init_from"]["path"]
+    assert source == "../../plateau/seed0/checkpoints/last.ckpt"  # from the run's folder
     assert (records / "default" / "plateau" / "seed0" / "checkpoints" / "last.ckpt").is_file()
     main(["compare", f"--config={alone}", f"--save_records={records}"])  # saved already
     assert "0 finished run(s) saved" in capsys.readouterr().out
@@ -59,7 +61,10 @@ def test_records_carry_a_warm_started_comparison_to_a_new_out(
     assert _scores(new, "server_sl") == first
     # an untuned comparison's every_label row: run, reported, and saved with the others
     assert "server_sl_every_label seed 0: fedlit fit" in shown
-    assert "| server_sl_every_label |" in (new / "digits.md").read_text()
+    report = (new / "digits.md").read_text()
+    assert "| server_sl_every_label |" in report
+    assert "| `default/plateau/seed0/checkpoints/last.ckpt` |" in report
+    assert "| 3 (default seed 0) |" in report  # restored and new runs: one source
     main(["compare", f"--config={both}", f"--out={new}", f"--save_records={tmp_path / 'r2'}"])
     assert "4 finished run(s) saved" in capsys.readouterr().out
     source = json.loads((new / "default" / "fedavg_fixmatch" / "seed0" / "run.json").read_text())

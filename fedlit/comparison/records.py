@@ -5,7 +5,9 @@ machine's life goes on elsewhere: :func:`save_records` copies the finished runs'
 out of ``out``, :func:`restore_records` copies them into another machine's ``out``, and
 ``fedlit compare`` then runs only what is left.
 
-A finished run kept as its record holds ``record.json`` (``{"round": r}``: the round its
+A record's ``run.json`` gives its warm start's checkpoint from the run's folder (the run wrote
+it absolute): a record names no machine's folders. A finished run kept as its record holds
+``record.json`` (``{"round": r}``: the round its
 checkpoint had finished, read from that checkpoint when it was saved). A comparison counts
 it as finished (:func:`~fedlit.comparison.plan.run_state`), checks its settings against its
 ``hparams.yaml``, and never removes or overwrites it. The source runs (``init_from``) keep
@@ -15,13 +17,14 @@ their checkpoints too: the runs still to come start from them.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
 
 from fedlit.comparison.plan import PlannedRun, plan, plan_sources, recorded_round
 from fedlit.comparison.spec import Comparison
-from fedlit.run_layout import CHECKPOINT, RECORD_FILE, RECORD_FILES
+from fedlit.run_layout import CHECKPOINT, RECORD_FILE, RECORD_FILES, RUN_FILE
 
 
 def _runs(comparison: Comparison) -> list[tuple[PlannedRun, bool]]:
@@ -63,11 +66,25 @@ def _copy(src: Path, dst: Path, keep_checkpoint: bool, done: int) -> None:
     for name in RECORD_FILES:
         if (src / name).is_file():
             shutil.copy2(src / name, tmp / name)
+    _relative_source(tmp / RUN_FILE, src)
     if keep_checkpoint and (src / CHECKPOINT).is_file():
         (tmp / CHECKPOINT).parent.mkdir()
         shutil.copy2(src / CHECKPOINT, tmp / CHECKPOINT)
     (tmp / RECORD_FILE).write_text(json.dumps({"round": done}) + "\n")
     tmp.rename(dst)
+
+
+def _relative_source(run_json: Path, run_dir: Path) -> None:
+    """A record's warm start's checkpoint from the run's folder, not from the machine's root
+    (``run.json``'s ``init_from.path``, absolute as the run wrote it): a record names no
+    machine's folders, and reads the same wherever it is restored."""
+    if not run_json.is_file():
+        return
+    meta = json.loads(run_json.read_text())
+    source = meta.get("init_from")
+    if isinstance(source, dict) and Path(str(source.get("path"))).is_absolute():
+        source["path"] = os.path.relpath(source["path"], run_dir.resolve())
+        run_json.write_text(json.dumps(meta) + "\n")
 
 
 def save_records(

@@ -115,14 +115,18 @@ def terminal_table(
 
 
 def warm_starts(runs: Sequence[RunRecord], base: str | Path | None = None) -> str:
-    """The warm-started runs' sources (run.json ``init_from``) as a Markdown table, one row a
-    source: its checkpoint (relative to ``base``, the comparison's folder, where given), method,
+    """The warm-started runs' sources (run.json ``init_from``: its checkpoint's path, absolute
+    or, in a saved record, from the run's folder) as a Markdown table, one row a source: its
+    checkpoint (relative to ``base``, the comparison's folder, where given), method,
     round, test accuracy, the SHA-256 of its weights and the runs that started from it (by
     setting and seed); empty where no run was warm-started."""
     sources: dict[tuple[str, str], list[RunRecord]] = {}
     for run in runs:
         if run.init_from:
-            key = (str(run.init_from.get("path")), str(run.init_from.get("sha256")))
+            path = str(run.init_from.get("path"))
+            if not Path(path).is_absolute():  # a saved record's: from the run's folder
+                path = os.path.normpath(Path(run.run_dir).resolve() / path)
+            key = (path, str(run.init_from.get("sha256")))
             sources.setdefault(key, []).append(run)
     if not sources:
         return ""
