@@ -5,13 +5,13 @@ machine's life goes on elsewhere: :func:`save_records` copies the finished runs'
 out of ``out``, :func:`restore_records` copies them into another machine's ``out``, and
 ``fedlit compare`` then runs only what is left.
 
-A record's ``run.json`` gives its warm start's checkpoint from the run's folder (the run wrote
-it absolute): a record names no machine's folders. A finished run kept as its record holds
-``record.json`` (``{"round": r}``: the round its
-checkpoint had finished, read from that checkpoint when it was saved). A comparison counts
-it as finished (:func:`~fedlit.comparison.plan.run_state`), checks its settings against its
-``hparams.yaml``, and never removes or overwrites it. The source runs (``init_from``) keep
-their checkpoints too: the runs still to come start from them.
+A finished run kept as its record holds ``record.json`` (``{"round": r}``: the round its
+checkpoint had finished, read from that checkpoint when it was saved). A comparison counts it
+as finished (:func:`~fedlit.comparison.plan.run_state`), checks its settings against its
+``hparams.yaml``, and never removes or overwrites it. Its ``run.json`` gives its warm start's
+checkpoint from the run's folder (the run wrote it absolute): a record names no machine's
+folders. The source runs (``init_from``) keep their checkpoints too: the runs still to come
+start from them.
 """
 
 from __future__ import annotations
