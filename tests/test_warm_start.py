@@ -450,8 +450,8 @@ def test_the_headroom_sweep_varies_one_knob_a_point_on_lr02s_protocol(
 def test_the_headroom_comparison_runs_the_sweeps_chosen_point_on_unseen_seeds(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Stage 2 of the sweep (fmnist_headroom_sweep_seeds.yaml) is stage 1's n3000_e1 point in
-    its out, on seeds 0-2; fmnist_headroom.yaml runs that point's protocol on seeds 3-5, none of
+    """Stages 2 and 3 of the sweep (fmnist_headroom_sweep_seeds.yaml, _n3000.yaml) are stage
+    1's n3000_e1 and n3000 points in its out, on seeds 0-2; fmnist_headroom.yaml runs that point's protocol on seeds 3-5, none of
     the sweep's, IID and Dirichlet(0.3), SemiFL's server step 10 epochs, with the every-label
     row."""
     from fedlit.cli import resolve
@@ -459,10 +459,11 @@ def test_the_headroom_comparison_runs_the_sweeps_chosen_point_on_unseen_seeds(
 
     monkeypatch.chdir(REPO)
     sweep, seeds = _spec("fmnist_headroom_sweep"), _spec("fmnist_headroom_sweep_seeds")
-    for key in ("out", "init_from", "overrides", "recipes", "baseline", "last_k"):
-        assert seeds[key] == sweep[key], key
-    assert seeds["settings"] == {"n3000_e1": sweep["settings"]["n3000_e1"]}
-    assert seeds["seeds"] == [0, 1, 2]
+    for stage, point in ((seeds, "n3000_e1"), (_spec("fmnist_headroom_sweep_n3000"), "n3000")):
+        for key in ("out", "init_from", "overrides", "recipes", "baseline", "last_k"):
+            assert stage[key] == sweep[key], key
+        assert stage["settings"] == {point: sweep["settings"][point]}
+        assert stage["seeds"] == [0, 1, 2]
     point = [*sweep["overrides"], *sweep["settings"]["n3000_e1"]]
     answer = _spec("fmnist_headroom")
     assert answer["init_from"] == sweep["init_from"] and answer["every_label"] is True
