@@ -31,15 +31,21 @@ def _scores(out: Path, method: str) -> list[str]:
 def test_records_carry_a_warm_started_comparison_to_a_new_out(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Server-SL run from its source and saved; a new out restored from the records runs
-    FedAvg-FixMatch and the every-label row alone, from the restored source's checkpoint
-    (Server-SL and the source finished), and reports Server-SL as the first out did. Saved runs hold no checkpoint but
-    the source's; a fit into a restored run's folder is refused, the record kept."""
+    """Server-SL run from its source and saved for the spec that adds FedAvg-FixMatch; a new
+    out restored from the records runs FedAvg-FixMatch and the every-label row alone, from the
+    restored source's checkpoint (Server-SL and the source finished), and reports Server-SL as
+    the first out did. Saved runs hold no checkpoint; the source keeps its own only while a
+    run from it is still to run. A fit into a restored run's folder is refused, the record
+    kept."""
     alone = digits_spec(tmp_path, init_from=PLATEAU, recipes=[SERVER_SL], baseline=None)
     main(["compare", f"--config={alone}"])
     first = _scores(tmp_path / "out", "server_sl")
-    records = tmp_path / "records"
-    main(["compare", f"--config={alone}", f"--save_records={records}"])
+    ended = tmp_path / "ended"  # every run finished: the source's checkpoint is not kept
+    main(["compare", f"--config={alone}", f"--save_records={ended}"])
+    assert not (ended / "default" / "plateau" / "seed0" / "checkpoints").exists()
+    both = digits_spec(tmp_path, init_from=PLATEAU, every_label=True)
+    records = tmp_path / "records"  # saved for the spec that goes on: FedAvg-FixMatch to run
+    main(["compare", f"--config={both}", f"--save_records={records}"])
     assert "2 finished run(s) saved" in capsys.readouterr().out
     run = records / "default" / "server_sl" / "seed0"
     assert sorted(p.name for p in run.iterdir()) == [
@@ -49,10 +55,9 @@ def test_records_carry_a_warm_started_comparison_to_a_new_out(
     source = json.loads((run / "run.json").read_text())["init_from"]["path"]
     assert source == "../../plateau/seed0/checkpoints/last.ckpt"  # from the run's folder
     assert (records / "default" / "plateau" / "seed0" / "checkpoints" / "last.ckpt").is_file()
-    main(["compare", f"--config={alone}", f"--save_records={records}"])  # saved already
+    main(["compare", f"--config={both}", f"--save_records={records}"])  # saved already
     assert "0 finished run(s) saved" in capsys.readouterr().out
 
-    both = digits_spec(tmp_path, init_from=PLATEAU, every_label=True)
     new = tmp_path / "new"
     main(["compare", f"--config={both}", f"--out={new}", f"--restore_records={records}"])
     shown = capsys.readouterr().out
@@ -106,7 +111,8 @@ def test_a_record_short_of_the_rounds_and_a_source_without_its_checkpoint_are_re
     main(["compare", f"--config={warm}", "--seeds=[0]"])
     saved = tmp_path / "warm_records"
     main(["compare", f"--config={warm}", f"--save_records={saved}"])
-    (saved / "default" / "plateau" / "seed0" / "checkpoints" / "last.ckpt").unlink()
+    # every run finished: the source is saved without its checkpoint
+    assert not (saved / "default" / "plateau" / "seed0" / "checkpoints").exists()
     elsewhere = tmp_path / "elsewhere"
     main(["compare", f"--config={warm}", f"--out={elsewhere}", f"--restore_records={saved}"])
     capsys.readouterr()

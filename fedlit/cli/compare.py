@@ -82,8 +82,9 @@ def compare_main(argv: Sequence[str]) -> None:
         type=str | None,
         default=None,
         help="copy each finished run's record (the files its report reads, without its "
-        "checkpoint; the source runs' with theirs) into this folder, outside out, then stop, "
-        "running nothing: a folder to commit, or to carry to another machine",
+        "checkpoint; a source run's with its own while a run from it is still to run) into "
+        "this folder, outside out, then stop, running nothing: a folder to commit, or to "
+        "carry to another machine",
     )
     parser.add_argument(
         "--restore_records",

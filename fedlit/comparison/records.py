@@ -10,8 +10,8 @@ checkpoint had finished, read from that checkpoint when it was saved). A compari
 as finished (:func:`~fedlit.comparison.plan.run_state`), checks its settings against its
 ``hparams.yaml``, and never removes or overwrites it. Its ``run.json`` gives its warm start's
 checkpoint from the run's folder (the run wrote it absolute): a record names no machine's
-folders. The source runs (``init_from``) keep their checkpoints too: the runs still to come
-start from them.
+folders. A source run (``init_from``) keeps its checkpoint while a run of the comparison
+that starts from it has not finished: that run starts from it on the next machine.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-from fedlit.comparison.plan import PlannedRun, plan, plan_sources, recorded_round
+from fedlit.comparison.plan import INIT_FROM_ARG, PlannedRun, plan, plan_sources, recorded_round
 from fedlit.comparison.spec import Comparison
 from fedlit.run_layout import CHECKPOINT, RECORD_FILE, RECORD_FILES, RUN_FILE
 
@@ -90,22 +90,31 @@ def _relative_source(run_json: Path, run_dir: Path) -> None:
 def save_records(
     comparison: Comparison, records: str | Path, log: Callable[[str], None] = print
 ) -> int:
-    """Copy each finished run of ``comparison`` (its sources' with their checkpoints) from
-    its ``out`` into ``records``, at the same place under it; a run ``records`` holds
-    already is left as it is. Returns how many were copied. Runs nothing; ValueError for a
-    tuned comparison, or ``records`` inside ``out``."""
+    """Copy each finished run of ``comparison`` from its ``out`` into ``records``, at the same
+    place under it: a source run with its checkpoint where a run that starts from it has not
+    finished. A run ``records`` holds already is left as it is. Returns how many were copied.
+    Runs nothing; ValueError for a tuned comparison, or ``records`` inside ``out``."""
     records, out = Path(records), Path(comparison.out)
     if records.resolve().is_relative_to(out.resolve()):
         raise ValueError(f"records={str(records)!r}: give a folder outside out ({out})")
+    runs = _runs(comparison)
+    finished = {run: _finished_round(run.run_dir) for run, _ in runs}
+    needed = {  # the sources that runs still to run start from
+        Path(arg.split("=", 1)[1]).resolve()
+        for run, source in runs
+        if not source and finished[run] is None
+        for arg in run.args
+        if arg.startswith(INIT_FROM_ARG)
+    }
     copied = 0
-    for run, source in _runs(comparison):
+    for run, source in runs:
         dst = records / run.run_dir.relative_to(out)
-        done = _finished_round(run.run_dir)
+        done = finished[run]
         if done is None or (dst / RECORD_FILE).is_file():
             continue
         if dst.exists():
             raise ValueError(f"{dst}: holds something that is not a run's record; move it")
-        _copy(run.run_dir, dst, source, done)
+        _copy(run.run_dir, dst, source and run.run_dir.resolve() in needed, done)
         copied += 1
     log(f"{copied} finished run(s) saved in {records}")
     return copied
