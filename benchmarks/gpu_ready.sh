@@ -12,10 +12,11 @@
 #   gpu_memory       the GPU's memory and utilisation, sampled every second throughout
 # On a machine without a CUDA GPU each check prints "no GPU" and the script exits 0.
 #   bash benchmarks/gpu_ready.sh                 (from the repository's root)
-# Where the run dirs and logs go: $GPU_READY_DIR (default /tmp/gpu_ready); the data: data/.
+# Where the run dirs and logs go: $GPU_READY_DIR (default runs/gpu_ready,
+# under the repository root, which git ignores); the data: data/.
 # On the project's lent machine, set up as ../shared/gpu/README.md says (.whl, .fmnist).
 set -u
-DIR=${GPU_READY_DIR:-/tmp/gpu_ready}
+DIR=${GPU_READY_DIR:-runs/gpu_ready}
 PY=${PYTHON:-python3}
 CHECKS="eager eager_16_mixed compiled_one compiled_three local_vs_pool tuned_compare gpu_memory"
 mkdir -p "$DIR"

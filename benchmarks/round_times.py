@@ -16,8 +16,6 @@ from __future__ import annotations
 import argparse
 import csv
 import os
-import subprocess
-import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -26,6 +24,7 @@ import yaml
 
 from fedlit.comparison import Comparison, SourceRun, plan
 from fedlit.comparison.plan import INIT_FROM_ARG, ROOT_DIR_ARG
+from fedlit.comparison.runs import fit_in_subprocess
 from fedlit.resolver import resolve
 
 
@@ -40,12 +39,11 @@ def comparison_of(path: str) -> Comparison:
 
 
 def one_round(args: list[str], run_dir: Path, threads: int) -> float:
-    """Run ``args`` for one round into ``run_dir``; its round's seconds."""
+    """Run ``args`` for one round into ``run_dir`` (a comparison's ``fedlit fit`` process with
+    ``threads`` threads, its output in ``<run_dir>.logs/``); its round's seconds."""
     args = [a for a in args if not a.startswith((INIT_FROM_ARG, ROOT_DIR_ARG))]
-    cmd = [sys.executable, "-m", "fedlit.cli", "fit", *args, "--federation.rounds=1"]
-    cmd += ["--federation.final_eval=[]", f"{ROOT_DIR_ARG}{run_dir}"]
-    env = os.environ | {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-    subprocess.run(cmd, env=env, check=True, capture_output=True)
+    args += ["--federation.rounds=1", "--federation.final_eval=[]", f"{ROOT_DIR_ARG}{run_dir}"]
+    fit_in_subprocess(run_dir.with_name(f"{run_dir.name}.logs"), threads)(["fit", *args])
     with open(run_dir / "metrics.csv") as f:
         rows = [r for r in csv.DictReader(f) if r.get("time/round_s")]
     return float(rows[-1]["time/round_s"])

@@ -25,15 +25,14 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from fedlit.comparison.devices import GpuSlots, visible_gpus
 from fedlit.comparison.plan import INIT_FROM_ARG, ROOT_DIR_ARG, PlannedRun, run_state
 from fedlit.federation.checkpoint import checkpoint_settings
 from fedlit.federation.children import Children
 from fedlit.federation.resume import changed_settings
 from fedlit.federation.rundir import holding, set_aside, set_aside_dead_run
-from fedlit.run_layout import CHECKPOINT, HPARAMS_FILE, current_keys
+from fedlit.reporting.runs import recorded_config
+from fedlit.run_layout import CHECKPOINT
 
 
 class Refused(ValueError):
@@ -113,17 +112,14 @@ def changed_runs(
 
 def recorded_settings(run_dir: Path) -> dict[str, Any]:
     """The flat config a written run records: its checkpoint's, else (a run kept as its
-    record) its ``hparams.yaml``, under today's keys."""
+    record) its ``hparams.yaml`` (:func:`~fedlit.reporting.runs.recorded_config`), under
+    today's keys."""
     if (run_dir / CHECKPOINT).is_file():
         return checkpoint_settings(run_dir / CHECKPOINT)
-    path = run_dir / HPARAMS_FILE
     try:
-        data = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as err:
-        raise Refused(f"{path}: the run's recorded settings are unreadable ({err})") from err
-    if not isinstance(data, dict):
-        raise Refused(f"{path}: the run's recorded settings are not a mapping")
-    return current_keys({str(k): v for k, v in data.items()})
+        return recorded_config(run_dir, {})
+    except ValueError as err:
+        raise Refused(f"{run_dir}: the run's recorded settings are unreadable ({err})") from err
 
 
 def _same_folder(source: str, saved: Mapping[str, Any], run_dir: Path) -> str:

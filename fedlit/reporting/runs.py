@@ -115,7 +115,7 @@ def read_run_json(path: Path) -> dict[str, Any]:
     return _read_mapping(path, json.loads, json.JSONDecodeError, "JSON", "a JSON object")
 
 
-def _recorded_config(run_dir: Path, config: dict[str, Any]) -> dict[str, Any]:
+def recorded_config(run_dir: Path, config: dict[str, Any]) -> dict[str, Any]:
     """The run's flat config: ``hparams.yaml`` (what its loggers received), else ``config``
     flattened; moved settings under their keys now (:func:`~fedlit.run_layout.current_keys`)."""
     path = run_dir / HPARAMS_FILE
@@ -223,7 +223,7 @@ def load_run(run_dir: str | Path) -> RunRecord:
         history=history,
         summary=summary,
         marks=tuple(str(m) for m in meta.get("marks", ())),
-        config=_recorded_config(run_dir, config),
+        config=recorded_config(run_dir, config),
         init_from=dict(meta.get("init_from") or {}),
         budget=dict(meta.get(BUDGET_KEY) or {}),
     )
